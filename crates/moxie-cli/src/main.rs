@@ -1,1 +1,61 @@
-fn main() {}
+//! `moxie`: the command-line tool. A thin layer over the library crates; flag names follow
+//! llama.cpp where one exists (-m, -p, -n, -t, -c, -b, -ub, --temp, --top-k, ...).
+
+mod gen;
+mod inspect;
+mod run;
+mod tokenize;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "moxie",
+    version,
+    about = "Inference engine for huge Mixture-of-Experts models in GGUF"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Summarise a GGUF: metadata, and tensors grouped by role with bytes and quant types.
+    Inspect(inspect::Args),
+    /// Generate text from a prompt, streaming to stdout.
+    Run(run::RunArgs),
+    /// Evaluate token ids in one batch from an empty cache and write all logits as .npy.
+    Logits(run::LogitsArgs),
+    /// Tokenize text with the model's tokenizer.
+    Tokenize(tokenize::Args),
+    /// Write a synthetic model with random weights (for tests and benchmarks).
+    Gen(gen::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let res = match cli.cmd {
+        Cmd::Inspect(a) => inspect::main(a),
+        Cmd::Run(a) => run::run(a),
+        Cmd::Logits(a) => run::logits(a),
+        Cmd::Tokenize(a) => tokenize::main(a),
+        Cmd::Gen(a) => gen::main(a),
+    };
+    match res {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Open a GGUF (all split parts) with a readable error.
+pub(crate) fn open_gguf(path: &PathBuf) -> anyhow::Result<std::sync::Arc<moxie_gguf::GgufFile>> {
+    let f = moxie_gguf::GgufFile::open(path)?;
+    Ok(std::sync::Arc::new(f))
+}

@@ -1,0 +1,205 @@
+//! `moxie inspect MODEL [--json]`
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use moxie_core::inventory::{Inventory, Role, Tally};
+use moxie_gguf::{GgufFile, Value};
+use serde_json::json;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// GGUF file (the first part of a split model).
+    model: PathBuf,
+    /// Print JSON instead of tables.
+    #[arg(long)]
+    json: bool,
+    /// Read only the header and tensor index (for header-only files).
+    #[arg(long)]
+    header_only: bool,
+}
+
+fn gb(b: u64) -> String {
+    if b >= 1 << 30 {
+        format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
+    } else {
+        format!("{:.2} MiB", b as f64 / (1u64 << 20) as f64)
+    }
+}
+
+fn value_summary(v: &Value) -> String {
+    match v {
+        Value::String(s) if s.len() > 80 => {
+            format!("{:?}… ({} chars)", &s[..s.floor_char_boundary(60)], s.len())
+        }
+        Value::String(s) => format!("{s:?}"),
+        Value::Array(a) => format!("[array of {} {:?}]", a.len(), a.elem_type),
+        other => format!("{}", value_plain(other)),
+    }
+}
+
+fn value_plain(v: &Value) -> serde_json::Value {
+    match v {
+        Value::Bool(b) => json!(b),
+        Value::String(s) => json!(s),
+        Value::Array(a) => json!(format!("array[{}]", a.len())),
+        _ => match (v.as_i64(), v.as_u64(), v.as_f64()) {
+            (Some(i), _, _) => json!(i),
+            (_, Some(u), _) => json!(u),
+            (_, _, Some(f)) => json!(f),
+            _ => json!(null),
+        },
+    }
+}
+
+fn tally_json(t: &Tally) -> serde_json::Value {
+    json!({"bytes": t.bytes, "tensors": t.tensors, "by_type": t.by_type})
+}
+
+fn types(t: &Tally) -> String {
+    t.by_type
+        .iter()
+        .map(|(k, v)| format!("{k} {}", gb(*v)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+pub fn main(a: Args) -> Result<()> {
+    let f = if a.header_only {
+        GgufFile::open_header_only(&a.model)?
+    } else {
+        GgufFile::open(&a.model)?
+    };
+    let inv = Inventory::of(f.tensors());
+    let meta = f.metadata();
+    let config = moxie_core::Config::from_metadata(meta);
+    if a.json {
+        let mut md = serde_json::Map::new();
+        for (k, v) in meta.iter() {
+            if k.starts_with("tokenizer.ggml.") && matches!(v, Value::Array(_)) {
+                md.insert(
+                    k.to_string(),
+                    json!(format!("array[{}]", v.as_array().map_or(0, |a| a.len()))),
+                );
+            } else {
+                md.insert(k.to_string(), value_plain(v));
+            }
+        }
+        let roles: serde_json::Map<_, _> = inv
+            .by_role
+            .iter()
+            .map(|(r, t)| (r.name().to_string(), tally_json(t)))
+            .collect();
+        let layers: Vec<_> = inv
+            .by_layer
+            .iter()
+            .map(|(l, roles)| {
+                let r: serde_json::Map<_, _> = roles
+                    .iter()
+                    .map(|(r, t)| (r.name().to_string(), tally_json(t)))
+                    .collect();
+                json!({"layer": l, "roles": r})
+            })
+            .collect();
+        let out = json!({
+            "files": f.paths(),
+            "version": f.version(),
+            "alignment": f.alignment(),
+            "architecture": meta.get_str("general.architecture"),
+            "supported": config.as_ref().map(|_| true).unwrap_or(false),
+            "config_error": config.as_ref().err().map(|e| e.to_string()),
+            "metadata": md,
+            "total": tally_json(&inv.total),
+            "by_role": roles,
+            "layers": layers,
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    println!(
+        "file(s):      {}",
+        f.paths()
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    println!(
+        "GGUF v{}, alignment {}, {} metadata keys, {} tensors, {}",
+        f.version(),
+        f.alignment(),
+        meta.len(),
+        f.tensors().len(),
+        gb(inv.total.bytes)
+    );
+    println!();
+    println!("metadata:");
+    for (k, v) in meta.iter() {
+        if k == "tokenizer.chat_template"
+            || k.starts_with("tokenizer.ggml.") && matches!(v, Value::Array(_))
+        {
+            println!("  {k:<48} {}", value_summary(v));
+            continue;
+        }
+        println!("  {k:<48} {}", value_summary(v));
+    }
+    match &config {
+        Ok(c) => println!(
+            "\nmoxie: {} — {} layers ({} dense), {} experts top-{} + {} shared, hidden {}, vocab {}",
+            c.arch.name(),
+            c.n_layer,
+            c.n_layer_dense_lead,
+            c.n_expert,
+            c.n_expert_used,
+            c.n_expert_shared,
+            c.n_embd,
+            c.n_vocab
+        ),
+        Err(e) => println!("\nmoxie cannot run this model: {e}"),
+    }
+    println!("\ntensors by role:");
+    println!(
+        "  {:<16} {:>8} {:>12} {:>7}  types",
+        "role", "tensors", "bytes", "share"
+    );
+    for (r, t) in &inv.by_role {
+        println!(
+            "  {:<16} {:>8} {:>12} {:>6.2}%  {}",
+            r.name(),
+            t.tensors,
+            gb(t.bytes),
+            100.0 * t.bytes as f64 / inv.total.bytes.max(1) as f64,
+            types(t)
+        );
+    }
+    println!("\nper layer:");
+    let cols = [
+        Role::Attention,
+        Role::DenseFfn,
+        Role::SharedExperts,
+        Role::RoutedExperts,
+        Role::Router,
+        Role::Norms,
+        Role::NextN,
+    ];
+    print!("  {:>5}", "layer");
+    for c in cols {
+        print!(" {:>15}", c.name());
+    }
+    println!("  routed-expert types");
+    for (l, roles) in &inv.by_layer {
+        print!("  {l:>5}");
+        for c in cols {
+            let b = roles.get(&c).map_or(0, |t| t.bytes);
+            print!(" {:>15}", if b == 0 { "-".to_string() } else { gb(b) });
+        }
+        println!(
+            "  {}",
+            roles
+                .get(&Role::RoutedExperts)
+                .map(types)
+                .unwrap_or_default()
+        );
+    }
+    Ok(())
+}

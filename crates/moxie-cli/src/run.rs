@@ -1,0 +1,272 @@
+//! `moxie run` and `moxie logits`.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use moxie_core::generate::{generate, GenParams};
+use moxie_core::{Logits, Model, Parallel, Sampler, SamplerConfig};
+
+#[derive(clap::Args)]
+pub struct ModelArgs {
+    /// Model GGUF (the first part of a split model).
+    #[arg(short = 'm', long = "model")]
+    pub model: PathBuf,
+    /// Threads (default: all cores).
+    #[arg(short = 't', long = "threads")]
+    pub threads: Option<usize>,
+    /// Context size in tokens (default: 4096, capped at the model's training context).
+    #[arg(short = 'c', long = "ctx-size")]
+    pub ctx_size: Option<usize>,
+}
+
+impl ModelArgs {
+    fn parallel(&self) -> Parallel {
+        match self.threads {
+            Some(t) => Parallel::new(t),
+            None => Parallel::available(),
+        }
+    }
+}
+
+#[derive(clap::Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Prompt text.
+    #[arg(short = 'p', long = "prompt")]
+    prompt: String,
+    /// Tokens to generate.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
+    n_predict: usize,
+    /// Wrap the prompt as a user message in the model's chat template.
+    #[arg(long)]
+    chat: bool,
+    /// With --chat: pass enable_thinking=false to the template (reasoning off).
+    #[arg(long)]
+    no_think: bool,
+    /// Logical batch size for prompt processing.
+    #[arg(short = 'b', long = "batch-size", default_value_t = 2048)]
+    batch_size: usize,
+    /// Physical (micro-)batch size for prompt processing.
+    #[arg(long = "ubatch-size", visible_alias = "ub", default_value_t = 512)]
+    ubatch_size: usize,
+    /// Sampling temperature; 0 = greedy.
+    #[arg(long = "temp", default_value_t = 0.8)]
+    temp: f32,
+    #[arg(long = "top-k", default_value_t = 40)]
+    top_k: usize,
+    #[arg(long = "top-p", default_value_t = 0.95)]
+    top_p: f32,
+    #[arg(long = "min-p", default_value_t = 0.05)]
+    min_p: f32,
+    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    repeat_penalty: f32,
+    #[arg(long = "repeat-last-n", default_value_t = 64)]
+    repeat_last_n: usize,
+    #[arg(long = "presence-penalty", default_value_t = 0.0)]
+    presence_penalty: f32,
+    #[arg(long = "frequency-penalty", default_value_t = 0.0)]
+    frequency_penalty: f32,
+    /// RNG seed (default: random).
+    #[arg(short = 's', long = "seed")]
+    seed: Option<u64>,
+    /// Do not print the prompt before the generated text.
+    #[arg(long)]
+    no_display_prompt: bool,
+}
+
+pub(crate) fn load_model(a: &ModelArgs) -> Result<Model> {
+    let file = crate::open_gguf(&a.model)?;
+    Model::load(file).with_context(|| format!("loading {}", a.model.display()))
+}
+
+pub(crate) fn load_tokenizer(model: &Model) -> Result<moxie_tokenizer::Tokenizer> {
+    let meta = model.file.metadata();
+    let data = moxie_tokenizer::VocabData::from_gguf(meta)?;
+    Ok(moxie_tokenizer::Tokenizer::new(data)?)
+}
+
+/// Emits the longest valid UTF-8 prefix of what it was given; keeps the rest for later.
+#[derive(Default)]
+struct Utf8Stream {
+    pending: Vec<u8>,
+}
+
+impl Utf8Stream {
+    fn push(&mut self, bytes: &[u8]) -> String {
+        self.pending.extend_from_slice(bytes);
+        let valid = match std::str::from_utf8(&self.pending) {
+            Ok(_) => self.pending.len(),
+            Err(e) if e.error_len().is_none() => e.valid_up_to(),
+            // An invalid sequence (not just an incomplete one): emit it lossily.
+            Err(_) => self.pending.len(),
+        };
+        let out = String::from_utf8_lossy(&self.pending[..valid]).into_owned();
+        self.pending.drain(..valid);
+        out
+    }
+
+    fn finish(&mut self) -> String {
+        let out = String::from_utf8_lossy(&self.pending).into_owned();
+        self.pending.clear();
+        out
+    }
+}
+
+pub fn run(a: RunArgs) -> Result<()> {
+    if a.batch_size == 0 || a.ubatch_size == 0 {
+        bail!("-b and -ub must be positive");
+    }
+    let model = load_model(&a.model)?;
+    let tok = load_tokenizer(&model)?;
+    let par = a.model.parallel();
+    let n_ctx = a
+        .model
+        .ctx_size
+        .unwrap_or(4096)
+        .min(model.config.n_ctx_train)
+        .max(1);
+
+    let (text, parse_special) = if a.chat {
+        let src = model
+            .file
+            .metadata()
+            .get_str("tokenizer.chat_template")
+            .context("--chat: the model has no tokenizer.chat_template")?;
+        let piece = |id: Option<u32>| {
+            id.map(|i| String::from_utf8_lossy(&tok.token_to_piece(i, true)).into_owned())
+                .unwrap_or_default()
+        };
+        let tpl = moxie_tokenizer::ChatTemplate::new(src, &piece(tok.bos()), &piece(tok.eos()))?;
+        let msgs = vec![serde_json::json!({"role": "user", "content": a.prompt})];
+        let mut extra = serde_json::Map::new();
+        if a.no_think {
+            extra.insert("enable_thinking".into(), serde_json::Value::Bool(false));
+        }
+        (tpl.render(&msgs, true, &extra)?, true)
+    } else {
+        (a.prompt.clone(), false)
+    };
+    // A rendered template may already start with the BOS text: do not add a second one.
+    let bos_text = tok
+        .bos()
+        .map(|b| String::from_utf8_lossy(&tok.token_to_piece(b, true)).into_owned());
+    let add_special = !(a.chat && bos_text.is_some_and(|b| !b.is_empty() && text.starts_with(&b)));
+    let prompt = tok.encode(&text, add_special, parse_special);
+    if prompt.is_empty() {
+        bail!("the prompt tokenizes to nothing");
+    }
+    if prompt.len() >= n_ctx {
+        bail!(
+            "the prompt has {} tokens; the context holds {n_ctx} (raise -c)",
+            prompt.len()
+        );
+    }
+    let mut cache = model.new_cache(Some(n_ctx));
+    let seed = a.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+    });
+    let mut sampler = Sampler::new(SamplerConfig {
+        temperature: a.temp,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        min_p: a.min_p,
+        repeat_penalty: a.repeat_penalty,
+        repeat_last_n: a.repeat_last_n,
+        presence_penalty: a.presence_penalty,
+        frequency_penalty: a.frequency_penalty,
+        seed,
+    });
+    let mut out = std::io::stdout().lock();
+    if !a.no_display_prompt {
+        write!(out, "{text}")?;
+        out.flush()?;
+    }
+    let mut stream = Utf8Stream::default();
+    let mut write_err = None;
+    let params = GenParams {
+        n_predict: a.n_predict,
+        ubatch: a.ubatch_size.min(a.batch_size),
+    };
+    let stats = generate(
+        &model,
+        &mut cache,
+        &par,
+        &prompt,
+        &params,
+        &mut sampler,
+        |t| {
+            if tok.is_eog(t) {
+                return false;
+            }
+            let s = stream.push(&tok.token_to_piece(t, false));
+            if let Err(e) = out.write_all(s.as_bytes()).and_then(|_| out.flush()) {
+                write_err = Some(e);
+                return false;
+            }
+            true
+        },
+    )?;
+    let rest = stream.finish();
+    writeln!(out, "{rest}")?;
+    if let Some(e) = write_err {
+        return Err(e.into());
+    }
+    eprintln!(
+        "\nprompt: {} tokens, {:.2} tok/s | generated: {} tokens, {:.2} tok/s | {} threads",
+        stats.n_prompt,
+        stats.prompt_tps(),
+        stats.n_generated,
+        stats.gen_tps(),
+        par.n_threads()
+    );
+    Ok(())
+}
+
+#[derive(clap::Args)]
+pub struct LogitsArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Comma-separated token ids.
+    #[arg(long, value_delimiter = ',', required = true)]
+    tokens: Vec<u32>,
+    /// Output .npy (float32, shape [n_tokens, n_vocab]).
+    #[arg(long)]
+    out: PathBuf,
+}
+
+pub fn logits(a: LogitsArgs) -> Result<()> {
+    let model = load_model(&a.model)?;
+    let par = a.model.parallel();
+    let n = a.tokens.len();
+    let mut cache = model.new_cache(Some(n.max(a.model.ctx_size.unwrap_or(0))));
+    let logits = model.forward(&a.tokens, &mut cache, &par, Logits::All)?;
+    moxie_core::npy::write_f32(&a.out, &[n, model.config.n_vocab], &logits)?;
+    eprintln!(
+        "wrote {} x {} logits to {}",
+        n,
+        model.config.n_vocab,
+        a.out.display()
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Utf8Stream;
+
+    #[test]
+    fn utf8_stream_holds_partial_sequences() {
+        let mut s = Utf8Stream::default();
+        let e = "é".as_bytes();
+        assert_eq!(s.push(&e[..1]), "");
+        assert_eq!(s.push(&e[1..]), "é");
+        assert_eq!(s.push(b"ab"), "ab");
+        assert_eq!(s.push(&[0xff, b'x']), "\u{fffd}x");
+        assert_eq!(s.push(&"€".as_bytes()[..2]), "");
+        assert_eq!(s.finish(), "\u{fffd}");
+    }
+}

@@ -1,0 +1,434 @@
+//! Model hyper-parameters read from GGUF metadata, following llama.cpp's loader (key names,
+//! defaults, and per-architecture quirks such as DeepSeek2's YaRN log-multiplier fix-up).
+
+use moxie_gguf::{Metadata, Value};
+
+use crate::ops::{Rope, RopeKind};
+use crate::{Error, Result};
+
+/// Architectures moxie can run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    Deepseek2,
+    Glm4Moe,
+    Qwen3Moe,
+}
+
+impl Arch {
+    pub const SUPPORTED: [(&'static str, Arch); 3] = [
+        ("deepseek2", Arch::Deepseek2),
+        ("glm4moe", Arch::Glm4Moe),
+        ("qwen3moe", Arch::Qwen3Moe),
+    ];
+
+    pub fn from_name(name: &str) -> Result<Arch> {
+        Self::SUPPORTED
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, a)| *a)
+            .ok_or_else(|| {
+                Error::Model(format!(
+                    "unsupported architecture '{name}'; supported: {}",
+                    Self::SUPPORTED
+                        .iter()
+                        .map(|(n, _)| *n)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ))
+            })
+    }
+
+    pub fn name(self) -> &'static str {
+        Self::SUPPORTED
+            .iter()
+            .find(|(_, a)| *a == self)
+            .map(|(n, _)| *n)
+            .unwrap_or("?")
+    }
+}
+
+/// How router logits become expert probabilities (`expert_gating_func`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gating {
+    Softmax,
+    Sigmoid,
+}
+
+/// Hyper-parameters of a model, as llama.cpp derives them from the metadata.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub arch: Arch,
+    pub n_vocab: usize,
+    pub n_ctx_train: usize,
+    pub n_embd: usize,
+    pub n_layer: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    /// Per-head key / value sizes (`attention.key_length`, `value_length`).
+    pub head_dim_k: usize,
+    pub head_dim_v: usize,
+    pub n_ff: usize,
+    pub rms_eps: f32,
+    pub n_rot: usize,
+    pub n_layer_dense_lead: usize,
+    pub n_expert: usize,
+    pub n_expert_used: usize,
+    pub n_expert_shared: usize,
+    pub n_ff_exp: usize,
+    pub n_expert_groups: usize,
+    pub n_group_used: usize,
+    pub expert_weights_scale: f32,
+    pub expert_weights_norm: bool,
+    pub gating: Gating,
+    /// MLA (deepseek2) dimensions.
+    pub q_lora_rank: usize,
+    pub kv_lora_rank: usize,
+    pub head_dim_k_mla: usize,
+    pub head_dim_v_mla: usize,
+    /// `nextn_predict_layers`: trailing MTP blocks that the main graph skips.
+    pub n_layer_nextn: usize,
+    pub rope: Rope,
+    /// DeepSeek2's YaRN log multiplier after llama.cpp's fix-up (divided by 0.1).
+    pub rope_yarn_log_mul: f32,
+}
+
+/// Typed metadata lookups for one architecture prefix.
+struct Keys<'a> {
+    meta: &'a Metadata,
+    arch: &'a str,
+}
+
+impl Keys<'_> {
+    fn key(&self, k: &str) -> String {
+        format!("{}.{k}", self.arch)
+    }
+
+    fn value(&self, k: &str) -> Option<&Value> {
+        self.meta.get(&self.key(k))
+    }
+
+    /// A non-negative integer, or an array of them that must hold one value for every layer
+    /// (llama.cpp's get_key_or_arr; moxie needs them uniform).
+    fn uint_opt(&self, k: &str) -> Result<Option<usize>> {
+        let Some(v) = self.value(k) else {
+            return Ok(None);
+        };
+        if let Some(x) = v.as_u64() {
+            return usize::try_from(x)
+                .map(Some)
+                .map_err(|_| Error::Model(format!("metadata '{}' is too large", self.key(k))));
+        }
+        if let Some(arr) = v.as_array() {
+            let mut vals = Vec::new();
+            for i in 0..arr.len() {
+                let x = arr.get(i).and_then(|e| e.as_u64()).ok_or_else(|| {
+                    Error::Model(format!("metadata '{}' must hold integers", self.key(k)))
+                })?;
+                vals.push(x);
+            }
+            let first = vals.first().copied().unwrap_or(0);
+            // Layers with 0 (e.g. no experts in dense layers) are allowed besides one value.
+            let distinct: Vec<u64> = {
+                let mut d: Vec<u64> = vals.iter().copied().filter(|&x| x != 0).collect();
+                d.sort_unstable();
+                d.dedup();
+                d
+            };
+            return match distinct.len() {
+                0 => Ok(Some(first as usize)),
+                1 => Ok(Some(distinct[0] as usize)),
+                _ => Err(Error::Model(format!(
+                    "metadata '{}' varies per layer ({vals:?}); moxie supports one value for all layers",
+                    self.key(k)
+                ))),
+            };
+        }
+        Err(Error::Model(format!(
+            "metadata '{}' has type {:?}, expected an integer",
+            self.key(k),
+            v.value_type()
+        )))
+    }
+
+    fn uint(&self, k: &str) -> Result<usize> {
+        self.uint_opt(k)?
+            .ok_or_else(|| Error::Model(format!("missing metadata key '{}'", self.key(k))))
+    }
+
+    fn float_opt(&self, k: &str) -> Result<Option<f32>> {
+        match self.value(k) {
+            None => Ok(None),
+            Some(v) => v.as_f64().map(|x| Some(x as f32)).ok_or_else(|| {
+                Error::Model(format!("metadata '{}' must be a number", self.key(k)))
+            }),
+        }
+    }
+
+    fn bool_opt(&self, k: &str) -> Result<Option<bool>> {
+        match self.value(k) {
+            None => Ok(None),
+            Some(v) => v
+                .as_bool()
+                .map(Some)
+                .ok_or_else(|| Error::Model(format!("metadata '{}' must be a bool", self.key(k)))),
+        }
+    }
+
+    fn str_opt(&self, k: &str) -> Option<&str> {
+        self.value(k).and_then(|v| v.as_str())
+    }
+}
+
+impl Config {
+    /// Read the hyper-parameters of the model described by `meta`.
+    pub fn from_metadata(meta: &Metadata) -> Result<Config> {
+        let arch_name = meta
+            .get_str("general.architecture")
+            .ok_or_else(|| Error::Model("missing metadata key 'general.architecture'".into()))?;
+        let arch = Arch::from_name(arch_name)?;
+        let k = Keys {
+            meta,
+            arch: arch_name,
+        };
+
+        let n_embd = k.uint("embedding_length")?;
+        let n_layer_all = k.uint("block_count")?;
+        let n_layer_nextn = k.uint_opt("nextn_predict_layers")?.unwrap_or(0);
+        if n_layer_all == 0 || n_layer_nextn >= n_layer_all {
+            return Err(Error::Model(format!(
+                "metadata '{arch_name}.block_count' = {n_layer_all} with {n_layer_nextn} nextn layers: no layers to run"
+            )));
+        }
+        let n_head = k.uint("attention.head_count")?;
+        if n_head == 0 {
+            return Err(Error::Model(format!(
+                "metadata '{arch_name}.attention.head_count' is 0"
+            )));
+        }
+        let n_head_kv = k.uint_opt("attention.head_count_kv")?.unwrap_or(n_head);
+        if n_head_kv == 0 || n_head % n_head_kv != 0 {
+            return Err(Error::Model(format!(
+                "metadata: head_count {n_head} is not a multiple of head_count_kv {n_head_kv}"
+            )));
+        }
+        let head_dim_k = k
+            .uint_opt("attention.key_length")?
+            .unwrap_or(n_embd / n_head);
+        let head_dim_v = k
+            .uint_opt("attention.value_length")?
+            .unwrap_or(n_embd / n_head);
+        let n_rot = k.uint_opt("rope.dimension_count")?.unwrap_or(head_dim_k);
+        let n_vocab = match k.uint_opt("vocab_size")? {
+            Some(v) => v,
+            None => meta
+                .get_array("tokenizer.ggml.tokens")
+                .map(|a| a.len())
+                .ok_or_else(|| {
+                    Error::Model(format!(
+                        "missing metadata key '{arch_name}.vocab_size' and no tokenizer.ggml.tokens"
+                    ))
+                })?,
+        };
+
+        let n_expert = k.uint_opt("expert_count")?.unwrap_or(0);
+        let n_expert_used = k.uint_opt("expert_used_count")?.unwrap_or(0);
+        let n_expert_groups = k.uint_opt("expert_group_count")?.unwrap_or(0);
+        let n_group_used = k.uint_opt("expert_group_used_count")?.unwrap_or(0);
+        if n_expert == 0 || n_expert_used == 0 || n_expert_used > n_expert {
+            return Err(Error::Model(format!(
+                "metadata: {arch_name} needs expert_count > 0 and 0 < expert_used_count <= expert_count (got {n_expert}, {n_expert_used})"
+            )));
+        }
+        if n_expert_groups > 1
+            && (n_expert % n_expert_groups != 0
+                || n_group_used == 0
+                || n_group_used >= n_expert_groups
+                || n_expert_groups >= n_expert)
+        {
+            return Err(Error::Model(format!(
+                "metadata: invalid expert groups ({n_expert_groups} groups, {n_group_used} used, {n_expert} experts)"
+            )));
+        }
+
+        let gating_id = k.uint_opt("expert_gating_func")?.unwrap_or(0);
+        let gating = match (gating_id, arch) {
+            (1, _) => Gating::Softmax,
+            (2, _) => Gating::Sigmoid,
+            (0, Arch::Glm4Moe) => Gating::Sigmoid,
+            (0, _) => Gating::Softmax,
+            (g, _) => {
+                return Err(Error::Model(format!(
+                    "metadata '{arch_name}.expert_gating_func' = {g}: supported are 1 (softmax) and 2 (sigmoid)"
+                )))
+            }
+        };
+
+        // RoPE, as llama_context derives it.
+        let freq_base = k.float_opt("rope.freq_base")?.unwrap_or(10000.0);
+        let scaling = k.str_opt("rope.scaling.type").unwrap_or("linear");
+        let factor = match k.float_opt("rope.scaling.factor")? {
+            Some(f) => f,
+            None => k.float_opt("rope.scale_linear")?.unwrap_or(0.0),
+        };
+        let mut freq_scale = if factor == 0.0 { 1.0 } else { 1.0 / factor };
+        let n_ctx_train = k.uint("context_length")?;
+        let n_ctx_orig = k
+            .uint_opt("rope.scaling.original_context_length")?
+            .unwrap_or(n_ctx_train) as u32;
+        let rope_attn_factor = k.float_opt("rope.scaling.attn_factor")?.unwrap_or(1.0);
+        let mut rope_yarn_log_mul = k.float_opt("rope.scaling.yarn_log_multiplier")?;
+        if arch == Arch::Deepseek2 {
+            // llama.cpp cancels the 0.1 factor the converter applies (TAG_DEEPSEEK2_YARN_LOG_MUL_FIX).
+            rope_yarn_log_mul = rope_yarn_log_mul.map(|m| m / 0.1);
+        }
+        let rope_yarn_log_mul = rope_yarn_log_mul.unwrap_or(0.0);
+        let ext_factor;
+        let mut attn_factor = 1.0f32;
+        match scaling {
+            "none" => {
+                freq_scale = 1.0;
+                ext_factor = 0.0;
+            }
+            "linear" => ext_factor = 0.0,
+            "yarn" => {
+                ext_factor = 1.0;
+                // llama.cpp's own sources are built for baseline x86-64 (no FMA contraction,
+                // unlike the -march=native ggml CPU backend): plain multiply then add here.
+                let get_mscale = |scale: f32, mscale: f32| {
+                    if scale <= 1.0 {
+                        1.0
+                    } else {
+                        0.1 * mscale * scale.ln() + 1.0
+                    }
+                };
+                let factor = 1.0 / freq_scale;
+                if rope_yarn_log_mul != 0.0 {
+                    let mscale_all_dims = rope_yarn_log_mul;
+                    let mscale = if arch == Arch::Deepseek2 && mscale_all_dims != 1.0 {
+                        mscale_all_dims
+                    } else {
+                        1.0
+                    };
+                    attn_factor = get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dims);
+                } else {
+                    attn_factor = get_mscale(factor, 1.0);
+                }
+                attn_factor *= 1.0 / (1.0 + 0.1 * factor.ln());
+            }
+            other => {
+                return Err(Error::Model(format!(
+                    "metadata '{arch_name}.rope.scaling.type' = '{other}': supported are none, linear, yarn"
+                )))
+            }
+        }
+        attn_factor *= rope_attn_factor;
+        let rope = Rope {
+            kind: match arch {
+                Arch::Deepseek2 => RopeKind::Normal,
+                Arch::Glm4Moe | Arch::Qwen3Moe => RopeKind::Neox,
+            },
+            n_dims: n_rot,
+            freq_base,
+            freq_scale,
+            ext_factor,
+            attn_factor,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            n_ctx_orig,
+        };
+
+        let rms_eps = k
+            .float_opt("attention.layer_norm_rms_epsilon")?
+            .ok_or_else(|| {
+                Error::Model(format!(
+                    "missing metadata key '{arch_name}.attention.layer_norm_rms_epsilon'"
+                ))
+            })?;
+
+        let cfg = Config {
+            arch,
+            n_vocab,
+            n_ctx_train,
+            n_embd,
+            n_layer: n_layer_all - n_layer_nextn,
+            n_head,
+            n_head_kv,
+            head_dim_k,
+            head_dim_v,
+            n_ff: k.uint_opt("feed_forward_length")?.unwrap_or(0),
+            rms_eps,
+            n_rot,
+            n_layer_dense_lead: k.uint_opt("leading_dense_block_count")?.unwrap_or(0),
+            n_expert,
+            n_expert_used,
+            n_expert_shared: k.uint_opt("expert_shared_count")?.unwrap_or(0),
+            n_ff_exp: k.uint_opt("expert_feed_forward_length")?.unwrap_or(0),
+            n_expert_groups,
+            n_group_used,
+            expert_weights_scale: k.float_opt("expert_weights_scale")?.unwrap_or(0.0),
+            expert_weights_norm: k.bool_opt("expert_weights_norm")?.unwrap_or(false),
+            gating,
+            q_lora_rank: k.uint_opt("attention.q_lora_rank")?.unwrap_or(0),
+            kv_lora_rank: k.uint_opt("attention.kv_lora_rank")?.unwrap_or(0),
+            head_dim_k_mla: k
+                .uint_opt("attention.key_length_mla")?
+                .unwrap_or(head_dim_k),
+            head_dim_v_mla: k
+                .uint_opt("attention.value_length_mla")?
+                .unwrap_or(head_dim_v),
+            n_layer_nextn,
+            rope,
+            rope_yarn_log_mul,
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    fn validate(&self) -> Result<()> {
+        let bad = |what: String| Err(Error::Model(format!("metadata: {what}")));
+        if !self.n_rot.is_multiple_of(2) || self.n_rot > self.head_dim_k {
+            return bad(format!(
+                "rope.dimension_count {} must be even and <= key_length {}",
+                self.n_rot, self.head_dim_k
+            ));
+        }
+        if self.arch == Arch::Deepseek2 {
+            if self.kv_lora_rank == 0 {
+                return bad("deepseek2 needs attention.kv_lora_rank".into());
+            }
+            if self.head_dim_k_mla <= self.n_rot {
+                return bad(format!(
+                    "key_length_mla {} must exceed rope.dimension_count {}",
+                    self.head_dim_k_mla, self.n_rot
+                ));
+            }
+        }
+        // A sanity bound against absurd values before anything is allocated from them.
+        for (name, v) in [
+            ("embedding_length", self.n_embd),
+            ("head_count", self.n_head),
+            ("key_length", self.head_dim_k),
+            ("expert_count", self.n_expert),
+            ("vocab_size", self.n_vocab),
+        ] {
+            if v > 1 << 24 {
+                return bad(format!("{name} = {v} is implausibly large"));
+            }
+        }
+        Ok(())
+    }
+
+    /// llama.cpp's kq scale for this architecture.
+    pub fn kq_scale(&self) -> f32 {
+        match self.arch {
+            Arch::Deepseek2 => {
+                let fs = self.rope.freq_scale;
+                let attn_factor_org = self.rope.attn_factor * (1.0 + 0.1 * (1.0 / fs).ln());
+                let mscale =
+                    attn_factor_org * (1.0 + 0.1 * self.rope_yarn_log_mul * (1.0 / fs).ln());
+                mscale * mscale / (self.head_dim_k_mla as f32).sqrt()
+            }
+            _ => 1.0 / (self.head_dim_k as f32).sqrt(),
+        }
+    }
+}

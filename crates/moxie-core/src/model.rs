@@ -1,0 +1,717 @@
+//! The transformer shared by the supported MoE architectures: pre-norm blocks of attention
+//! (GQA or MLA) and a feed-forward part (dense, or routed experts plus shared experts).
+//! The per-architecture files in `arch/` only read hyper-parameters and name tensors; the
+//! forward pass below reads like the model card: norm → attention → residual → norm → FFN →
+//! residual.
+
+use std::sync::Arc;
+
+use moxie_gguf::GgufFile;
+
+use crate::config::{Arch, Config, Gating};
+use crate::ggml_order;
+use crate::kv_cache::{KvCache, LayerKvShape};
+use crate::ops::{self, f16_round};
+use crate::parallel::Parallel;
+use crate::tensor::{QuantizedActs, Tensor};
+use crate::{Error, Result};
+
+/// Grouped-query attention with optional q/k/v biases and per-head q/k RMS norms
+/// (qwen3moe, glm4moe).
+pub struct Gqa {
+    pub wq: Tensor,
+    pub wk: Tensor,
+    pub wv: Tensor,
+    pub bq: Option<Vec<f32>>,
+    pub bk: Option<Vec<f32>>,
+    pub bv: Option<Vec<f32>>,
+    pub q_norm: Option<Vec<f32>>,
+    pub k_norm: Option<Vec<f32>>,
+    pub wo: Tensor,
+}
+
+/// Multi-head latent attention in llama.cpp's absorbed layout (deepseek2): the cache holds
+/// the normed latent plus the rotary key; `attn_k_b` folds into the queries and `attn_v_b`
+/// expands the attended latent per head.
+pub struct Mla {
+    /// `attn_q_a` + `attn_q_a_norm`, absent in "lite" models that have a plain `attn_q`.
+    pub wq_a: Option<(Tensor, Vec<f32>)>,
+    /// `attn_q_b` (or `attn_q` without q-lora).
+    pub wq_b: Tensor,
+    pub wkv_a: Tensor,
+    pub kv_a_norm: Vec<f32>,
+    pub wk_b: Tensor,
+    pub wv_b: Tensor,
+    pub wo: Tensor,
+}
+
+pub enum Attention {
+    Gqa(Gqa),
+    Mla(Mla),
+}
+
+/// A gated (SwiGLU) feed-forward block.
+pub struct DenseFfn {
+    pub gate: Tensor,
+    pub up: Tensor,
+    pub down: Tensor,
+}
+
+impl DenseFfn {
+    fn matrices(&self) -> [&Tensor; 3] {
+        [&self.gate, &self.up, &self.down]
+    }
+}
+
+/// Routed experts (+ optional shared experts).
+pub struct Moe {
+    pub router: Tensor,
+    /// `exp_probs_b`: selection bias added to probabilities for choosing experts only.
+    pub probs_bias: Option<Vec<f32>>,
+    pub gate_exps: Tensor,
+    pub up_exps: Tensor,
+    pub down_exps: Tensor,
+    pub shared: Option<DenseFfn>,
+}
+
+pub enum Ffn {
+    Dense(DenseFfn),
+    Moe(Box<Moe>),
+}
+
+pub struct Layer {
+    pub attn_norm: Vec<f32>,
+    pub attn: Attention,
+    /// `ffn_norm` (or glm4moe's `post_attention_norm`).
+    pub ffn_norm: Vec<f32>,
+    pub ffn: Ffn,
+}
+
+/// Which rows of logits a forward pass returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    All,
+    Last,
+}
+
+pub struct Model {
+    pub config: Config,
+    pub file: Arc<GgufFile>,
+    pub tok_embd: Tensor,
+    pub output_norm: Vec<f32>,
+    pub output: Tensor,
+    pub layers: Vec<Layer>,
+}
+
+/// Tensor lookup with the architecture's expected shapes.
+pub(crate) struct TensorSource<'a> {
+    pub file: &'a Arc<GgufFile>,
+}
+
+impl TensorSource<'_> {
+    pub fn get(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        self.opt(name, shape)?
+            .ok_or_else(|| Error::Model(format!("missing tensor '{name}'")))
+    }
+
+    pub fn opt(&self, name: &str, shape: &[usize]) -> Result<Option<Tensor>> {
+        let Some(index) = self.file.tensors().iter().position(|t| t.name == name) else {
+            return Ok(None);
+        };
+        let t = Tensor::mapped(self.file, index)?;
+        t.expect_shape(shape)?;
+        Ok(Some(t))
+    }
+
+    /// A small tensor (norm weight, bias) as f32.
+    pub fn vec(&self, name: &str, len: usize) -> Result<Vec<f32>> {
+        self.get(name, &[len])?.to_f32()
+    }
+
+    pub fn vec_opt(&self, name: &str, len: usize) -> Result<Option<Vec<f32>>> {
+        self.opt(name, &[len])?.map(|t| t.to_f32()).transpose()
+    }
+}
+
+impl Model {
+    /// Build the model described by `file` (architecture from `general.architecture`).
+    pub fn load(file: Arc<GgufFile>) -> Result<Model> {
+        let config = Config::from_metadata(file.metadata())?;
+        let src = TensorSource { file: &file };
+        let c = &config;
+        let tok_embd = src.get("token_embd.weight", &[c.n_embd, c.n_vocab])?;
+        let output_norm = src.vec("output_norm.weight", c.n_embd)?;
+        let output = match src.opt("output.weight", &[c.n_embd, c.n_vocab])? {
+            Some(t) => t,
+            None => tok_embd.clone(),
+        };
+        let mut layers = Vec::with_capacity(c.n_layer);
+        for il in 0..c.n_layer {
+            let layer = match c.arch {
+                Arch::Deepseek2 => crate::arch::deepseek2::load_layer(c, &src, il)?,
+                Arch::Glm4Moe => crate::arch::glm4moe::load_layer(c, &src, il)?,
+                Arch::Qwen3Moe => crate::arch::qwen3moe::load_layer(c, &src, il)?,
+            };
+            layers.push(layer);
+        }
+        let model = Model {
+            config,
+            file: Arc::clone(&file),
+            tok_embd,
+            output_norm,
+            output,
+            layers,
+        };
+        model.check_types()?;
+        Ok(model)
+    }
+
+    /// Every matrix must have a dot-product kernel; fail at load, not mid-generation.
+    fn check_types(&self) -> Result<()> {
+        let mut mats: Vec<&Tensor> = vec![&self.output];
+        for l in &self.layers {
+            match &l.attn {
+                Attention::Gqa(a) => mats.extend([&a.wq, &a.wk, &a.wv, &a.wo]),
+                Attention::Mla(a) => {
+                    if let Some((t, _)) = &a.wq_a {
+                        mats.push(t);
+                    }
+                    mats.extend([&a.wq_b, &a.wkv_a, &a.wk_b, &a.wv_b, &a.wo]);
+                }
+            }
+            match &l.ffn {
+                Ffn::Dense(f) => mats.extend(f.matrices()),
+                Ffn::Moe(m) => {
+                    mats.extend([&m.router, &m.gate_exps, &m.up_exps, &m.down_exps]);
+                    if let Some(s) = &m.shared {
+                        mats.extend(s.matrices());
+                    }
+                }
+            }
+        }
+        for t in mats {
+            t.matrix()?;
+        }
+        // token_embd is only read row by row: it needs a dequantizer.
+        if moxie_quant::dequantize_fn(self.tok_embd.ty).is_none() {
+            return Err(Error::Model(format!(
+                "tensor 'token_embd.weight' has type {}, which moxie cannot read yet",
+                self.tok_embd.ty
+            )));
+        }
+        Ok(())
+    }
+
+    /// Cache geometry of every layer.
+    pub fn kv_shapes(&self) -> Vec<LayerKvShape> {
+        let c = &self.config;
+        self.layers
+            .iter()
+            .map(|l| match l.attn {
+                Attention::Gqa(_) => LayerKvShape {
+                    k_width: c.n_head_kv * c.head_dim_k,
+                    v_width: c.n_head_kv * c.head_dim_v,
+                },
+                Attention::Mla(_) => LayerKvShape {
+                    k_width: c.kv_lora_rank + c.n_rot,
+                    v_width: 0,
+                },
+            })
+            .collect()
+    }
+
+    /// A KV cache for `n_ctx` positions (the model's training context when `None`).
+    pub fn new_cache(&self, n_ctx: Option<usize>) -> KvCache {
+        KvCache::new(self.kv_shapes(), n_ctx.unwrap_or(self.config.n_ctx_train))
+    }
+
+    /// Run `tokens` (at the positions following what `cache` holds) through the model and
+    /// return logits (`n_vocab` per returned row).
+    pub fn forward(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        par: &Parallel,
+        which: Logits,
+    ) -> Result<Vec<f32>> {
+        let c = &self.config;
+        let n = tokens.len();
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        cache.check_room(n)?;
+        let n_embd = c.n_embd;
+        let mut x = vec![0f32; n * n_embd];
+        for (&t, row) in tokens.iter().zip(x.chunks_exact_mut(n_embd)) {
+            if t as usize >= c.n_vocab {
+                return Err(Error::BadToken {
+                    id: t,
+                    n_vocab: c.n_vocab,
+                });
+            }
+            self.tok_embd.row_to_f32(t as usize, row)?;
+        }
+        let pos0 = cache.len();
+        let mut h = vec![0f32; n * n_embd];
+        for (il, layer) in self.layers.iter().enumerate() {
+            h.copy_from_slice(&x);
+            ops::rms_norm_mul(&mut h, &layer.attn_norm, c.rms_eps);
+            let attn_out = match &layer.attn {
+                Attention::Gqa(a) => self.gqa(a, il, &h, pos0, cache, par)?,
+                Attention::Mla(a) => self.mla(a, il, &h, pos0, cache, par)?,
+            };
+            ops::add_assign(&mut x, &attn_out);
+            h.copy_from_slice(&x);
+            ops::rms_norm_mul(&mut h, &layer.ffn_norm, c.rms_eps);
+            let ffn_out = match &layer.ffn {
+                Ffn::Dense(f) => dense_ffn(f, &h, n, par)?,
+                Ffn::Moe(m) => self.moe(m, &h, n, par)?,
+            };
+            ops::add_assign(&mut x, &ffn_out);
+        }
+        cache.commit(n);
+
+        let rows = match which {
+            Logits::All => &mut x[..],
+            Logits::Last => &mut x[(n - 1) * n_embd..],
+        };
+        ops::rms_norm_mul(rows, &self.output_norm, c.rms_eps);
+        let n_out = rows.len() / n_embd;
+        let mut logits = vec![0f32; n_out * c.n_vocab];
+        self.output.matrix()?.matmul(par, rows, &mut logits);
+        Ok(logits)
+    }
+
+    fn gqa(
+        &self,
+        a: &Gqa,
+        il: usize,
+        h: &[f32],
+        pos0: usize,
+        cache: &mut KvCache,
+        par: &Parallel,
+    ) -> Result<Vec<f32>> {
+        let c = &self.config;
+        let n = h.len() / c.n_embd;
+        let (hd, n_kv) = (c.head_dim_k, c.n_head_kv);
+        let mut q = vec![0f32; n * c.n_head * hd];
+        let mut k = vec![0f32; n * n_kv * hd];
+        let mut v = vec![0f32; n * n_kv * c.head_dim_v];
+        let wq = a.wq.matrix()?;
+        let acts = QuantizedActs::new(wq.act_type(), c.n_embd, h);
+        wq.matmul_q(par, &acts, &mut q);
+        matmul_shared(&a.wk, &acts, h, par, &mut k)?;
+        matmul_shared(&a.wv, &acts, h, par, &mut v)?;
+        if let Some(b) = &a.bq {
+            ops::add_bias(&mut q, b);
+        }
+        if let Some(b) = &a.bk {
+            ops::add_bias(&mut k, b);
+        }
+        if let Some(b) = &a.bv {
+            ops::add_bias(&mut v, b);
+        }
+        if let Some(w) = &a.q_norm {
+            ops::rms_norm_mul(&mut q, w, c.rms_eps);
+        }
+        if let Some(w) = &a.k_norm {
+            ops::rms_norm_mul(&mut k, w, c.rms_eps);
+        }
+        let mut rc = Vec::new();
+        for t in 0..n {
+            c.rope.cache((pos0 + t) as i64, &mut rc);
+            c.rope.apply(
+                &mut q[t * c.n_head * hd..(t + 1) * c.n_head * hd],
+                hd,
+                0,
+                &rc,
+            );
+            c.rope
+                .apply(&mut k[t * n_kv * hd..(t + 1) * n_kv * hd], hd, 0, &rc);
+        }
+        cache.append(il, &k, &v);
+        let mut out = vec![0f32; n * c.n_head * c.head_dim_v];
+        attend(
+            AttnGeom {
+                n_head: c.n_head,
+                n_head_kv: n_kv,
+                dk: hd,
+                dv: c.head_dim_v,
+                k_stride: n_kv * hd,
+                v_stride: n_kv * c.head_dim_v,
+                kq_scale: c.kq_scale(),
+                pos0,
+            },
+            &q,
+            cache.keys(il),
+            cache.values(il),
+            &mut out,
+            par,
+        );
+        let mut o = vec![0f32; n * c.n_embd];
+        a.wo.matrix()?.matmul(par, &out, &mut o);
+        Ok(o)
+    }
+
+    fn mla(
+        &self,
+        a: &Mla,
+        il: usize,
+        h: &[f32],
+        pos0: usize,
+        cache: &mut KvCache,
+        par: &Parallel,
+    ) -> Result<Vec<f32>> {
+        let c = &self.config;
+        let n = h.len() / c.n_embd;
+        let (n_head, rank, n_rot) = (c.n_head, c.kv_lora_rank, c.n_rot);
+        let dk = c.head_dim_k_mla;
+        let nope = dk - n_rot;
+        let dv = c.head_dim_v_mla;
+
+        // Queries: optional low-rank compression, then per head [nope | rope].
+        let mut q = vec![0f32; n * n_head * dk];
+        let acts_h;
+        match &a.wq_a {
+            Some((wq_a, norm)) => {
+                let m = wq_a.matrix()?;
+                acts_h = QuantizedActs::new(m.act_type(), c.n_embd, h);
+                let mut qa = vec![0f32; n * m.n_out];
+                m.matmul_q(par, &acts_h, &mut qa);
+                ops::rms_norm_mul(&mut qa, norm, c.rms_eps);
+                a.wq_b.matrix()?.matmul(par, &qa, &mut q);
+            }
+            None => {
+                let m = a.wq_b.matrix()?;
+                acts_h = QuantizedActs::new(m.act_type(), c.n_embd, h);
+                m.matmul_q(par, &acts_h, &mut q);
+            }
+        }
+        // Latent + rotary key.
+        let kw = rank + n_rot;
+        let mut kv = vec![0f32; n * kw];
+        matmul_shared(&a.wkv_a, &acts_h, h, par, &mut kv)?;
+
+        let mut rc = Vec::new();
+        // Absorbed queries [latent (rank) | rope (n_rot)] per head.
+        let qw = rank + n_rot;
+        let mut qfull = vec![0f32; n * n_head * qw];
+        let mut q_nope = vec![0f32; n * nope];
+        let mut absorbed = vec![0f32; n * rank];
+        for hh in 0..n_head {
+            for t in 0..n {
+                let src = &q[(t * n_head + hh) * dk..][..nope];
+                q_nope[t * nope..(t + 1) * nope].copy_from_slice(src);
+            }
+            a.wk_b
+                .slice(hh)?
+                .matmul_permuted_input(par, &q_nope, &mut absorbed);
+            for t in 0..n {
+                qfull[(t * n_head + hh) * qw..][..rank]
+                    .copy_from_slice(&absorbed[t * rank..(t + 1) * rank]);
+            }
+        }
+        for t in 0..n {
+            c.rope.cache((pos0 + t) as i64, &mut rc);
+            for hh in 0..n_head {
+                let src = &mut q[(t * n_head + hh) * dk..][..dk];
+                c.rope.apply(src, dk, nope, &rc);
+                qfull[(t * n_head + hh) * qw + rank..][..n_rot].copy_from_slice(&src[nope..]);
+            }
+            let row = &mut kv[t * kw..(t + 1) * kw];
+            c.rope.apply(&mut row[rank..], n_rot, 0, &rc);
+            ops::rms_norm_mul(&mut row[..rank], &a.kv_a_norm, c.rms_eps);
+        }
+        cache.append(il, &kv, &[]);
+
+        // MQA over the latent: one kv "head" of width rank + n_rot, values = its first `rank`.
+        let mut latent_out = vec![0f32; n * n_head * rank];
+        attend(
+            AttnGeom {
+                n_head,
+                n_head_kv: 1,
+                dk: qw,
+                dv: rank,
+                k_stride: kw,
+                v_stride: kw,
+                kq_scale: c.kq_scale(),
+                pos0,
+            },
+            &qfull,
+            cache.keys(il),
+            cache.keys(il),
+            &mut latent_out,
+            par,
+        );
+        // Per head: expand the attended latent with attn_v_b.
+        let mut heads = vec![0f32; n * n_head * dv];
+        let mut lat = vec![0f32; n * rank];
+        let mut vh = vec![0f32; n * dv];
+        for hh in 0..n_head {
+            for t in 0..n {
+                lat[t * rank..(t + 1) * rank]
+                    .copy_from_slice(&latent_out[(t * n_head + hh) * rank..][..rank]);
+            }
+            a.wv_b.slice(hh)?.matmul(par, &lat, &mut vh);
+            for t in 0..n {
+                heads[(t * n_head + hh) * dv..][..dv].copy_from_slice(&vh[t * dv..(t + 1) * dv]);
+            }
+        }
+        let mut o = vec![0f32; n * c.n_embd];
+        a.wo.matrix()?.matmul(par, &heads, &mut o);
+        Ok(o)
+    }
+
+    fn moe(&self, m: &Moe, h: &[f32], n: usize, par: &Parallel) -> Result<Vec<f32>> {
+        let c = &self.config;
+        let n_embd = c.n_embd;
+        let k_used = c.n_expert_used;
+        let mut logits = vec![0f32; n * c.n_expert];
+        m.router.matrix()?.matmul(par, h, &mut logits);
+        let routes: Vec<Vec<(usize, f32)>> = logits
+            .chunks_exact(c.n_expert)
+            .map(|l| route_top_k(c, l, m.probs_bias.as_deref()))
+            .collect();
+
+        // Group (token, slot) pairs by expert so each expert's weights are read once per batch.
+        let mut by_expert: Vec<Vec<(usize, usize)>> = vec![Vec::new(); c.n_expert];
+        for (t, r) in routes.iter().enumerate() {
+            for (slot, &(e, _)) in r.iter().enumerate() {
+                by_expert[e].push((t, slot));
+            }
+        }
+        let mut per_slot = vec![0f32; n * k_used * n_embd];
+        let n_ff = m.gate_exps.ne[1];
+        let mut xin = Vec::new();
+        for (e, users) in by_expert.iter().enumerate() {
+            if users.is_empty() {
+                continue;
+            }
+            xin.clear();
+            for &(t, _) in users {
+                xin.extend_from_slice(&h[t * n_embd..(t + 1) * n_embd]);
+            }
+            let nu = users.len();
+            let gate = m.gate_exps.slice(e)?;
+            let acts = QuantizedActs::new(gate.act_type(), n_embd, &xin);
+            let mut g = vec![0f32; nu * n_ff];
+            let mut u = vec![0f32; nu * n_ff];
+            gate.matmul_q_id(par, &acts, &mut g);
+            let up = m.up_exps.slice(e)?;
+            if up.act_type() == acts.ty {
+                up.matmul_q_id(par, &acts, &mut u);
+            } else {
+                up.matmul_q_id(
+                    par,
+                    &QuantizedActs::new(up.act_type(), n_embd, &xin),
+                    &mut u,
+                );
+            }
+            ops::swiglu(&mut g, &u);
+            let mut d = vec![0f32; nu * n_embd];
+            let down = m.down_exps.slice(e)?;
+            let acts_d = QuantizedActs::new(down.act_type(), n_ff, &g);
+            down.matmul_q_id(par, &acts_d, &mut d);
+            for (i, &(t, slot)) in users.iter().enumerate() {
+                let w = routes[t][slot].1;
+                let dst = &mut per_slot[(t * k_used + slot) * n_embd..][..n_embd];
+                for (o, &v) in dst.iter_mut().zip(&d[i * n_embd..(i + 1) * n_embd]) {
+                    *o = v * w;
+                }
+            }
+        }
+        // Sum the experts of each token in selection order, as ggml's chain of adds does.
+        let mut out = vec![0f32; n * n_embd];
+        for t in 0..n {
+            let o = &mut out[t * n_embd..(t + 1) * n_embd];
+            o.copy_from_slice(&per_slot[t * k_used * n_embd..][..n_embd]);
+            for slot in 1..k_used {
+                ops::add_assign(o, &per_slot[(t * k_used + slot) * n_embd..][..n_embd]);
+            }
+        }
+        if let Some(s) = &m.shared {
+            let sh = dense_ffn(s, h, n, par)?;
+            ops::add_assign(&mut out, &sh);
+        }
+        Ok(out)
+    }
+}
+
+/// Multiply with `w`, reusing `acts` when `w` consumes the same activation type.
+fn matmul_shared(
+    w: &Tensor,
+    acts: &QuantizedActs,
+    x: &[f32],
+    par: &Parallel,
+    out: &mut [f32],
+) -> Result<()> {
+    let m = w.matrix()?;
+    if m.act_type() == acts.ty {
+        m.matmul_q(par, acts, out);
+    } else {
+        m.matmul(par, x, out);
+    }
+    Ok(())
+}
+
+fn dense_ffn(f: &DenseFfn, h: &[f32], n: usize, par: &Parallel) -> Result<Vec<f32>> {
+    let gate = f.gate.matrix()?;
+    let n_ff = gate.n_out;
+    let acts = QuantizedActs::new(gate.act_type(), gate.n_in, h);
+    let mut g = vec![0f32; n * n_ff];
+    let mut u = vec![0f32; n * n_ff];
+    gate.matmul_q(par, &acts, &mut g);
+    matmul_shared(&f.up, &acts, h, par, &mut u)?;
+    ops::swiglu(&mut g, &u);
+    let down = f.down.matrix()?;
+    let mut out = vec![0f32; n * down.n_out];
+    down.matmul(par, &g, &mut out);
+    Ok(out)
+}
+
+/// Choose the experts for one token from its router logits: probabilities by the gating
+/// function, top-k by probability plus selection bias (within the best expert groups when the
+/// model uses group-limited routing), then weights = the unbiased probabilities, normalised
+/// and scaled as configured. Returns (expert, weight) in selection order.
+pub fn route_top_k(c: &Config, logits: &[f32], bias: Option<&[f32]>) -> Vec<(usize, f32)> {
+    let mut probs = logits.to_vec();
+    match c.gating {
+        Gating::Softmax => ops::softmax(&mut probs),
+        Gating::Sigmoid => probs.iter_mut().for_each(|p| *p = ops::sigmoid(*p)),
+    }
+    let mut sel: Vec<f32> = match bias {
+        Some(b) => probs.iter().zip(b).map(|(p, b)| p + b).collect(),
+        None => probs.clone(),
+    };
+    if c.n_expert_groups > 1 {
+        let per = c.n_expert / c.n_expert_groups;
+        // Group score: sum of the group's two best selection scores.
+        let mut scores: Vec<(usize, f32)> = sel
+            .chunks_exact(per)
+            .enumerate()
+            .map(|(g, s)| {
+                let mut best = [f32::NEG_INFINITY; 2];
+                for &v in s {
+                    if v > best[0] {
+                        best[1] = best[0];
+                        best[0] = v;
+                    } else if v > best[1] {
+                        best[1] = v;
+                    }
+                }
+                let second = if per > 1 { best[1] } else { 0.0 };
+                (g, best[0] + second)
+            })
+            .collect();
+        scores.sort_by(|a, b| b.1.total_cmp(&a.1));
+        let mut keep = vec![false; c.n_expert_groups];
+        for &(g, _) in scores.iter().take(c.n_group_used) {
+            keep[g] = true;
+        }
+        for (g, s) in sel.chunks_exact_mut(per).enumerate() {
+            if !keep[g] {
+                s.iter_mut().for_each(|v| *v = f32::NEG_INFINITY);
+            }
+        }
+    }
+    let mut idx: Vec<usize> = (0..sel.len()).collect();
+    idx.sort_by(|&a, &b| sel[b].total_cmp(&sel[a]).then(a.cmp(&b)));
+    idx.truncate(c.n_expert_used);
+    let mut out: Vec<(usize, f32)> = idx.iter().map(|&e| (e, probs[e])).collect();
+    if c.expert_weights_norm || c.arch == Arch::Qwen3Moe {
+        // ggml_sum_rows accumulates in f64.
+        let sum = out.iter().map(|x| x.1 as f64).sum::<f64>() as f32;
+        let sum = sum.max(6.103_515_6e-5);
+        out.iter_mut().for_each(|x| x.1 /= sum);
+    }
+    let s = c.expert_weights_scale;
+    if s != 0.0 && s != 1.0 {
+        out.iter_mut().for_each(|x| x.1 *= s);
+    }
+    out
+}
+
+/// Shapes of one attention call over the cache.
+#[derive(Clone, Copy)]
+struct AttnGeom {
+    n_head: usize,
+    n_head_kv: usize,
+    /// Query/key width per head.
+    dk: usize,
+    /// Value width per head.
+    dv: usize,
+    /// Cache row widths (one position, all kv heads).
+    k_stride: usize,
+    v_stride: usize,
+    kq_scale: f32,
+    /// Position of the first query.
+    pos0: usize,
+}
+
+/// Causal softmax attention of `q` (`n` tokens × n_head × dk) against the f16 cache, the way
+/// ggml's non-flash path computes it: queries rounded to f16 for the KQ product, probabilities
+/// rounded to f16 for the product with V, and both products summed in llama.cpp's order
+/// (tinyBLAS for a batch, `vec_dot_f16` for one token; see `ggml_order`).
+fn attend(
+    g: AttnGeom,
+    q: &[f32],
+    keys: &[half::f16],
+    values: &[half::f16],
+    out: &mut [f32],
+    par: &Parallel,
+) {
+    let n = q.len() / (g.n_head * g.dk);
+    let group = g.n_head / g.n_head_kv;
+    let n_rows = n * g.n_head;
+    let work = (g.pos0 + n) * (g.dk + g.dv);
+    let batched = n > 1;
+    let dot = |len: usize, x: &dyn Fn(usize) -> f32, y: &dyn Fn(usize) -> f32| {
+        if batched && len.is_multiple_of(16) {
+            ggml_order::dot_tinyblas(len, x, y)
+        } else {
+            ggml_order::dot_vec(len, x, y)
+        }
+    };
+    par.for_each_range(n_rows, work, out, g.dv, |rows, o| {
+        let mut scores = Vec::new();
+        let mut qh = vec![0f32; g.dk];
+        let mut krow = vec![0f32; g.dk];
+        for (row, orow) in rows.zip(o.chunks_exact_mut(g.dv)) {
+            let (t, hh) = (row / g.n_head, row % g.n_head);
+            let kvh = hh / group;
+            let n_kv = g.pos0 + t + 1;
+            for (d, s) in qh.iter_mut().zip(&q[row * g.dk..(row + 1) * g.dk]) {
+                *d = f16_round(*s);
+            }
+            scores.clear();
+            for j in 0..n_kv {
+                let k = &keys[j * g.k_stride + kvh * g.dk..][..g.dk];
+                for (d, v) in krow.iter_mut().zip(k) {
+                    *d = v.to_f32();
+                }
+                let s = dot(g.dk, &|i| krow[i], &|i| qh[i]);
+                scores.push(s * g.kq_scale);
+            }
+            // llama.cpp's kq rows span the padded cache (a multiple of 256) with masked
+            // entries; padding to 16 lanes reproduces its softmax chunking exactly.
+            scores.resize(n_kv.next_multiple_of(16), f32::NEG_INFINITY);
+            ops::softmax(&mut scores);
+            for p in scores.iter_mut() {
+                *p = f16_round(*p);
+            }
+            // The V product runs over the padded cache too; entries past n_kv are zero.
+            let len = n_kv.next_multiple_of(64);
+            for (d, o) in orow.iter_mut().enumerate() {
+                let v = |j: usize| {
+                    if j < n_kv {
+                        values[j * g.v_stride + kvh * g.dv + d].to_f32()
+                    } else {
+                        0.0
+                    }
+                };
+                let p = |j: usize| if j < n_kv { scores[j] } else { 0.0 };
+                *o = dot(len, &v, &p);
+            }
+        }
+    });
+}

@@ -1,0 +1,271 @@
+//! Element-wise and row-wise operations of the forward pass, written to follow ggml's CPU
+//! numerics (accumulation precision, operation order) so that logits match llama.cpp.
+
+/// RMS norm of each row of `x` (row length `w.len()`), multiplied by `w`, written in place.
+/// ggml accumulates the sum of squares in f64 and scales by `1/sqrt(mean + eps)` in f32.
+pub fn rms_norm_mul(x: &mut [f32], w: &[f32], eps: f32) {
+    let n = w.len();
+    for row in x.chunks_exact_mut(n) {
+        let sum: f64 = row.iter().map(|&v| (v * v) as f64).sum();
+        let mean = (sum / n as f64) as f32;
+        let scale = 1.0f32 / (mean + eps).sqrt();
+        for (v, &g) in row.iter_mut().zip(w) {
+            *v = (*v * scale) * g;
+        }
+    }
+}
+
+/// exp(x) exactly as ggml's AVX-512 `ggml_v_expf` computes it (ARM's optimized-routines
+/// polynomial: max error 1.45 ulp + 0.5). ggml uses it for softmax and SiLU on 16-lane chunks
+/// and libm `expf` for the remainder; matching it bit for bit keeps MoE routing near-ties
+/// resolving the same way as in llama.cpp.
+#[inline]
+pub fn ggml_v_expf(x: f32) -> f32 {
+    let r = f32::from_bits(0x4b40_0000); // 0x1.8p23
+    let z = x.mul_add(f32::from_bits(0x3fb8_aa3b), r); // 0x1.715476p+0
+    let n = z - r;
+    // b = x - n*ln2_hi - n*ln2_lo, as two fused negated multiply-adds.
+    let b = (-n).mul_add(
+        f32::from_bits(0x35bf_be8e),                  // 0x1.7f7d1cp-20
+        (-n).mul_add(f32::from_bits(0x3f31_7200), x), // 0x1.62e4p-1
+    );
+    let u = b * b;
+    let j = f32::from_bits(0x3c07_2010) // 0x1.0e4020p-7
+        .mul_add(b, f32::from_bits(0x3d2b_9f17)) // 0x1.573e2ep-5
+        .mul_add(
+            u,
+            f32::from_bits(0x3e2a_af33).mul_add(b, f32::from_bits(0x3eff_fedb)), // 0x1.555e66p-3, 0x1.fffdb6p-2
+        )
+        .mul_add(u, f32::from_bits(0x3f7f_fff6).mul_add(b, 1.0)); // 0x1.ffffecp-1
+    if n.abs() > 192.0 || n.is_nan() {
+        // _CMP_GT_OQ is false for NaN: NaN falls through to scalef below.
+        if n.is_nan() {
+            return f32::NAN;
+        }
+        return if n <= 0.0 { 0.0 } else { f32::INFINITY };
+    }
+    // scalef: j * 2^n with one rounding (exact in f64, then rounded to f32).
+    (j as f64 * (n as f64).exp2()) as f32
+}
+
+/// Softmax of one row in place, as ggml's CPU soft_max: subtract the max, exponentiate
+/// (`ggml_v_expf` on 16-lane chunks, libm on the tail), sum in f64 per chunk, scale by 1/sum.
+/// `-inf` entries (masked) become 0.
+pub fn softmax(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0f64;
+    let mut chunks = x.chunks_exact_mut(16);
+    for c in &mut chunks {
+        let mut v = [0f32; 16];
+        for (o, i) in v.iter_mut().zip(c.iter()) {
+            *o = ggml_v_expf(*i - max);
+        }
+        c.copy_from_slice(&v);
+        sum += crate::ggml_order::reduce_add_16(&v) as f64;
+    }
+    for v in chunks.into_remainder() {
+        *v = (*v - max).exp();
+        sum += *v as f64;
+    }
+    let inv = (1.0 / sum) as f32;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+#[inline]
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+#[inline]
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// `gate = silu(gate) * up`, element-wise, as ggml's `ggml_vec_swiglu_f32` (SiLU through
+/// `ggml_v_expf` on 16-lane chunks, libm on the tail).
+pub fn swiglu(gate: &mut [f32], up: &[f32]) {
+    let n16 = gate.len() / 16 * 16;
+    for (g, &u) in gate[..n16].iter_mut().zip(&up[..n16]) {
+        *g = (*g / (1.0 + ggml_v_expf(-*g))) * u;
+    }
+    for (g, &u) in gate[n16..].iter_mut().zip(&up[n16..]) {
+        *g = silu(*g) * u;
+    }
+}
+
+/// `y += x`
+pub fn add_assign(y: &mut [f32], x: &[f32]) {
+    for (a, &b) in y.iter_mut().zip(x) {
+        *a += b;
+    }
+}
+
+/// Add `bias` to every row of `x`.
+pub fn add_bias(x: &mut [f32], bias: &[f32]) {
+    for row in x.chunks_exact_mut(bias.len()) {
+        add_assign(row, bias);
+    }
+}
+
+/// The RoPE layout: which pairs of dimensions rotate together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeKind {
+    /// Adjacent pairs (x[2i], x[2i+1]) — ggml's "normal" mode (DeepSeek, Llama).
+    Normal,
+    /// Halves (x[i], x[i + n_dims/2]) — ggml's NEOX mode (Qwen, GLM).
+    Neox,
+}
+
+/// Rotary position embedding parameters, with YaRN scaling as ggml implements it (including
+/// the fused multiply-adds GCC's default `-ffp-contract=fast` puts into ggml's rope).
+#[derive(Clone, Debug)]
+pub struct Rope {
+    pub kind: RopeKind,
+    /// Rotated dimensions per head (the first `n_dims` of each head).
+    pub n_dims: usize,
+    pub freq_base: f32,
+    pub freq_scale: f32,
+    pub ext_factor: f32,
+    pub attn_factor: f32,
+    pub beta_fast: f32,
+    pub beta_slow: f32,
+    pub n_ctx_orig: u32,
+}
+
+impl Rope {
+    fn corr_dim(&self, n_rot: f32) -> f32 {
+        self.n_dims as f32 * (self.n_ctx_orig as f32 / (n_rot * 2.0 * std::f32::consts::PI)).ln()
+            / (2.0 * self.freq_base.ln())
+    }
+
+    /// (cos, sin) for every rotated pair at position `pos`, as ggml's rope cache computes them
+    /// (theta advanced by repeated multiplication in f32).
+    pub fn cache(&self, pos: i64, out: &mut Vec<(f32, f32)>) {
+        out.clear();
+        let theta_scale = self.freq_base.powf(-2.0 / self.n_dims as f32);
+        let start = self.corr_dim(self.beta_fast).floor();
+        let end = self.corr_dim(self.beta_slow).ceil();
+        let corr = [start.max(0.0), end.min(self.n_dims as f32 - 1.0)];
+        let mut theta = pos as f32;
+        let mut i0 = 0usize;
+        while i0 < self.n_dims {
+            let theta_extrap = theta;
+            let theta_interp = self.freq_scale * theta_extrap;
+            let mut t = theta_interp;
+            let mut mscale = self.attn_factor;
+            if self.ext_factor != 0.0 {
+                let y = ((i0 / 2) as f32 - corr[0]) / (corr[1] - corr[0]).max(0.001);
+                let ramp = 1.0 - y.clamp(0.0, 1.0);
+                let mix = ramp * self.ext_factor;
+                // GCC builds ggml with -ffp-contract=fast: `a*b + c*d` is fma(a, b, c*d).
+                t = theta_interp.mul_add(1.0 - mix, theta_extrap * mix);
+                mscale *= 1.0 + 0.1 * (1.0 / self.freq_scale).ln();
+            }
+            out.push((t.cos() * mscale, t.sin() * mscale));
+            theta *= theta_scale;
+            i0 += 2;
+        }
+    }
+
+    /// Rotate the first `n_dims` dimensions of every head in `x` (`n_heads` heads of
+    /// `head_dim`, starting at `offset` within each head) for position `pos`.
+    pub fn apply(&self, x: &mut [f32], head_dim: usize, offset: usize, cache: &[(f32, f32)]) {
+        for head in x.chunks_exact_mut(head_dim) {
+            let h = &mut head[offset..offset + self.n_dims];
+            match self.kind {
+                RopeKind::Normal => {
+                    for (i, &(c, s)) in cache.iter().enumerate() {
+                        let x0 = h[2 * i];
+                        let x1 = h[2 * i + 1];
+                        h[2 * i] = x0.mul_add(c, -(x1 * s));
+                        h[2 * i + 1] = x0.mul_add(s, x1 * c);
+                    }
+                }
+                RopeKind::Neox => {
+                    let half = self.n_dims / 2;
+                    for (i, &(c, s)) in cache.iter().enumerate() {
+                        let x0 = h[i];
+                        let x1 = h[i + half];
+                        h[i] = x0.mul_add(c, -(x1 * s));
+                        h[i + half] = x0.mul_add(s, x1 * c);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Round to f16 and back, as ggml does when it stores into an F16 tensor.
+#[inline]
+pub fn f16_round(x: f32) -> f32 {
+    half::f16::from_f32(x).to_f32()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rms_norm_matches_definition() {
+        let mut x = vec![1.0f32, 2.0, 3.0, 4.0];
+        let w = vec![1.0f32, 0.5, 2.0, 1.0];
+        rms_norm_mul(&mut x, &w, 0.0);
+        let rms = ((1.0 + 4.0 + 9.0 + 16.0) / 4.0f32).sqrt();
+        assert!((x[0] - 1.0 / rms).abs() < 1e-6);
+        assert!((x[1] - 1.0 / rms).abs() < 1e-6);
+        assert!((x[2] - 6.0 / rms).abs() < 1e-6);
+    }
+
+    #[test]
+    fn ggml_expf_is_accurate() {
+        let mut x = -100.0f32;
+        while x < 88.0 {
+            let want = (x as f64).exp();
+            let got = ggml_v_expf(x) as f64;
+            assert!(((got - want) / want).abs() < 4e-7, "{x}: {got} vs {want}");
+            x += 0.137;
+        }
+        assert_eq!(ggml_v_expf(f32::NEG_INFINITY), 0.0);
+        assert_eq!(ggml_v_expf(0.0), 1.0);
+        assert_eq!(ggml_v_expf(200.0), f32::INFINITY);
+    }
+
+    #[test]
+    fn softmax_sums_to_one_and_masks() {
+        let mut x = vec![1.0f32, 2.0, f32::NEG_INFINITY, 0.5];
+        softmax(&mut x);
+        assert!((x.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        assert_eq!(x[2], 0.0);
+        assert!(x[1] > x[0] && x[0] > x[3]);
+    }
+
+    #[test]
+    fn rope_position_zero_is_identity_and_norm_preserving() {
+        let rope = Rope {
+            kind: RopeKind::Neox,
+            n_dims: 4,
+            freq_base: 10000.0,
+            freq_scale: 1.0,
+            ext_factor: 0.0,
+            attn_factor: 1.0,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            n_ctx_orig: 4096,
+        };
+        let mut cache = Vec::new();
+        rope.cache(0, &mut cache);
+        let mut x = vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
+        rope.apply(&mut x, 6, 0, &cache);
+        assert_eq!(x, vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        rope.cache(7, &mut cache);
+        rope.apply(&mut x, 6, 0, &cache);
+        let n: f32 = x[..4].iter().map(|v| v * v).sum();
+        assert!((n - 30.0).abs() < 1e-4);
+        assert_eq!(&x[4..], &[5.0, 6.0]);
+        // NEOX pairs dims (0,2) and (1,3): the first pair at theta = 7 rad
+        let (c, s) = (7.0f32.cos(), 7.0f32.sin());
+        assert!((x[0] - (1.0 * c - 3.0 * s)).abs() < 1e-5);
+    }
+}

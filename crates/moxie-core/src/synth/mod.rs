@@ -1,0 +1,640 @@
+//! Synthetic models (`moxie gen`): GGUF files of the supported MoE architectures with random
+//! weights, shaped and scaled like the test fixtures (`shared/fixtures/README.md`), loadable by
+//! moxie and by llama.cpp.
+//!
+//! * Weights `N(0, (g/√fan_in)²)` with `g = 1` (0.6 for the output projections `attn_output`
+//!   and `ffn_down*`), norms `1 + N(0, 0.1²)`, embeddings `N(0, 1)`, attention biases
+//!   `N(0, 0.1²)`, the output head scaled for logit std ≈ `logit_std` (4), the router for
+//!   router-logit std ≈ `router_std` (1.5), `exp_probs_b` `N(0, 0.05²)`: outputs are peaked and
+//!   every expert gets used.
+//! * Deterministic: every tensor row has its own random stream, seeded from the model seed,
+//!   the tensor name and the row index, so the bytes do not depend on threads or order.
+//! * Streaming: tensors are generated, quantized and written a chunk of rows at a time, so a
+//!   multi-GB model needs a few tens of MB of memory.
+//! * Tokenizer: a byte-level BPE vocabulary built in code ([`vocab`]), with each
+//!   architecture's special tokens, `tokenizer.ggml.pre` and chat template.
+//!
+//! ```no_run
+//! # fn main() -> moxie_core::Result<()> {
+//! use moxie_core::synth::{generate, SynthSpec, SynthType};
+//! let mut spec = SynthSpec::preset("deepseek2-tiny")?;
+//! spec.ty = SynthType::parse("Q4_K_M")?;
+//! spec.shape.set("n_layer", "4")?;
+//! let report = generate(&spec, std::path::Path::new("/tmp/ds.gguf"))?;
+//! println!("{} bytes, {} params", report.bytes, report.n_params);
+//! # Ok(()) }
+//! ```
+
+mod corpus;
+mod plan;
+pub mod rng;
+pub mod vocab;
+mod write;
+
+use std::path::PathBuf;
+
+pub use moxie_quant::GgmlType;
+pub use plan::{metadata, plan, PlannedTensor, TensorInit};
+pub use write::{generate, generate_with, Progress};
+
+use crate::config::{Arch, Gating};
+use crate::{Error, Result};
+
+/// YaRN rope scaling (deepseek2 only), written as `rope.scaling.*`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Yarn {
+    pub factor: f32,
+    pub orig_ctx: usize,
+    /// `rope.scaling.yarn_log_multiplier` as llama.cpp's converter writes it (0.1 × the
+    /// model's `mscale_all_dim`; llama.cpp divides it by 0.1 again).
+    pub log_multiplier: f32,
+}
+
+/// Model shape and hyper-parameters. Fields an architecture does not use are ignored for it
+/// (e.g. the MLA ranks for GQA models, `n_head_kv` / `head_dim` for deepseek2).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SynthShape {
+    pub n_vocab: usize,
+    pub n_embd: usize,
+    pub n_layer: usize,
+    /// Leading layers with a dense FFN (deepseek2, glm4moe).
+    pub n_dense_lead: usize,
+    /// Dense FFN width (`feed_forward_length`).
+    pub n_ff: usize,
+    pub n_head: usize,
+    /// GQA key/value heads (qwen3moe, glm4moe).
+    pub n_head_kv: usize,
+    /// GQA head size (qwen3moe, glm4moe).
+    pub head_dim: usize,
+    /// Rotary dimensions of a GQA head; `None`: the architecture's default (qwen3moe: the whole
+    /// head, glm4moe: half of it).
+    pub n_rot: Option<usize>,
+    /// MLA (deepseek2); `q_lora_rank` 0 means a plain `attn_q` projection.
+    pub q_lora_rank: usize,
+    pub kv_lora_rank: usize,
+    pub qk_nope_dim: usize,
+    pub qk_rope_dim: usize,
+    pub v_head_dim: usize,
+    pub n_expert: usize,
+    pub n_expert_used: usize,
+    pub n_ff_exp: usize,
+    pub n_expert_shared: usize,
+    pub gating: Gating,
+    pub expert_weights_norm: bool,
+    pub expert_weights_scale: f32,
+    pub n_ctx_train: usize,
+    pub rope_theta: f32,
+    pub rms_eps: f32,
+    pub yarn: Option<Yarn>,
+    /// Target standard deviation of the output logits.
+    pub logit_std: f32,
+    /// Target standard deviation of the router logits.
+    pub router_std: f32,
+}
+
+/// Shape fields that [`SynthShape::set`] accepts, with a description.
+pub const SHAPE_KEYS: &[(&str, &str)] = &[
+    (
+        "vocab",
+        "vocabulary size (alias n_vocab); padded with <|reserved_N|> tokens",
+    ),
+    ("n_embd", "hidden size"),
+    ("n_layer", "number of blocks"),
+    (
+        "n_dense_lead",
+        "leading dense-FFN blocks (deepseek2, glm4moe)",
+    ),
+    ("n_ff", "dense FFN width"),
+    ("n_head", "attention heads"),
+    ("n_head_kv", "key/value heads (qwen3moe, glm4moe)"),
+    ("head_dim", "head size (qwen3moe, glm4moe)"),
+    (
+        "n_rot",
+        "rotary dims per head (glm4moe; qwen3moe must rotate the whole head)",
+    ),
+    (
+        "q_lora_rank",
+        "MLA query rank, 0 = plain attn_q (deepseek2)",
+    ),
+    ("kv_lora_rank", "MLA latent size (deepseek2)"),
+    (
+        "qk_nope_dim",
+        "MLA non-rotary key dims per head (deepseek2)",
+    ),
+    ("qk_rope_dim", "MLA rotary key dims (deepseek2)"),
+    ("v_head_dim", "MLA value dims per head (deepseek2)"),
+    ("n_expert", "routed experts per MoE layer"),
+    ("n_expert_used", "experts selected per token"),
+    ("n_ff_exp", "expert FFN width"),
+    ("n_expert_shared", "shared experts (deepseek2, glm4moe)"),
+    (
+        "gating",
+        "router gating: softmax or sigmoid (deepseek2, glm4moe)",
+    ),
+    (
+        "expert_weights_norm",
+        "renormalise the top-k weights: true/false",
+    ),
+    (
+        "expert_weights_scale",
+        "scale of the routed experts' weights",
+    ),
+    ("n_ctx", "training context length (alias n_ctx_train)"),
+    ("rope_theta", "rope base frequency"),
+    ("rms_eps", "RMS norm epsilon"),
+    ("yarn_factor", "YaRN scaling factor, 0 = off (deepseek2)"),
+    ("yarn_orig_ctx", "YaRN original context (deepseek2)"),
+    ("logit_std", "target std of the output logits"),
+    ("router_std", "target std of the router logits"),
+];
+
+fn parse_num<T: std::str::FromStr>(key: &str, value: &str) -> Result<T> {
+    value
+        .trim()
+        .parse()
+        .map_err(|_| Error::Model(format!("synth: bad value '{value}' for '{key}'")))
+}
+
+impl SynthShape {
+    /// Sets field `key` (see [`SHAPE_KEYS`]) from its text form.
+    pub fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        let u = || parse_num::<usize>(key, value);
+        let f = || parse_num::<f32>(key, value);
+        match key {
+            "vocab" | "n_vocab" => self.n_vocab = u()?,
+            "n_embd" => self.n_embd = u()?,
+            "n_layer" => self.n_layer = u()?,
+            "n_dense_lead" | "n_dense" => self.n_dense_lead = u()?,
+            "n_ff" => self.n_ff = u()?,
+            "n_head" => self.n_head = u()?,
+            "n_head_kv" => self.n_head_kv = u()?,
+            "head_dim" => self.head_dim = u()?,
+            "n_rot" => self.n_rot = Some(u()?),
+            "q_lora_rank" => self.q_lora_rank = u()?,
+            "kv_lora_rank" => self.kv_lora_rank = u()?,
+            "qk_nope_dim" => self.qk_nope_dim = u()?,
+            "qk_rope_dim" => self.qk_rope_dim = u()?,
+            "v_head_dim" => self.v_head_dim = u()?,
+            "n_expert" => self.n_expert = u()?,
+            "n_expert_used" => self.n_expert_used = u()?,
+            "n_ff_exp" => self.n_ff_exp = u()?,
+            "n_expert_shared" => self.n_expert_shared = u()?,
+            "gating" => {
+                self.gating = match value.trim() {
+                    "softmax" => Gating::Softmax,
+                    "sigmoid" => Gating::Sigmoid,
+                    _ => {
+                        return Err(Error::Model(format!(
+                            "synth: gating must be 'softmax' or 'sigmoid', not '{value}'"
+                        )))
+                    }
+                }
+            }
+            "expert_weights_norm" => self.expert_weights_norm = parse_num(key, value)?,
+            "expert_weights_scale" => self.expert_weights_scale = f()?,
+            "n_ctx" | "n_ctx_train" => self.n_ctx_train = u()?,
+            "rope_theta" => self.rope_theta = f()?,
+            "rms_eps" => self.rms_eps = f()?,
+            "yarn_factor" => {
+                let factor = f()?;
+                self.yarn = if factor == 0.0 {
+                    None
+                } else {
+                    Some(Yarn {
+                        factor,
+                        ..self.yarn.unwrap_or(Yarn {
+                            factor,
+                            orig_ctx: self.n_ctx_train,
+                            log_multiplier: 0.1,
+                        })
+                    })
+                };
+            }
+            "yarn_orig_ctx" => match &mut self.yarn {
+                Some(y) => y.orig_ctx = u()?,
+                None => {
+                    return Err(Error::Model(
+                        "synth: yarn_orig_ctx needs YaRN on (set yarn_factor first)".into(),
+                    ))
+                }
+            },
+            "logit_std" => self.logit_std = f()?,
+            "router_std" => self.router_std = f()?,
+            _ => {
+                return Err(Error::Model(format!(
+                    "synth: unknown shape field '{key}'; known: {}",
+                    SHAPE_KEYS
+                        .iter()
+                        .map(|(k, _)| *k)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )))
+            }
+        }
+        Ok(())
+    }
+
+    /// Rotary dims per head for `arch`.
+    pub fn rot_dims(&self, arch: Arch) -> usize {
+        match arch {
+            Arch::Deepseek2 => self.qk_rope_dim,
+            Arch::Qwen3Moe => self.n_rot.unwrap_or(self.head_dim),
+            Arch::Glm4Moe => self.n_rot.unwrap_or(self.head_dim / 2),
+        }
+    }
+
+    /// Whether block `il` has a dense FFN.
+    pub fn is_dense(&self, il: usize) -> bool {
+        il < self.n_dense_lead
+    }
+}
+
+/// Mixes of block types chosen per tensor the way llama-quantize does for its `ftype`s.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(non_camel_case_types)]
+pub enum QuantMix {
+    /// Q4_K, with Q6_K for `output`, for `ffn_down*` / `attn_v` in llama-quantize's
+    /// "use_more_bits" layers, Q8_0 `attn_k`/`attn_v` and Q5_K `attn_output` for 8-expert models.
+    Q4_K_M,
+    /// Q5_K, with Q6_K for `output` and for `ffn_down*` / `attn_v` in the "use_more_bits" layers.
+    Q5_K_M,
+}
+
+/// The tensor type(s) of a synthetic model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SynthType {
+    /// Every 2-D/3-D weight in this type (llama-quantize `--pure`), falling back like
+    /// llama-quantize where a row length is not a multiple of the block size. 1-D tensors,
+    /// norms and the router stay F32.
+    Plain(GgmlType),
+    /// A llama-quantize-style mix.
+    Mix(QuantMix),
+}
+
+/// Type names [`SynthType::parse`] accepts.
+pub const TYPE_NAMES: &[&str] = &[
+    "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
+    "Q6_K", "IQ4_NL", "IQ4_XS", "Q4_K_M", "Q5_K_M",
+];
+
+impl SynthType {
+    /// Parses a type name (case-insensitive): a block type or a mix (see [`TYPE_NAMES`]).
+    pub fn parse(name: &str) -> Result<SynthType> {
+        let up = name.trim().to_ascii_uppercase();
+        let t = match up.as_str() {
+            "Q4_K_M" => SynthType::Mix(QuantMix::Q4_K_M),
+            "Q5_K_M" => SynthType::Mix(QuantMix::Q5_K_M),
+            _ => match GgmlType::from_name(&up) {
+                Some(t) if TYPE_NAMES.contains(&t.name()) => SynthType::Plain(t),
+                _ => {
+                    return Err(Error::Model(format!(
+                        "synth: unknown type '{name}'; supported: {}",
+                        TYPE_NAMES.join(", ")
+                    )))
+                }
+            },
+        };
+        Ok(t)
+    }
+
+    /// The name as [`parse`](SynthType::parse) accepts it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            SynthType::Plain(t) => t.name(),
+            SynthType::Mix(QuantMix::Q4_K_M) => "Q4_K_M",
+            SynthType::Mix(QuantMix::Q5_K_M) => "Q5_K_M",
+        }
+    }
+
+    /// `general.file_type` (llama.cpp's `llama_ftype`).
+    pub fn file_type(&self) -> u32 {
+        use GgmlType::*;
+        match self {
+            SynthType::Mix(QuantMix::Q4_K_M) => 15,
+            SynthType::Mix(QuantMix::Q5_K_M) => 17,
+            SynthType::Plain(t) => match t {
+                F32 => 0,
+                F16 => 1,
+                Q4_0 => 2,
+                Q4_1 => 3,
+                Q8_0 => 7,
+                Q5_0 => 8,
+                Q5_1 => 9,
+                Q2_K => 10,
+                Q3_K => 11, // Q3_K_S
+                Q4_K => 14, // Q4_K_S
+                Q5_K => 16, // Q5_K_S
+                Q6_K => 18,
+                IQ4_NL => 25,
+                IQ4_XS => 30,
+                BF16 => 32,
+                _ => 1024, // LLAMA_FTYPE_GUESSED
+            },
+        }
+    }
+}
+
+/// What to generate.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SynthSpec {
+    pub arch: Arch,
+    pub shape: SynthShape,
+    pub ty: SynthType,
+    pub seed: u64,
+    /// `general.name`.
+    pub name: String,
+}
+
+/// Preset names and descriptions.
+const PRESETS: &[(&str, &str)] = &[
+    (
+        "deepseek2-tiny",
+        "deepseek2 like the fixture (4.3 M params): hidden 256, 3 layers (1 dense + 2 MoE), MLA 4 heads (q_lora 128, kv_lora 512, rope 64, nope 32, v 32), 16 experts x 64 top-4 + 1 shared, sigmoid + bias, YaRN x4, vocab 2048",
+    ),
+    (
+        "qwen3moe-tiny",
+        "qwen3moe like the fixture (4.6 M params): hidden 256, 2 MoE layers, GQA 4/2 x 64 with q/k norm, 8 experts x 256 top-2, softmax, vocab 2048",
+    ),
+    (
+        "glm4moe-tiny",
+        "glm4moe like the fixture (3.7 M params): hidden 256, 3 layers (1 dense + 2 MoE), GQA 4/2 x 64 with qkv bias, q/k norm, rope on 32 of 64 dims, 16 experts x 64 top-4 + 1 shared, sigmoid + bias, vocab 2048",
+    ),
+    (
+        "bench-ds",
+        "deepseek2 benchmark model (3.23 B params; Q4_K_M ~1.96 GB): hidden 1536, 20 layers (1 dense n_ff 4096 + 19 MoE), MLA 16 heads (q_lora 768, kv_lora 512, rope 64, nope 128, v 128), 64 experts x 512 top-6 + 1 shared, sigmoid + bias, vocab 32768",
+    ),
+    (
+        "bench-qwen",
+        "qwen3moe benchmark twin of bench-ds (3.28 B params): hidden 1536, 20 MoE layers, GQA 16/4 x 128, 64 experts x 512 top-8, softmax, vocab 32768",
+    ),
+];
+
+/// The presets: `(name, description)`. `tiny` with an architecture picks `<arch>-tiny`
+/// (see [`SynthSpec::preset_for`]).
+pub fn presets() -> &'static [(&'static str, &'static str)] {
+    PRESETS
+}
+
+fn deepseek2_tiny_shape() -> SynthShape {
+    SynthShape {
+        n_vocab: 2048,
+        n_embd: 256,
+        n_layer: 3,
+        n_dense_lead: 1,
+        n_ff: 512,
+        n_head: 4,
+        n_head_kv: 1,
+        head_dim: 0,
+        n_rot: None,
+        q_lora_rank: 128,
+        kv_lora_rank: 512,
+        qk_nope_dim: 32,
+        qk_rope_dim: 64,
+        v_head_dim: 32,
+        n_expert: 16,
+        n_expert_used: 4,
+        n_ff_exp: 64,
+        n_expert_shared: 1,
+        gating: Gating::Sigmoid,
+        expert_weights_norm: true,
+        expert_weights_scale: 2.5,
+        n_ctx_train: 4096,
+        rope_theta: 10000.0,
+        rms_eps: 1e-6,
+        yarn: Some(Yarn {
+            factor: 4.0,
+            orig_ctx: 1024,
+            log_multiplier: 0.1,
+        }),
+        logit_std: 4.0,
+        router_std: 1.5,
+    }
+}
+
+fn qwen3moe_tiny_shape() -> SynthShape {
+    SynthShape {
+        n_vocab: 2048,
+        n_embd: 256,
+        n_layer: 2,
+        n_dense_lead: 0,
+        n_ff: 768,
+        n_head: 4,
+        n_head_kv: 2,
+        head_dim: 64,
+        n_rot: None,
+        q_lora_rank: 0,
+        kv_lora_rank: 0,
+        qk_nope_dim: 0,
+        qk_rope_dim: 0,
+        v_head_dim: 0,
+        n_expert: 8,
+        n_expert_used: 2,
+        n_ff_exp: 256,
+        n_expert_shared: 0,
+        gating: Gating::Softmax,
+        expert_weights_norm: true,
+        expert_weights_scale: 1.0,
+        n_ctx_train: 4096,
+        rope_theta: 1_000_000.0,
+        rms_eps: 1e-6,
+        yarn: None,
+        logit_std: 4.0,
+        router_std: 1.5,
+    }
+}
+
+fn glm4moe_tiny_shape() -> SynthShape {
+    SynthShape {
+        n_vocab: 2048,
+        n_embd: 256,
+        n_layer: 3,
+        n_dense_lead: 1,
+        n_ff: 512,
+        n_head: 4,
+        n_head_kv: 2,
+        head_dim: 64,
+        n_rot: None,
+        q_lora_rank: 0,
+        kv_lora_rank: 0,
+        qk_nope_dim: 0,
+        qk_rope_dim: 0,
+        v_head_dim: 0,
+        n_expert: 16,
+        n_expert_used: 4,
+        n_ff_exp: 64,
+        n_expert_shared: 1,
+        gating: Gating::Sigmoid,
+        expert_weights_norm: true,
+        expert_weights_scale: 2.5,
+        n_ctx_train: 4096,
+        rope_theta: 1_000_000.0,
+        rms_eps: 1e-5,
+        yarn: None,
+        logit_std: 4.0,
+        router_std: 1.5,
+    }
+}
+
+impl SynthSpec {
+    /// The preset `name` (see [`presets`]); also accepts `tiny-<arch>`.
+    pub fn preset(name: &str) -> Result<SynthSpec> {
+        let (arch, shape, ty, seed) = match name {
+            "deepseek2-tiny" | "tiny-deepseek2" => (
+                Arch::Deepseek2,
+                deepseek2_tiny_shape(),
+                SynthType::Plain(GgmlType::F32),
+                1001,
+            ),
+            "qwen3moe-tiny" | "tiny-qwen3moe" => (
+                Arch::Qwen3Moe,
+                qwen3moe_tiny_shape(),
+                SynthType::Plain(GgmlType::F32),
+                2002,
+            ),
+            "glm4moe-tiny" | "tiny-glm4moe" => (
+                Arch::Glm4Moe,
+                glm4moe_tiny_shape(),
+                SynthType::Plain(GgmlType::F32),
+                3003,
+            ),
+            "bench-ds" => {
+                let mut s = deepseek2_tiny_shape();
+                s.n_vocab = 32768;
+                s.n_embd = 1536;
+                s.n_layer = 20;
+                s.n_dense_lead = 1;
+                s.n_ff = 4096;
+                s.n_head = 16;
+                s.q_lora_rank = 768;
+                s.kv_lora_rank = 512;
+                s.qk_rope_dim = 64;
+                s.qk_nope_dim = 128;
+                s.v_head_dim = 128;
+                s.n_expert = 64;
+                s.n_expert_used = 6;
+                s.n_ff_exp = 512;
+                s.n_expert_shared = 1;
+                (Arch::Deepseek2, s, SynthType::Mix(QuantMix::Q4_K_M), 4004)
+            }
+            "bench-qwen" => {
+                let mut s = qwen3moe_tiny_shape();
+                s.n_vocab = 32768;
+                s.n_embd = 1536;
+                s.n_layer = 20;
+                s.n_ff = 4096;
+                s.n_head = 16;
+                s.n_head_kv = 4;
+                s.head_dim = 128;
+                s.n_expert = 64;
+                s.n_expert_used = 8;
+                s.n_ff_exp = 512;
+                (Arch::Qwen3Moe, s, SynthType::Mix(QuantMix::Q4_K_M), 5005)
+            }
+            _ => {
+                return Err(Error::Model(format!(
+                    "synth: unknown preset '{name}'; presets: {}",
+                    PRESETS
+                        .iter()
+                        .map(|(n, _)| *n)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )))
+            }
+        };
+        let name = name
+            .strip_prefix("tiny-")
+            .map_or(name.to_owned(), |a| format!("{a}-tiny"));
+        Ok(SynthSpec {
+            arch,
+            shape,
+            ty,
+            seed,
+            name,
+        })
+    }
+
+    /// A preset, where `tiny` is resolved with `arch` (`tiny` + deepseek2 = `deepseek2-tiny`);
+    /// an explicit `arch` must match the preset's.
+    pub fn preset_for(name: &str, arch: Option<Arch>) -> Result<SynthSpec> {
+        let spec =
+            match (name, arch) {
+                ("tiny", Some(a)) => SynthSpec::preset(&format!("{}-tiny", a.name()))?,
+                ("tiny", None) => return Err(Error::Model(
+                    "synth: preset 'tiny' needs an architecture (deepseek2, glm4moe or qwen3moe)"
+                        .into(),
+                )),
+                _ => SynthSpec::preset(name)?,
+            };
+        if let Some(a) = arch {
+            if a != spec.arch {
+                return Err(Error::Model(format!(
+                    "synth: preset '{name}' is a {} model, not {}",
+                    spec.arch.name(),
+                    a.name()
+                )));
+            }
+        }
+        Ok(spec)
+    }
+
+    /// Checks the shape for this architecture (sizes, divisibility, what llama.cpp's loader
+    /// accepts) and that every tensor type can be written.
+    pub fn validate(&self) -> Result<()> {
+        plan::validate(self)?;
+        plan(self).map(|_| ())
+    }
+
+    /// The model's `general.description`.
+    pub fn description(&self) -> String {
+        let s = &self.shape;
+        let attn = match self.arch {
+            Arch::Deepseek2 => format!(
+                "MLA {} heads (q_lora {}, kv_lora {}, rope {}, nope {}, v {})",
+                s.n_head, s.q_lora_rank, s.kv_lora_rank, s.qk_rope_dim, s.qk_nope_dim, s.v_head_dim
+            ),
+            _ => format!(
+                "GQA {}/{} x {} (rope {})",
+                s.n_head,
+                s.n_head_kv,
+                s.head_dim,
+                s.rot_dims(self.arch)
+            ),
+        };
+        let shared = if s.n_expert_shared > 0 {
+            format!(" + {} shared", s.n_expert_shared)
+        } else {
+            String::new()
+        };
+        format!(
+            "{}-shaped synthetic model: hidden {}, {} layers ({} dense), {attn}, {} experts x {} top-{}{shared}, vocab {}, {} (random weights, seed {}; moxie gen)",
+            self.arch.name(),
+            s.n_embd,
+            s.n_layer,
+            s.n_dense_lead,
+            s.n_expert,
+            s.n_ff_exp,
+            s.n_expert_used,
+            s.n_vocab,
+            self.ty.name(),
+            self.seed
+        )
+    }
+}
+
+/// What [`generate`] wrote.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SynthReport {
+    pub path: PathBuf,
+    /// File size.
+    pub bytes: u64,
+    /// Tensor data bytes (without header and padding).
+    pub tensor_bytes: u64,
+    /// Parameters (tensor elements).
+    pub n_params: u64,
+    pub n_tensors: usize,
+    /// `general.file_type`.
+    pub file_type: u32,
+    /// Tensor count per block type, in type-id order.
+    pub tensor_types: Vec<(GgmlType, usize)>,
+    pub seconds: f64,
+}

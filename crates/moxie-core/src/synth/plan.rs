@@ -1,0 +1,640 @@
+//! What a synthetic model contains: the tensor list (names and shapes as llama.cpp's loader
+//! declares them, how each is initialised, its block type) and the metadata.
+
+use moxie_gguf::{Array, Value};
+use moxie_quant::GgmlType;
+
+use super::vocab::{self, TokenizerStyle};
+use super::{QuantMix, SynthSpec, SynthType};
+use crate::config::{Arch, Gating};
+use crate::{Error, Result};
+
+/// How a tensor's values are drawn.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum TensorInit {
+    /// `N(0, std²)`
+    Normal { std: f32 },
+    /// `1 + N(0, std²)` (norm weights)
+    OnePlusNormal { std: f32 },
+}
+
+/// One tensor of the planned model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlannedTensor {
+    pub name: String,
+    /// ggml order: `dims[0]` is the row length.
+    pub dims: Vec<u64>,
+    pub ty: GgmlType,
+    pub init: TensorInit,
+}
+
+impl PlannedTensor {
+    pub fn n_elements(&self) -> u64 {
+        self.dims.iter().product()
+    }
+
+    pub fn row_len(&self) -> u64 {
+        self.dims[0]
+    }
+
+    pub fn n_rows(&self) -> u64 {
+        self.dims[1..].iter().product()
+    }
+
+    /// Bytes of one row in the tensor's type.
+    pub fn row_bytes(&self) -> u64 {
+        self.ty.row_bytes(self.row_len()).unwrap_or(0)
+    }
+
+    pub fn n_bytes(&self) -> u64 {
+        self.row_bytes() * self.n_rows()
+    }
+}
+
+/// Output-projection gain (attn_output, ffn_down*).
+const OUT_GAIN: f32 = 0.6;
+/// Std of norm weights around 1.
+const NORM_STD: f32 = 0.1;
+/// Std of attention biases.
+const BIAS_STD: f32 = 0.1;
+/// Std of the expert selection bias `exp_probs_b`.
+const PROBS_B_STD: f32 = 0.05;
+
+fn bad(msg: String) -> Error {
+    Error::Model(format!("synth: {msg}"))
+}
+
+/// Shape checks (everything [`plan`] and llama.cpp rely on).
+pub(crate) fn validate(spec: &SynthSpec) -> Result<()> {
+    let s = &spec.shape;
+    let arch = spec.arch.name();
+    let positive: [(&str, usize); 6] = [
+        ("n_embd", s.n_embd),
+        ("n_layer", s.n_layer),
+        ("n_head", s.n_head),
+        ("n_expert", s.n_expert),
+        ("n_expert_used", s.n_expert_used),
+        ("n_ctx", s.n_ctx_train),
+    ];
+    for (k, v) in positive {
+        if v == 0 {
+            return Err(bad(format!("{k} must be > 0")));
+        }
+    }
+    if s.n_vocab < vocab::MIN_VOCAB {
+        return Err(bad(format!(
+            "vocab {} is too small: at least {} (256 byte tokens + {} special tokens)",
+            s.n_vocab,
+            vocab::MIN_VOCAB,
+            vocab::SPECIALS.len()
+        )));
+    }
+    if s.n_vocab > i32::MAX as usize {
+        return Err(bad(format!("vocab {} is too large", s.n_vocab)));
+    }
+    if s.n_expert_used > s.n_expert {
+        return Err(bad(format!(
+            "n_expert_used {} is more than n_expert {}",
+            s.n_expert_used, s.n_expert
+        )));
+    }
+    if s.n_dense_lead > s.n_layer {
+        return Err(bad(format!(
+            "n_dense_lead {} is more than n_layer {}",
+            s.n_dense_lead, s.n_layer
+        )));
+    }
+    if s.n_dense_lead < s.n_layer && s.n_ff_exp == 0 {
+        return Err(bad("n_ff_exp must be > 0".into()));
+    }
+    if s.n_dense_lead > 0 && s.n_ff == 0 {
+        return Err(bad("n_ff must be > 0 when there are dense layers".into()));
+    }
+    if !(s.rms_eps > 0.0 && s.rope_theta > 0.0 && s.expert_weights_scale.is_finite()) {
+        return Err(bad("rms_eps and rope_theta must be > 0".into()));
+    }
+    if !(s.logit_std > 0.0 && s.router_std > 0.0) {
+        return Err(bad("logit_std and router_std must be > 0".into()));
+    }
+    if s.n_ctx_train > u32::MAX as usize {
+        return Err(bad("n_ctx is too large".into()));
+    }
+    match spec.arch {
+        Arch::Deepseek2 => {
+            if s.kv_lora_rank == 0 || s.qk_nope_dim == 0 || s.v_head_dim == 0 {
+                return Err(bad(
+                    "deepseek2 needs kv_lora_rank, qk_nope_dim and v_head_dim > 0".into(),
+                ));
+            }
+            if s.qk_rope_dim == 0 || !s.qk_rope_dim.is_multiple_of(2) {
+                return Err(bad(format!(
+                    "qk_rope_dim {} must be even and > 0",
+                    s.qk_rope_dim
+                )));
+            }
+            if let Some(y) = s.yarn {
+                if !y.factor.is_finite() || y.factor <= 0.0 || y.orig_ctx == 0 {
+                    return Err(bad(
+                        "YaRN needs yarn_factor > 0 and yarn_orig_ctx > 0".into()
+                    ));
+                }
+            }
+        }
+        Arch::Qwen3Moe | Arch::Glm4Moe => {
+            if s.n_head_kv == 0 || s.head_dim == 0 {
+                return Err(bad(format!("{arch} needs n_head_kv and head_dim > 0")));
+            }
+            if !s.n_head.is_multiple_of(s.n_head_kv) {
+                return Err(bad(format!(
+                    "n_head {} is not a multiple of n_head_kv {}",
+                    s.n_head, s.n_head_kv
+                )));
+            }
+            let rot = s.rot_dims(spec.arch);
+            if rot == 0 || !rot.is_multiple_of(2) || rot > s.head_dim {
+                return Err(bad(format!(
+                    "rotary dims {rot} must be even, > 0 and at most head_dim {}",
+                    s.head_dim
+                )));
+            }
+            if s.yarn.is_some() {
+                return Err(bad(format!(
+                    "YaRN is only supported for deepseek2, not {arch}"
+                )));
+            }
+        }
+    }
+    if spec.arch == Arch::Qwen3Moe {
+        if s.n_dense_lead != 0 || s.n_expert_shared != 0 {
+            return Err(bad(
+                "qwen3moe has no dense layers and no shared experts (n_dense_lead = n_expert_shared = 0)"
+                    .into(),
+            ));
+        }
+        if s.gating != Gating::Softmax {
+            return Err(bad(
+                "qwen3moe routing is softmax (llama.cpp hard-codes it)".into()
+            ));
+        }
+        if s.rot_dims(spec.arch) != s.head_dim {
+            return Err(bad(
+                "qwen3moe rotates the whole head (n_rot = head_dim)".into()
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn normal(std: f32) -> TensorInit {
+    TensorInit::Normal { std }
+}
+
+fn scaled(gain: f32, fan_in: usize) -> TensorInit {
+    normal(gain / (fan_in as f32).sqrt())
+}
+
+const NORM: TensorInit = TensorInit::OnePlusNormal { std: NORM_STD };
+
+/// Tensor names, shapes and initialisation, in file order (the fixtures' order).
+fn tensor_list(spec: &SynthSpec) -> Vec<(String, Vec<u64>, TensorInit)> {
+    let s = &spec.shape;
+    let mut t: Vec<(String, Vec<u64>, TensorInit)> = Vec::new();
+    let mut add = |name: String, dims: &[usize], init: TensorInit| {
+        t.push((name, dims.iter().map(|&d| d as u64).collect(), init));
+    };
+    let e = s.n_embd;
+    add("token_embd.weight".into(), &[e, s.n_vocab], normal(1.0));
+    for il in 0..s.n_layer {
+        let n = |x: &str| format!("blk.{il}.{x}");
+        add(n("attn_norm.weight"), &[e], NORM);
+        match spec.arch {
+            Arch::Deepseek2 => {
+                let qk_head = s.qk_nope_dim + s.qk_rope_dim;
+                if s.q_lora_rank > 0 {
+                    add(n("attn_q_a_norm.weight"), &[s.q_lora_rank], NORM);
+                }
+                add(n("attn_kv_a_norm.weight"), &[s.kv_lora_rank], NORM);
+                if s.q_lora_rank > 0 {
+                    add(n("attn_q_a.weight"), &[e, s.q_lora_rank], scaled(1.0, e));
+                    add(
+                        n("attn_q_b.weight"),
+                        &[s.q_lora_rank, s.n_head * qk_head],
+                        scaled(1.0, s.q_lora_rank),
+                    );
+                } else {
+                    add(n("attn_q.weight"), &[e, s.n_head * qk_head], scaled(1.0, e));
+                }
+                add(
+                    n("attn_kv_a_mqa.weight"),
+                    &[e, s.kv_lora_rank + s.qk_rope_dim],
+                    scaled(1.0, e),
+                );
+                // k_b / v_b are the halves of the latent -> per-head projection kv_b
+                // (fan-in kv_lora_rank), stored transposed / per head.
+                add(
+                    n("attn_k_b.weight"),
+                    &[s.qk_nope_dim, s.kv_lora_rank, s.n_head],
+                    scaled(1.0, s.kv_lora_rank),
+                );
+                add(
+                    n("attn_v_b.weight"),
+                    &[s.kv_lora_rank, s.v_head_dim, s.n_head],
+                    scaled(1.0, s.kv_lora_rank),
+                );
+                let v_all = s.n_head * s.v_head_dim;
+                add(
+                    n("attn_output.weight"),
+                    &[v_all, e],
+                    scaled(OUT_GAIN, v_all),
+                );
+                add(n("ffn_norm.weight"), &[e], NORM);
+            }
+            Arch::Qwen3Moe | Arch::Glm4Moe => {
+                let q = s.n_head * s.head_dim;
+                let kv = s.n_head_kv * s.head_dim;
+                add(n("attn_q.weight"), &[e, q], scaled(1.0, e));
+                add(n("attn_k.weight"), &[e, kv], scaled(1.0, e));
+                add(n("attn_v.weight"), &[e, kv], scaled(1.0, e));
+                if spec.arch == Arch::Glm4Moe {
+                    add(n("attn_q.bias"), &[q], normal(BIAS_STD));
+                    add(n("attn_k.bias"), &[kv], normal(BIAS_STD));
+                    add(n("attn_v.bias"), &[kv], normal(BIAS_STD));
+                }
+                add(n("attn_output.weight"), &[q, e], scaled(OUT_GAIN, q));
+                add(n("attn_q_norm.weight"), &[s.head_dim], NORM);
+                add(n("attn_k_norm.weight"), &[s.head_dim], NORM);
+                let ffn_norm = if spec.arch == Arch::Glm4Moe {
+                    "post_attention_norm.weight"
+                } else {
+                    "ffn_norm.weight"
+                };
+                add(n(ffn_norm), &[e], NORM);
+            }
+        }
+        if s.is_dense(il) {
+            add(n("ffn_gate.weight"), &[e, s.n_ff], scaled(1.0, e));
+            add(n("ffn_up.weight"), &[e, s.n_ff], scaled(1.0, e));
+            add(n("ffn_down.weight"), &[s.n_ff, e], scaled(OUT_GAIN, s.n_ff));
+        } else {
+            let (x, f) = (s.n_expert, s.n_ff_exp);
+            add(n("ffn_gate_inp.weight"), &[e, x], scaled(s.router_std, e));
+            let probs_b = match spec.arch {
+                Arch::Glm4Moe => true, // required by llama.cpp's glm4moe loader
+                Arch::Deepseek2 => s.gating == Gating::Sigmoid,
+                Arch::Qwen3Moe => false,
+            };
+            if probs_b {
+                add(n("exp_probs_b.bias"), &[x], normal(PROBS_B_STD));
+            }
+            add(n("ffn_gate_exps.weight"), &[e, f, x], scaled(1.0, e));
+            add(n("ffn_up_exps.weight"), &[e, f, x], scaled(1.0, e));
+            add(n("ffn_down_exps.weight"), &[f, e, x], scaled(OUT_GAIN, f));
+            if s.n_expert_shared > 0 {
+                let fs = f * s.n_expert_shared;
+                add(n("ffn_gate_shexp.weight"), &[e, fs], scaled(1.0, e));
+                add(n("ffn_up_shexp.weight"), &[e, fs], scaled(1.0, e));
+                add(n("ffn_down_shexp.weight"), &[fs, e], scaled(OUT_GAIN, fs));
+            }
+        }
+    }
+    add("output_norm.weight".into(), &[e], NORM);
+    add(
+        "output.weight".into(),
+        &[e, s.n_vocab],
+        scaled(s.logit_std, e),
+    );
+    t
+}
+
+/// Whether llama-quantize would quantize this tensor (2-D/3-D weights except norms and the
+/// router).
+fn quantizable(name: &str, dims: &[u64]) -> bool {
+    dims.len() >= 2
+        && name.ends_with("weight")
+        && !name.contains("_norm.weight")
+        && !name.contains("ffn_gate_inp.weight")
+}
+
+/// llama-quantize's `tensor_type_fallback`: a type whose block fits rows of `ncols`.
+fn fallback(ty: GgmlType, ncols: u64) -> GgmlType {
+    use GgmlType::*;
+    let fits = |t: GgmlType| ncols.is_multiple_of(t.block_size() as u64);
+    if fits(ty) {
+        return ty;
+    }
+    let alt = match ty {
+        IQ1_S | IQ1_M | IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S | IQ4_XS => IQ4_NL,
+        Q2_K | Q3_K | TQ1_0 | TQ2_0 => Q4_0,
+        Q4_K => Q5_0,
+        Q5_K => Q5_1,
+        Q6_K => Q8_0,
+        other => other,
+    };
+    if fits(alt) {
+        alt
+    } else {
+        F16
+    }
+}
+
+/// llama-quantize's `use_more_bits`.
+fn use_more_bits(i_layer: usize, n_layer: usize) -> bool {
+    i_layer < n_layer / 8
+        || i_layer >= 7 * n_layer / 8
+        || (i_layer as i64 - (n_layer / 8) as i64) % 3 == 2
+}
+
+fn layer_of(name: &str) -> Option<usize> {
+    name.strip_prefix("blk.")?.split('.').next()?.parse().ok()
+}
+
+/// Per-tensor types for a llama-quantize-style mix (`llama_tensor_get_type_impl` for the
+/// Q4_K_M / Q5_K_M ftypes, minus architectures moxie does not generate).
+struct MixState {
+    mix: QuantMix,
+    n_expert: usize,
+    n_layer: usize,
+    n_attention_wv: usize,
+    i_attention_wv: usize,
+    i_ffn_down: usize,
+}
+
+impl MixState {
+    fn default_type(&self) -> GgmlType {
+        match self.mix {
+            QuantMix::Q4_K_M => GgmlType::Q4_K,
+            QuantMix::Q5_K_M => GgmlType::Q5_K,
+        }
+    }
+
+    fn choose(&mut self, name: &str, ncols: u64) -> GgmlType {
+        let default = self.default_type();
+        let mut ty = default;
+        if name == "output.weight" {
+            ty = if !ncols.is_multiple_of(default.block_size() as u64) {
+                GgmlType::Q8_0
+            } else {
+                GgmlType::Q6_K
+            };
+        } else if name == "token_embd.weight" {
+            // default type
+        } else if name.contains("attn_v.weight")
+            || name.contains("attn_qkv.weight")
+            || name.contains("attn_kv_b.weight")
+        {
+            if use_more_bits(self.i_attention_wv, self.n_attention_wv) {
+                ty = GgmlType::Q6_K;
+            }
+            if self.n_expert == 8 {
+                ty = GgmlType::Q8_0;
+            }
+            self.i_attention_wv += 1;
+        } else if name.contains("attn_k.weight") {
+            if self.n_expert == 8 {
+                ty = GgmlType::Q8_0;
+            }
+        } else if name.contains("attn_q.weight") {
+            // unchanged for these mixes
+        } else if name.contains("attn_output.weight") {
+            if self.n_expert == 8 && self.mix == QuantMix::Q4_K_M {
+                ty = GgmlType::Q5_K;
+            }
+        } else if name.contains("ffn_up") || name.contains("ffn_gate") {
+            // unchanged for these mixes
+        } else if name.contains("ffn_down") {
+            let i_layer = if self.n_expert > 1 {
+                layer_of(name).unwrap_or(self.i_ffn_down)
+            } else {
+                self.i_ffn_down
+            };
+            if use_more_bits(i_layer, self.n_layer) {
+                ty = GgmlType::Q6_K;
+            }
+            self.i_ffn_down += 1;
+        }
+        ty
+    }
+}
+
+/// The full tensor plan: names, shapes, initialisation and block types, in file order.
+pub fn plan(spec: &SynthSpec) -> Result<Vec<PlannedTensor>> {
+    validate(spec)?;
+    let list = tensor_list(spec);
+    let mut mix = match spec.ty {
+        SynthType::Mix(mix) => Some(MixState {
+            mix,
+            n_expert: spec.shape.n_expert,
+            n_layer: spec.shape.n_layer,
+            n_attention_wv: list
+                .iter()
+                .filter(|(n, _, _)| {
+                    n.contains("attn_v.weight")
+                        || n.contains("attn_qkv.weight")
+                        || n.contains("attn_kv_b.weight")
+                })
+                .count(),
+            i_attention_wv: 0,
+            i_ffn_down: 0,
+        }),
+        SynthType::Plain(_) => None,
+    };
+    let mut out = Vec::with_capacity(list.len());
+    for (name, dims, init) in list {
+        if dims.contains(&0) {
+            return Err(bad(format!(
+                "tensor '{name}' would have a zero dimension: {dims:?}"
+            )));
+        }
+        let ncols = dims[0];
+        let ty = if !quantizable(&name, &dims) {
+            GgmlType::F32
+        } else {
+            match (&spec.ty, &mut mix) {
+                (SynthType::Plain(t), _) => fallback(*t, ncols),
+                (SynthType::Mix(_), Some(m)) => fallback(m.choose(&name, ncols), ncols),
+                (SynthType::Mix(_), None) => unreachable!("mix state exists for mixes"),
+            }
+        };
+        if moxie_quant::quantize_weights_fn(ty).is_none() {
+            return Err(bad(format!(
+                "tensor '{name}' would be {ty}, which moxie cannot quantize"
+            )));
+        }
+        if ty.row_bytes(ncols).is_none() {
+            return Err(bad(format!(
+                "tensor '{name}': rows of {ncols} do not fit {ty} blocks"
+            )));
+        }
+        out.push(PlannedTensor {
+            name,
+            dims,
+            ty,
+            init,
+        });
+    }
+    Ok(out)
+}
+
+/// The metadata, in file order: `general.*`, the architecture's keys (exactly the fixtures'
+/// key set), `general.file_type` / `quantization_version`, then the tokenizer.
+pub fn metadata(spec: &SynthSpec) -> Result<Vec<(String, Value)>> {
+    validate(spec)?;
+    let s = &spec.shape;
+    let a = spec.arch.name();
+    let mut m: Vec<(String, Value)> = Vec::new();
+    let mut put = |k: &str, v: Value| m.push((k.to_owned(), v));
+    let u = |x: usize| Value::U32(x as u32);
+    put("general.architecture", a.into());
+    put("general.name", spec.name.as_str().into());
+    put("general.description", spec.description().into());
+
+    let ak = |k: &str| format!("{a}.{k}");
+    let mut arch_keys: Vec<(String, Value)> = vec![
+        (ak("block_count"), u(s.n_layer)),
+        (ak("context_length"), u(s.n_ctx_train)),
+        (ak("embedding_length"), u(s.n_embd)),
+        (ak("feed_forward_length"), u(s.n_ff)),
+        (ak("attention.head_count"), u(s.n_head)),
+        (ak("rope.freq_base"), Value::F32(s.rope_theta)),
+        (
+            ak("attention.layer_norm_rms_epsilon"),
+            Value::F32(s.rms_eps),
+        ),
+        (ak("expert_count"), u(s.n_expert)),
+        (ak("expert_used_count"), u(s.n_expert_used)),
+        (ak("expert_feed_forward_length"), u(s.n_ff_exp)),
+        (ak("vocab_size"), u(s.n_vocab)),
+    ];
+    let gating = Value::U32(match s.gating {
+        Gating::Softmax => 1,
+        Gating::Sigmoid => 2,
+    });
+    match spec.arch {
+        Arch::Deepseek2 => {
+            arch_keys.extend([
+                (ak("attention.head_count_kv"), u(1)),
+                (ak("leading_dense_block_count"), u(s.n_dense_lead)),
+                (ak("attention.q_lora_rank"), u(s.q_lora_rank)),
+                (ak("attention.kv_lora_rank"), u(s.kv_lora_rank)),
+                (
+                    ak("attention.key_length"),
+                    u(s.kv_lora_rank + s.qk_rope_dim),
+                ),
+                (ak("attention.value_length"), u(s.kv_lora_rank)),
+                (
+                    ak("attention.key_length_mla"),
+                    u(s.qk_nope_dim + s.qk_rope_dim),
+                ),
+                (ak("attention.value_length_mla"), u(s.v_head_dim)),
+                (ak("expert_shared_count"), u(s.n_expert_shared)),
+                (
+                    ak("expert_weights_scale"),
+                    Value::F32(s.expert_weights_scale),
+                ),
+                (
+                    ak("expert_weights_norm"),
+                    Value::Bool(s.expert_weights_norm),
+                ),
+                (ak("expert_gating_func"), gating),
+                (ak("rope.dimension_count"), u(s.qk_rope_dim)),
+            ]);
+            if let Some(y) = s.yarn {
+                arch_keys.extend([
+                    (ak("rope.scaling.type"), "yarn".into()),
+                    (ak("rope.scaling.factor"), Value::F32(y.factor)),
+                    (ak("rope.scaling.original_context_length"), u(y.orig_ctx)),
+                    (
+                        ak("rope.scaling.yarn_log_multiplier"),
+                        Value::F32(y.log_multiplier),
+                    ),
+                ]);
+            }
+        }
+        Arch::Qwen3Moe => arch_keys.extend([
+            (ak("attention.head_count_kv"), u(s.n_head_kv)),
+            (ak("attention.key_length"), u(s.head_dim)),
+            (ak("attention.value_length"), u(s.head_dim)),
+        ]),
+        Arch::Glm4Moe => arch_keys.extend([
+            (ak("attention.head_count_kv"), u(s.n_head_kv)),
+            (ak("attention.key_length"), u(s.head_dim)),
+            (ak("attention.value_length"), u(s.head_dim)),
+            (ak("rope.dimension_count"), u(s.rot_dims(spec.arch))),
+            (ak("expert_shared_count"), u(s.n_expert_shared)),
+            (ak("leading_dense_block_count"), u(s.n_dense_lead)),
+            (ak("expert_gating_func"), gating),
+            (
+                ak("expert_weights_scale"),
+                Value::F32(s.expert_weights_scale),
+            ),
+            (
+                ak("expert_weights_norm"),
+                Value::Bool(s.expert_weights_norm),
+            ),
+        ]),
+    }
+    for (k, v) in arch_keys {
+        put(&k, v);
+    }
+    put("general.file_type", Value::U32(spec.ty.file_type()));
+    put("general.quantization_version", Value::U32(2));
+
+    let v = vocab::build(s.n_vocab).map_err(bad)?;
+    let style = TokenizerStyle::of(spec.arch);
+    let id = |t: &str| -> Result<Value> {
+        v.id_of(t)
+            .map(Value::U32)
+            .ok_or_else(|| bad(format!("special token {t} missing from the vocabulary")))
+    };
+    let (bos, eos, pad) = (id(style.bos)?, id(style.eos)?, id(style.padding)?);
+    let eot = style.eot.map(id).transpose()?;
+    put("tokenizer.ggml.model", "gpt2".into());
+    put("tokenizer.ggml.pre", style.pre.into());
+    put(
+        "tokenizer.ggml.tokens",
+        Value::Array(Array::from_strs(&v.tokens)),
+    );
+    put(
+        "tokenizer.ggml.token_type",
+        Value::Array(Array::from(v.token_types)),
+    );
+    put(
+        "tokenizer.ggml.merges",
+        Value::Array(Array::from_strs(&v.merges)),
+    );
+    put("tokenizer.ggml.bos_token_id", bos);
+    put("tokenizer.ggml.eos_token_id", eos);
+    put("tokenizer.ggml.padding_token_id", pad);
+    if let Some(eot) = eot {
+        put("tokenizer.ggml.eot_token_id", eot);
+    }
+    put("tokenizer.ggml.add_bos_token", Value::Bool(style.add_bos));
+    put("tokenizer.ggml.add_eos_token", Value::Bool(false));
+    put("tokenizer.chat_template", style.chat_template.into());
+    Ok(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn use_more_bits_matches_llama_quantize() {
+        // n_layer 3: only the last layer (7*3/8 = 2)
+        let v: Vec<bool> = (0..3).map(|i| use_more_bits(i, 3)).collect();
+        assert_eq!(v, [false, false, true]);
+        // n_layer 20: 0,1 (< 2), 18,19 (>= 17 ... 17 too), and (i-2)%3==2
+        let v: Vec<usize> = (0..20).filter(|&i| use_more_bits(i, 20)).collect();
+        assert_eq!(v, [0, 1, 4, 7, 10, 13, 16, 17, 18, 19]);
+    }
+
+    #[test]
+    fn fallbacks_match_llama_quantize() {
+        assert_eq!(fallback(GgmlType::Q4_K, 64), GgmlType::Q5_0);
+        assert_eq!(fallback(GgmlType::Q6_K, 32), GgmlType::Q8_0);
+        assert_eq!(fallback(GgmlType::Q5_K, 128), GgmlType::Q5_1);
+        assert_eq!(fallback(GgmlType::Q4_K, 512), GgmlType::Q4_K);
+        assert_eq!(fallback(GgmlType::Q8_0, 48), GgmlType::F16);
+        assert_eq!(fallback(GgmlType::IQ4_XS, 64), GgmlType::IQ4_NL);
+    }
+}

@@ -1,0 +1,313 @@
+//! Weight tensors (zero-copy views of the GGUF mapping) and the matrix-vector products of the
+//! forward pass.
+//!
+//! Numerics follow ggml's CPU `mul_mat`: each activation row is converted once to the weight
+//! type's dot-product partner (`vec_dot_type`: F32, F16, Q8_0, Q8_1 or Q8_K) and every output
+//! element is one `vec_dot` of a weight row against it.
+
+use std::sync::Arc;
+
+use moxie_gguf::GgufFile;
+use moxie_quant::{GgmlType, VecDotFn};
+
+use crate::parallel::Parallel;
+use crate::{Error, Result};
+
+/// Where a tensor's bytes live.
+#[derive(Clone)]
+enum Storage {
+    /// A tensor of a mapped GGUF file (no copy).
+    Mapped { file: Arc<GgufFile>, index: usize },
+    /// Bytes owned by moxie (synthetic or converted tensors).
+    Owned(Arc<Vec<u8>>),
+}
+
+/// A weight tensor: type, shape in ggml order (`ne[0]` is the row length) and its bytes.
+#[derive(Clone)]
+pub struct Tensor {
+    pub name: String,
+    pub ty: GgmlType,
+    pub ne: [usize; 4],
+    storage: Storage,
+}
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Tensor({} {} {:?})", self.name, self.ty, self.ne)
+    }
+}
+
+impl Tensor {
+    /// A tensor of `file`, by its index in `file.tensors()`. Checks that the bytes are present.
+    pub fn mapped(file: &Arc<GgufFile>, index: usize) -> Result<Tensor> {
+        let info = file
+            .tensors()
+            .get(index)
+            .ok_or_else(|| Error::Model(format!("tensor index {index} out of range")))?;
+        if info.dims.len() > 4 {
+            return Err(Error::Model(format!(
+                "tensor '{}' has {} dimensions, at most 4 are supported",
+                info.name,
+                info.dims.len()
+            )));
+        }
+        let mut ne = [1usize; 4];
+        for (i, &d) in info.dims.iter().enumerate() {
+            ne[i] = usize::try_from(d)
+                .map_err(|_| Error::Model(format!("tensor '{}' is too large", info.name)))?;
+        }
+        file.tensor_data(info)?;
+        Ok(Tensor {
+            name: info.name.clone(),
+            ty: info.ty,
+            ne,
+            storage: Storage::Mapped {
+                file: Arc::clone(file),
+                index,
+            },
+        })
+    }
+
+    /// A tensor over bytes moxie owns. `data` must hold exactly the tensor's bytes.
+    pub fn owned(name: &str, ty: GgmlType, ne: [usize; 4], data: Vec<u8>) -> Result<Tensor> {
+        let rb = ty
+            .row_bytes(ne[0] as u64)
+            .ok_or_else(|| Error::Model(format!("tensor '{name}': bad row length {}", ne[0])))?;
+        let want = rb as usize * ne[1] * ne[2] * ne[3];
+        if data.len() != want {
+            return Err(Error::Model(format!(
+                "tensor '{name}': {} bytes given, {want} expected",
+                data.len()
+            )));
+        }
+        Ok(Tensor {
+            name: name.to_string(),
+            ty,
+            ne,
+            storage: Storage::Owned(Arc::new(data)),
+        })
+    }
+
+    /// The tensor's bytes.
+    pub fn data(&self) -> &[u8] {
+        match &self.storage {
+            Storage::Mapped { file, index } => file
+                .tensor_data(&file.tensors()[*index])
+                .expect("tensor data was checked when the tensor was created"),
+            Storage::Owned(v) => v,
+        }
+    }
+
+    pub fn n_elements(&self) -> usize {
+        self.ne.iter().product()
+    }
+
+    /// Bytes of one row of `ne[0]` elements.
+    pub fn row_bytes(&self) -> usize {
+        self.ty.row_bytes(self.ne[0] as u64).unwrap_or(0) as usize
+    }
+
+    /// The whole tensor as f32 (for small tensors: norms, biases).
+    pub fn to_f32(&self) -> Result<Vec<f32>> {
+        let mut out = vec![0f32; self.n_elements()];
+        moxie_quant::dequantize_row(self.ty, self.data(), &mut out)
+            .map_err(|e| Error::Model(format!("tensor '{}': {e}", self.name)))?;
+        Ok(out)
+    }
+
+    /// Dequantize row `r` (counting rows over all of ne[1..]) into `out` (`ne[0]` long).
+    pub fn row_to_f32(&self, r: usize, out: &mut [f32]) -> Result<()> {
+        let rb = self.row_bytes();
+        let bytes = self
+            .data()
+            .get(r * rb..(r + 1) * rb)
+            .ok_or_else(|| Error::Model(format!("tensor '{}': row {r} out of range", self.name)))?;
+        moxie_quant::dequantize_row(self.ty, bytes, out)
+            .map_err(|e| Error::Model(format!("tensor '{}': {e}", self.name)))
+    }
+
+    /// The whole tensor as one matrix of `ne[1]*ne[2]*ne[3]` rows.
+    pub fn matrix(&self) -> Result<Mat<'_>> {
+        Mat::new(self, 0, self.ne[1] * self.ne[2] * self.ne[3])
+    }
+
+    /// Matrix `i` of a 3-D tensor (an expert of `*_exps`, a head of `attn_k_b`).
+    pub fn slice(&self, i: usize) -> Result<Mat<'_>> {
+        if i >= self.ne[2] * self.ne[3] {
+            return Err(Error::Model(format!(
+                "tensor '{}': matrix {i} out of range",
+                self.name
+            )));
+        }
+        Mat::new(self, i * self.ne[1], self.ne[1])
+    }
+
+    /// Check the shape against what the architecture expects (`None` = any).
+    pub fn expect_shape(&self, want: &[usize]) -> Result<()> {
+        let mut full = [1usize; 4];
+        full[..want.len()].copy_from_slice(want);
+        if full != self.ne {
+            return Err(Error::Model(format!(
+                "tensor '{}' has shape {:?}, expected {:?}",
+                self.name, &self.ne, &full
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A matrix view: `n_out` rows of `n_in` elements of one ggml type.
+#[derive(Clone, Copy)]
+pub struct Mat<'a> {
+    pub ty: GgmlType,
+    pub n_in: usize,
+    pub n_out: usize,
+    row_bytes: usize,
+    data: &'a [u8],
+    dot: VecDotFn,
+    act_ty: GgmlType,
+}
+
+impl<'a> Mat<'a> {
+    fn new(t: &'a Tensor, first_row: usize, n_rows: usize) -> Result<Mat<'a>> {
+        let rb = t.row_bytes();
+        let data = t
+            .data()
+            .get(first_row * rb..(first_row + n_rows) * rb)
+            .ok_or_else(|| Error::Model(format!("tensor '{}': rows out of range", t.name)))?;
+        let unsupported = || {
+            Error::Model(format!(
+                "tensor '{}' has type {}, which moxie cannot multiply yet",
+                t.name, t.ty
+            ))
+        };
+        let act_ty = moxie_quant::vec_dot_type(t.ty).ok_or_else(unsupported)?;
+        let dot = moxie_quant::vec_dot_fn(t.ty).ok_or_else(unsupported)?;
+        Ok(Mat {
+            ty: t.ty,
+            n_in: t.ne[0],
+            n_out: n_rows,
+            row_bytes: rb,
+            data,
+            dot,
+            act_ty,
+        })
+    }
+
+    /// The activation type this matrix's dot product consumes.
+    pub fn act_type(&self) -> GgmlType {
+        self.act_ty
+    }
+
+    /// Rows `[first, first + n)` as a smaller matrix.
+    pub fn rows(&self, first: usize, n: usize) -> Mat<'a> {
+        let mut m = *self;
+        m.data = &self.data[first * self.row_bytes..(first + n) * self.row_bytes];
+        m.n_out = n;
+        m
+    }
+
+    /// `out[t][r] = W[r] · x[t]` for `n_tok` rows of `x`, quantizing `x` first
+    /// (ggml `mul_mat` semantics; see [`Mat::matmul_q`]).
+    pub fn matmul(&self, par: &Parallel, x: &[f32], out: &mut [f32]) {
+        let acts = QuantizedActs::new(self.act_ty, self.n_in, x);
+        self.matmul_q(par, &acts, out);
+    }
+
+    /// Like [`Mat::matmul`] with activations already converted to [`Mat::act_type`] (so that
+    /// several matrices reading the same input convert it once). Follows ggml's `mul_mat`: for
+    /// two or more rows llama.cpp runs F32/F16/Q8_0/Q4_0/Q5_0/IQ4_NL weights through
+    /// llamafile's tinyBLAS, whose summation order differs from `vec_dot`'s.
+    pub fn matmul_q(&self, par: &Parallel, acts: &QuantizedActs, out: &mut [f32]) {
+        let batched = acts.n_rows() >= 2 && self.n_out.is_multiple_of(4);
+        self.run(par, acts, out, batched);
+    }
+
+    /// `mul_mat` whose input ggml holds as a permuted (non-contiguous) view, e.g. MLA's
+    /// per-head `q_nope`: llamafile's batched kernel only sees it after conversion to the
+    /// dot-product type, which never happens for f32 weights, so those keep `vec_dot` order.
+    pub fn matmul_permuted_input(&self, par: &Parallel, x: &[f32], out: &mut [f32]) {
+        let acts = QuantizedActs::new(self.act_ty, self.n_in, x);
+        let batched = self.ty != GgmlType::F32 && acts.n_rows() >= 2 && self.n_out.is_multiple_of(4);
+        self.run(par, &acts, out, batched);
+    }
+
+    /// ggml `mul_mat_id` semantics (routed experts): always the `vec_dot` summation order.
+    pub fn matmul_q_id(&self, par: &Parallel, acts: &QuantizedActs, out: &mut [f32]) {
+        self.run(par, acts, out, false);
+    }
+
+    fn run(&self, par: &Parallel, acts: &QuantizedActs, out: &mut [f32], batched: bool) {
+        debug_assert_eq!(acts.ty, self.act_ty);
+        debug_assert_eq!(acts.n, self.n_in);
+        let n_tok = acts.n_rows();
+        debug_assert_eq!(out.len(), n_tok * self.n_out);
+        let dot = if batched {
+            moxie_quant::tinyblas_dot_fn(self.ty, self.n_in).unwrap_or(self.dot)
+        } else {
+            self.dot
+        };
+        let row_dot = |r: usize, a: &[u8]| -> f32 {
+            dot(
+                self.n_in,
+                &self.data[r * self.row_bytes..(r + 1) * self.row_bytes],
+                a,
+            )
+        };
+        if n_tok == 1 {
+            par.for_each_range(self.n_out, self.n_in, out, 1, |rows, o| {
+                let a = acts.row(0);
+                for (r, y) in rows.zip(o.iter_mut()) {
+                    *y = row_dot(r, a);
+                }
+            });
+        } else {
+            par.for_each_range(n_tok, self.n_in * self.n_out, out, self.n_out, |toks, o| {
+                for (t, orow) in toks.zip(o.chunks_exact_mut(self.n_out)) {
+                    let a = acts.row(t);
+                    for (r, y) in orow.iter_mut().enumerate() {
+                        *y = row_dot(r, a);
+                    }
+                }
+            });
+        }
+    }
+}
+
+/// Activation rows converted to a dot-product partner type.
+pub struct QuantizedActs {
+    pub ty: GgmlType,
+    /// Elements per row.
+    pub n: usize,
+    row_bytes: usize,
+    data: Vec<u8>,
+}
+
+impl QuantizedActs {
+    /// Convert the rows of `x` (each `n` long) to `ty`.
+    pub fn new(ty: GgmlType, n: usize, x: &[f32]) -> QuantizedActs {
+        let row_bytes = ty
+            .row_bytes(n as u64)
+            .expect("activation row length fits the block size") as usize;
+        let n_rows = x.len() / n;
+        let mut data = vec![0u8; row_bytes * n_rows];
+        let q = moxie_quant::quantize_fn(ty).expect("activation types can always be quantized");
+        for (src, dst) in x.chunks_exact(n).zip(data.chunks_exact_mut(row_bytes)) {
+            q(src, dst);
+        }
+        QuantizedActs {
+            ty,
+            n,
+            row_bytes,
+            data,
+        }
+    }
+
+    pub fn n_rows(&self) -> usize {
+        self.data.len().checked_div(self.row_bytes).unwrap_or(0)
+    }
+
+    pub fn row(&self, i: usize) -> &[u8] {
+        &self.data[i * self.row_bytes..(i + 1) * self.row_bytes]
+    }
+}

@@ -1,0 +1,197 @@
+//! Fidelity against llama.cpp: every deepseek2 / glm4moe / qwen3moe fixture whose block types
+//! moxie supports, every golden sequence, evaluated from an empty cache in one batch.
+//!
+//! Bounds (issue #2): F32 files — mean KL(llama.cpp ‖ moxie) <= 1e-5 and top-1 agreement
+//! >= 99%; quantized files — mean KLD <= max(1e-3, KLD(file golden ‖ F32 master golden) / 10)
+//! and top-1 >= 95%. Greedy continuations must equal the golden ones up to the first step whose
+//! golden top1-top2 margin is < 0.05.
+//!
+//! Fixtures come from $MOXIE_FIXTURES or ../shared/fixtures next to the checkout; a missing
+//! directory fails the test.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use moxie_core::{Logits, Model, Parallel};
+use moxie_gguf::GgufFile;
+use serde_json::Value;
+
+fn fixtures() -> PathBuf {
+    let dir = match std::env::var_os("MOXIE_FIXTURES") {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures"),
+    };
+    assert!(
+        dir.join("golden/index.json").is_file(),
+        "fixture directory {} not found (set MOXIE_FIXTURES)",
+        dir.display()
+    );
+    dir
+}
+
+const ARCHS: [&str; 3] = ["deepseek2", "glm4moe", "qwen3moe"];
+const SUPPORTED_TYPES: [&str; 17] = [
+    "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
+    "Q6_K", "IQ4_NL", "IQ4_XS", "Q8_1", "Q8_K",
+];
+
+fn log_softmax(x: &[f32]) -> Vec<f64> {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let lse = x.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln() + max;
+    x.iter().map(|&v| v as f64 - lse).collect()
+}
+
+/// Mean over rows of KL(p ‖ q) with p, q the softmaxes of the rows of `a`, `b`.
+fn mean_kld(a: &[f32], b: &[f32], n_vocab: usize) -> f64 {
+    let rows = a.len() / n_vocab;
+    let mut total = 0.0;
+    for r in 0..rows {
+        let lp = log_softmax(&a[r * n_vocab..(r + 1) * n_vocab]);
+        let lq = log_softmax(&b[r * n_vocab..(r + 1) * n_vocab]);
+        total += lp
+            .iter()
+            .zip(&lq)
+            .map(|(p, q)| p.exp() * (p - q))
+            .sum::<f64>();
+    }
+    total / rows as f64
+}
+
+fn argmax(x: &[f32]) -> usize {
+    moxie_core::sampling::argmax(x) as usize
+}
+
+fn top1_agreement(a: &[f32], b: &[f32], n_vocab: usize) -> f64 {
+    let rows = a.len() / n_vocab;
+    let same = (0..rows)
+        .filter(|&r| {
+            argmax(&a[r * n_vocab..(r + 1) * n_vocab]) == argmax(&b[r * n_vocab..(r + 1) * n_vocab])
+        })
+        .count();
+    same as f64 / rows as f64
+}
+
+struct Case {
+    stem: String,
+    arch: String,
+    is_f32: bool,
+    entry: Value,
+}
+
+fn cases(index: &Value) -> Vec<Case> {
+    let mut out = Vec::new();
+    for (stem, entry) in index["models"].as_object().expect("models") {
+        let arch = entry["arch"].as_str().unwrap_or("").to_string();
+        if !ARCHS.contains(&arch.as_str()) {
+            continue;
+        }
+        let types = entry["tensor_types"].as_object().expect("tensor_types");
+        if !types.keys().all(|t| SUPPORTED_TYPES.contains(&t.as_str())) {
+            continue;
+        }
+        let is_f32 = types.keys().all(|t| t == "F32");
+        out.push(Case {
+            stem: stem.clone(),
+            arch,
+            is_f32,
+            entry: entry.clone(),
+        });
+    }
+    out.sort_by(|a, b| a.stem.cmp(&b.stem));
+    out
+}
+
+#[test]
+fn logits_and_greedy_match_llama_cpp() {
+    let fx = fixtures();
+    let index: Value =
+        serde_json::from_slice(&std::fs::read(fx.join("golden/index.json")).unwrap()).unwrap();
+    let cases = cases(&index);
+    assert!(
+        cases.len() >= 17,
+        "expected the fixture models, found {}",
+        cases.len()
+    );
+    let par = Parallel::new(2);
+    let mut failures = Vec::new();
+    let mut table = String::from("model | seq | mean KLD | bound | top-1 | greedy ok/checked\n");
+    for case in &cases {
+        let path = fx.join("models").join(format!("{}.gguf", case.stem));
+        let file = Arc::new(GgufFile::open(&path).unwrap_or_else(|e| panic!("{e}")));
+        let model = Model::load(file).unwrap_or_else(|e| panic!("{}: {e}", case.stem));
+        let n_vocab = model.config.n_vocab;
+        for (seq, s) in case.entry["sequences"].as_object().unwrap() {
+            let tokens: Vec<u32> = s["token_ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap() as u32)
+                .collect();
+            let (_, golden) =
+                moxie_core::npy::read_f32(&fx.join(s["logits_file"].as_str().unwrap())).unwrap();
+            let mut cache = model.new_cache(Some(512));
+            let ours = model
+                .forward(&tokens, &mut cache, &par, Logits::All)
+                .unwrap();
+            assert_eq!(ours.len(), golden.len());
+            let kld = mean_kld(&golden, &ours, n_vocab);
+            let top1 = top1_agreement(&golden, &ours, n_vocab);
+            let (bound, top1_min) = if case.is_f32 {
+                (1e-5, 0.99)
+            } else {
+                let master = format!("{}-tiny-F32", case.arch);
+                let mfile = index["models"][&master]["sequences"][seq]["logits_file"]
+                    .as_str()
+                    .unwrap();
+                let (_, mgold) = moxie_core::npy::read_f32(&fx.join(mfile)).unwrap();
+                ((mean_kld(&mgold, &golden, n_vocab) / 10.0).max(1e-3), 0.95)
+            };
+
+            // Greedy: prompt in one batch, then one token per step.
+            let want: Vec<u32> = s["greedy_continuation"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap() as u32)
+                .collect();
+            let margins: Vec<f64> = s["greedy_top1_top2_margin"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_f64().unwrap())
+                .collect();
+            let check_n = margins.iter().position(|&m| m < 0.05).unwrap_or(want.len());
+            let mut cache = model.new_cache(Some(512));
+            let mut logits = model
+                .forward(&tokens, &mut cache, &par, Logits::Last)
+                .unwrap();
+            let mut got = Vec::new();
+            for _ in 0..check_n {
+                let t = argmax(&logits) as u32;
+                got.push(t);
+                logits = model.forward(&[t], &mut cache, &par, Logits::Last).unwrap();
+            }
+            let greedy_ok = got == want[..check_n];
+
+            table.push_str(&format!(
+                "{} | {seq} | {kld:.3e} | {bound:.1e} | {:.1}% | {}/{check_n}\n",
+                case.stem,
+                top1 * 100.0,
+                if greedy_ok {
+                    check_n
+                } else {
+                    got.iter().zip(&want).take_while(|(a, b)| a == b).count()
+                }
+            ));
+            if kld > bound || top1 < top1_min || !greedy_ok {
+                failures.push(format!(
+                    "{} {seq}: kld {kld:.3e} (bound {bound:.1e}), top1 {top1:.3}, greedy {got:?} vs {:?}",
+                    case.stem,
+                    &want[..check_n]
+                ));
+            }
+        }
+    }
+    println!("{table}");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

@@ -1,0 +1,395 @@
+//! `moxie gen`: synthetic models must look like the fixtures to a loader (same tensor names
+//! and shapes, same metadata keys), be reproducible from their seed, and run.
+//!
+//! Fixtures come from $MOXIE_FIXTURES or ../shared/fixtures next to the checkout; a missing
+//! directory fails the test.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use moxie_core::synth::{self, SynthSpec, SynthType};
+use moxie_core::{Arch, Logits, Model, Parallel};
+use moxie_gguf::{GgmlType, GgufFile, Value};
+
+const ARCHS: [&str; 3] = ["deepseek2", "glm4moe", "qwen3moe"];
+
+fn fixtures() -> PathBuf {
+    let dir = match std::env::var_os("MOXIE_FIXTURES") {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures"),
+    };
+    assert!(
+        dir.join("models/manifest-tiny.json").is_file(),
+        "fixture directory {} not found (set MOXIE_FIXTURES)",
+        dir.display()
+    );
+    dir
+}
+
+/// A fresh directory under the target dir's tmp (removed at the start of each test).
+fn tmp_dir(test: &str) -> PathBuf {
+    let base = std::env::var_os("CARGO_TARGET_TMPDIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
+    let d = base.join(format!("moxie-synth-{test}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn tiny(arch: &str, ty: &str) -> SynthSpec {
+    let mut spec = SynthSpec::preset(&format!("{arch}-tiny")).unwrap();
+    spec.ty = SynthType::parse(ty).unwrap();
+    spec
+}
+
+fn gen(spec: &SynthSpec, dir: &Path, file: &str) -> (PathBuf, synth::SynthReport) {
+    let path = dir.join(file);
+    let report = synth::generate(spec, &path).unwrap();
+    (path, report)
+}
+
+/// Metadata keys compared with the fixtures: all but `general.*` (names, descriptions,
+/// licence) — the tokenizer keys must be there too, their array contents may differ.
+fn keys(f: &GgufFile) -> BTreeSet<String> {
+    f.metadata()
+        .keys()
+        .filter(|k| {
+            !k.starts_with("general.") || *k == "general.architecture" || *k == "general.file_type"
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
+fn shapes(f: &GgufFile) -> Vec<(String, Vec<u64>)> {
+    f.tensors()
+        .iter()
+        .map(|t| (t.name.clone(), t.dims.to_vec()))
+        .collect()
+}
+
+fn types(f: &GgufFile) -> Vec<(String, GgmlType)> {
+    f.tensors().iter().map(|t| (t.name.clone(), t.ty)).collect()
+}
+
+/// Scalar metadata values must equal the fixture's, except tokenizer arrays and general.*.
+fn same_scalars(ours: &GgufFile, fixture: &GgufFile, what: &str) {
+    for (k, v) in fixture.metadata().iter() {
+        if k.starts_with("general.") && k != "general.architecture" && k != "general.file_type" {
+            continue;
+        }
+        if matches!(v, Value::Array(_)) {
+            continue;
+        }
+        let o = ours
+            .metadata()
+            .get(k)
+            .unwrap_or_else(|| panic!("{what}: missing key {k}"));
+        assert_eq!(o, v, "{what}: key {k}");
+    }
+}
+
+#[test]
+fn tiny_models_match_the_fixtures_layout() {
+    let fx = fixtures();
+    let dir = tmp_dir("layout");
+    for arch in ARCHS {
+        let fixture = GgufFile::open(&fx.join(format!("models/{arch}-tiny-F32.gguf"))).unwrap();
+        let (path, report) = gen(&tiny(arch, "F32"), &dir, &format!("{arch}-F32.gguf"));
+        let ours = GgufFile::open(&path).unwrap();
+        assert_eq!(keys(&ours), keys(&fixture), "{arch}: metadata keys");
+        same_scalars(&ours, &fixture, arch);
+        assert_eq!(
+            shapes(&ours),
+            shapes(&fixture),
+            "{arch}: tensor names/shapes/order"
+        );
+        assert_eq!(types(&ours), types(&fixture), "{arch}: tensor types");
+        // Same layout => same file size up to the tokenizer arrays.
+        assert_eq!(
+            ours.total_tensor_bytes(),
+            fixture.total_tensor_bytes(),
+            "{arch}"
+        );
+        assert_eq!(report.n_tensors, fixture.tensors().len());
+        assert_eq!(report.bytes, std::fs::metadata(&path).unwrap().len());
+        let manifest: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(fx.join("models/manifest-tiny.json")).unwrap(),
+        )
+        .unwrap();
+        let n_params = manifest
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["arch"] == arch)
+            .unwrap()["n_params"]
+            .as_u64()
+            .unwrap();
+        assert_eq!(report.n_params, n_params, "{arch}: parameter count");
+
+        let toks = ours.metadata().get_array("tokenizer.ggml.tokens").unwrap();
+        let tt = ours
+            .metadata()
+            .get_array("tokenizer.ggml.token_type")
+            .unwrap();
+        assert_eq!(toks.len(), 2048);
+        assert_eq!(tt.len(), 2048);
+        assert!(
+            ours.metadata()
+                .get_array("tokenizer.ggml.merges")
+                .unwrap()
+                .len()
+                >= 300
+        );
+    }
+}
+
+#[test]
+fn tiny_q4_k_m_types_follow_llama_quantize() {
+    let fx = fixtures();
+    let dir = tmp_dir("q4km");
+    for arch in ARCHS {
+        let fixture = GgufFile::open(&fx.join(format!("models/{arch}-tiny-Q4_K_M.gguf"))).unwrap();
+        let (path, _) = gen(&tiny(arch, "Q4_K_M"), &dir, &format!("{arch}-Q4_K_M.gguf"));
+        let ours = GgufFile::open(&path).unwrap();
+        // llama-quantize reorders tensors; compare by name.
+        let mut a = types(&ours);
+        let mut b = types(&fixture);
+        a.sort();
+        b.sort();
+        assert_eq!(a, b, "{arch}: per-tensor types");
+        assert_eq!(ours.metadata().get_u32("general.file_type"), Some(15));
+        assert_eq!(
+            ours.total_tensor_bytes(),
+            fixture.total_tensor_bytes(),
+            "{arch}"
+        );
+    }
+}
+
+#[test]
+fn plain_types_quantize_every_matrix() {
+    let dir = tmp_dir("plain");
+    for (ty, ft) in [
+        ("Q8_0", 7),
+        ("Q4_K", 14),
+        ("F16", 1),
+        ("BF16", 32),
+        ("Q6_K", 18),
+    ] {
+        let spec = tiny("deepseek2", ty);
+        let (path, _) = gen(&spec, &dir, &format!("ds-{ty}.gguf"));
+        let f = GgufFile::open(&path).unwrap();
+        assert_eq!(f.metadata().get_u32("general.file_type"), Some(ft), "{ty}");
+        let want = GgmlType::from_name(ty).unwrap();
+        for t in f.tensors() {
+            let expect = if t.dims.len() == 1 || t.name.contains("ffn_gate_inp") {
+                GgmlType::F32
+            } else if t.dims[0] % want.block_size() as u64 == 0 {
+                want
+            } else {
+                // llama-quantize's fallbacks (rows of 32/64/128 for 256-blocks)
+                match want {
+                    GgmlType::Q4_K => GgmlType::Q5_0,
+                    GgmlType::Q6_K => GgmlType::Q8_0,
+                    _ => unreachable!(),
+                }
+            };
+            assert_eq!(t.ty, expect, "{ty}: {}", t.name);
+        }
+    }
+}
+
+#[test]
+fn same_seed_same_bytes_other_seed_other_weights() {
+    let dir = tmp_dir("seed");
+    let spec = tiny("glm4moe", "Q4_K_M");
+    let (a, _) = gen(&spec, &dir, "a.gguf");
+    // Thread count must not matter.
+    let b = dir.join("b.gguf");
+    synth::generate_with(&spec, &b, 1, &mut |_| {}).unwrap();
+    let ba = std::fs::read(&a).unwrap();
+    assert_eq!(ba, std::fs::read(&b).unwrap(), "same seed, different bytes");
+
+    let mut other = spec.clone();
+    other.seed += 1;
+    let (c, _) = gen(&other, &dir, "c.gguf");
+    let (fa, fc) = (GgufFile::open(&a).unwrap(), GgufFile::open(&c).unwrap());
+    assert_eq!(shapes(&fa), shapes(&fc));
+    let ta = fa.tensor_data_by_name("output.weight").unwrap().unwrap();
+    let tc = fc.tensor_data_by_name("output.weight").unwrap().unwrap();
+    assert_ne!(ta, tc, "another seed must give other weights");
+}
+
+#[test]
+fn weights_are_scaled_like_the_fixtures() {
+    let fx = fixtures();
+    let dir = tmp_dir("scale");
+    for arch in ARCHS {
+        let fixture = GgufFile::open(&fx.join(format!("models/{arch}-tiny-F32.gguf"))).unwrap();
+        let (path, _) = gen(&tiny(arch, "F32"), &dir, &format!("{arch}.gguf"));
+        let ours = GgufFile::open(&path).unwrap();
+        for t in fixture.tensors() {
+            if t.name.starts_with("blk.") && !t.name.starts_with("blk.1.") {
+                continue;
+            }
+            let stats = |f: &GgufFile| {
+                let b = f.tensor_data_by_name(&t.name).unwrap().unwrap();
+                let v: Vec<f64> = b
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64)
+                    .collect();
+                let n = v.len() as f64;
+                let mean = v.iter().sum::<f64>() / n;
+                let std = (v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n).sqrt();
+                (mean, std, n)
+            };
+            let (m0, s0, n) = stats(&fixture);
+            let (m1, s1, _) = stats(&ours);
+            // sampling error: a few standard errors
+            let tol_s = s0 * (6.0 / n.sqrt()).max(0.02);
+            assert!(
+                (s1 - s0).abs() <= tol_s + 0.01 * s0 + if n < 100.0 { 0.05 } else { 0.0 },
+                "{arch} {}: std {s1} vs fixture {s0}",
+                t.name
+            );
+            let tol_m = 6.0 * s0 / n.sqrt() + 1e-3;
+            assert!(
+                (m1 - m0).abs() <= tol_m + (m0.abs() > 0.5) as u8 as f64 * 0.05,
+                "{arch} {}: mean {m1} vs fixture {m0}",
+                t.name
+            );
+        }
+    }
+}
+
+#[test]
+fn bad_specs_are_errors() {
+    let mut s = tiny("qwen3moe", "F32");
+    s.shape.n_head = 5; // not a multiple of n_head_kv 2
+    assert!(s.validate().unwrap_err().to_string().contains("n_head_kv"));
+    let mut s = tiny("qwen3moe", "F32");
+    s.shape.n_expert_used = 9;
+    assert!(s.validate().is_err());
+    let mut s = tiny("deepseek2", "F32");
+    s.shape.n_vocab = 100;
+    assert!(s.validate().is_err());
+    assert!(SynthType::parse("Q9_K")
+        .unwrap_err()
+        .to_string()
+        .contains("Q4_K_M"));
+    let e = SynthSpec::preset("huge").unwrap_err().to_string();
+    for (name, _) in synth::presets() {
+        assert!(e.contains(name), "{e}");
+    }
+    assert!(SynthSpec::preset_for("tiny", None).is_err());
+    assert_eq!(
+        SynthSpec::preset_for("tiny", Some(Arch::Glm4Moe))
+            .unwrap()
+            .name,
+        "glm4moe-tiny"
+    );
+    assert!(SynthSpec::preset_for("bench-ds", Some(Arch::Qwen3Moe)).is_err());
+    let mut s = tiny("glm4moe", "F32");
+    assert!(s.shape.set("n_experts", "4").is_err());
+    assert!(s.shape.set("n_expert", "four").is_err());
+    s.shape.set("n_expert", "8").unwrap();
+    assert_eq!(s.shape.n_expert, 8);
+    let dir = tmp_dir("bad");
+    let mut s = tiny("deepseek2", "F32");
+    s.shape.qk_rope_dim = 3;
+    assert!(synth::generate(&s, &dir.join("x.gguf")).is_err());
+    assert!(!dir.join("x.gguf").exists() && !dir.join("x.gguf.partial").exists());
+}
+
+#[test]
+fn bench_presets_have_the_documented_sizes() {
+    let ds = SynthSpec::preset("bench-ds").unwrap();
+    let params: u64 = synth::plan(&ds)
+        .unwrap()
+        .iter()
+        .map(|t| t.n_elements())
+        .sum();
+    assert!(
+        (3.20e9..3.26e9).contains(&(params as f64)),
+        "bench-ds params {params}"
+    );
+    let bytes: u64 = synth::plan(&ds).unwrap().iter().map(|t| t.n_bytes()).sum();
+    // baselines.md: Q4_K_M file 1.96 GB
+    assert!(
+        (1.90e9..2.02e9).contains(&(bytes as f64)),
+        "bench-ds Q4_K_M bytes {bytes}"
+    );
+    let mut q8 = ds.clone();
+    q8.ty = SynthType::parse("Q8_0").unwrap();
+    let bytes: u64 = synth::plan(&q8).unwrap().iter().map(|t| t.n_bytes()).sum();
+    // baselines.md: Q8_0 3.43 GB
+    assert!(
+        (3.38e9..3.48e9).contains(&(bytes as f64)),
+        "bench-ds Q8_0 bytes {bytes}"
+    );
+    let qw = SynthSpec::preset("bench-qwen").unwrap();
+    assert_eq!(qw.arch, Arch::Qwen3Moe);
+    let params: u64 = synth::plan(&qw)
+        .unwrap()
+        .iter()
+        .map(|t| t.n_elements())
+        .sum();
+    assert!(
+        (3.2e9..3.35e9).contains(&(params as f64)),
+        "bench-qwen params {params}"
+    );
+    let meta = synth::metadata(&ds).unwrap();
+    let toks = meta
+        .iter()
+        .find(|(k, _)| k == "tokenizer.ggml.tokens")
+        .unwrap();
+    match &toks.1 {
+        Value::Array(a) => assert_eq!(a.len(), 32768),
+        _ => panic!(),
+    }
+}
+
+#[test]
+fn generated_tiny_models_run_with_peaked_logits() {
+    let dir = tmp_dir("run");
+    for arch in ARCHS {
+        for ty in ["F32", "Q4_K_M"] {
+            let (path, _) = gen(&tiny(arch, ty), &dir, &format!("{arch}-{ty}.gguf"));
+            let file = Arc::new(GgufFile::open(&path).unwrap());
+            let model = Model::load(file).unwrap();
+            let n_vocab = model.config.n_vocab;
+            let mut cache = model.new_cache(Some(64));
+            let tokens: Vec<u32> = (0..24).map(|i| (i * 37 + 5) % 2000).collect();
+            let logits = model
+                .forward(&tokens, &mut cache, &Parallel::new(2), Logits::All)
+                .unwrap();
+            assert_eq!(logits.len(), tokens.len() * n_vocab);
+            assert!(
+                logits.iter().all(|x| x.is_finite()),
+                "{arch} {ty}: non-finite logits"
+            );
+            let mut top1 = 0.0;
+            let mut std = 0.0;
+            for row in logits.chunks_exact(n_vocab) {
+                let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+                let z: f64 = row.iter().map(|&x| (x as f64 - max).exp()).sum();
+                top1 += 1.0 / z;
+                let mean = row.iter().map(|&x| x as f64).sum::<f64>() / n_vocab as f64;
+                std += (row.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>()
+                    / n_vocab as f64)
+                    .sqrt();
+            }
+            let n = tokens.len() as f64;
+            let (top1, std) = (top1 / n, std / n);
+            eprintln!("{arch} {ty}: mean top-1 {top1:.3}, logit std {std:.2}");
+            assert!(
+                top1 > 0.1,
+                "{arch} {ty}: mean top-1 probability {top1} (uniform {})",
+                1.0 / n_vocab as f64
+            );
+            assert!((2.5..6.0).contains(&std), "{arch} {ty}: logit std {std}");
+        }
+    }
+}

@@ -1,0 +1,375 @@
+//! Type -> kernel tables and the checked public entry points.
+//!
+//! * [`vec_dot_type`] is ggml-cpu's `type_traits_cpu[ty].vec_dot_type` for the types moxie
+//!   computes with.
+//! * [`dequantize_fn`] returns the scalar port of ggml's `dequantize_row_*` (what ggml's CPU
+//!   backend uses for `get_rows` and conversions).
+//! * [`quantize_fn`] is ggml-cpu's `from_float` on x86 (activations: x86 Q8_0/Q8_1,
+//!   reference Q8_K, F16/BF16 conversion; weight types: the `_ref` quantizers).
+//!   [`quantize_weights_fn`] is what llama-quantize writes without an importance matrix
+//!   (differs from `quantize_fn` for Q8_0, Q8_1 and IQ4_NL).
+//! * [`vec_dot_fn`] picks the best kernel for the running CPU once (a `OnceLock` table built
+//!   from `is_x86_feature_detected!`). The environment variable `MOXIE_QUANT_SIMD`
+//!   (`scalar`, `avx2`, `avx512`) can lower, never raise, the level that is used.
+//!
+//! Verified by: `tests/` (every listed type goes through the checked wrappers) and the unit
+//! tests below.
+
+use std::sync::OnceLock;
+
+use crate::types::GgmlType;
+use crate::{f16, iq4, kquants, legacy};
+
+/// Dequantize `dst.len()` elements from the packed bytes `src`.
+pub type DequantizeFn = fn(src: &[u8], dst: &mut [f32]);
+/// Quantize `src.len()` elements into the packed bytes `dst`.
+pub type QuantizeFn = fn(src: &[f32], dst: &mut [u8]);
+/// Dot product of `n` elements: `w` in the weight type, `a` in its `vec_dot_type`.
+pub type VecDotFn = fn(n: usize, w: &[u8], a: &[u8]) -> f32;
+
+/// Errors of the checked entry points.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QuantError {
+    #[error("{op} is not supported for {ty}")]
+    Unsupported { ty: GgmlType, op: &'static str },
+    #[error("{n} elements is not a multiple of the {ty} block size {block}")]
+    NotBlockMultiple {
+        ty: GgmlType,
+        n: usize,
+        block: usize,
+    },
+    #[error("{what} has length {actual}, expected {expected}")]
+    Length {
+        what: &'static str,
+        expected: usize,
+        actual: usize,
+    },
+}
+
+/// Instruction-set level of a kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum SimdLevel {
+    /// Portable scalar reference.
+    Scalar,
+    /// AVX2 + FMA + F16C.
+    Avx2,
+    /// AVX-512 F/BW/VL (+ VNNI where available) on top of AVX2.
+    Avx512,
+}
+
+impl SimdLevel {
+    pub fn name(self) -> &'static str {
+        match self {
+            SimdLevel::Scalar => "scalar",
+            SimdLevel::Avx2 => "avx2",
+            SimdLevel::Avx512 => "avx512",
+        }
+    }
+}
+
+/// The highest level the CPU supports (ignores `MOXIE_QUANT_SIMD`).
+pub fn hardware_simd_level() -> SimdLevel {
+    static LEVEL: OnceLock<SimdLevel> = OnceLock::new();
+    *LEVEL.get_or_init(crate::simd::detect)
+}
+
+/// The level [`vec_dot_fn`] uses: the hardware level, lowered by `MOXIE_QUANT_SIMD` if set.
+pub fn simd_level() -> SimdLevel {
+    static LEVEL: OnceLock<SimdLevel> = OnceLock::new();
+    *LEVEL.get_or_init(|| {
+        let hw = hardware_simd_level();
+        let wanted = match std::env::var("MOXIE_QUANT_SIMD").as_deref() {
+            Ok("scalar") => SimdLevel::Scalar,
+            Ok("avx2") => SimdLevel::Avx2,
+            _ => SimdLevel::Avx512,
+        };
+        hw.min(wanted)
+    })
+}
+
+/// The activation type ggml pairs with weights of type `ty` in dot products, or `None` if
+/// moxie cannot compute with `ty`.
+pub fn vec_dot_type(ty: GgmlType) -> Option<GgmlType> {
+    use GgmlType::*;
+    Some(match ty {
+        F32 => F32,
+        F16 => F16,
+        BF16 => BF16,
+        Q4_0 | Q5_0 | Q8_0 | IQ4_NL => Q8_0,
+        Q4_1 | Q5_1 => Q8_1,
+        Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ4_XS => Q8_K,
+        _ => return None,
+    })
+}
+
+/// Scalar dequantizer for `ty` (ggml's `dequantize_row_*`).
+pub fn dequantize_fn(ty: GgmlType) -> Option<DequantizeFn> {
+    use GgmlType::*;
+    Some(match ty {
+        F32 => f16::dequantize_row_f32,
+        F16 => f16::dequantize_row_f16,
+        BF16 => f16::dequantize_row_bf16,
+        Q4_0 => legacy::dequantize_row_q4_0,
+        Q4_1 => legacy::dequantize_row_q4_1,
+        Q5_0 => legacy::dequantize_row_q5_0,
+        Q5_1 => legacy::dequantize_row_q5_1,
+        Q8_0 => legacy::dequantize_row_q8_0,
+        Q8_1 => legacy::dequantize_row_q8_1,
+        Q2_K => kquants::dequantize_row_q2_k,
+        Q3_K => kquants::dequantize_row_q3_k,
+        Q4_K => kquants::dequantize_row_q4_k,
+        Q5_K => kquants::dequantize_row_q5_k,
+        Q6_K => kquants::dequantize_row_q6_k,
+        Q8_K => kquants::dequantize_row_q8_k,
+        IQ4_NL => iq4::dequantize_row_iq4_nl,
+        IQ4_XS => iq4::dequantize_row_iq4_xs,
+        _ => return None,
+    })
+}
+
+/// Scalar version of ggml-cpu's `from_float` for `ty` on x86.
+pub(crate) fn quantize_fn_scalar(ty: GgmlType) -> Option<QuantizeFn> {
+    use GgmlType::*;
+    Some(match ty {
+        F32 => f16::quantize_row_f32,
+        F16 => f16::quantize_row_f16,
+        BF16 => f16::quantize_row_bf16,
+        Q4_0 => legacy::quantize_row_q4_0,
+        Q4_1 => legacy::quantize_row_q4_1,
+        Q5_0 => legacy::quantize_row_q5_0,
+        Q5_1 => legacy::quantize_row_q5_1,
+        Q8_0 => legacy::quantize_row_q8_0,
+        Q8_1 => legacy::quantize_row_q8_1,
+        Q2_K => kquants::quantize_row_q2_k,
+        Q3_K => kquants::quantize_row_q3_k,
+        Q4_K => kquants::quantize_row_q4_k,
+        Q5_K => kquants::quantize_row_q5_k,
+        Q6_K => kquants::quantize_row_q6_k,
+        Q8_K => kquants::quantize_row_q8_k,
+        IQ4_NL => iq4::quantize_row_iq4_nl_ref,
+        IQ4_XS => iq4::quantize_row_iq4_xs,
+        _ => return None,
+    })
+}
+
+/// Row quantizer as ggml-cpu's `from_float` runs it on x86 — use this for activations
+/// (Q8_0/Q8_1: AVX rounding half-to-even with `id = 127/amax`; Q8_K: `quantize_row_q8_K_ref`).
+/// Uses SIMD where available; results are bit-identical to the scalar version.
+pub fn quantize_fn(ty: GgmlType) -> Option<QuantizeFn> {
+    table().quantize[ty.id() as usize]
+}
+
+/// Row quantizer as llama-quantize runs it without an importance matrix — use this to write
+/// weight files (`quantize_row_*_ref`; for IQ4_NL `quantize_iq4_nl` with `ntry = 7`).
+pub fn quantize_weights_fn(ty: GgmlType) -> Option<QuantizeFn> {
+    use GgmlType::*;
+    Some(match ty {
+        Q8_0 => legacy::quantize_row_q8_0_ref,
+        Q8_1 => legacy::quantize_row_q8_1_ref,
+        IQ4_NL => iq4::quantize_row_iq4_nl,
+        _ => return quantize_fn_scalar(ty),
+    })
+}
+
+/// Scalar reference dot product for weight type `ty` (ggml's `*_generic` kernels).
+pub(crate) fn vec_dot_fn_scalar(ty: GgmlType) -> Option<VecDotFn> {
+    use GgmlType::*;
+    Some(match ty {
+        F32 => f16::vec_dot_f32_f32,
+        F16 => f16::vec_dot_f16_f16,
+        BF16 => f16::vec_dot_bf16_bf16,
+        Q4_0 => legacy::vec_dot_q4_0_q8_0,
+        Q4_1 => legacy::vec_dot_q4_1_q8_1,
+        Q5_0 => legacy::vec_dot_q5_0_q8_0,
+        Q5_1 => legacy::vec_dot_q5_1_q8_1,
+        Q8_0 => legacy::vec_dot_q8_0_q8_0,
+        Q2_K => kquants::vec_dot_q2_k_q8_k,
+        Q3_K => kquants::vec_dot_q3_k_q8_k,
+        Q4_K => kquants::vec_dot_q4_k_q8_k,
+        Q5_K => kquants::vec_dot_q5_k_q8_k,
+        Q6_K => kquants::vec_dot_q6_k_q8_k,
+        IQ4_NL => iq4::vec_dot_iq4_nl_q8_0,
+        IQ4_XS => iq4::vec_dot_iq4_xs_q8_k,
+        _ => return None,
+    })
+}
+
+/// The kernel used at `level` for `ty` (falling back to lower levels where a type has no kernel
+/// at that level), or `None` if `ty` is not supported or the CPU lacks `level`.
+pub fn vec_dot_fn_for_level(ty: GgmlType, level: SimdLevel) -> Option<VecDotFn> {
+    if level > hardware_simd_level() {
+        return None;
+    }
+    crate::simd::vec_dot_fn(ty, level).or_else(|| vec_dot_fn_scalar(ty))
+}
+
+/// Activation quantizer used at `level` (see [`vec_dot_fn_for_level`]).
+pub fn quantize_fn_for_level(ty: GgmlType, level: SimdLevel) -> Option<QuantizeFn> {
+    if level > hardware_simd_level() {
+        return None;
+    }
+    crate::simd::quantize_fn(ty, level).or_else(|| quantize_fn_scalar(ty))
+}
+
+/// Best dot-product kernel for this CPU (selected once).
+pub fn vec_dot_fn(ty: GgmlType) -> Option<VecDotFn> {
+    table().vec_dot[ty.id() as usize]
+}
+
+const N_IDS: usize = 64;
+
+struct Table {
+    vec_dot: [Option<VecDotFn>; N_IDS],
+    quantize: [Option<QuantizeFn>; N_IDS],
+}
+
+fn table() -> &'static Table {
+    static TABLE: OnceLock<Table> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        let level = simd_level();
+        let mut t = Table {
+            vec_dot: [None; N_IDS],
+            quantize: [None; N_IDS],
+        };
+        for ty in GgmlType::ALL {
+            let i = ty.id() as usize;
+            t.vec_dot[i] = vec_dot_fn_for_level(ty, level);
+            t.quantize[i] = quantize_fn_for_level(ty, level);
+        }
+        t
+    })
+}
+
+fn check_blocks(ty: GgmlType, n: usize) -> Result<(), QuantError> {
+    let block = ty.block_size();
+    if !n.is_multiple_of(block) {
+        return Err(QuantError::NotBlockMultiple { ty, n, block });
+    }
+    Ok(())
+}
+
+fn check_len(what: &'static str, expected: usize, actual: usize) -> Result<(), QuantError> {
+    if expected != actual {
+        return Err(QuantError::Length {
+            what,
+            expected,
+            actual,
+        });
+    }
+    Ok(())
+}
+
+fn row_bytes(ty: GgmlType, n: usize) -> usize {
+    n / ty.block_size() * ty.type_size()
+}
+
+/// Checked dequantization of one row: `dst.len()` elements from `src`.
+pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), QuantError> {
+    let f = dequantize_fn(ty).ok_or(QuantError::Unsupported {
+        ty,
+        op: "dequantize",
+    })?;
+    check_blocks(ty, dst.len())?;
+    check_len("src", row_bytes(ty, dst.len()), src.len())?;
+    f(src, dst);
+    Ok(())
+}
+
+fn quantize_checked(
+    ty: GgmlType,
+    f: Option<QuantizeFn>,
+    src: &[f32],
+    dst: &mut [u8],
+) -> Result<(), QuantError> {
+    let f = f.ok_or(QuantError::Unsupported { ty, op: "quantize" })?;
+    check_blocks(ty, src.len())?;
+    check_len("dst", row_bytes(ty, src.len()), dst.len())?;
+    f(src, dst);
+    Ok(())
+}
+
+/// Checked activation quantization ([`quantize_fn`]) of one row.
+pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
+    quantize_checked(ty, quantize_fn(ty), src, dst)
+}
+
+/// Checked weight quantization ([`quantize_weights_fn`]) of one row.
+pub fn quantize_weights_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
+    quantize_checked(ty, quantize_weights_fn(ty), src, dst)
+}
+
+/// Checked dot product of `n` elements: `w` of type `ty`, `a` of type `vec_dot_type(ty)`.
+pub fn vec_dot(ty: GgmlType, n: usize, w: &[u8], a: &[u8]) -> Result<f32, QuantError> {
+    let unsupported = QuantError::Unsupported { ty, op: "vec_dot" };
+    let at = vec_dot_type(ty).ok_or(unsupported.clone())?;
+    let f = vec_dot_fn(ty).ok_or(unsupported)?;
+    check_blocks(ty, n)?;
+    check_blocks(at, n)?;
+    check_len("weights", row_bytes(ty, n), w.len())?;
+    check_len("activations", row_bytes(at, n), a.len())?;
+    Ok(f(n, w, a))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_compute_type_has_all_kernels() {
+        for ty in GgmlType::ALL {
+            if let Some(at) = vec_dot_type(ty) {
+                assert!(vec_dot_fn(ty).is_some(), "{ty}");
+                assert!(dequantize_fn(ty).is_some(), "{ty}");
+                assert!(quantize_fn(ty).is_some(), "{ty}");
+                assert!(quantize_weights_fn(ty).is_some(), "{ty}");
+                assert!(quantize_fn(at).is_some(), "{ty} act {at}");
+                assert!(dequantize_fn(at).is_some(), "{ty} act {at}");
+            } else {
+                assert!(vec_dot_fn(ty).is_none(), "{ty}");
+            }
+        }
+        assert_eq!(vec_dot_type(GgmlType::IQ4_NL), Some(GgmlType::Q8_0));
+        assert_eq!(vec_dot_type(GgmlType::IQ4_XS), Some(GgmlType::Q8_K));
+        assert_eq!(vec_dot_type(GgmlType::Q5_1), Some(GgmlType::Q8_1));
+        assert_eq!(vec_dot_type(GgmlType::Q8_K), None);
+        assert_eq!(vec_dot_type(GgmlType::IQ2_XXS), None);
+    }
+
+    #[test]
+    fn checked_wrappers_reject_bad_lengths() {
+        let mut out = vec![0f32; 32];
+        assert_eq!(
+            dequantize_row(GgmlType::Q4_0, &[0u8; 17], &mut out),
+            Err(QuantError::Length {
+                what: "src",
+                expected: 18,
+                actual: 17
+            })
+        );
+        let mut out = vec![0f32; 31];
+        assert!(matches!(
+            dequantize_row(GgmlType::Q4_0, &[0u8; 18], &mut out),
+            Err(QuantError::NotBlockMultiple { .. })
+        ));
+        assert!(matches!(
+            dequantize_row(GgmlType::IQ2_XXS, &[0u8; 66], &mut [0f32; 256]),
+            Err(QuantError::Unsupported { .. })
+        ));
+        let mut dst = vec![0u8; 144];
+        assert!(quantize_row(GgmlType::Q4_K, &[0.5f32; 256], &mut dst).is_ok());
+        assert!(quantize_row(GgmlType::Q4_K, &[0.5f32; 128], &mut dst).is_err());
+        // Q4_K dot needs whole super-blocks for both operands
+        assert!(matches!(
+            vec_dot(GgmlType::Q4_K, 32, &[0u8; 18], &[0u8; 34]),
+            Err(QuantError::NotBlockMultiple { .. })
+        ));
+        assert!(matches!(
+            vec_dot(GgmlType::Q4_K, 256, &dst, &[0u8; 291]),
+            Err(QuantError::Length {
+                what: "activations",
+                ..
+            })
+        ));
+        assert_eq!(vec_dot(GgmlType::Q4_K, 256, &dst, &[0u8; 292]), Ok(0.0));
+    }
+}

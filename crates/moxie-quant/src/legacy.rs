@@ -1,0 +1,489 @@
+//! The "legacy" 32-element block formats: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1.
+//!
+//! Layouts (little-endian, `d`/`m`/`s` are IEEE halves), from ggml-common.h:
+//!
+//! | type | bytes | layout                            | value        |
+//! |------|-------|-----------------------------------|--------------|
+//! | Q4_0 | 18    | d, `qs[16]`                       | d * (q - 8)  |
+//! | Q4_1 | 20    | d, m, `qs[16]`                    | d * q + m    |
+//! | Q5_0 | 22    | d, `qh[4]`, `qs[16]`              | d * (q - 16) |
+//! | Q5_1 | 24    | d, m, `qh[4]`, `qs[16]`           | d * q + m    |
+//! | Q8_0 | 34    | d, `qs[32]` (i8)                  | d * q        |
+//! | Q8_1 | 36    | d, s = d * sum(qs), `qs[32]` (i8) | d * q        |
+//!
+//! Nibble packing: byte `j` holds element `j` in its low nibble and element `j + 16` in its high
+//! nibble; bit `j` of `qh` is the fifth bit of element `j`.
+//!
+//! Ports of ggml-quants.c `dequantize_row_*` / `quantize_row_*_ref` (weights, as llama-quantize
+//! writes them without an imatrix), ggml-cpu/arch/x86/quants.c `quantize_row_q8_0` /
+//! `quantize_row_q8_1` (activations: `id = 127/amax`, round-half-to-even, saturating packs) and
+//! ggml-cpu/quants.c `ggml_vec_dot_*_generic` (same integer sums and per-block float formula).
+//!
+//! Verified by: known-answer blocks, quantize/dequantize round-trip bounds, vec_dot vs
+//! dequantized dot consistency, and SIMD-vs-scalar property tests (`tests/`).
+
+use crate::common::*;
+use crate::f16::f32_to_fp16;
+
+pub const QK: usize = 32;
+pub const Q4_0_BYTES: usize = 18;
+pub const Q4_1_BYTES: usize = 20;
+pub const Q5_0_BYTES: usize = 22;
+pub const Q5_1_BYTES: usize = 24;
+pub const Q8_0_BYTES: usize = 34;
+pub const Q8_1_BYTES: usize = 36;
+
+// ---------------------------------------------------------------------------------------------
+// dequantize
+
+/// Dequantize a Q4_0 row (`dst.len()` a multiple of 32).
+pub fn dequantize_row_q4_0(src: &[u8], dst: &mut [f32]) {
+    let nb = dst.len() / QK;
+    for (x, y) in src[..nb * Q4_0_BYTES]
+        .chunks_exact(Q4_0_BYTES)
+        .zip(dst.chunks_exact_mut(QK))
+    {
+        let d = rd_f16(x, 0);
+        let qs = &x[2..18];
+        for j in 0..16 {
+            let x0 = (qs[j] & 0x0F) as i32 - 8;
+            let x1 = (qs[j] >> 4) as i32 - 8;
+            y[j] = x0 as f32 * d;
+            y[j + 16] = x1 as f32 * d;
+        }
+    }
+}
+
+/// Dequantize a Q4_1 row.
+pub fn dequantize_row_q4_1(src: &[u8], dst: &mut [f32]) {
+    let nb = dst.len() / QK;
+    for (x, y) in src[..nb * Q4_1_BYTES]
+        .chunks_exact(Q4_1_BYTES)
+        .zip(dst.chunks_exact_mut(QK))
+    {
+        let d = rd_f16(x, 0);
+        let m = rd_f16(x, 2);
+        let qs = &x[4..20];
+        for j in 0..16 {
+            let x0 = (qs[j] & 0x0F) as i32;
+            let x1 = (qs[j] >> 4) as i32;
+            y[j] = x0 as f32 * d + m;
+            y[j + 16] = x1 as f32 * d + m;
+        }
+    }
+}
+
+/// Dequantize a Q5_0 row.
+pub fn dequantize_row_q5_0(src: &[u8], dst: &mut [f32]) {
+    let nb = dst.len() / QK;
+    for (x, y) in src[..nb * Q5_0_BYTES]
+        .chunks_exact(Q5_0_BYTES)
+        .zip(dst.chunks_exact_mut(QK))
+    {
+        let d = rd_f16(x, 0);
+        let qh = rd_u32(x, 2);
+        let qs = &x[6..22];
+        for j in 0..16 {
+            let xh_0 = (((qh >> j) << 4) & 0x10) as i32;
+            let xh_1 = ((qh >> (j + 12)) & 0x10) as i32;
+            let x0 = (((qs[j] & 0x0F) as i32) | xh_0) - 16;
+            let x1 = (((qs[j] >> 4) as i32) | xh_1) - 16;
+            y[j] = x0 as f32 * d;
+            y[j + 16] = x1 as f32 * d;
+        }
+    }
+}
+
+/// Dequantize a Q5_1 row.
+pub fn dequantize_row_q5_1(src: &[u8], dst: &mut [f32]) {
+    let nb = dst.len() / QK;
+    for (x, y) in src[..nb * Q5_1_BYTES]
+        .chunks_exact(Q5_1_BYTES)
+        .zip(dst.chunks_exact_mut(QK))
+    {
+        let d = rd_f16(x, 0);
+        let m = rd_f16(x, 2);
+        let qh = rd_u32(x, 4);
+        let qs = &x[8..24];
+        for j in 0..16 {
+            let xh_0 = (((qh >> j) << 4) & 0x10) as i32;
+            let xh_1 = ((qh >> (j + 12)) & 0x10) as i32;
+            let x0 = ((qs[j] & 0x0F) as i32) | xh_0;
+            let x1 = ((qs[j] >> 4) as i32) | xh_1;
+            y[j] = x0 as f32 * d + m;
+            y[j + 16] = x1 as f32 * d + m;
+        }
+    }
+}
+
+/// Dequantize a Q8_0 row.
+pub fn dequantize_row_q8_0(src: &[u8], dst: &mut [f32]) {
+    let nb = dst.len() / QK;
+    for (x, y) in src[..nb * Q8_0_BYTES]
+        .chunks_exact(Q8_0_BYTES)
+        .zip(dst.chunks_exact_mut(QK))
+    {
+        let d = rd_f16(x, 0);
+        for (yj, q) in y.iter_mut().zip(&x[2..34]) {
+            *yj = (*q as i8) as f32 * d;
+        }
+    }
+}
+
+/// Dequantize a Q8_1 row (`d * q`; the stored sum `s` is not needed).
+pub fn dequantize_row_q8_1(src: &[u8], dst: &mut [f32]) {
+    let nb = dst.len() / QK;
+    for (x, y) in src[..nb * Q8_1_BYTES]
+        .chunks_exact(Q8_1_BYTES)
+        .zip(dst.chunks_exact_mut(QK))
+    {
+        let d = rd_f16(x, 0);
+        for (yj, q) in y.iter_mut().zip(&x[4..36]) {
+            *yj = (*q as i8) as f32 * d;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// weight quantizers (quantize_row_*_ref)
+
+/// Index and signed value of the first element with the largest |x| (ggml's `amax`/`max` scan).
+#[inline(always)]
+fn signed_absmax(x: &[f32]) -> (f32, f32) {
+    let mut amax = 0f32;
+    let mut max = 0f32;
+    for &v in x {
+        if amax < v.abs() {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    (amax, max)
+}
+
+#[inline(always)]
+fn min_max(x: &[f32]) -> (f32, f32) {
+    let mut min = f32::MAX;
+    let mut max = -f32::MAX;
+    for &v in x {
+        if v < min {
+            min = v;
+        }
+        if v > max {
+            max = v;
+        }
+    }
+    (min, max)
+}
+
+/// Quantize a row to Q4_0 (`quantize_row_q4_0_ref`).
+pub fn quantize_row_q4_0(src: &[f32], dst: &mut [u8]) {
+    let nb = src.len() / QK;
+    for (x, y) in src
+        .chunks_exact(QK)
+        .zip(dst[..nb * Q4_0_BYTES].chunks_exact_mut(Q4_0_BYTES))
+    {
+        let (_, max) = signed_absmax(x);
+        let d = max / -8.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        wr_u16(y, 0, f32_to_fp16(d));
+        for j in 0..16 {
+            let x0 = x[j] * id;
+            let x1 = x[16 + j] * id;
+            let xi0 = 15.min(c_f32_to_i8(x0 + 8.5) as i32) as u8;
+            let xi1 = 15.min(c_f32_to_i8(x1 + 8.5) as i32) as u8;
+            y[2 + j] = xi0 | (xi1 << 4);
+        }
+    }
+}
+
+/// Quantize a row to Q4_1 (`quantize_row_q4_1_ref`).
+pub fn quantize_row_q4_1(src: &[f32], dst: &mut [u8]) {
+    let nb = src.len() / QK;
+    for (x, y) in src
+        .chunks_exact(QK)
+        .zip(dst[..nb * Q4_1_BYTES].chunks_exact_mut(Q4_1_BYTES))
+    {
+        let (min, max) = min_max(x);
+        let d = (max - min) / 15.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        wr_u16(y, 0, f32_to_fp16(d));
+        wr_u16(y, 2, f32_to_fp16(min));
+        for j in 0..16 {
+            let x0 = (x[j] - min) * id;
+            let x1 = (x[16 + j] - min) * id;
+            let xi0 = 15.min(c_f32_to_i8(x0 + 0.5) as i32) as u8;
+            let xi1 = 15.min(c_f32_to_i8(x1 + 0.5) as i32) as u8;
+            y[4 + j] = xi0 | (xi1 << 4);
+        }
+    }
+}
+
+/// Quantize a row to Q5_0 (`quantize_row_q5_0_ref`).
+pub fn quantize_row_q5_0(src: &[f32], dst: &mut [u8]) {
+    let nb = src.len() / QK;
+    for (x, y) in src
+        .chunks_exact(QK)
+        .zip(dst[..nb * Q5_0_BYTES].chunks_exact_mut(Q5_0_BYTES))
+    {
+        let (_, max) = signed_absmax(x);
+        let d = max / -16.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        wr_u16(y, 0, f32_to_fp16(d));
+        let mut qh = 0u32;
+        for j in 0..16 {
+            let x0 = x[j] * id;
+            let x1 = x[16 + j] * id;
+            let xi0 = 31.min(c_f32_to_i8(x0 + 16.5) as i32) as u8;
+            let xi1 = 31.min(c_f32_to_i8(x1 + 16.5) as i32) as u8;
+            y[6 + j] = (xi0 & 0x0F) | ((xi1 & 0x0F) << 4);
+            qh |= (((xi0 & 0x10) as u32) >> 4) << j;
+            qh |= (((xi1 & 0x10) as u32) >> 4) << (j + 16);
+        }
+        wr_u32(y, 2, qh);
+    }
+}
+
+/// Quantize a row to Q5_1 (`quantize_row_q5_1_ref`).
+pub fn quantize_row_q5_1(src: &[f32], dst: &mut [u8]) {
+    let nb = src.len() / QK;
+    for (x, y) in src
+        .chunks_exact(QK)
+        .zip(dst[..nb * Q5_1_BYTES].chunks_exact_mut(Q5_1_BYTES))
+    {
+        let (min, max) = min_max(x);
+        let d = (max - min) / 31.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        wr_u16(y, 0, f32_to_fp16(d));
+        wr_u16(y, 2, f32_to_fp16(min));
+        let mut qh = 0u32;
+        for j in 0..16 {
+            let x0 = (x[j] - min) * id;
+            let x1 = (x[16 + j] - min) * id;
+            let xi0 = c_f32_to_u8(x0 + 0.5);
+            let xi1 = c_f32_to_u8(x1 + 0.5);
+            y[8 + j] = (xi0 & 0x0F) | ((xi1 & 0x0F) << 4);
+            qh |= (((xi0 & 0x10) as u32) >> 4) << j;
+            qh |= (((xi1 & 0x10) as u32) >> 4) << (j + 16);
+        }
+        wr_u32(y, 4, qh);
+    }
+}
+
+/// Quantize a row to Q8_0 the way llama-quantize writes weights (`quantize_row_q8_0_ref`:
+/// `d = amax/127`, `id = 1/d`, `roundf` = round half away from zero).
+pub fn quantize_row_q8_0_ref(src: &[f32], dst: &mut [u8]) {
+    let nb = src.len() / QK;
+    for (x, y) in src
+        .chunks_exact(QK)
+        .zip(dst[..nb * Q8_0_BYTES].chunks_exact_mut(Q8_0_BYTES))
+    {
+        let mut amax = 0f32;
+        for &v in x {
+            let a = v.abs();
+            amax = if amax > a { amax } else { a };
+        }
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        wr_u16(y, 0, f32_to_fp16(d));
+        for j in 0..QK {
+            y[2 + j] = c_f32_to_i8((x[j] * id).round()) as u8;
+        }
+    }
+}
+
+/// Quantize a row to Q8_1 with the reference algorithm (`quantize_row_q8_1_ref`).
+pub fn quantize_row_q8_1_ref(src: &[f32], dst: &mut [u8]) {
+    let nb = src.len() / QK;
+    for (x, y) in src
+        .chunks_exact(QK)
+        .zip(dst[..nb * Q8_1_BYTES].chunks_exact_mut(Q8_1_BYTES))
+    {
+        let mut amax = 0f32;
+        for &v in x {
+            let a = v.abs();
+            amax = if amax > a { amax } else { a };
+        }
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        wr_u16(y, 0, f32_to_fp16(d));
+        let mut sum = 0i32;
+        for j in 0..16 {
+            let q0 = c_f32_to_i8((x[j] * id).round());
+            let q1 = c_f32_to_i8((x[16 + j] * id).round());
+            y[4 + j] = q0 as u8;
+            y[4 + 16 + j] = q1 as u8;
+            sum += q0 as i32 + q1 as i32;
+        }
+        wr_u16(y, 2, f32_to_fp16(sum as f32 * d));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// activation quantizers (x86 ggml-cpu behaviour)
+
+/// Quantize activations to Q8_0 exactly as ggml-cpu does on x86 (AVX/AVX2 `quantize_row_q8_0`):
+/// `d = amax/127`, `id = 127/amax`, round-half-to-even, saturate to i8.
+pub fn quantize_row_q8_0(src: &[f32], dst: &mut [u8]) {
+    let nb = src.len() / QK;
+    for (x, y) in src
+        .chunks_exact(QK)
+        .zip(dst[..nb * Q8_0_BYTES].chunks_exact_mut(Q8_0_BYTES))
+    {
+        let max_scalar = x86_absmax_32(x);
+        let d = max_scalar / 127.0;
+        wr_u16(y, 0, f32_to_fp16(d));
+        let id = if max_scalar != 0.0 {
+            127.0 / max_scalar
+        } else {
+            0.0
+        };
+        for j in 0..QK {
+            y[2 + j] = sat_i8(cvt_rne_i32(x[j] * id)) as u8;
+        }
+    }
+}
+
+/// Quantize activations to Q8_1 exactly as ggml-cpu does on x86 (AVX2 `quantize_row_q8_1`).
+/// The stored sum uses the 32-bit integers before saturation, like the AVX2 code.
+pub fn quantize_row_q8_1(src: &[f32], dst: &mut [u8]) {
+    let nb = src.len() / QK;
+    for (x, y) in src
+        .chunks_exact(QK)
+        .zip(dst[..nb * Q8_1_BYTES].chunks_exact_mut(Q8_1_BYTES))
+    {
+        let max_scalar = x86_absmax_32(x);
+        let d = max_scalar / 127.0;
+        wr_u16(y, 0, f32_to_fp16(d));
+        let id = if max_scalar != 0.0 {
+            127.0 / max_scalar
+        } else {
+            0.0
+        };
+        let mut sum = 0i32;
+        for j in 0..QK {
+            let v = cvt_rne_i32(x[j] * id);
+            sum = sum.wrapping_add(v);
+            y[4 + j] = sat_i8(v) as u8;
+        }
+        wr_u16(y, 2, f32_to_fp16(d * sum as f32));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// dot products (ggml_vec_dot_*_generic)
+
+/// Q4_0 weights x Q8_0 activations.
+pub fn vec_dot_q4_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let nb = n / QK;
+    let mut sumf = 0f32;
+    for (x, y) in w[..nb * Q4_0_BYTES]
+        .chunks_exact(Q4_0_BYTES)
+        .zip(a[..nb * Q8_0_BYTES].chunks_exact(Q8_0_BYTES))
+    {
+        let (xq, yq) = (&x[2..18], &y[2..34]);
+        let mut sumi0 = 0i32;
+        let mut sumi1 = 0i32;
+        for j in 0..16 {
+            let v0 = (xq[j] & 0x0F) as i32 - 8;
+            let v1 = (xq[j] >> 4) as i32 - 8;
+            sumi0 += v0 * (yq[j] as i8) as i32;
+            sumi1 += v1 * (yq[j + 16] as i8) as i32;
+        }
+        let sumi = sumi0 + sumi1;
+        sumf += sumi as f32 * rd_f16(x, 0) * rd_f16(y, 0);
+    }
+    sumf
+}
+
+/// Q4_1 weights x Q8_1 activations.
+pub fn vec_dot_q4_1_q8_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let nb = n / QK;
+    let mut sumf = 0f32;
+    for (x, y) in w[..nb * Q4_1_BYTES]
+        .chunks_exact(Q4_1_BYTES)
+        .zip(a[..nb * Q8_1_BYTES].chunks_exact(Q8_1_BYTES))
+    {
+        let (xq, yq) = (&x[4..20], &y[4..36]);
+        let mut sumi0 = 0i32;
+        let mut sumi1 = 0i32;
+        for j in 0..16 {
+            let v0 = (xq[j] & 0x0F) as i32;
+            let v1 = (xq[j] >> 4) as i32;
+            sumi0 += v0 * (yq[j] as i8) as i32;
+            sumi1 += v1 * (yq[j + 16] as i8) as i32;
+        }
+        let sumi = sumi0 + sumi1;
+        sumf += (rd_f16(x, 0) * rd_f16(y, 0)) * sumi as f32 + rd_f16(x, 2) * rd_f16(y, 2);
+    }
+    sumf
+}
+
+/// Q5_0 weights x Q8_0 activations.
+pub fn vec_dot_q5_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let nb = n / QK;
+    let mut sumf = 0f32;
+    for (x, y) in w[..nb * Q5_0_BYTES]
+        .chunks_exact(Q5_0_BYTES)
+        .zip(a[..nb * Q8_0_BYTES].chunks_exact(Q8_0_BYTES))
+    {
+        let qh = rd_u32(x, 2);
+        let (xq, yq) = (&x[6..22], &y[2..34]);
+        let mut sumi0 = 0i32;
+        let mut sumi1 = 0i32;
+        for j in 0..16 {
+            let xh_0 = (((qh >> j) & 1) << 4) as i32;
+            let xh_1 = (((qh >> (j + 16)) & 1) << 4) as i32;
+            let x0 = (((xq[j] & 0x0F) as i32) | xh_0) - 16;
+            let x1 = (((xq[j] >> 4) as i32) | xh_1) - 16;
+            sumi0 += x0 * (yq[j] as i8) as i32;
+            sumi1 += x1 * (yq[j + 16] as i8) as i32;
+        }
+        let sumi = sumi0 + sumi1;
+        sumf += (rd_f16(x, 0) * rd_f16(y, 0)) * sumi as f32;
+    }
+    sumf
+}
+
+/// Q5_1 weights x Q8_1 activations.
+pub fn vec_dot_q5_1_q8_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let nb = n / QK;
+    let mut sumf = 0f32;
+    for (x, y) in w[..nb * Q5_1_BYTES]
+        .chunks_exact(Q5_1_BYTES)
+        .zip(a[..nb * Q8_1_BYTES].chunks_exact(Q8_1_BYTES))
+    {
+        let qh = rd_u32(x, 4);
+        let (xq, yq) = (&x[8..24], &y[4..36]);
+        let mut sumi0 = 0i32;
+        let mut sumi1 = 0i32;
+        for j in 0..16 {
+            let xh_0 = (((qh >> j) << 4) & 0x10) as i32;
+            let xh_1 = ((qh >> (j + 12)) & 0x10) as i32;
+            let x0 = ((xq[j] & 0x0F) as i32) | xh_0;
+            let x1 = ((xq[j] >> 4) as i32) | xh_1;
+            sumi0 += x0 * (yq[j] as i8) as i32;
+            sumi1 += x1 * (yq[j + 16] as i8) as i32;
+        }
+        let sumi = sumi0 + sumi1;
+        sumf += (rd_f16(x, 0) * rd_f16(y, 0)) * sumi as f32 + rd_f16(x, 2) * rd_f16(y, 2);
+    }
+    sumf
+}
+
+/// Q8_0 weights x Q8_0 activations.
+pub fn vec_dot_q8_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let nb = n / QK;
+    let mut sumf = 0f32;
+    for (x, y) in w[..nb * Q8_0_BYTES]
+        .chunks_exact(Q8_0_BYTES)
+        .zip(a[..nb * Q8_0_BYTES].chunks_exact(Q8_0_BYTES))
+    {
+        let mut sumi = 0i32;
+        for (p, q) in x[2..34].iter().zip(&y[2..34]) {
+            sumi += (*p as i8) as i32 * (*q as i8) as i32;
+        }
+        sumf += sumi as f32 * (rd_f16(x, 0) * rd_f16(y, 0));
+    }
+    sumf
+}

@@ -1,0 +1,380 @@
+//! Dot products in the summation order of ggml-cpu's "tiled" K-quant matmul
+//! (`ggml-cpu/tiled/{tiled.cpp,tiled-kernel.cpp}`), which this llama.cpp version runs instead of
+//! `vec_dot` for Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS (and IQ1/IQ2/IQ3 types, not ported here)
+//! weights when enough activation rows are multiplied at once:
+//!
+//! * `mul_mat`: when the activation has `ne[1] >= 8` rows ([`tiled_used_for_mul_mat`]);
+//! * `mul_mat_id` (routed experts): per expert, when at least 8 (token, slot) rows are routed to
+//!   it ([`tiled_used_for_mul_mat_id`]); other experts of the same op keep `vec_dot`.
+//!
+//! (ggml also takes the path when `GGML_CPU_TILED_MM_FORCE=1` and skips it when
+//! `GGML_CPU_TILED_MM=0`, with `--use-ref`, or for weights in a repack buffer; moxie follows the
+//! defaults.) The activation is the same Q8_K row `vec_dot` uses.
+//!
+//! Numerics of one output element (the AVX-512 VNNI microkernel `tiled_run_micro_vnni_8x16`,
+//! as GCC 12 `-O3 -march=sapphirerapids` compiles it; checked in its disassembly): the weights
+//! are unpacked per 256-element block into unsigned codes `q` (biased by `BIAS`), integer
+//! sub-block scales `sc[s]` and, for Q2_K/Q4_K/Q5_K, mins `m[s]`; per sub-block (16 or 32
+//! elements) `raw[s] = sum q * a` (dpbusd) and `bsum[s]` = the Q8_K `bsums` of the sub-block.
+//! Then, in wrapping int32 arithmetic,
+//!
+//! ```text
+//! s1 = sum_s sc[s] * (raw[s] - BIAS * bsum[s])      s2 = sum_s m[s] * bsum[s]
+//! ```
+//!
+//! and in f32, with `d0`/`dmin` the weight block's halves and `d1` the Q8_K scale:
+//!
+//! ```text
+//! r   = d0 * (f32)s1
+//! r   = fma(-dmin, (f32)s2, r)        // only with mins (_mm512_fnmadd_ps)
+//! acc = fma(r, d1, acc)               // GCC contracts _mm512_add_ps(acc, _mm512_mul_ps(r, d1))
+//! ```
+//!
+//! with `acc` starting at 0 and the blocks taken in K order. The order does not depend on the
+//! matrix shape or the tile position: the narrow path (<= 16 activation rows) splits K into
+//! chunks (`ggml_tiled_narrow_k_extent`) but still adds one block at a time into the same
+//! accumulator, in K order; tile edges only pad with rows that are never stored.
+//!
+//! Verified bit-exact against ggml's tiled.cpp/tiled-kernel.cpp compiled for Sapphire Rapids
+//! (`tests/ggml_tiled_golden.rs`, generator `tests/data/gen_tiled.c`), for both `mul_mat`
+//! (narrow path, several K slabs per chunk) and `mul_mat_id` (narrow and standard paths).
+
+use crate::common::{get_scale_min_k4, q3k_scales, rd_f16, rd_f32, rd_i16, rd_u16};
+use crate::dispatch::VecDotFn;
+use crate::iq4::{IQ4_XS_BYTES, KVALUES_IQ4NL};
+use crate::kquants::{Q2_K_BYTES, Q3_K_BYTES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_K_BYTES};
+use crate::types::{GgmlType, QK_K};
+
+/// `ggml_tiled_min_batch`: the path is taken from 8 activation rows on.
+const MIN_BATCH: usize = 8;
+
+/// `ggml_tiled_supported`'s type list (every type ggml runs through the tiled path).
+fn ggml_tiled_type(ty: GgmlType) -> bool {
+    matches!(
+        ty,
+        GgmlType::Q6_K
+            | GgmlType::Q5_K
+            | GgmlType::Q4_K
+            | GgmlType::Q3_K
+            | GgmlType::Q2_K
+            | GgmlType::IQ4_XS
+            | GgmlType::IQ2_XXS
+            | GgmlType::IQ2_XS
+            | GgmlType::IQ2_S
+            | GgmlType::IQ3_XXS
+            | GgmlType::IQ3_S
+            | GgmlType::IQ1_S
+            | GgmlType::IQ1_M
+    )
+}
+
+/// Whether ggml's `mul_mat` of weights of type `ty` with `n_act_rows` activation rows
+/// (`src1->ne[1]`, e.g. the tokens of a batch) runs the tiled path.
+pub fn tiled_used_for_mul_mat(ty: GgmlType, n_act_rows: usize) -> bool {
+    ggml_tiled_type(ty) && n_act_rows >= MIN_BATCH
+}
+
+/// Whether ggml's `mul_mat_id` runs the tiled path for one expert of type `ty` to which
+/// `n_rows_for_expert` (token, slot) rows are routed (`cne1`); decided per expert.
+pub fn tiled_used_for_mul_mat_id(ty: GgmlType, n_rows_for_expert: usize) -> bool {
+    ggml_tiled_type(ty) && n_rows_for_expert >= MIN_BATCH
+}
+
+/// The tiled path's dot of one weight row (type `ty`, `n_in` elements) with one Q8_K activation
+/// row, for the types ported here (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS); `None` otherwise or
+/// when `n_in` is not a multiple of 256. Same signature and panics as [`crate::vec_dot_fn`]'s.
+pub fn tiled_dot_fn(ty: GgmlType, n_in: usize) -> Option<VecDotFn> {
+    if n_in % QK_K != 0 {
+        return None;
+    }
+    let f: VecDotFn = match ty {
+        GgmlType::Q2_K => dot_q2_k,
+        GgmlType::Q3_K => dot_q3_k,
+        GgmlType::Q4_K => dot_q4_k,
+        GgmlType::Q5_K => dot_q5_k,
+        GgmlType::Q6_K => dot_q6_k,
+        GgmlType::IQ4_XS => dot_iq4_xs,
+        _ => return None,
+    };
+    Some(f)
+}
+
+/// One weight block as `tiled_unpack_src0` leaves it in the tile.
+struct Unpacked {
+    /// Unsigned codes in element order (the weight value plus `BIAS`).
+    q: [u8; QK_K],
+    /// Per sub-block scales (16 for 16-element sub-blocks, else the first 8).
+    scales: [i32; 16],
+    /// Per sub-block mins (types with a min only).
+    mins: [i32; 16],
+    d: f32,
+    dmin: f32,
+}
+
+impl Unpacked {
+    fn new() -> Unpacked {
+        Unpacked {
+            q: [0; QK_K],
+            scales: [0; 16],
+            mins: [0; 16],
+            d: 0.0,
+            dmin: 0.0,
+        }
+    }
+}
+
+/// The accumulation shared by all types. `SUBBLK`: sub-block width (16 or 32); `HAS_MIN`: the
+/// type has per-sub-block mins; `BIAS`: the code offset removed through the Q8_K bsums.
+#[inline(always)]
+fn dot_tiled<const SUBBLK: usize, const HAS_MIN: bool, const BIAS: i32>(
+    n: usize,
+    w: &[u8],
+    a: &[u8],
+    w_block: usize,
+    unpack: fn(&[u8], &mut Unpacked),
+) -> f32 {
+    let nb = n / QK_K;
+    assert!(n % QK_K == 0 && w.len() >= nb * w_block && a.len() >= nb * Q8_K_BYTES);
+    let n_sub = QK_K / SUBBLK;
+    let per16 = SUBBLK / 16;
+    let mut blk = Unpacked::new();
+    let mut acc = 0f32;
+    for b in 0..nb {
+        unpack(&w[b * w_block..(b + 1) * w_block], &mut blk);
+        let y = &a[b * Q8_K_BYTES..(b + 1) * Q8_K_BYTES];
+        let d1 = rd_f32(y, 0);
+        let qa = &y[4..4 + QK_K];
+        let mut s1 = 0i32;
+        let mut s2 = 0i32;
+        for s in 0..n_sub {
+            let mut raw = 0i32;
+            for e in s * SUBBLK..(s + 1) * SUBBLK {
+                raw = raw.wrapping_add(blk.q[e] as i32 * qa[e] as i8 as i32);
+            }
+            let mut bsum = 0i32;
+            for u in 0..per16 {
+                bsum = bsum.wrapping_add(rd_i16(y, 4 + QK_K + 2 * (s * per16 + u)) as i32);
+            }
+            let corr = raw.wrapping_sub(BIAS.wrapping_mul(bsum));
+            s1 = s1.wrapping_add(corr.wrapping_mul(blk.scales[s]));
+            if HAS_MIN {
+                s2 = s2.wrapping_add(bsum.wrapping_mul(blk.mins[s]));
+            }
+        }
+        let mut r = blk.d * s1 as f32;
+        if HAS_MIN {
+            r = (-blk.dmin).mul_add(s2 as f32, r);
+        }
+        acc = r.mul_add(d1, acc);
+    }
+    acc
+}
+
+/// Q2_K: `scales[16]` (scale lo nibble, min hi nibble), `qs[64]`, d, dmin; codes 0..3.
+fn unpack_q2_k(x: &[u8], t: &mut Unpacked) {
+    t.d = rd_f16(x, 80);
+    t.dmin = rd_f16(x, 82);
+    for half in 0..2 {
+        let qs = &x[16 + 32 * half..16 + 32 * half + 32];
+        for g in 0..4 {
+            for l in 0..32 {
+                t.q[128 * half + 32 * g + l] = (qs[l] >> (2 * g)) & 3;
+            }
+        }
+    }
+    for s in 0..16 {
+        t.scales[s] = (x[s] & 0xf) as i32;
+        t.mins[s] = (x[s] >> 4) as i32;
+    }
+}
+
+/// Q3_K: `hmask[32]`, `qs[64]`, `scales[12]`, d; codes `low2 | high << 2` (0..7, bias 4),
+/// scales stored as `scale - 32`.
+fn unpack_q3_k(x: &[u8], t: &mut Unpacked) {
+    t.d = rd_f16(x, 108);
+    let hmask = &x[0..32];
+    for half in 0..2 {
+        let qs = &x[32 + 32 * half..32 + 32 * half + 32];
+        for g in 0..4 {
+            for l in 0..32 {
+                let lo = (qs[l] >> (2 * g)) & 3;
+                let hi = (hmask[l] >> (4 * half + g)) & 1;
+                t.q[128 * half + 32 * g + l] = lo | (hi << 2);
+            }
+        }
+    }
+    let sc = q3k_scales(&x[96..108]);
+    for s in 0..16 {
+        t.scales[s] = sc[s] as i32 - 32;
+    }
+}
+
+/// Q4_K / Q5_K shared part: d, dmin and the 6-bit scales/mins of 8 sub-blocks of 32.
+fn unpack_k4_scales(x: &[u8], t: &mut Unpacked) {
+    t.d = rd_f16(x, 0);
+    t.dmin = rd_f16(x, 2);
+    for s in 0..8 {
+        let (sc, m) = get_scale_min_k4(s, &x[4..16]);
+        t.scales[s] = sc as i32;
+        t.mins[s] = m as i32;
+    }
+}
+
+/// Q4_K: d, dmin, `scales[12]`, `qs[128]`; codes 0..15.
+fn unpack_q4_k(x: &[u8], t: &mut Unpacked) {
+    unpack_k4_scales(x, t);
+    let qs = &x[16..144];
+    for j in 0..4 {
+        for l in 0..32 {
+            t.q[64 * j + l] = qs[32 * j + l] & 0xf;
+            t.q[64 * j + 32 + l] = qs[32 * j + l] >> 4;
+        }
+    }
+}
+
+/// Q5_K: d, dmin, `scales[12]`, `qh[32]`, `qs[128]`; codes 0..31 (bit 4 from `qh`).
+fn unpack_q5_k(x: &[u8], t: &mut Unpacked) {
+    unpack_k4_scales(x, t);
+    let qh = &x[16..48];
+    let qs = &x[48..176];
+    for j in 0..4 {
+        for l in 0..32 {
+            let h0 = (qh[l] >> (2 * j)) & 1;
+            let h1 = (qh[l] >> (2 * j + 1)) & 1;
+            t.q[64 * j + l] = (qs[32 * j + l] & 0xf) | (h0 << 4);
+            t.q[64 * j + 32 + l] = (qs[32 * j + l] >> 4) | (h1 << 4);
+        }
+    }
+}
+
+/// Q6_K: `ql[128]`, `qh[64]`, `scales[16]` (i8), d; codes 0..63 (bias 32).
+fn unpack_q6_k(x: &[u8], t: &mut Unpacked) {
+    t.d = rd_f16(x, 208);
+    for half in 0..2 {
+        let ql = &x[64 * half..64 * half + 64];
+        let qh = &x[128 + 32 * half..128 + 32 * half + 32];
+        let out = &mut t.q[128 * half..128 * half + 128];
+        for l in 0..32 {
+            out[l] = (ql[l] & 0xf) | ((qh[l] & 3) << 4);
+            out[32 + l] = (ql[32 + l] & 0xf) | (((qh[l] >> 2) & 3) << 4);
+            out[64 + l] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
+            out[96 + l] = (ql[32 + l] >> 4) | (((qh[l] >> 6) & 3) << 4);
+        }
+    }
+    for s in 0..16 {
+        t.scales[s] = x[192 + s] as i8 as i32;
+    }
+}
+
+/// IQ4_XS: d, `scales_h` (u16), `scales_l[4]`, `qs[128]`; codes `kvalues_iq4nl + 128`
+/// (bias 128), 6-bit scales stored as `ls - 32`.
+fn unpack_iq4_xs(x: &[u8], t: &mut Unpacked) {
+    t.d = rd_f16(x, 0);
+    let scales_h = rd_u16(x, 2) as i32;
+    for s in 0..8 {
+        let lo = ((x[4 + s / 2] >> (4 * (s % 2))) & 0xf) as i32;
+        let ls = lo | (((scales_h >> (2 * s)) & 3) << 4);
+        t.scales[s] = ls - 32;
+    }
+    let qs = &x[8..136];
+    for ib in 0..8 {
+        for j in 0..16 {
+            let b = qs[16 * ib + j];
+            t.q[32 * ib + j] = (KVALUES_IQ4NL[(b & 0xf) as usize] as i32 + 128) as u8;
+            t.q[32 * ib + 16 + j] = (KVALUES_IQ4NL[(b >> 4) as usize] as i32 + 128) as u8;
+        }
+    }
+}
+
+fn dot_q2_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    dot_tiled::<16, true, 0>(n, w, a, Q2_K_BYTES, unpack_q2_k)
+}
+
+fn dot_q3_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    dot_tiled::<16, false, 4>(n, w, a, Q3_K_BYTES, unpack_q3_k)
+}
+
+fn dot_q4_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    dot_tiled::<32, true, 0>(n, w, a, Q4_K_BYTES, unpack_q4_k)
+}
+
+fn dot_q5_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    dot_tiled::<32, true, 0>(n, w, a, Q5_K_BYTES, unpack_q5_k)
+}
+
+fn dot_q6_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    dot_tiled::<16, false, 32>(n, w, a, Q6_K_BYTES, unpack_q6_k)
+}
+
+fn dot_iq4_xs(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    dot_tiled::<32, false, 128>(n, w, a, IQ4_XS_BYTES, unpack_iq4_xs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{dequantize_row, quantize_row, quantize_weights_row};
+
+    fn data(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(2654435761).wrapping_add(12345);
+        (0..n)
+            .map(|i| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                ((s % 2001) as f32 / 1000.0 - 1.0) * (1.0 + (i % 7) as f32)
+            })
+            .collect()
+    }
+
+    const TYPES: [GgmlType; 6] = [
+        GgmlType::Q2_K,
+        GgmlType::Q3_K,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+        GgmlType::IQ4_XS,
+    ];
+
+    #[test]
+    fn close_to_vec_dot_and_dequantized_dot() {
+        let n = 1024;
+        let x = data(n, 1);
+        let y = data(n, 2);
+        let mut a = vec![0u8; GgmlType::Q8_K.row_bytes(n as u64).unwrap() as usize];
+        quantize_row(GgmlType::Q8_K, &y, &mut a).unwrap();
+        let mut ad = vec![0f32; n];
+        dequantize_row(GgmlType::Q8_K, &a, &mut ad).unwrap();
+        for ty in TYPES {
+            let mut w = vec![0u8; ty.row_bytes(n as u64).unwrap() as usize];
+            quantize_weights_row(ty, &x, &mut w).unwrap();
+            let mut wd = vec![0f32; n];
+            dequantize_row(ty, &w, &mut wd).unwrap();
+            let want: f64 = wd.iter().zip(&ad).map(|(p, q)| *p as f64 * *q as f64).sum();
+            let got = tiled_dot_fn(ty, n).unwrap()(n, &w, &a) as f64;
+            assert!(
+                (got - want).abs() < 1e-3 * want.abs().max(1.0),
+                "{ty}: {got} vs {want}"
+            );
+            let vd = crate::vec_dot(ty, n, &w, &a).unwrap() as f64;
+            assert!((got - vd).abs() < 1e-3 * vd.abs().max(1.0), "{ty}: {got} vs {vd}");
+        }
+    }
+
+    #[test]
+    fn eligibility() {
+        for ty in TYPES {
+            assert!(!tiled_used_for_mul_mat(ty, 7));
+            assert!(tiled_used_for_mul_mat(ty, 8));
+            assert!(tiled_used_for_mul_mat_id(ty, 8));
+            assert!(!tiled_used_for_mul_mat_id(ty, 1));
+            assert!(tiled_dot_fn(ty, 512).is_some());
+        }
+        for ty in [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::F32, GgmlType::IQ4_NL] {
+            assert!(!tiled_used_for_mul_mat(ty, 64));
+            assert!(tiled_dot_fn(ty, 512).is_none());
+        }
+        assert!(tiled_used_for_mul_mat(GgmlType::IQ2_XXS, 8));
+        assert!(tiled_dot_fn(GgmlType::IQ2_XXS, 512).is_none());
+    }
+}

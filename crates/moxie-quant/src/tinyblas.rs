@@ -1,0 +1,229 @@
+//! Dot products in the summation order of llamafile's `tinyBLAS` (ggml-cpu's `sgemm.cpp`),
+//! which llama.cpp uses instead of `vec_dot` for `mul_mat` with two or more activation rows
+//! (prompt processing) when the weight type is F32, F16, Q8_0, Q4_0, Q5_0 or IQ4_NL.
+//!
+//! The integer sums are the same as `vec_dot`'s; only the float accumulation differs:
+//! * F32 / F16 (AVX-512): one 16-lane accumulator, `fma(w, a, acc)` per 16-element step,
+//!   `_mm512_reduce_add_ps` at the end. Requires `n.is_multiple_of(16)` (tinyBLAS declines otherwise
+//!   and ggml falls back to `vec_dot`).
+//! * Q8_0-paired types (AVX2 `tinyBLAS_Q0_AVX`): eight 32-bit lanes, each the integer sum of
+//!   four consecutive products of a block, `fma(d_w * d_a, lane, acc)` per block, then the
+//!   256-bit horizontal sum.
+//!
+//! Verified against the same formulas written out by hand (tests below); the golden-logit
+//! tests of moxie-core check the end result against llama.cpp.
+
+use crate::dispatch::VecDotFn;
+use crate::f16::fp16_to_f32;
+use crate::iq4::KVALUES_IQ4NL;
+use crate::types::GgmlType;
+
+/// `_mm512_reduce_add_ps` order.
+#[inline]
+fn reduce_16(v: &[f32; 16]) -> f32 {
+    let mut t = [0f32; 8];
+    for i in 0..8 {
+        t[i] = v[i + 8] + v[i];
+    }
+    let mut u = [0f32; 4];
+    for i in 0..4 {
+        u[i] = t[i + 4] + t[i];
+    }
+    (u[0] + u[2]) + (u[1] + u[3])
+}
+
+/// `hsum(__m256)` of sgemm.cpp: 128-bit halves, then movehl + movehdup.
+#[inline]
+fn reduce_8(v: &[f32; 8]) -> f32 {
+    let t = [v[4] + v[0], v[5] + v[1], v[6] + v[2], v[7] + v[3]];
+    (t[0] + t[2]) + (t[1] + t[3])
+}
+
+#[inline]
+fn f32_at(b: &[u8], i: usize) -> f32 {
+    f32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])
+}
+
+#[inline]
+fn f16_at(b: &[u8], i: usize) -> f32 {
+    fp16_to_f32(u16::from_le_bytes([b[2 * i], b[2 * i + 1]]))
+}
+
+fn dot_f32(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    assert!(w.len() >= 4 * n && a.len() >= 4 * n && n.is_multiple_of(16));
+    let mut acc = [0f32; 16];
+    for l in (0..n).step_by(16) {
+        for (lane, s) in acc.iter_mut().enumerate() {
+            *s = f32_at(w, l + lane).mul_add(f32_at(a, l + lane), *s);
+        }
+    }
+    reduce_16(&acc)
+}
+
+fn dot_f16(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    assert!(w.len() >= 2 * n && a.len() >= 2 * n && n.is_multiple_of(16));
+    let mut acc = [0f32; 16];
+    for l in (0..n).step_by(16) {
+        for (lane, s) in acc.iter_mut().enumerate() {
+            *s = f16_at(w, l + lane).mul_add(f16_at(a, l + lane), *s);
+        }
+    }
+    reduce_16(&acc)
+}
+
+/// The 32 signed values of one 32-element weight block, in element order.
+type Unpack = fn(&[u8], &mut [i8; 32]) -> f32;
+
+fn unpack_q8_0(b: &[u8], q: &mut [i8; 32]) -> f32 {
+    for (o, &x) in q.iter_mut().zip(&b[2..34]) {
+        *o = x as i8;
+    }
+    fp16_to_f32(u16::from_le_bytes([b[0], b[1]]))
+}
+
+fn unpack_q4_0(b: &[u8], q: &mut [i8; 32]) -> f32 {
+    for j in 0..16 {
+        q[j] = (b[2 + j] & 0xf) as i8 - 8;
+        q[j + 16] = (b[2 + j] >> 4) as i8 - 8;
+    }
+    fp16_to_f32(u16::from_le_bytes([b[0], b[1]]))
+}
+
+fn unpack_q5_0(b: &[u8], q: &mut [i8; 32]) -> f32 {
+    let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+    for j in 0..16 {
+        let lo = (b[6 + j] & 0xf) | ((((qh >> j) & 1) as u8) << 4);
+        let hi = (b[6 + j] >> 4) | ((((qh >> (j + 16)) & 1) as u8) << 4);
+        q[j] = lo as i8 - 16;
+        q[j + 16] = hi as i8 - 16;
+    }
+    fp16_to_f32(u16::from_le_bytes([b[0], b[1]]))
+}
+
+fn unpack_iq4_nl(b: &[u8], q: &mut [i8; 32]) -> f32 {
+    for j in 0..16 {
+        q[j] = KVALUES_IQ4NL[(b[2 + j] & 0xf) as usize];
+        q[j + 16] = KVALUES_IQ4NL[(b[2 + j] >> 4) as usize];
+    }
+    fp16_to_f32(u16::from_le_bytes([b[0], b[1]]))
+}
+
+#[inline]
+fn dot_q0(n: usize, w: &[u8], a: &[u8], unpack: Unpack, w_block: usize) -> f32 {
+    let nb = n / 32;
+    assert!(n.is_multiple_of(32) && w.len() >= nb * w_block && a.len() >= nb * 34);
+    let mut acc = [0f32; 8];
+    let mut qw = [0i8; 32];
+    for b in 0..nb {
+        let dw = unpack(&w[b * w_block..(b + 1) * w_block], &mut qw);
+        let ab = &a[b * 34..(b + 1) * 34];
+        let da = fp16_to_f32(u16::from_le_bytes([ab[0], ab[1]]));
+        let d = dw * da;
+        for (lane, s) in acc.iter_mut().enumerate() {
+            let mut sum = 0i32;
+            for k in 4 * lane..4 * lane + 4 {
+                sum += qw[k] as i32 * ab[2 + k] as i8 as i32;
+            }
+            *s = d.mul_add(sum as f32, *s);
+        }
+    }
+    reduce_8(&acc)
+}
+
+fn dot_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    dot_q0(n, w, a, unpack_q8_0, 34)
+}
+
+fn dot_q4_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    dot_q0(n, w, a, unpack_q4_0, 18)
+}
+
+fn dot_q5_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    dot_q0(n, w, a, unpack_q5_0, 22)
+}
+
+fn dot_iq4_nl(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    dot_q0(n, w, a, unpack_iq4_nl, 18)
+}
+
+/// The tinyBLAS-order dot for `ty`, when llama.cpp would use tinyBLAS for a batched `mul_mat`
+/// with rows of `n` elements; `None` means llama.cpp uses `vec_dot` ([`crate::vec_dot_fn`]).
+pub fn tinyblas_dot_fn(ty: GgmlType, n: usize) -> Option<VecDotFn> {
+    match ty {
+        GgmlType::F32 if n.is_multiple_of(16) => Some(dot_f32),
+        GgmlType::F16 if n.is_multiple_of(16) => Some(dot_f16),
+        GgmlType::Q8_0 => Some(dot_q8_0),
+        GgmlType::Q4_0 => Some(dot_q4_0),
+        GgmlType::Q5_0 => Some(dot_q5_0),
+        GgmlType::IQ4_NL => Some(dot_iq4_nl),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{dequantize_row, quantize_row};
+
+    fn data(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                ((s >> 8) as f32 / (1u32 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    #[test]
+    fn q0_types_agree_with_dequantized_dot() {
+        let n = 256;
+        let x = data(n, 1);
+        let y = data(n, 2);
+        let mut a = vec![0u8; GgmlType::Q8_0.row_bytes(n as u64).unwrap() as usize];
+        quantize_row(GgmlType::Q8_0, &y, &mut a).unwrap();
+        let mut ad = vec![0f32; n];
+        dequantize_row(GgmlType::Q8_0, &a, &mut ad).unwrap();
+        for ty in [
+            GgmlType::Q8_0,
+            GgmlType::Q4_0,
+            GgmlType::Q5_0,
+            GgmlType::IQ4_NL,
+        ] {
+            let mut w = vec![0u8; ty.row_bytes(n as u64).unwrap() as usize];
+            crate::quantize_weights_row(ty, &x, &mut w).unwrap();
+            let mut wd = vec![0f32; n];
+            dequantize_row(ty, &w, &mut wd).unwrap();
+            let want: f64 = wd.iter().zip(&ad).map(|(p, q)| *p as f64 * *q as f64).sum();
+            let got = tinyblas_dot_fn(ty, n).unwrap()(n, &w, &a) as f64;
+            assert!(
+                (got - want).abs() < 1e-4 * want.abs().max(1.0),
+                "{ty}: {got} vs {want}"
+            );
+            let vd = crate::vec_dot(ty, n, &w, &a).unwrap() as f64;
+            assert!((got - vd).abs() < 1e-4 * vd.abs().max(1.0));
+        }
+    }
+
+    #[test]
+    fn float_types_follow_lane_order() {
+        let n = 64;
+        let x = data(n, 3);
+        let y = data(n, 4);
+        let wb: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let ab: Vec<u8> = y.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let mut acc = [0f32; 16];
+        for l in (0..n).step_by(16) {
+            for lane in 0..16 {
+                acc[lane] = x[l + lane].mul_add(y[l + lane], acc[lane]);
+            }
+        }
+        let want = reduce_16(&acc);
+        assert_eq!(
+            tinyblas_dot_fn(GgmlType::F32, n).unwrap()(n, &wb, &ab),
+            want
+        );
+        assert!(tinyblas_dot_fn(GgmlType::F32, 40).is_none());
+        assert!(tinyblas_dot_fn(GgmlType::Q4_K, 256).is_none());
+    }
+}

@@ -1,0 +1,106 @@
+//! Shared test helpers: a deterministic RNG and generators of random data and raw blocks.
+#![allow(dead_code)]
+
+use moxie_quant::{f32_to_fp16, GgmlType};
+
+/// xorshift64* — deterministic and dependency-free.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    /// Uniform in [-1, 1).
+    pub fn f32(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+    /// Roughly normal (sum of uniforms).
+    pub fn gauss(&mut self) -> f32 {
+        (0..4).map(|_| self.f32()).sum::<f32>() * 0.866
+    }
+    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next_u64() as u8).collect()
+    }
+}
+
+/// Random data with per-block varying magnitude and a few outliers.
+pub fn random_row(rng: &mut Rng, n: usize) -> Vec<f32> {
+    let mut v = vec![0f32; n];
+    for (i, x) in v.iter_mut().enumerate() {
+        let scale = 1.0 + (i / 32 % 5) as f32;
+        *x = rng.gauss() * scale;
+        if rng.next_u64().is_multiple_of(97) {
+            *x *= 4.0;
+        }
+    }
+    v
+}
+
+/// Byte offsets of the f16 scale fields of a block of `ty` (`d`, and `dmin`/`m` where present).
+pub fn f16_fields(ty: GgmlType) -> &'static [usize] {
+    use GgmlType::*;
+    match ty {
+        Q4_0 | Q5_0 | Q8_0 | IQ4_NL | IQ4_XS => &[0],
+        Q4_1 | Q5_1 | Q4_K | Q5_K => &[0, 2],
+        Q2_K => &[80, 82],
+        Q3_K => &[108],
+        Q6_K => &[208],
+        _ => &[],
+    }
+}
+
+/// Random raw weight blocks with finite, moderate f16 scales (every other byte random).
+pub fn random_blocks(rng: &mut Rng, ty: GgmlType, n: usize) -> Vec<u8> {
+    let nb = n / ty.block_size();
+    let ts = ty.type_size();
+    let mut b = rng.bytes(nb * ts);
+    for blk in b.chunks_exact_mut(ts) {
+        for &off in f16_fields(ty) {
+            let mag = 2f32.powi(-((rng.next_u64() % 10) as i32) - 2) * (1.0 + rng.f32().abs());
+            let v = if rng.next_u64().is_multiple_of(2) {
+                mag
+            } else {
+                -mag
+            };
+            blk[off..off + 2].copy_from_slice(&f32_to_fp16(v).to_le_bytes());
+        }
+    }
+    b
+}
+
+/// The weight types moxie computes with (excluding the float types).
+pub const QUANT_WEIGHT_TYPES: [GgmlType; 12] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::IQ4_NL,
+    GgmlType::IQ4_XS,
+];
+
+pub const ALL_WEIGHT_TYPES: [GgmlType; 15] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::IQ4_NL,
+    GgmlType::IQ4_XS,
+];
