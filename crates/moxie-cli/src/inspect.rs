@@ -34,7 +34,7 @@ fn value_summary(v: &Value) -> String {
         }
         Value::String(s) => format!("{s:?}"),
         Value::Array(a) => format!("[array of {} {:?}]", a.len(), a.elem_type),
-        other => format!("{}", value_plain(other)),
+        other => value_plain(other).to_string(),
     }
 }
 

@@ -6,7 +6,6 @@ mod inspect;
 mod run;
 mod tokenize;
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -55,7 +54,9 @@ fn main() -> ExitCode {
 }
 
 /// Open a GGUF (all split parts) with a readable error.
-pub(crate) fn open_gguf(path: &PathBuf) -> anyhow::Result<std::sync::Arc<moxie_gguf::GgufFile>> {
+pub(crate) fn open_gguf(
+    path: &std::path::Path,
+) -> anyhow::Result<std::sync::Arc<moxie_gguf::GgufFile>> {
     let f = moxie_gguf::GgufFile::open(path)?;
     Ok(std::sync::Arc::new(f))
 }

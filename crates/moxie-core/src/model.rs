@@ -75,7 +75,7 @@ pub struct Moe {
 }
 
 pub enum Ffn {
-    Dense(DenseFfn),
+    Dense(Box<DenseFfn>),
     Moe(Box<Moe>),
 }
 

@@ -220,7 +220,7 @@ mod tests {
 
     #[test]
     fn ggml_expf_is_accurate() {
-        let mut x = -100.0f32;
+        let mut x = -80.0f32; // normal range: subnormal results lose relative precision
         while x < 88.0 {
             let want = (x as f64).exp();
             let got = ggml_v_expf(x) as f64;

@@ -215,12 +215,13 @@ impl<'a> Mat<'a> {
     }
 
     /// Like [`Mat::matmul`] with activations already converted to [`Mat::act_type`] (so that
-    /// several matrices reading the same input convert it once). Follows ggml's `mul_mat`: for
-    /// two or more rows llama.cpp runs F32/F16/Q8_0/Q4_0/Q5_0/IQ4_NL weights through
-    /// llamafile's tinyBLAS, whose summation order differs from `vec_dot`'s.
+    /// several matrices reading the same input convert it once). Follows ggml's `mul_mat`: from
+    /// 8 rows on llama.cpp runs K-quant / IQ4_XS weights through its tiled matmul, and for two
+    /// or more rows F32/F16/Q8_0/Q4_0/Q5_0/IQ4_NL weights through llamafile's tinyBLAS; both
+    /// sum in an order that differs from `vec_dot`'s.
     pub fn matmul_q(&self, par: &Parallel, acts: &QuantizedActs, out: &mut [f32]) {
         let batched = acts.n_rows() >= 2 && self.n_out.is_multiple_of(4);
-        self.run(par, acts, out, batched);
+        self.run(par, acts, out, self.mul_mat_dot(acts.n_rows(), batched));
     }
 
     /// `mul_mat` whose input ggml holds as a permuted (non-contiguous) view, e.g. MLA's
@@ -228,25 +229,46 @@ impl<'a> Mat<'a> {
     /// dot-product type, which never happens for f32 weights, so those keep `vec_dot` order.
     pub fn matmul_permuted_input(&self, par: &Parallel, x: &[f32], out: &mut [f32]) {
         let acts = QuantizedActs::new(self.act_ty, self.n_in, x);
-        let batched = self.ty != GgmlType::F32 && acts.n_rows() >= 2 && self.n_out.is_multiple_of(4);
-        self.run(par, &acts, out, batched);
+        let batched =
+            self.ty != GgmlType::F32 && acts.n_rows() >= 2 && self.n_out.is_multiple_of(4);
+        self.run(par, &acts, out, self.mul_mat_dot(acts.n_rows(), batched));
     }
 
-    /// ggml `mul_mat_id` semantics (routed experts): always the `vec_dot` summation order.
+    /// ggml `mul_mat_id` semantics (routed experts; `acts` holds the rows routed to this
+    /// expert): the tiled K-quant order when at least 8 rows are routed to it, else `vec_dot`'s.
     pub fn matmul_q_id(&self, par: &Parallel, acts: &QuantizedActs, out: &mut [f32]) {
-        self.run(par, acts, out, false);
+        let dot = if moxie_quant::tiled_used_for_mul_mat_id(self.ty, acts.n_rows()) {
+            moxie_quant::tiled_dot_fn(self.ty, self.n_in).unwrap_or(self.dot)
+        } else {
+            self.dot
+        };
+        self.run(par, acts, out, dot);
     }
 
-    fn run(&self, par: &Parallel, acts: &QuantizedActs, out: &mut [f32], batched: bool) {
+    /// The dot product ggml's `mul_mat` uses for `n_rows` activation rows: the tiled K-quant
+    /// path when it is eligible (checked first, as ggml does), else tinyBLAS when `tinyblas`
+    /// allows it and the type has a port, else `vec_dot`.
+    fn mul_mat_dot(&self, n_rows: usize, tinyblas: bool) -> VecDotFn {
+        let tiled = if moxie_quant::tiled_used_for_mul_mat(self.ty, n_rows) {
+            moxie_quant::tiled_dot_fn(self.ty, self.n_in)
+        } else {
+            None
+        };
+        let blas = || {
+            if tinyblas {
+                moxie_quant::tinyblas_dot_fn(self.ty, self.n_in)
+            } else {
+                None
+            }
+        };
+        tiled.or_else(blas).unwrap_or(self.dot)
+    }
+
+    fn run(&self, par: &Parallel, acts: &QuantizedActs, out: &mut [f32], dot: VecDotFn) {
         debug_assert_eq!(acts.ty, self.act_ty);
         debug_assert_eq!(acts.n, self.n_in);
         let n_tok = acts.n_rows();
         debug_assert_eq!(out.len(), n_tok * self.n_out);
-        let dot = if batched {
-            moxie_quant::tinyblas_dot_fn(self.ty, self.n_in).unwrap_or(self.dot)
-        } else {
-            self.dot
-        };
         let row_dot = |r: usize, a: &[u8]| -> f32 {
             dot(
                 self.n_in,

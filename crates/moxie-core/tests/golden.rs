@@ -1,10 +1,11 @@
 //! Fidelity against llama.cpp: every deepseek2 / glm4moe / qwen3moe fixture whose block types
 //! moxie supports, every golden sequence, evaluated from an empty cache in one batch.
 //!
-//! Bounds (issue #2): F32 files — mean KL(llama.cpp ‖ moxie) <= 1e-5 and top-1 agreement
-//! >= 99%; quantized files — mean KLD <= max(1e-3, KLD(file golden ‖ F32 master golden) / 10)
-//! and top-1 >= 95%. Greedy continuations must equal the golden ones up to the first step whose
-//! golden top1-top2 margin is < 0.05.
+//! Bounds (issue #2): for F32 files, mean KL(llama.cpp || moxie) at most 1e-5 and top-1
+//! agreement of at least 99%; for quantized files, mean KLD at most
+//! max(1e-3, KLD(file golden || F32 master golden) / 10) and top-1 of at least 95%. Greedy
+//! continuations must equal the golden ones up to the first step whose golden top1-top2
+//! margin is below 0.05.
 //!
 //! Fixtures come from $MOXIE_FIXTURES or ../shared/fixtures next to the checkout; a missing
 //! directory fails the test.

@@ -275,6 +275,13 @@ fn bad_specs_are_errors() {
     let mut s = tiny("deepseek2", "F32");
     s.shape.n_vocab = 100;
     assert!(s.validate().is_err());
+    let mut s = tiny("deepseek2", "F32");
+    s.shape.set("n_embd", "100000000").unwrap();
+    assert!(s.validate().unwrap_err().to_string().contains("too large"));
+    let mut s = tiny("glm4moe", "F32");
+    s.shape.set("n_ff_exp", "16777216").unwrap();
+    s.shape.set("n_expert", "16777216").unwrap();
+    assert!(s.validate().unwrap_err().to_string().contains("too large"));
     assert!(SynthType::parse("Q9_K")
         .unwrap_err()
         .to_string()

@@ -21,6 +21,8 @@
 //!   `tests/data/gen_golden.c`): dequantization of random raw blocks, x86 activation
 //!   quantization, llama-quantize weight quantization, scalar dots == ggml's generic dots, and
 //!   every SIMD dot == ggml's x86 dot as built on the golden (Intel AVX-512) machine.
+//! * `ggml_tiled_golden.rs`: [`tiled_dot_fn`] bit-exact against ggml's tiled K-quant matmul
+//!   (`ggml-cpu/tiled/`, generator `tests/data/gen_tiled.c`) through `mul_mat` and `mul_mat_id`.
 //! * `known_answers.rs`: hand-built blocks of every type with per-element expected values.
 //! * `roundtrip.rs`: round-trip error bounds and `vec_dot` vs the f64 dot of dequantized data.
 //! * `simd_props.rs`: proptest of every SIMD kernel against the scalar reference.

@@ -84,7 +84,7 @@ pub fn tiled_used_for_mul_mat_id(ty: GgmlType, n_rows_for_expert: usize) -> bool
 /// row, for the types ported here (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS); `None` otherwise or
 /// when `n_in` is not a multiple of 256. Same signature and panics as [`crate::vec_dot_fn`]'s.
 pub fn tiled_dot_fn(ty: GgmlType, n_in: usize) -> Option<VecDotFn> {
-    if n_in % QK_K != 0 {
+    if !n_in.is_multiple_of(QK_K) {
         return None;
     }
     let f: VecDotFn = match ty {
@@ -134,7 +134,7 @@ fn dot_tiled<const SUBBLK: usize, const HAS_MIN: bool, const BIAS: i32>(
     unpack: fn(&[u8], &mut Unpacked),
 ) -> f32 {
     let nb = n / QK_K;
-    assert!(n % QK_K == 0 && w.len() >= nb * w_block && a.len() >= nb * Q8_K_BYTES);
+    assert!(n.is_multiple_of(QK_K) && w.len() >= nb * w_block && a.len() >= nb * Q8_K_BYTES);
     let n_sub = QK_K / SUBBLK;
     let per16 = SUBBLK / 16;
     let mut blk = Unpacked::new();
@@ -357,7 +357,10 @@ mod tests {
                 "{ty}: {got} vs {want}"
             );
             let vd = crate::vec_dot(ty, n, &w, &a).unwrap() as f64;
-            assert!((got - vd).abs() < 1e-3 * vd.abs().max(1.0), "{ty}: {got} vs {vd}");
+            assert!(
+                (got - vd).abs() < 1e-3 * vd.abs().max(1.0),
+                "{ty}: {got} vs {vd}"
+            );
         }
     }
 
@@ -370,7 +373,12 @@ mod tests {
             assert!(!tiled_used_for_mul_mat_id(ty, 1));
             assert!(tiled_dot_fn(ty, 512).is_some());
         }
-        for ty in [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::F32, GgmlType::IQ4_NL] {
+        for ty in [
+            GgmlType::Q4_0,
+            GgmlType::Q8_0,
+            GgmlType::F32,
+            GgmlType::IQ4_NL,
+        ] {
             assert!(!tiled_used_for_mul_mat(ty, 64));
             assert!(tiled_dot_fn(ty, 512).is_none());
         }

@@ -16,11 +16,11 @@ pub(crate) fn blk(il: usize, name: &str) -> String {
 
 /// The dense SwiGLU FFN of a leading dense layer.
 pub(crate) fn dense_ffn(c: &Config, src: &TensorSource, il: usize) -> Result<Ffn> {
-    Ok(Ffn::Dense(DenseFfn {
+    Ok(Ffn::Dense(Box::new(DenseFfn {
         gate: src.get(&blk(il, "ffn_gate.weight"), &[c.n_embd, c.n_ff])?,
         up: src.get(&blk(il, "ffn_up.weight"), &[c.n_embd, c.n_ff])?,
         down: src.get(&blk(il, "ffn_down.weight"), &[c.n_ff, c.n_embd])?,
-    }))
+    })))
 }
 
 /// Routed experts, selection bias and shared experts of an MoE layer.

@@ -59,6 +59,10 @@ const NORM_STD: f32 = 0.1;
 const BIAS_STD: f32 = 0.1;
 /// Std of the expert selection bias `exp_probs_b`.
 const PROBS_B_STD: f32 = 0.05;
+/// Largest value of any shape field.
+const MAX_DIM: usize = 1 << 24;
+/// Largest tensor (elements).
+const MAX_TENSOR_ELEMENTS: u64 = 1 << 40;
 
 fn bad(msg: String) -> Error {
     Error::Model(format!("synth: {msg}"))
@@ -68,6 +72,32 @@ fn bad(msg: String) -> Error {
 pub(crate) fn validate(spec: &SynthSpec) -> Result<()> {
     let s = &spec.shape;
     let arch = spec.arch.name();
+    let fields: [(&str, usize); 19] = [
+        ("vocab", s.n_vocab),
+        ("n_embd", s.n_embd),
+        ("n_layer", s.n_layer),
+        ("n_ff", s.n_ff),
+        ("n_head", s.n_head),
+        ("n_head_kv", s.n_head_kv),
+        ("head_dim", s.head_dim),
+        ("n_rot", s.n_rot.unwrap_or(0)),
+        ("q_lora_rank", s.q_lora_rank),
+        ("kv_lora_rank", s.kv_lora_rank),
+        ("qk_nope_dim", s.qk_nope_dim),
+        ("qk_rope_dim", s.qk_rope_dim),
+        ("v_head_dim", s.v_head_dim),
+        ("n_expert", s.n_expert),
+        ("n_ff_exp", s.n_ff_exp),
+        ("n_expert_shared", s.n_expert_shared),
+        ("n_ctx", s.n_ctx_train),
+        ("n_dense_lead", s.n_dense_lead),
+        ("n_expert_used", s.n_expert_used),
+    ];
+    for (k, v) in fields {
+        if v > MAX_DIM {
+            return Err(bad(format!("{k} = {v} is too large (at most {MAX_DIM})")));
+        }
+    }
     let positive: [(&str, usize); 6] = [
         ("n_embd", s.n_embd),
         ("n_layer", s.n_layer),
@@ -444,6 +474,10 @@ pub fn plan(spec: &SynthSpec) -> Result<Vec<PlannedTensor>> {
             return Err(bad(format!(
                 "tensor '{name}' would have a zero dimension: {dims:?}"
             )));
+        }
+        let n_elements = dims.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
+        if n_elements.is_none_or(|n| n > MAX_TENSOR_ELEMENTS) || dims[0] > MAX_DIM as u64 {
+            return Err(bad(format!("tensor '{name}' would be too large: {dims:?}")));
         }
         let ncols = dims[0];
         let ty = if !quantizable(&name, &dims) {
