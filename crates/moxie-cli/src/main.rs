@@ -35,8 +35,18 @@ enum Cmd {
     Gen(gen::Args),
 }
 
+/// llama.cpp spells some flags with one dash and several letters (`-ub`), which clap cannot
+/// express as short flags: map them to their long forms.
+fn llama_cpp_style_args(args: impl Iterator<Item = std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    args.map(|a| match a.to_str() {
+        Some("-ub") => "--ubatch-size".into(),
+        _ => a,
+    })
+    .collect()
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(llama_cpp_style_args(std::env::args_os()));
     let res = match cli.cmd {
         Cmd::Inspect(a) => inspect::main(a),
         Cmd::Run(a) => run::run(a),

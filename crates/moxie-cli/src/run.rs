@@ -48,8 +48,8 @@ pub struct RunArgs {
     /// Logical batch size for prompt processing.
     #[arg(short = 'b', long = "batch-size", default_value_t = 2048)]
     batch_size: usize,
-    /// Physical (micro-)batch size for prompt processing.
-    #[arg(long = "ubatch-size", visible_alias = "ub", default_value_t = 512)]
+    /// Physical (micro-)batch size for prompt processing (also `-ub`).
+    #[arg(long = "ubatch-size", default_value_t = 512)]
     ubatch_size: usize,
     /// Sampling temperature; 0 = greedy.
     #[arg(long = "temp", default_value_t = 0.8)]

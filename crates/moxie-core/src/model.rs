@@ -715,3 +715,100 @@ fn attend(
         }
     });
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Arch, Config, Gating};
+    use crate::ops::{Rope, RopeKind};
+
+    fn config(n_expert: usize, used: usize, groups: usize, groups_used: usize) -> Config {
+        Config {
+            arch: Arch::Deepseek2,
+            n_vocab: 16,
+            n_ctx_train: 64,
+            n_embd: 8,
+            n_layer: 1,
+            n_head: 1,
+            n_head_kv: 1,
+            head_dim_k: 8,
+            head_dim_v: 8,
+            n_ff: 8,
+            rms_eps: 1e-6,
+            n_rot: 4,
+            n_layer_dense_lead: 0,
+            n_expert,
+            n_expert_used: used,
+            n_expert_shared: 0,
+            n_ff_exp: 8,
+            n_expert_groups: groups,
+            n_group_used: groups_used,
+            expert_weights_scale: 0.0,
+            expert_weights_norm: false,
+            gating: Gating::Sigmoid,
+            q_lora_rank: 0,
+            kv_lora_rank: 0,
+            head_dim_k_mla: 8,
+            head_dim_v_mla: 8,
+            n_layer_nextn: 0,
+            rope: Rope {
+                kind: RopeKind::Normal,
+                n_dims: 4,
+                freq_base: 10000.0,
+                freq_scale: 1.0,
+                ext_factor: 0.0,
+                attn_factor: 1.0,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+                n_ctx_orig: 64,
+            },
+            rope_yarn_log_mul: 0.0,
+        }
+    }
+
+    #[test]
+    fn top_k_uses_bias_for_selection_but_not_for_weights() {
+        let c = config(4, 2, 0, 0);
+        let logits = [2.0f32, 1.0, 0.0, -1.0];
+        let bias = [0.0f32, 0.0, 5.0, 0.0];
+        let r = route_top_k(&c, &logits, Some(&bias));
+        assert_eq!(r.iter().map(|x| x.0).collect::<Vec<_>>(), vec![2, 0]);
+        assert_eq!(r[0].1, ops::sigmoid(0.0));
+        assert_eq!(r[1].1, ops::sigmoid(2.0));
+    }
+
+    #[test]
+    fn weights_are_normalised_and_scaled() {
+        let mut c = config(4, 2, 0, 0);
+        c.expert_weights_norm = true;
+        c.expert_weights_scale = 2.5;
+        let r = route_top_k(&c, &[1.0, 0.5, -3.0, -4.0], None);
+        let sum: f32 = r.iter().map(|x| x.1).sum();
+        assert!((sum - 2.5).abs() < 1e-6);
+        c.gating = Gating::Softmax;
+        c.expert_weights_norm = false;
+        c.expert_weights_scale = 0.0;
+        let r = route_top_k(&c, &[0.0, 0.0, 0.0, 0.0], None);
+        assert!(r.iter().all(|x| (x.1 - 0.25).abs() < 1e-7));
+    }
+
+    #[test]
+    fn group_limited_routing_keeps_the_best_groups() {
+        // 8 experts in 4 groups of 2; keep 2 groups. Group scores are the sum of the group's
+        // two best selection scores: group 0 = 0.9+0.0, group 1 = 0.5+0.5, group 2 =
+        // 0.8+0.3, group 3 = 0.2+0.2. The best single expert (0) is in group 0, which loses
+        // to groups 1 and 2.
+        let c = config(8, 2, 4, 2);
+        let probs = [0.9f32, 0.0, 0.5, 0.5, 0.8, 0.3, 0.2, 0.2];
+        let logits: Vec<f32> = probs
+            .iter()
+            .map(|&p: &f32| {
+                let p = p.clamp(1e-6, 1.0 - 1e-6);
+                (p / (1.0 - p)).ln()
+            })
+            .collect();
+        let r = route_top_k(&c, &logits, None);
+        let picked: Vec<usize> = r.iter().map(|x| x.0).collect();
+        assert_eq!(picked, vec![4, 2]);
+    }
+}
