@@ -660,57 +660,72 @@ fn attend(
     out: &mut [f32],
     par: &Parallel,
 ) {
+    use moxie_quant::GgmlType;
     let n = q.len() / (g.n_head * g.dk);
     let group = g.n_head / g.n_head_kv;
     let n_rows = n * g.n_head;
     let work = (g.pos0 + n) * (g.dk + g.dv);
     let batched = n > 1;
-    let dot = |len: usize, x: &dyn Fn(usize) -> f32, y: &dyn Fn(usize) -> f32| {
-        if batched && len.is_multiple_of(16) {
-            ggml_order::dot_tinyblas(len, x, y)
-        } else {
-            ggml_order::dot_vec(len, x, y)
-        }
+    let key_bytes: &[u8] = bytemuck::cast_slice(keys);
+    let kq_dot = match moxie_quant::tinyblas_dot_fn(GgmlType::F16, g.dk) {
+        Some(f) if batched => f,
+        _ => moxie_quant::vec_dot_fn(GgmlType::F16).expect("f16 dot product exists"),
     };
+    // V product accumulators: tinyBLAS keeps 16 lanes per output, vec_dot_f16 four groups of
+    // 16; lane of position j = j % 16, group = (j % 64) / 16. Laid out [slot][d] so the inner
+    // loop runs over contiguous d.
+    let slots = if batched { 16 } else { 64 };
     par.for_each_range(n_rows, work, out, g.dv, |rows, o| {
         let mut scores = Vec::new();
-        let mut qh = vec![0f32; g.dk];
-        let mut krow = vec![0f32; g.dk];
+        let mut qh = vec![half::f16::ZERO; g.dk];
+        let mut vrow = vec![0f32; g.dv];
+        let mut acc = vec![0f32; slots * g.dv];
         for (row, orow) in rows.zip(o.chunks_exact_mut(g.dv)) {
             let (t, hh) = (row / g.n_head, row % g.n_head);
             let kvh = hh / group;
             let n_kv = g.pos0 + t + 1;
             for (d, s) in qh.iter_mut().zip(&q[row * g.dk..(row + 1) * g.dk]) {
-                *d = f16_round(*s);
+                *d = half::f16::from_f32(*s);
             }
+            let q_bytes: &[u8] = bytemuck::cast_slice(&qh);
             scores.clear();
             for j in 0..n_kv {
-                let k = &keys[j * g.k_stride + kvh * g.dk..][..g.dk];
-                for (d, v) in krow.iter_mut().zip(k) {
-                    *d = v.to_f32();
-                }
-                let s = dot(g.dk, &|i| krow[i], &|i| qh[i]);
+                let k0 = (j * g.k_stride + kvh * g.dk) * 2;
+                let s = kq_dot(g.dk, &key_bytes[k0..k0 + g.dk * 2], q_bytes);
                 scores.push(s * g.kq_scale);
             }
             // llama.cpp's kq rows span the padded cache (a multiple of 256) with masked
             // entries; padding to 16 lanes reproduces its softmax chunking exactly.
             scores.resize(n_kv.next_multiple_of(16), f32::NEG_INFINITY);
             ops::softmax(&mut scores);
-            for p in scores.iter_mut() {
-                *p = f16_round(*p);
+            acc.iter_mut().for_each(|v| *v = 0.0);
+            for (j, &p) in scores.iter().take(n_kv).enumerate() {
+                let p = f16_round(p);
+                if p == 0.0 {
+                    continue; // fma(v, 0, acc) leaves acc unchanged
+                }
+                let v0 = j * g.v_stride + kvh * g.dv;
+                half::slice::HalfFloatSliceExt::convert_to_f32_slice(
+                    &values[v0..v0 + g.dv],
+                    &mut vrow,
+                );
+                let slot = j % slots;
+                let a = &mut acc[slot * g.dv..(slot + 1) * g.dv];
+                for (x, &v) in a.iter_mut().zip(&vrow) {
+                    *x = v.mul_add(p, *x);
+                }
             }
-            // The V product runs over the padded cache too; entries past n_kv are zero.
-            let len = n_kv.next_multiple_of(64);
-            for (d, o) in orow.iter_mut().enumerate() {
-                let v = |j: usize| {
-                    if j < n_kv {
-                        values[j * g.v_stride + kvh * g.dv + d].to_f32()
+            for (d, od) in orow.iter_mut().enumerate() {
+                let mut lanes = [0f32; 16];
+                for (lane, l) in lanes.iter_mut().enumerate() {
+                    *l = if batched {
+                        acc[lane * g.dv + d]
                     } else {
-                        0.0
-                    }
-                };
-                let p = |j: usize| if j < n_kv { scores[j] } else { 0.0 };
-                *o = dot(len, &v, &p);
+                        let at = |grp: usize| acc[(grp * 16 + lane) * g.dv + d];
+                        (at(0) + at(2)) + (at(1) + at(3))
+                    };
+                }
+                *od = ggml_order::reduce_add_16(&lanes);
             }
         }
     });
