@@ -221,7 +221,7 @@ impl<'a> Mat<'a> {
     /// sum in an order that differs from `vec_dot`'s.
     pub fn matmul_q(&self, par: &Parallel, acts: &QuantizedActs, out: &mut [f32]) {
         let batched = acts.n_rows() >= 2 && self.n_out.is_multiple_of(4);
-        self.run(par, acts, out, self.mul_mat_dot(acts.n_rows(), batched));
+        self.run(par, acts, out, self.mul_mat_kernel(acts.n_rows(), batched));
     }
 
     /// `mul_mat` whose input ggml holds as a permuted (non-contiguous) view, e.g. MLA's
@@ -231,69 +231,92 @@ impl<'a> Mat<'a> {
         let acts = QuantizedActs::new(self.act_ty, self.n_in, x);
         let batched =
             self.ty != GgmlType::F32 && acts.n_rows() >= 2 && self.n_out.is_multiple_of(4);
-        self.run(par, &acts, out, self.mul_mat_dot(acts.n_rows(), batched));
+        self.run(par, &acts, out, self.mul_mat_kernel(acts.n_rows(), batched));
     }
 
     /// ggml `mul_mat_id` semantics (routed experts; `acts` holds the rows routed to this
     /// expert): the tiled K-quant order when at least 8 rows are routed to it, else `vec_dot`'s.
     pub fn matmul_q_id(&self, par: &Parallel, acts: &QuantizedActs, out: &mut [f32]) {
-        let dot = if moxie_quant::tiled_used_for_mul_mat_id(self.ty, acts.n_rows()) {
-            moxie_quant::tiled_dot_fn(self.ty, self.n_in).unwrap_or(self.dot)
+        let kernel = if moxie_quant::tiled_used_for_mul_mat_id(self.ty, acts.n_rows()) {
+            moxie_quant::tiled_dot_many_fn(self.ty, self.n_in)
+                .map_or(Kernel::Dot(self.dot), Kernel::Many)
         } else {
-            self.dot
+            Kernel::Dot(self.dot)
         };
-        self.run(par, acts, out, dot);
+        self.run(par, acts, out, kernel);
     }
 
-    /// The dot product ggml's `mul_mat` uses for `n_rows` activation rows: the tiled K-quant
-    /// path when it is eligible (checked first, as ggml does), else tinyBLAS when `tinyblas`
+    /// The kernel ggml's `mul_mat` uses for `n_rows` activation rows: the tiled K-quant path
+    /// when it is eligible (checked first, as ggml does), else tinyBLAS when `tinyblas`
     /// allows it and the type has a port, else `vec_dot`.
-    fn mul_mat_dot(&self, n_rows: usize, tinyblas: bool) -> VecDotFn {
-        let tiled = if moxie_quant::tiled_used_for_mul_mat(self.ty, n_rows) {
-            moxie_quant::tiled_dot_fn(self.ty, self.n_in)
+    fn mul_mat_kernel(&self, n_rows: usize, tinyblas: bool) -> Kernel {
+        if moxie_quant::tiled_used_for_mul_mat(self.ty, n_rows) {
+            if let Some(f) = moxie_quant::tiled_dot_many_fn(self.ty, self.n_in) {
+                return Kernel::Many(f);
+            }
+        }
+        let blas = if tinyblas {
+            moxie_quant::tinyblas_dot_fn(self.ty, self.n_in)
         } else {
             None
         };
-        let blas = || {
-            if tinyblas {
-                moxie_quant::tinyblas_dot_fn(self.ty, self.n_in)
-            } else {
-                None
-            }
-        };
-        tiled.or_else(blas).unwrap_or(self.dot)
+        Kernel::Dot(blas.unwrap_or(self.dot))
     }
 
-    fn run(&self, par: &Parallel, acts: &QuantizedActs, out: &mut [f32], dot: VecDotFn) {
+    fn row(&self, r: usize) -> &[u8] {
+        &self.data[r * self.row_bytes..(r + 1) * self.row_bytes]
+    }
+
+    fn run(&self, par: &Parallel, acts: &QuantizedActs, out: &mut [f32], kernel: Kernel) {
         debug_assert_eq!(acts.ty, self.act_ty);
         debug_assert_eq!(acts.n, self.n_in);
         let n_tok = acts.n_rows();
         debug_assert_eq!(out.len(), n_tok * self.n_out);
-        let row_dot = |r: usize, a: &[u8]| -> f32 {
-            dot(
-                self.n_in,
-                &self.data[r * self.row_bytes..(r + 1) * self.row_bytes],
-                a,
-            )
-        };
-        if n_tok == 1 {
-            par.for_each_range(self.n_out, self.n_in, out, 1, |rows, o| {
-                let a = acts.row(0);
-                for (r, y) in rows.zip(o.iter_mut()) {
-                    *y = row_dot(r, a);
-                }
-            });
-        } else {
-            par.for_each_range(n_tok, self.n_in * self.n_out, out, self.n_out, |toks, o| {
-                for (t, orow) in toks.zip(o.chunks_exact_mut(self.n_out)) {
-                    let a = acts.row(t);
-                    for (r, y) in orow.iter_mut().enumerate() {
-                        *y = row_dot(r, a);
+        match kernel {
+            Kernel::Dot(dot) if n_tok == 1 => {
+                par.for_each_range(self.n_out, self.n_in, out, 1, |rows, o| {
+                    let a = acts.row(0);
+                    for (r, y) in rows.zip(o.iter_mut()) {
+                        *y = dot(self.n_in, self.row(r), a);
+                    }
+                });
+            }
+            Kernel::Dot(dot) => {
+                par.for_each_range(n_tok, self.n_in * self.n_out, out, self.n_out, |toks, o| {
+                    for (t, orow) in toks.zip(o.chunks_exact_mut(self.n_out)) {
+                        let a = acts.row(t);
+                        for (r, y) in orow.iter_mut().enumerate() {
+                            *y = dot(self.n_in, self.row(r), a);
+                        }
+                    }
+                });
+            }
+            Kernel::Many(many) => {
+                // Row-major: each weight row is unpacked once for all tokens; results land
+                // transposed ([row][token]) and are put back in token-major order.
+                let mut tr = vec![0f32; self.n_out * n_tok];
+                par.for_each_range(self.n_out, self.n_in * n_tok, &mut tr, n_tok, |rows, o| {
+                    for (r, orow) in rows.zip(o.chunks_exact_mut(n_tok)) {
+                        many(self.n_in, self.row(r), &acts.data, acts.row_bytes, orow);
+                    }
+                });
+                for (r, col) in tr.chunks_exact(n_tok).enumerate() {
+                    for (t, &v) in col.iter().enumerate() {
+                        out[t * self.n_out + r] = v;
                     }
                 }
-            });
+            }
         }
     }
+}
+
+/// How a matrix product forms each output (see [`Mat::matmul_q`]).
+#[derive(Clone, Copy)]
+enum Kernel {
+    /// One weight row against one activation row.
+    Dot(VecDotFn),
+    /// One weight row against all activation rows.
+    Many(moxie_quant::DotManyFn),
 }
 
 /// Activation rows converted to a dot-product partner type.

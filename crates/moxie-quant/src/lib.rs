@@ -50,7 +50,9 @@ pub use dispatch::{
     vec_dot_fn_for_level, vec_dot_type, DequantizeFn, QuantError, QuantizeFn, SimdLevel, VecDotFn,
 };
 pub use f16::{bf16_to_f32, f32_to_bf16, f32_to_fp16, fp16_to_f32};
-pub use tiled::{tiled_dot_fn, tiled_used_for_mul_mat, tiled_used_for_mul_mat_id};
+pub use tiled::{
+    tiled_dot_fn, tiled_dot_many_fn, tiled_used_for_mul_mat, tiled_used_for_mul_mat_id, DotManyFn,
+};
 pub use tinyblas::tinyblas_dot_fn;
 pub use types::{GgmlType, QK_K};
 

@@ -99,6 +99,27 @@ pub fn tiled_dot_fn(ty: GgmlType, n_in: usize) -> Option<VecDotFn> {
     Some(f)
 }
 
+/// One weight row against several activation rows: `(n, w_row, acts, act_stride, out)`.
+pub type DotManyFn = fn(usize, &[u8], &[u8], usize, &mut [f32]);
+
+/// [`tiled_dot_fn`] for many activation rows at once (each weight block unpacked once);
+/// results are identical to calling the single-row function per activation row.
+pub fn tiled_dot_many_fn(ty: GgmlType, n_in: usize) -> Option<DotManyFn> {
+    if !n_in.is_multiple_of(QK_K) {
+        return None;
+    }
+    let f: DotManyFn = match ty {
+        GgmlType::Q2_K => many_q2_k,
+        GgmlType::Q3_K => many_q3_k,
+        GgmlType::Q4_K => many_q4_k,
+        GgmlType::Q5_K => many_q5_k,
+        GgmlType::Q6_K => many_q6_k,
+        GgmlType::IQ4_XS => many_iq4_xs,
+        _ => return None,
+    };
+    Some(f)
+}
+
 /// One weight block as `tiled_unpack_src0` leaves it in the tile.
 struct Unpacked {
     /// Unsigned codes in element order (the weight value plus `BIAS`).
@@ -126,48 +147,63 @@ impl Unpacked {
 /// The accumulation shared by all types. `SUBBLK`: sub-block width (16 or 32); `HAS_MIN`: the
 /// type has per-sub-block mins; `BIAS`: the code offset removed through the Q8_K bsums.
 #[inline(always)]
-fn dot_tiled<const SUBBLK: usize, const HAS_MIN: bool, const BIAS: i32>(
+/// Dots of one weight row with `out.len()` activation rows (`Q8_K`, `act_stride` bytes apart
+/// in `acts`), unpacking each weight block once. Each output keeps the block-by-block
+/// accumulation order of ggml's tiled kernel.
+fn dot_tiled_many<const SUBBLK: usize, const HAS_MIN: bool, const BIAS: i32>(
     n: usize,
     w: &[u8],
-    a: &[u8],
+    acts: &[u8],
+    act_stride: usize,
+    out: &mut [f32],
     w_block: usize,
     unpack: fn(&[u8], &mut Unpacked),
-) -> f32 {
+) {
     let nb = n / QK_K;
-    assert!(n.is_multiple_of(QK_K) && w.len() >= nb * w_block && a.len() >= nb * Q8_K_BYTES);
+    let n_act = out.len();
+    assert!(
+        n.is_multiple_of(QK_K)
+            && w.len() >= nb * w_block
+            && act_stride >= nb * Q8_K_BYTES
+            && (n_act == 0 || acts.len() >= (n_act - 1) * act_stride + nb * Q8_K_BYTES)
+    );
     let n_sub = QK_K / SUBBLK;
     let per16 = SUBBLK / 16;
     let mut blk = Unpacked::new();
-    let mut acc = 0f32;
+    out.iter_mut().for_each(|o| *o = 0.0);
     for b in 0..nb {
         unpack(&w[b * w_block..(b + 1) * w_block], &mut blk);
-        let y = &a[b * Q8_K_BYTES..(b + 1) * Q8_K_BYTES];
-        let d1 = rd_f32(y, 0);
-        let qa = &y[4..4 + QK_K];
-        let mut s1 = 0i32;
-        let mut s2 = 0i32;
-        for s in 0..n_sub {
-            let mut raw = 0i32;
-            for e in s * SUBBLK..(s + 1) * SUBBLK {
-                raw = raw.wrapping_add(blk.q[e] as i32 * qa[e] as i8 as i32);
+        for (t, acc) in out.iter_mut().enumerate() {
+            let y = &acts[t * act_stride + b * Q8_K_BYTES..t * act_stride + (b + 1) * Q8_K_BYTES];
+            let d1 = rd_f32(y, 0);
+            let qa = &y[4..4 + QK_K];
+            let mut s1 = 0i32;
+            let mut s2 = 0i32;
+            for s in 0..n_sub {
+                let mut raw = 0i32;
+                for (&qw, &qx) in blk.q[s * SUBBLK..(s + 1) * SUBBLK]
+                    .iter()
+                    .zip(&qa[s * SUBBLK..(s + 1) * SUBBLK])
+                {
+                    raw = raw.wrapping_add(qw as i32 * qx as i8 as i32);
+                }
+                let mut bsum = 0i32;
+                for u in 0..per16 {
+                    bsum = bsum.wrapping_add(rd_i16(y, 4 + QK_K + 2 * (s * per16 + u)) as i32);
+                }
+                let corr = raw.wrapping_sub(BIAS.wrapping_mul(bsum));
+                s1 = s1.wrapping_add(corr.wrapping_mul(blk.scales[s]));
+                if HAS_MIN {
+                    s2 = s2.wrapping_add(bsum.wrapping_mul(blk.mins[s]));
+                }
             }
-            let mut bsum = 0i32;
-            for u in 0..per16 {
-                bsum = bsum.wrapping_add(rd_i16(y, 4 + QK_K + 2 * (s * per16 + u)) as i32);
-            }
-            let corr = raw.wrapping_sub(BIAS.wrapping_mul(bsum));
-            s1 = s1.wrapping_add(corr.wrapping_mul(blk.scales[s]));
+            let mut r = blk.d * s1 as f32;
             if HAS_MIN {
-                s2 = s2.wrapping_add(bsum.wrapping_mul(blk.mins[s]));
+                r = (-blk.dmin).mul_add(s2 as f32, r);
             }
+            *acc = r.mul_add(d1, *acc);
         }
-        let mut r = blk.d * s1 as f32;
-        if HAS_MIN {
-            r = (-blk.dmin).mul_add(s2 as f32, r);
-        }
-        acc = r.mul_add(d1, acc);
     }
-    acc
 }
 
 /// Q2_K: `scales[16]` (scale lo nibble, min hi nibble), `qs[64]`, d, dmin; codes 0..3.
@@ -286,28 +322,64 @@ fn unpack_iq4_xs(x: &[u8], t: &mut Unpacked) {
     }
 }
 
+fn many_q2_k(n: usize, w: &[u8], acts: &[u8], stride: usize, out: &mut [f32]) {
+    dot_tiled_many::<16, true, 0>(n, w, acts, stride, out, Q2_K_BYTES, unpack_q2_k)
+}
+
 fn dot_q2_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    dot_tiled::<16, true, 0>(n, w, a, Q2_K_BYTES, unpack_q2_k)
+    let mut out = [0f32];
+    many_q2_k(n, w, a, a.len(), &mut out);
+    out[0]
+}
+
+fn many_q3_k(n: usize, w: &[u8], acts: &[u8], stride: usize, out: &mut [f32]) {
+    dot_tiled_many::<16, false, 4>(n, w, acts, stride, out, Q3_K_BYTES, unpack_q3_k)
 }
 
 fn dot_q3_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    dot_tiled::<16, false, 4>(n, w, a, Q3_K_BYTES, unpack_q3_k)
+    let mut out = [0f32];
+    many_q3_k(n, w, a, a.len(), &mut out);
+    out[0]
+}
+
+fn many_q4_k(n: usize, w: &[u8], acts: &[u8], stride: usize, out: &mut [f32]) {
+    dot_tiled_many::<32, true, 0>(n, w, acts, stride, out, Q4_K_BYTES, unpack_q4_k)
 }
 
 fn dot_q4_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    dot_tiled::<32, true, 0>(n, w, a, Q4_K_BYTES, unpack_q4_k)
+    let mut out = [0f32];
+    many_q4_k(n, w, a, a.len(), &mut out);
+    out[0]
+}
+
+fn many_q5_k(n: usize, w: &[u8], acts: &[u8], stride: usize, out: &mut [f32]) {
+    dot_tiled_many::<32, true, 0>(n, w, acts, stride, out, Q5_K_BYTES, unpack_q5_k)
 }
 
 fn dot_q5_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    dot_tiled::<32, true, 0>(n, w, a, Q5_K_BYTES, unpack_q5_k)
+    let mut out = [0f32];
+    many_q5_k(n, w, a, a.len(), &mut out);
+    out[0]
+}
+
+fn many_q6_k(n: usize, w: &[u8], acts: &[u8], stride: usize, out: &mut [f32]) {
+    dot_tiled_many::<16, false, 32>(n, w, acts, stride, out, Q6_K_BYTES, unpack_q6_k)
 }
 
 fn dot_q6_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    dot_tiled::<16, false, 32>(n, w, a, Q6_K_BYTES, unpack_q6_k)
+    let mut out = [0f32];
+    many_q6_k(n, w, a, a.len(), &mut out);
+    out[0]
+}
+
+fn many_iq4_xs(n: usize, w: &[u8], acts: &[u8], stride: usize, out: &mut [f32]) {
+    dot_tiled_many::<32, false, 128>(n, w, acts, stride, out, IQ4_XS_BYTES, unpack_iq4_xs)
 }
 
 fn dot_iq4_xs(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    dot_tiled::<32, false, 128>(n, w, a, IQ4_XS_BYTES, unpack_iq4_xs)
+    let mut out = [0f32];
+    many_iq4_xs(n, w, a, a.len(), &mut out);
+    out[0]
 }
 
 #[cfg(test)]

@@ -39,37 +39,129 @@ fn reduce_8(v: &[f32; 8]) -> f32 {
     (t[0] + t[2]) + (t[1] + t[3])
 }
 
+#[allow(dead_code)]
 #[inline]
 fn f32_at(b: &[u8], i: usize) -> f32 {
     f32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])
 }
 
-#[inline]
-fn f16_at(b: &[u8], i: usize) -> f32 {
-    fp16_to_f32(u16::from_le_bytes([b[2 * i], b[2 * i + 1]]))
+/// One 16-element step of the tinyBLAS accumulator: `acc[l] = fma(w[l], a[l], acc[l])`.
+/// Each lane is its own sequential chain, which is the order being reproduced.
+#[cfg(not(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma",
+    target_feature = "f16c"
+)))]
+#[inline(always)]
+fn fma_step(acc: &mut [f32; 16], w: &[f32; 16], a: &[f32; 16]) {
+    for l in 0..16 {
+        acc[l] = w[l].mul_add(a[l], acc[l]);
+    }
 }
 
+#[cfg(not(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma",
+    target_feature = "f16c"
+)))]
 fn dot_f32(n: usize, w: &[u8], a: &[u8]) -> f32 {
     assert!(w.len() >= 4 * n && a.len() >= 4 * n && n.is_multiple_of(16));
     let mut acc = [0f32; 16];
-    for l in (0..n).step_by(16) {
-        for (lane, s) in acc.iter_mut().enumerate() {
-            *s = f32_at(w, l + lane).mul_add(f32_at(a, l + lane), *s);
-        }
+    for (wc, ac) in w[..4 * n].chunks_exact(64).zip(a[..4 * n].chunks_exact(64)) {
+        let wv: [f32; 16] = std::array::from_fn(|l| f32_at(wc, l));
+        let av: [f32; 16] = std::array::from_fn(|l| f32_at(ac, l));
+        fma_step(&mut acc, &wv, &av);
     }
     reduce_16(&acc)
 }
 
+#[cfg(not(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma",
+    target_feature = "f16c"
+)))]
 fn dot_f16(n: usize, w: &[u8], a: &[u8]) -> f32 {
     assert!(w.len() >= 2 * n && a.len() >= 2 * n && n.is_multiple_of(16));
+    let h = |b: &[u8], l: usize| fp16_to_f32(u16::from_le_bytes([b[2 * l], b[2 * l + 1]]));
     let mut acc = [0f32; 16];
-    for l in (0..n).step_by(16) {
-        for (lane, s) in acc.iter_mut().enumerate() {
-            *s = f16_at(w, l + lane).mul_add(f16_at(a, l + lane), *s);
-        }
+    for (wc, ac) in w[..2 * n].chunks_exact(32).zip(a[..2 * n].chunks_exact(32)) {
+        let wv: [f32; 16] = std::array::from_fn(|l| h(wc, l));
+        let av: [f32; 16] = std::array::from_fn(|l| h(ac, l));
+        fma_step(&mut acc, &wv, &av);
     }
     reduce_16(&acc)
 }
+
+/// AVX2 form of the same 16-lane chains (two 8-lane registers), for builds with the x86-64-v3
+/// baseline the workspace sets.
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma",
+    target_feature = "f16c"
+))]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    fn finish(lo: __m256, hi: __m256) -> f32 {
+        let mut v = [0f32; 16];
+        // SAFETY: `v` holds 16 f32; the two unaligned stores write lanes 0..8 and 8..16.
+        // AVX is enabled for the whole build (cfg on this module).
+        unsafe {
+            _mm256_storeu_ps(v.as_mut_ptr(), lo);
+            _mm256_storeu_ps(v.as_mut_ptr().add(8), hi);
+        }
+        super::reduce_16(&v)
+    }
+
+    pub(super) fn dot_f32(n: usize, w: &[u8], a: &[u8]) -> f32 {
+        assert!(w.len() >= 4 * n && a.len() >= 4 * n && n.is_multiple_of(16));
+        // SAFETY: AVX2/FMA are enabled for the whole build (cfg on this module). For every
+        // step i + 16 <= n and both slices hold 4n bytes (asserted), so each 32-byte
+        // unaligned load is in bounds.
+        unsafe {
+            let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            for i in (0..n).step_by(16) {
+                let wp = w.as_ptr().add(4 * i) as *const f32;
+                let ap = a.as_ptr().add(4 * i) as *const f32;
+                lo = _mm256_fmadd_ps(_mm256_loadu_ps(wp), _mm256_loadu_ps(ap), lo);
+                hi = _mm256_fmadd_ps(_mm256_loadu_ps(wp.add(8)), _mm256_loadu_ps(ap.add(8)), hi);
+            }
+            finish(lo, hi)
+        }
+    }
+
+    pub(super) fn dot_f16(n: usize, w: &[u8], a: &[u8]) -> f32 {
+        assert!(w.len() >= 2 * n && a.len() >= 2 * n && n.is_multiple_of(16));
+        // SAFETY: AVX2/FMA/F16C are enabled for the whole build (cfg on this module). For
+        // every step i + 16 <= n and both slices hold 2n bytes (asserted), so each 16-byte
+        // unaligned load is in bounds.
+        unsafe {
+            let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            for i in (0..n).step_by(16) {
+                let wp = w.as_ptr().add(2 * i) as *const __m128i;
+                let ap = a.as_ptr().add(2 * i) as *const __m128i;
+                let w0 = _mm256_cvtph_ps(_mm_loadu_si128(wp));
+                let w1 = _mm256_cvtph_ps(_mm_loadu_si128(wp.add(1)));
+                let a0 = _mm256_cvtph_ps(_mm_loadu_si128(ap));
+                let a1 = _mm256_cvtph_ps(_mm_loadu_si128(ap.add(1)));
+                lo = _mm256_fmadd_ps(w0, a0, lo);
+                hi = _mm256_fmadd_ps(w1, a1, hi);
+            }
+            finish(lo, hi)
+        }
+    }
+}
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma",
+    target_feature = "f16c"
+))]
+use avx2::{dot_f16, dot_f32};
 
 /// The 32 signed values of one 32-element weight block, in element order.
 type Unpack = fn(&[u8], &mut [i8; 32]) -> f32;
