@@ -6,7 +6,7 @@ pub mod glm4moe;
 pub mod qwen3moe;
 
 use crate::config::Config;
-use crate::model::{DenseFfn, Ffn, Moe, TensorSource};
+use crate::model::{Attention, DenseFfn, Ffn, Gqa, Moe, TensorSource};
 use crate::Result;
 
 /// `blk.{il}.{name}`
@@ -44,4 +44,47 @@ pub(crate) fn moe_ffn(c: &Config, src: &TensorSource, il: usize) -> Result<Ffn> 
         down_exps: src.get(&blk(il, "ffn_down_exps.weight"), &[f, d, e])?,
         shared,
     })))
+}
+
+/// Grouped-query attention tensors (`attn_q/k/v/output`), with optional q/k/v biases and
+/// per-head q/k RMS norms that are required when `qk_norm_required`.
+pub(crate) fn gqa_attention(
+    c: &Config,
+    src: &TensorSource,
+    il: usize,
+    with_biases: bool,
+    qk_norm_required: bool,
+) -> Result<Attention> {
+    let d = c.n_embd;
+    let hd = c.head_dim_k;
+    let (q_w, kv_w) = (c.n_head * hd, c.n_head_kv * hd);
+    let v_w = c.n_head_kv * c.head_dim_v;
+    let bias = |name: &str, len: usize| -> Result<Option<Vec<f32>>> {
+        if with_biases {
+            src.vec_opt(&blk(il, name), len)
+        } else {
+            Ok(None)
+        }
+    };
+    let norm = |name: &str| -> Result<Option<Vec<f32>>> {
+        if qk_norm_required {
+            src.vec(&blk(il, name), hd).map(Some)
+        } else {
+            src.vec_opt(&blk(il, name), hd)
+        }
+    };
+    Ok(Attention::Gqa(Gqa {
+        wq: src.get(&blk(il, "attn_q.weight"), &[d, q_w])?,
+        wk: src.get(&blk(il, "attn_k.weight"), &[d, kv_w])?,
+        wv: src.get(&blk(il, "attn_v.weight"), &[d, v_w])?,
+        bq: bias("attn_q.bias", q_w)?,
+        bk: bias("attn_k.bias", kv_w)?,
+        bv: bias("attn_v.bias", v_w)?,
+        q_norm: norm("attn_q_norm.weight")?,
+        k_norm: norm("attn_k_norm.weight")?,
+        wo: src.get(
+            &blk(il, "attn_output.weight"),
+            &[c.n_head * c.head_dim_v, d],
+        )?,
+    }))
 }
