@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 
+use std::fmt::Write as _;
+
 use anyhow::Result;
 use moxie_core::inventory::{Inventory, Role, Tally};
 use moxie_gguf::{GgufFile, Value};
@@ -65,6 +67,7 @@ fn types(t: &Tally) -> String {
 }
 
 pub fn main(a: Args) -> Result<()> {
+    let mut o = String::new();
     let f = if a.header_only {
         GgufFile::open_header_only(&a.model)?
     } else {
@@ -113,38 +116,35 @@ pub fn main(a: Args) -> Result<()> {
             "by_role": roles,
             "layers": layers,
         });
-        println!("{}", serde_json::to_string_pretty(&out)?);
-        return Ok(());
+        writeln!(o, "{}", serde_json::to_string_pretty(&out)?)?;
+        return crate::emit(&o);
     }
-    println!(
+    writeln!(
+        o,
         "file(s):      {}",
         f.paths()
             .iter()
             .map(|p| p.display().to_string())
             .collect::<Vec<_>>()
             .join(", ")
-    );
-    println!(
+    )?;
+    writeln!(
+        o,
         "GGUF v{}, alignment {}, {} metadata keys, {} tensors, {}",
         f.version(),
         f.alignment(),
         meta.len(),
         f.tensors().len(),
         gb(inv.total.bytes)
-    );
-    println!();
-    println!("metadata:");
+    )?;
+    writeln!(o)?;
+    writeln!(o, "metadata:")?;
     for (k, v) in meta.iter() {
-        if k == "tokenizer.chat_template"
-            || k.starts_with("tokenizer.ggml.") && matches!(v, Value::Array(_))
-        {
-            println!("  {k:<48} {}", value_summary(v));
-            continue;
-        }
-        println!("  {k:<48} {}", value_summary(v));
+        writeln!(o, "  {k:<48} {}", value_summary(v))?;
     }
     match &config {
-        Ok(c) => println!(
+        Ok(c) => writeln!(
+            o,
             "\nmoxie: {} — {} layers ({} dense), {} experts top-{} + {} shared, hidden {}, vocab {}",
             c.arch.name(),
             c.n_layer,
@@ -154,25 +154,27 @@ pub fn main(a: Args) -> Result<()> {
             c.n_expert_shared,
             c.n_embd,
             c.n_vocab
-        ),
-        Err(e) => println!("\nmoxie cannot run this model: {e}"),
+        )?,
+        Err(e) => writeln!(o, "\nmoxie cannot run this model: {e}")?,
     }
-    println!("\ntensors by role:");
-    println!(
+    writeln!(o, "\ntensors by role:")?;
+    writeln!(
+        o,
         "  {:<16} {:>8} {:>12} {:>7}  types",
         "role", "tensors", "bytes", "share"
-    );
+    )?;
     for (r, t) in &inv.by_role {
-        println!(
+        writeln!(
+            o,
             "  {:<16} {:>8} {:>12} {:>6.2}%  {}",
             r.name(),
             t.tensors,
             gb(t.bytes),
             100.0 * t.bytes as f64 / inv.total.bytes.max(1) as f64,
             types(t)
-        );
+        )?;
     }
-    println!("\nper layer:");
+    writeln!(o, "\nper layer:")?;
     let cols = [
         Role::Attention,
         Role::DenseFfn,
@@ -182,24 +184,25 @@ pub fn main(a: Args) -> Result<()> {
         Role::Norms,
         Role::NextN,
     ];
-    print!("  {:>5}", "layer");
+    write!(o, "  {:>5}", "layer")?;
     for c in cols {
-        print!(" {:>15}", c.name());
+        write!(o, " {:>15}", c.name())?;
     }
-    println!("  routed-expert types");
+    writeln!(o, "  routed-expert types")?;
     for (l, roles) in &inv.by_layer {
-        print!("  {l:>5}");
+        write!(o, "  {l:>5}")?;
         for c in cols {
             let b = roles.get(&c).map_or(0, |t| t.bytes);
-            print!(" {:>15}", if b == 0 { "-".to_string() } else { gb(b) });
+            write!(o, " {:>15}", if b == 0 { "-".to_string() } else { gb(b) })?;
         }
-        println!(
+        writeln!(
+            o,
             "  {}",
             roles
                 .get(&Role::RoutedExperts)
                 .map(types)
                 .unwrap_or_default()
-        );
+        )?;
     }
-    Ok(())
+    crate::emit(&o)
 }

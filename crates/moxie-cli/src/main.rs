@@ -80,6 +80,16 @@ fn error_chain(e: &anyhow::Error) -> String {
     out
 }
 
+/// Write `text` to stdout; a closed pipe (`moxie inspect m.gguf | head`) is not an error.
+pub(crate) fn emit(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
+    }
+}
+
 /// Open a GGUF (all split parts) with a readable error.
 pub(crate) fn open_gguf(
     path: &std::path::Path,

@@ -211,9 +211,11 @@ pub fn run(a: RunArgs) -> Result<()> {
         },
     )?;
     let rest = stream.finish();
-    writeln!(out, "{rest}")?;
-    if let Some(e) = write_err {
-        return Err(e.into());
+    let end = writeln!(out, "{rest}");
+    // A reader that went away (`moxie run ... | head`) ends generation quietly.
+    match write_err.map_or(end, Err) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
+        r => r?,
     }
     eprintln!(
         "\nprompt: {} tokens, {:.2} tok/s | generated: {} tokens, {:.2} tok/s | {} threads",

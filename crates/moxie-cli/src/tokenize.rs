@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 
+use std::fmt::Write as _;
+
 use anyhow::{bail, Result};
 
 #[derive(clap::Args)]
@@ -38,23 +40,20 @@ pub fn main(a: Args) -> Result<()> {
     let data = moxie_tokenizer::VocabData::from_gguf(file.metadata())?;
     let tok = moxie_tokenizer::Tokenizer::new(data)?;
     let ids = tok.encode(&text, !a.no_bos, a.parse_special);
+    let mut o = String::new();
     if a.json {
         let pieces: Vec<String> = ids
             .iter()
             .map(|&i| String::from_utf8_lossy(&tok.token_to_piece(i, true)).into_owned())
             .collect();
-        println!(
-            "{}",
-            serde_json::json!({"ids": ids, "pieces": pieces, "n_tokens": ids.len()})
-        );
+        let j = serde_json::json!({"ids": ids, "pieces": pieces, "n_tokens": ids.len()});
+        writeln!(o, "{j}")?;
     } else {
         for &i in &ids {
-            println!(
-                "{i:>6} -> '{}'",
-                String::from_utf8_lossy(&tok.token_to_piece(i, true))
-            );
+            let piece = String::from_utf8_lossy(&tok.token_to_piece(i, true)).into_owned();
+            writeln!(o, "{i:>6} -> '{piece}'")?;
         }
         eprintln!("{} tokens", ids.len());
     }
-    Ok(())
+    crate::emit(&o)
 }
