@@ -698,7 +698,10 @@ fn attend(
             // entries; padding to 16 lanes reproduces its softmax chunking exactly.
             scores.resize(n_kv.next_multiple_of(16), f32::NEG_INFINITY);
             ops::softmax(&mut scores);
-            acc.iter_mut().for_each(|v| *v = 0.0);
+            // Slots at or past n_kv never receive a term: only the used ones are cleared and
+            // read back.
+            let used = slots.min(n_kv);
+            acc[..used * g.dv].iter_mut().for_each(|v| *v = 0.0);
             for (j, &p) in scores.iter().take(n_kv).enumerate() {
                 let p = f16_round(p);
                 if p == 0.0 {
@@ -717,12 +720,18 @@ fn attend(
             }
             for (d, od) in orow.iter_mut().enumerate() {
                 let mut lanes = [0f32; 16];
+                let at = |slot: usize| {
+                    if slot < used {
+                        acc[slot * g.dv + d]
+                    } else {
+                        0.0
+                    }
+                };
                 for (lane, l) in lanes.iter_mut().enumerate() {
                     *l = if batched {
-                        acc[lane * g.dv + d]
+                        at(lane)
                     } else {
-                        let at = |grp: usize| acc[(grp * 16 + lane) * g.dv + d];
-                        (at(0) + at(2)) + (at(1) + at(3))
+                        (at(lane) + at(32 + lane)) + (at(16 + lane) + at(48 + lane))
                     };
                 }
                 *od = ggml_order::reduce_add_16(&lanes);
