@@ -482,30 +482,28 @@ impl Model {
         }
         let mut per_slot = vec![0f32; n * k_used * n_embd];
         let n_ff = m.gate_exps.ne[1];
-        let mut xin = Vec::new();
+        // The layer input is converted once for the gate/up type (ggml quantizes src1 of
+        // mul_mat_id once too); each expert gathers its tokens' rows from it.
+        let gate_ty = m.gate_exps.slice(0)?.act_type();
+        let up_ty = m.up_exps.slice(0)?.act_type();
+        let acts_gate = QuantizedActs::new(gate_ty, n_embd, h);
+        let acts_up = (up_ty != gate_ty).then(|| QuantizedActs::new(up_ty, n_embd, h));
+        let mut rows = Vec::new();
         for (e, users) in by_expert.iter().enumerate() {
             if users.is_empty() {
                 continue;
             }
-            xin.clear();
-            for &(t, _) in users {
-                xin.extend_from_slice(&h[t * n_embd..(t + 1) * n_embd]);
-            }
+            rows.clear();
+            rows.extend(users.iter().map(|&(t, _)| t));
             let nu = users.len();
-            let gate = m.gate_exps.slice(e)?;
-            let acts = QuantizedActs::new(gate.act_type(), n_embd, &xin);
+            let acts = acts_gate.gather(&rows);
             let mut g = vec![0f32; nu * n_ff];
             let mut u = vec![0f32; nu * n_ff];
-            gate.matmul_q_id(par, &acts, &mut g);
+            m.gate_exps.slice(e)?.matmul_q_id(par, &acts, &mut g);
             let up = m.up_exps.slice(e)?;
-            if up.act_type() == acts.ty {
-                up.matmul_q_id(par, &acts, &mut u);
-            } else {
-                up.matmul_q_id(
-                    par,
-                    &QuantizedActs::new(up.act_type(), n_embd, &xin),
-                    &mut u,
-                );
+            match &acts_up {
+                None => up.matmul_q_id(par, &acts, &mut u),
+                Some(a) => up.matmul_q_id(par, &a.gather(&rows), &mut u),
             }
             ops::swiglu(&mut g, &u);
             let mut d = vec![0f32; nu * n_embd];

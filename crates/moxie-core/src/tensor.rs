@@ -348,6 +348,20 @@ impl QuantizedActs {
         }
     }
 
+    /// The rows `rows` (in that order) as a new set of activations.
+    pub fn gather(&self, rows: &[usize]) -> QuantizedActs {
+        let mut data = Vec::with_capacity(rows.len() * self.row_bytes);
+        for &r in rows {
+            data.extend_from_slice(self.row(r));
+        }
+        QuantizedActs {
+            ty: self.ty,
+            n: self.n,
+            row_bytes: self.row_bytes,
+            data,
+        }
+    }
+
     pub fn n_rows(&self) -> usize {
         self.data.len().checked_div(self.row_bytes).unwrap_or(0)
     }
