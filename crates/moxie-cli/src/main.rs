@@ -1,6 +1,7 @@
 //! `moxie`: the command-line tool. A thin layer over the library crates; flag names follow
 //! llama.cpp where one exists (-m, -p, -n, -t, -c, -b, -ub, --temp, --top-k, ...).
 
+mod bench;
 mod gen;
 mod inspect;
 mod run;
@@ -33,6 +34,8 @@ enum Cmd {
     Tokenize(tokenize::Args),
     /// Write a synthetic model with random weights (for tests and benchmarks).
     Gen(gen::Args),
+    /// Measure prompt processing and generation speed (llama-bench's flags and output).
+    Bench(bench::Args),
 }
 
 /// llama.cpp spells some flags with one dash and several letters (`-ub`), which clap cannot
@@ -40,6 +43,7 @@ enum Cmd {
 fn llama_cpp_style_args(args: impl Iterator<Item = std::ffi::OsString>) -> Vec<std::ffi::OsString> {
     args.map(|a| match a.to_str() {
         Some("-ub") => "--ubatch-size".into(),
+        Some("-pg") => "--n-pg".into(),
         _ => a,
     })
     .collect()
@@ -53,6 +57,7 @@ fn main() -> ExitCode {
         Cmd::Logits(a) => run::logits(a),
         Cmd::Tokenize(a) => tokenize::main(a),
         Cmd::Gen(a) => gen::main(a),
+        Cmd::Bench(a) => bench::main(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

@@ -2,6 +2,7 @@
 //! sampling and the generation loop.
 
 pub mod arch;
+pub mod bench;
 pub mod config;
 pub mod generate;
 pub mod ggml_order;

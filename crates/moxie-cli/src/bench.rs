@@ -1,0 +1,296 @@
+//! `moxie bench`: llama-bench's interface and output for moxie.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use moxie_core::bench::{mean_std, run_once, BenchTest};
+use moxie_core::{Model, Parallel};
+use serde_json::json;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Model GGUF(s).
+    #[arg(short = 'm', long = "model", required = true)]
+    model: Vec<PathBuf>,
+    /// Prompt lengths (ppN tests); 0 disables.
+    #[arg(
+        short = 'p',
+        long = "n-prompt",
+        value_delimiter = ',',
+        default_value = "512"
+    )]
+    n_prompt: Vec<usize>,
+    /// Generation lengths (tgN tests); 0 disables.
+    #[arg(
+        short = 'n',
+        long = "n-gen",
+        value_delimiter = ',',
+        default_value = "128"
+    )]
+    n_gen: Vec<usize>,
+    /// Prompt + generation tests, `-pg 512,128` (repeatable).
+    #[arg(long = "n-pg", value_name = "PP,TG")]
+    pg: Vec<String>,
+    /// Context depth before each test (not timed).
+    #[arg(
+        short = 'd',
+        long = "n-depth",
+        value_delimiter = ',',
+        default_value = "0"
+    )]
+    depth: Vec<usize>,
+    /// Threads (default: all cores).
+    #[arg(short = 't', long = "threads", value_delimiter = ',')]
+    threads: Vec<usize>,
+    /// Logical batch size.
+    #[arg(
+        short = 'b',
+        long = "batch-size",
+        value_delimiter = ',',
+        default_value = "2048"
+    )]
+    batch: Vec<usize>,
+    /// Micro-batch size (`-ub`).
+    #[arg(long = "ubatch-size", value_delimiter = ',', default_value = "512")]
+    ubatch: Vec<usize>,
+    /// Repetitions per test.
+    #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
+    reps: usize,
+    /// Output format: md, json, jsonl or csv.
+    #[arg(short = 'o', long = "output", default_value = "md")]
+    output: String,
+    /// Skip the warm-up run.
+    #[arg(long)]
+    no_warmup: bool,
+}
+
+/// llama.cpp's `llama_ftype` names for `general.file_type`.
+fn ftype_name(ft: Option<u64>) -> String {
+    let name = match ft {
+        Some(0) => "all F32",
+        Some(1) => "F16",
+        Some(2) => "Q4_0",
+        Some(3) => "Q4_1",
+        Some(7) => "Q8_0",
+        Some(8) => "Q5_0",
+        Some(9) => "Q5_1",
+        Some(10) => "Q2_K - Medium",
+        Some(11) => "Q3_K - Small",
+        Some(12) => "Q3_K - Medium",
+        Some(13) => "Q3_K - Large",
+        Some(14) => "Q4_K - Small",
+        Some(15) => "Q4_K - Medium",
+        Some(16) => "Q5_K - Small",
+        Some(17) => "Q5_K - Medium",
+        Some(18) => "Q6_K",
+        Some(25) => "IQ4_NL - 4.5 bpw",
+        Some(30) => "IQ4_XS - 4.25 bpw",
+        Some(32) => "BF16",
+        Some(_) => "mixed",
+        None => "unknown type",
+    };
+    name.to_string()
+}
+
+fn params_label(n: u64) -> String {
+    if n >= 1_000_000_000 {
+        format!("{:.2} B", n as f64 / 1e9)
+    } else {
+        format!("{:.2} M", n as f64 / 1e6)
+    }
+}
+
+struct Row {
+    model: String,
+    file: String,
+    size: u64,
+    params: u64,
+    threads: usize,
+    batch: usize,
+    ubatch: usize,
+    test: BenchTest,
+    samples: Vec<f64>,
+}
+
+fn tests(a: &Args) -> Result<Vec<BenchTest>> {
+    let mut out = Vec::new();
+    for &d in &a.depth {
+        for &p in a.n_prompt.iter().filter(|&&p| p > 0) {
+            out.push(BenchTest {
+                n_prompt: p,
+                n_gen: 0,
+                depth: d,
+            });
+        }
+        for &n in a.n_gen.iter().filter(|&&n| n > 0) {
+            out.push(BenchTest {
+                n_prompt: 0,
+                n_gen: n,
+                depth: d,
+            });
+        }
+        for pg in &a.pg {
+            let (p, n) = pg
+                .split_once(',')
+                .and_then(|(p, n)| Some((p.trim().parse().ok()?, n.trim().parse().ok()?)))
+                .with_context(|| format!("-pg expects PP,TG, got '{pg}'"))?;
+            out.push(BenchTest {
+                n_prompt: p,
+                n_gen: n,
+                depth: d,
+            });
+        }
+    }
+    if out.is_empty() {
+        bail!("no tests: give -p, -n or -pg with a value above 0");
+    }
+    Ok(out)
+}
+
+pub fn main(a: Args) -> Result<()> {
+    if !["md", "json", "jsonl", "csv"].contains(&a.output.as_str()) {
+        bail!("-o must be md, json, jsonl or csv, not '{}'", a.output);
+    }
+    if a.reps == 0 {
+        bail!("-r must be at least 1");
+    }
+    if a.batch.contains(&0) || a.ubatch.contains(&0) {
+        bail!("-b and -ub must be positive");
+    }
+    let tests = tests(&a)?;
+    let threads = if a.threads.is_empty() {
+        vec![Parallel::available().n_threads()]
+    } else {
+        a.threads.clone()
+    };
+    let mut rows = Vec::new();
+    for path in &a.model {
+        let file = crate::open_gguf(path)?;
+        let size = file.total_tensor_bytes();
+        let params: u64 = file.tensors().iter().map(|t| t.n_elements()).sum();
+        let ftype = file.metadata().get_u64("general.file_type");
+        let model = Model::load(file).with_context(|| format!("loading {}", path.display()))?;
+        let desc = format!(
+            "{} {} {}",
+            model.config.arch.name(),
+            params_label(params).replace(' ', ""),
+            ftype_name(ftype)
+        );
+        for &t in &threads {
+            let par = Parallel::new(t);
+            for &b in &a.batch {
+                for &ub in &a.ubatch {
+                    let micro = ub.min(b);
+                    for &test in &tests {
+                        if !a.no_warmup {
+                            let warm = BenchTest {
+                                n_prompt: test.n_prompt.min(16),
+                                n_gen: test.n_gen.min(1),
+                                depth: 0,
+                            };
+                            run_once(&model, &par, warm, micro)?;
+                        }
+                        let mut samples = Vec::with_capacity(a.reps);
+                        for _ in 0..a.reps {
+                            samples.push(run_once(&model, &par, test, micro)?);
+                        }
+                        let row = Row {
+                            model: desc.clone(),
+                            file: path.display().to_string(),
+                            size,
+                            params,
+                            threads: t,
+                            batch: b,
+                            ubatch: ub,
+                            test,
+                            samples,
+                        };
+                        if a.output == "jsonl" {
+                            crate::emit(&format!("{}\n", row_json(&row)))?;
+                        } else if a.output == "md" && rows.is_empty() {
+                            crate::emit(&md_header())?;
+                        }
+                        if a.output == "md" {
+                            crate::emit(&md_row(&row))?;
+                        }
+                        rows.push(row);
+                    }
+                }
+            }
+        }
+    }
+    match a.output.as_str() {
+        "json" => {
+            let all: Vec<_> = rows.iter().map(row_json).collect();
+            crate::emit(&format!("{}\n", serde_json::to_string_pretty(&all)?))
+        }
+        "csv" => {
+            let mut o = String::from(
+                "model_filename,model_type,model_size,model_n_params,n_threads,n_batch,n_ubatch,n_prompt,n_gen,n_depth,test,avg_ts,stddev_ts\n",
+            );
+            for r in &rows {
+                let (m, s) = mean_std(&r.samples);
+                writeln!(
+                    o,
+                    "\"{}\",\"{}\",{},{},{},{},{},{},{},{},\"{}\",{m:.6},{s:.6}",
+                    r.file,
+                    r.model,
+                    r.size,
+                    r.params,
+                    r.threads,
+                    r.batch,
+                    r.ubatch,
+                    r.test.n_prompt,
+                    r.test.n_gen,
+                    r.test.depth,
+                    r.test.name()
+                )?;
+            }
+            crate::emit(&o)
+        }
+        _ => Ok(()),
+    }
+}
+
+fn md_header() -> String {
+    "| model | size | params | backend | threads | test | t/s |\n| --- | ---: | ---: | --- | ---: | ---: | ---: |\n"
+        .to_string()
+}
+
+fn md_row(r: &Row) -> String {
+    let (m, s) = mean_std(&r.samples);
+    let size = if r.size >= 1 << 30 {
+        format!("{:.2} GiB", r.size as f64 / (1u64 << 30) as f64)
+    } else {
+        format!("{:.2} MiB", r.size as f64 / (1u64 << 20) as f64)
+    };
+    format!(
+        "| {} | {size} | {} | CPU | {} | {} | {m:.2} ± {s:.2} |\n",
+        r.model,
+        params_label(r.params),
+        r.threads,
+        r.test.name()
+    )
+}
+
+fn row_json(r: &Row) -> serde_json::Value {
+    let (m, s) = mean_std(&r.samples);
+    json!({
+        "model_filename": r.file,
+        "model_type": r.model,
+        "model_size": r.size,
+        "model_n_params": r.params,
+        "backend": "CPU",
+        "n_threads": r.threads,
+        "n_batch": r.batch,
+        "n_ubatch": r.ubatch,
+        "n_prompt": r.test.n_prompt,
+        "n_gen": r.test.n_gen,
+        "n_depth": r.test.depth,
+        "test": r.test.name(),
+        "avg_ts": m,
+        "stddev_ts": s,
+        "samples_ts": r.samples,
+    })
+}
