@@ -1,15 +1,24 @@
 //! Splitting row-parallel work across threads.
 //!
 //! A deliberately small seam: every parallel kernel of the forward pass goes through
-//! [`Parallel::for_each_range`], so the scheduling strategy (scoped threads today, a pinned spin
-//! pool for the per-token hot path later) changes in one place.
+//! [`Parallel::for_each_range`], so the scheduling strategy (a persistent rayon pool today, a
+//! pinned spin pool for the per-token hot path later) changes in one place.
 
 use std::ops::Range;
+use std::sync::Arc;
 
-/// How many threads row-parallel kernels may use.
-#[derive(Clone, Copy, Debug)]
+/// How many threads row-parallel kernels may use, and the persistent workers that run them
+/// (the calling thread works too, so the pool holds `n_threads - 1`).
+#[derive(Clone)]
 pub struct Parallel {
     n_threads: usize,
+    pool: Option<Arc<rayon::ThreadPool>>,
+}
+
+impl std::fmt::Debug for Parallel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Parallel({} threads)", self.n_threads)
+    }
 }
 
 /// Below this many scalar multiply-adds per call a kernel runs on the calling thread: spawning
@@ -18,13 +27,29 @@ const MIN_WORK_PER_THREAD: usize = 1 << 18;
 
 impl Parallel {
     pub fn new(n_threads: usize) -> Self {
+        let n_threads = n_threads.max(1);
+        // A pool that cannot be built (no threads available) degrades to one thread.
+        let pool = (n_threads > 1)
+            .then(|| {
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(n_threads - 1)
+                    .thread_name(|i| format!("moxie-worker-{i}"))
+                    .build()
+                    .ok()
+            })
+            .flatten()
+            .map(Arc::new);
         Parallel {
-            n_threads: n_threads.max(1),
+            n_threads: if pool.is_some() { n_threads } else { 1 },
+            pool,
         }
     }
 
     pub fn single() -> Self {
-        Parallel { n_threads: 1 }
+        Parallel {
+            n_threads: 1,
+            pool: None,
+        }
     }
 
     /// All cores the process may use.
@@ -52,12 +77,12 @@ impl Parallel {
         debug_assert_eq!(out.len(), n * out_stride);
         let by_work = (n.saturating_mul(work_per_item) / MIN_WORK_PER_THREAD).max(1);
         let n_threads = self.n_threads.min(by_work).min(n.max(1));
-        if n_threads <= 1 {
+        let Some(pool) = self.pool.as_ref().filter(|_| n_threads > 1) else {
             f(0..n, out);
             return;
-        }
+        };
         let per = n.div_ceil(n_threads);
-        std::thread::scope(|s| {
+        pool.in_place_scope(|s| {
             let mut rest = out;
             let mut start = 0;
             let f = &f;
@@ -69,7 +94,7 @@ impl Parallel {
                 if end == n {
                     f(range, chunk);
                 } else {
-                    s.spawn(move || f(range, chunk));
+                    s.spawn(move |_| f(range, chunk));
                 }
                 start = end;
             }
