@@ -255,12 +255,15 @@ impl<'a> Mat<'a> {
                 return Kernel::Many(f);
             }
         }
-        let blas = if tinyblas {
-            moxie_quant::tinyblas_dot_fn(self.ty, self.n_in)
-        } else {
-            None
-        };
-        Kernel::Dot(blas.unwrap_or(self.dot))
+        if tinyblas {
+            if let Some(f) = moxie_quant::tinyblas_dot_many_fn(self.ty) {
+                return Kernel::Many(f);
+            }
+            if let Some(f) = moxie_quant::tinyblas_dot_fn(self.ty, self.n_in) {
+                return Kernel::Dot(f);
+            }
+        }
+        Kernel::Dot(self.dot)
     }
 
     fn row(&self, r: usize) -> &[u8] {

@@ -201,25 +201,54 @@ fn unpack_iq4_nl(b: &[u8], q: &mut [i8; 32]) -> f32 {
 }
 
 #[inline]
-fn dot_q0(n: usize, w: &[u8], a: &[u8], unpack: Unpack, w_block: usize) -> f32 {
+/// One weight row against `out.len()` Q8_0 activation rows (`stride` bytes apart), each
+/// weight block unpacked once; per output the same lanes and block order as `dot_q0`.
+fn many_q0(
+    n: usize,
+    w: &[u8],
+    acts: &[u8],
+    stride: usize,
+    out: &mut [f32],
+    unpack: Unpack,
+    w_block: usize,
+) {
     let nb = n / 32;
-    assert!(n.is_multiple_of(32) && w.len() >= nb * w_block && a.len() >= nb * 34);
-    let mut acc = [0f32; 8];
+    let n_act = out.len();
+    assert!(
+        n.is_multiple_of(32)
+            && w.len() >= nb * w_block
+            && stride >= nb * 34
+            && (n_act == 0 || acts.len() >= (n_act - 1) * stride + nb * 34)
+    );
+    let mut acc = vec![[0f32; 8]; n_act];
     let mut qw = [0i8; 32];
     for b in 0..nb {
         let dw = unpack(&w[b * w_block..(b + 1) * w_block], &mut qw);
-        let ab = &a[b * 34..(b + 1) * 34];
-        let da = fp16_to_f32(u16::from_le_bytes([ab[0], ab[1]]));
-        let d = dw * da;
-        for (lane, s) in acc.iter_mut().enumerate() {
-            let mut sum = 0i32;
-            for k in 4 * lane..4 * lane + 4 {
-                sum += qw[k] as i32 * ab[2 + k] as i8 as i32;
+        for (t, lanes) in acc.iter_mut().enumerate() {
+            let ab = &acts[t * stride + b * 34..t * stride + (b + 1) * 34];
+            let da = fp16_to_f32(u16::from_le_bytes([ab[0], ab[1]]));
+            let d = dw * da;
+            let qa: &[u8; 32] = ab[2..34].try_into().expect("32 quants");
+            let mut sums = [0i32; 8];
+            for (k, s) in sums.iter_mut().enumerate() {
+                for j in 4 * k..4 * k + 4 {
+                    *s += qw[j] as i32 * qa[j] as i8 as i32;
+                }
             }
-            *s = d.mul_add(sum as f32, *s);
+            for (l, s) in lanes.iter_mut().zip(sums) {
+                *l = d.mul_add(s as f32, *l);
+            }
         }
     }
-    reduce_8(&acc)
+    for (o, lanes) in out.iter_mut().zip(&acc) {
+        *o = reduce_8(lanes);
+    }
+}
+
+fn dot_q0(n: usize, w: &[u8], a: &[u8], unpack: Unpack, w_block: usize) -> f32 {
+    let mut out = [0f32];
+    many_q0(n, w, a, a.len(), &mut out, unpack, w_block);
+    out[0]
 }
 
 fn dot_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
@@ -236,6 +265,34 @@ fn dot_q5_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
 
 fn dot_iq4_nl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     dot_q0(n, w, a, unpack_iq4_nl, 18)
+}
+
+fn many_q8_0(n: usize, w: &[u8], acts: &[u8], stride: usize, out: &mut [f32]) {
+    many_q0(n, w, acts, stride, out, unpack_q8_0, 34)
+}
+
+fn many_q4_0(n: usize, w: &[u8], acts: &[u8], stride: usize, out: &mut [f32]) {
+    many_q0(n, w, acts, stride, out, unpack_q4_0, 18)
+}
+
+fn many_q5_0(n: usize, w: &[u8], acts: &[u8], stride: usize, out: &mut [f32]) {
+    many_q0(n, w, acts, stride, out, unpack_q5_0, 22)
+}
+
+fn many_iq4_nl(n: usize, w: &[u8], acts: &[u8], stride: usize, out: &mut [f32]) {
+    many_q0(n, w, acts, stride, out, unpack_iq4_nl, 18)
+}
+
+/// [`tinyblas_dot_fn`] for one weight row against many activation rows, for the Q8_0-paired
+/// types (each weight block unpacked once); identical results per output.
+pub fn tinyblas_dot_many_fn(ty: GgmlType) -> Option<crate::tiled::DotManyFn> {
+    match ty {
+        GgmlType::Q8_0 => Some(many_q8_0),
+        GgmlType::Q4_0 => Some(many_q4_0),
+        GgmlType::Q5_0 => Some(many_q5_0),
+        GgmlType::IQ4_NL => Some(many_iq4_nl),
+        _ => None,
+    }
 }
 
 /// The tinyBLAS-order dot for `ty`, when llama.cpp would use tinyBLAS for a batched `mul_mat`
