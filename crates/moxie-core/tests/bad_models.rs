@@ -2,18 +2,16 @@
 //! fail to load with an error naming the problem, never panic. Built by rewriting a fixture's
 //! metadata or tensor index.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use moxie_core::{Logits, Model, Parallel};
 use moxie_gguf::{GgufFile, GgufWriter, Value};
 
+mod common;
+use common::fixtures;
+
 fn fixture(stem: &str) -> GgufFile {
-    let dir = match std::env::var_os("MOXIE_FIXTURES") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures"),
-    };
-    let path = dir.join("models").join(format!("{stem}.gguf"));
+    let path = fixtures().join("models").join(format!("{stem}.gguf"));
     assert!(
         path.is_file(),
         "fixture {} not found (set MOXIE_FIXTURES)",

@@ -10,25 +10,14 @@
 //! Fixtures come from $MOXIE_FIXTURES or ../shared/fixtures next to the checkout; a missing
 //! directory fails the test.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use moxie_core::{Logits, Model, Parallel};
 use moxie_gguf::GgufFile;
 use serde_json::Value;
 
-fn fixtures() -> PathBuf {
-    let dir = match std::env::var_os("MOXIE_FIXTURES") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures"),
-    };
-    assert!(
-        dir.join("golden/index.json").is_file(),
-        "fixture directory {} not found (set MOXIE_FIXTURES)",
-        dir.display()
-    );
-    dir
-}
+mod common;
+use common::fixtures;
 
 const ARCHS: [&str; 3] = ["deepseek2", "glm4moe", "qwen3moe"];
 const SUPPORTED_TYPES: [&str; 17] = [

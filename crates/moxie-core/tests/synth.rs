@@ -12,20 +12,10 @@ use moxie_core::synth::{self, SynthSpec, SynthType};
 use moxie_core::{Arch, Logits, Model, Parallel};
 use moxie_gguf::{GgmlType, GgufFile, Value};
 
-const ARCHS: [&str; 3] = ["deepseek2", "glm4moe", "qwen3moe"];
+mod common;
+use common::fixtures;
 
-fn fixtures() -> PathBuf {
-    let dir = match std::env::var_os("MOXIE_FIXTURES") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures"),
-    };
-    assert!(
-        dir.join("models/manifest-tiny.json").is_file(),
-        "fixture directory {} not found (set MOXIE_FIXTURES)",
-        dir.display()
-    );
-    dir
-}
+const ARCHS: [&str; 3] = ["deepseek2", "glm4moe", "qwen3moe"];
 
 /// A fresh directory under the target dir's tmp (removed at the start of each test).
 fn tmp_dir(test: &str) -> PathBuf {
