@@ -5,7 +5,6 @@ pub mod arch;
 pub mod bench;
 pub mod config;
 pub mod generate;
-pub mod ggml_order;
 pub mod inventory;
 pub mod kv_cache;
 pub mod model;

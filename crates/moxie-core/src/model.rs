@@ -9,7 +9,6 @@ use std::sync::Arc;
 use moxie_gguf::GgufFile;
 
 use crate::config::{Arch, Config, Gating};
-use crate::ggml_order;
 use crate::kv_cache::{KvCache, LayerKvShape};
 use crate::ops::{self, f16_round};
 use crate::parallel::Parallel;
@@ -649,7 +648,7 @@ struct AttnGeom {
 /// Causal softmax attention of `q` (`n` tokens × n_head × dk) against the f16 cache, the way
 /// ggml's non-flash path computes it: queries rounded to f16 for the KQ product, probabilities
 /// rounded to f16 for the product with V, and both products summed in llama.cpp's order
-/// (tinyBLAS for a batch, `vec_dot_f16` for one token; see `ggml_order`).
+/// (tinyBLAS for a batch, `vec_dot_f16` for one token; docs/architecture.md "Numerics").
 fn attend(
     g: AttnGeom,
     q: &[f32],
@@ -732,7 +731,7 @@ fn attend(
                         (at(lane) + at(32 + lane)) + (at(16 + lane) + at(48 + lane))
                     };
                 }
-                *od = ggml_order::reduce_add_16(&lanes);
+                *od = moxie_quant::reduce_add_16(&lanes);
             }
         }
     });

@@ -61,7 +61,7 @@ pub fn softmax(x: &mut [f32]) {
             *o = ggml_v_expf(*i - max);
         }
         c.copy_from_slice(&v);
-        sum += crate::ggml_order::reduce_add_16(&v) as f64;
+        sum += moxie_quant::reduce_add_16(&v) as f64;
     }
     for v in chunks.into_remainder() {
         *v = (*v - max).exp();

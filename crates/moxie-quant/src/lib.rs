@@ -53,7 +53,7 @@ pub use f16::{bf16_to_f32, f32_to_bf16, f32_to_fp16, fp16_to_f32};
 pub use tiled::{
     tiled_dot_fn, tiled_dot_many_fn, tiled_used_for_mul_mat, tiled_used_for_mul_mat_id, DotManyFn,
 };
-pub use tinyblas::{tinyblas_dot_fn, tinyblas_dot_many_fn};
+pub use tinyblas::{reduce_add_16, tinyblas_dot_fn, tinyblas_dot_many_fn};
 pub use types::{GgmlType, QK_K};
 
 /// The scalar reference kernels: always available, used by tests and as the fallback.

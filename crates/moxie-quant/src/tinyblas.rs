@@ -18,9 +18,10 @@ use crate::f16::fp16_to_f32;
 use crate::iq4::KVALUES_IQ4NL;
 use crate::types::GgmlType;
 
-/// `_mm512_reduce_add_ps` order.
+/// `_mm512_reduce_add_ps` as GCC implements it (halves, quarters, then pairs): the final sum
+/// of ggml's 16-lane accumulators, also used by moxie-core's softmax and attention.
 #[inline]
-fn reduce_16(v: &[f32; 16]) -> f32 {
+pub fn reduce_add_16(v: &[f32; 16]) -> f32 {
     let mut t = [0f32; 8];
     for i in 0..8 {
         t[i] = v[i + 8] + v[i];
@@ -74,7 +75,7 @@ fn dot_f32(n: usize, w: &[u8], a: &[u8]) -> f32 {
         let av: [f32; 16] = std::array::from_fn(|l| f32_at(ac, l));
         fma_step(&mut acc, &wv, &av);
     }
-    reduce_16(&acc)
+    reduce_add_16(&acc)
 }
 
 #[cfg(not(all(
@@ -92,7 +93,7 @@ fn dot_f16(n: usize, w: &[u8], a: &[u8]) -> f32 {
         let av: [f32; 16] = std::array::from_fn(|l| h(ac, l));
         fma_step(&mut acc, &wv, &av);
     }
-    reduce_16(&acc)
+    reduce_add_16(&acc)
 }
 
 /// AVX2 form of the same 16-lane chains (two 8-lane registers), for builds with the x86-64-v3
@@ -114,7 +115,7 @@ mod avx2 {
             _mm256_storeu_ps(v.as_mut_ptr(), lo);
             _mm256_storeu_ps(v.as_mut_ptr().add(8), hi);
         }
-        super::reduce_16(&v)
+        super::reduce_add_16(&v)
     }
 
     pub(super) fn dot_f32(n: usize, w: &[u8], a: &[u8]) -> f32 {
@@ -355,6 +356,16 @@ mod tests {
     }
 
     #[test]
+    fn reduce_order_is_the_tree_not_the_sequence() {
+        let v: [f32; 16] = std::array::from_fn(|i| if i == 0 { 1e8 } else { 1.0 + i as f32 });
+        let seq: f32 = v.iter().sum();
+        let tree = reduce_add_16(&v);
+        let exact: f64 = v.iter().map(|&x| x as f64).sum();
+        assert!((tree as f64 - exact).abs() <= 8.0);
+        assert_ne!(tree, seq);
+    }
+
+    #[test]
     fn float_types_follow_lane_order() {
         let n = 64;
         let x = data(n, 3);
@@ -367,7 +378,7 @@ mod tests {
                 acc[lane] = x[l + lane].mul_add(y[l + lane], acc[lane]);
             }
         }
-        let want = reduce_16(&acc);
+        let want = reduce_add_16(&acc);
         assert_eq!(
             tinyblas_dot_fn(GgmlType::F32, n).unwrap()(n, &wb, &ab),
             want
