@@ -40,61 +40,62 @@ fn reduce_8(v: &[f32; 8]) -> f32 {
     (t[0] + t[2]) + (t[1] + t[3])
 }
 
-#[allow(dead_code)]
-#[inline]
-fn f32_at(b: &[u8], i: usize) -> f32 {
-    f32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])
-}
-
-/// One 16-element step of the tinyBLAS accumulator: `acc[l] = fma(w[l], a[l], acc[l])`.
-/// Each lane is its own sequential chain, which is the order being reproduced.
 #[cfg(not(all(
     target_arch = "x86_64",
     target_feature = "avx2",
     target_feature = "fma",
     target_feature = "f16c"
 )))]
-#[inline(always)]
-fn fma_step(acc: &mut [f32; 16], w: &[f32; 16], a: &[f32; 16]) {
-    for l in 0..16 {
-        acc[l] = w[l].mul_add(a[l], acc[l]);
+/// Portable form of the 16-lane chains, for builds without the x86-64-v3 baseline.
+mod portable {
+    use super::{fp16_to_f32, reduce_add_16};
+
+    fn f32_at(b: &[u8], i: usize) -> f32 {
+        f32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])
+    }
+
+    fn f16_at(b: &[u8], i: usize) -> f32 {
+        fp16_to_f32(u16::from_le_bytes([b[2 * i], b[2 * i + 1]]))
+    }
+
+    /// One 16-element step: `acc[l] = fma(w[l], a[l], acc[l])`; each lane is its own
+    /// sequential chain, which is the order being reproduced.
+    fn fma_step(acc: &mut [f32; 16], w: &[f32; 16], a: &[f32; 16]) {
+        for l in 0..16 {
+            acc[l] = w[l].mul_add(a[l], acc[l]);
+        }
+    }
+
+    fn chains(n: usize, w: &[u8], a: &[u8], elem: usize, at: fn(&[u8], usize) -> f32) -> f32 {
+        assert!(w.len() >= elem * n && a.len() >= elem * n && n.is_multiple_of(16));
+        let mut acc = [0f32; 16];
+        let step = 16 * elem;
+        for (wc, ac) in w[..elem * n]
+            .chunks_exact(step)
+            .zip(a[..elem * n].chunks_exact(step))
+        {
+            let wv: [f32; 16] = std::array::from_fn(|l| at(wc, l));
+            let av: [f32; 16] = std::array::from_fn(|l| at(ac, l));
+            fma_step(&mut acc, &wv, &av);
+        }
+        reduce_add_16(&acc)
+    }
+
+    pub(super) fn dot_f32(n: usize, w: &[u8], a: &[u8]) -> f32 {
+        chains(n, w, a, 4, f32_at)
+    }
+
+    pub(super) fn dot_f16(n: usize, w: &[u8], a: &[u8]) -> f32 {
+        chains(n, w, a, 2, f16_at)
     }
 }
-
 #[cfg(not(all(
     target_arch = "x86_64",
     target_feature = "avx2",
     target_feature = "fma",
     target_feature = "f16c"
 )))]
-fn dot_f32(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    assert!(w.len() >= 4 * n && a.len() >= 4 * n && n.is_multiple_of(16));
-    let mut acc = [0f32; 16];
-    for (wc, ac) in w[..4 * n].chunks_exact(64).zip(a[..4 * n].chunks_exact(64)) {
-        let wv: [f32; 16] = std::array::from_fn(|l| f32_at(wc, l));
-        let av: [f32; 16] = std::array::from_fn(|l| f32_at(ac, l));
-        fma_step(&mut acc, &wv, &av);
-    }
-    reduce_add_16(&acc)
-}
-
-#[cfg(not(all(
-    target_arch = "x86_64",
-    target_feature = "avx2",
-    target_feature = "fma",
-    target_feature = "f16c"
-)))]
-fn dot_f16(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    assert!(w.len() >= 2 * n && a.len() >= 2 * n && n.is_multiple_of(16));
-    let h = |b: &[u8], l: usize| fp16_to_f32(u16::from_le_bytes([b[2 * l], b[2 * l + 1]]));
-    let mut acc = [0f32; 16];
-    for (wc, ac) in w[..2 * n].chunks_exact(32).zip(a[..2 * n].chunks_exact(32)) {
-        let wv: [f32; 16] = std::array::from_fn(|l| h(wc, l));
-        let av: [f32; 16] = std::array::from_fn(|l| h(ac, l));
-        fma_step(&mut acc, &wv, &av);
-    }
-    reduce_add_16(&acc)
-}
+use portable::{dot_f16, dot_f32};
 
 /// AVX2 form of the same 16-lane chains (two 8-lane registers), for builds with the x86-64-v3
 /// baseline the workspace sets.
