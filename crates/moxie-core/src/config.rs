@@ -252,6 +252,8 @@ impl Config {
 
         let gating_id = k.uint_opt("expert_gating_func")?.unwrap_or(0);
         let gating = match (gating_id, arch) {
+            // llama.cpp's qwen3moe graph hard-codes softmax gating, whatever the metadata says.
+            (_, Arch::Qwen3Moe) => Gating::Softmax,
             (1, _) => Gating::Softmax,
             (2, _) => Gating::Sigmoid,
             (0, Arch::Glm4Moe) => Gating::Sigmoid,
@@ -366,7 +368,9 @@ impl Config {
             n_expert_groups,
             n_group_used,
             expert_weights_scale: k.float_opt("expert_weights_scale")?.unwrap_or(0.0),
-            expert_weights_norm: k.bool_opt("expert_weights_norm")?.unwrap_or(false),
+            // qwen3moe always renormalises the top-k weights (hard-coded in llama.cpp's graph).
+            expert_weights_norm: arch == Arch::Qwen3Moe
+                || k.bool_opt("expert_weights_norm")?.unwrap_or(false),
             gating,
             q_lora_rank: k.uint_opt("attention.q_lora_rank")?.unwrap_or(0),
             kv_lora_rank: k.uint_opt("attention.kv_lora_rank")?.unwrap_or(0),

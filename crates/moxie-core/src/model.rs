@@ -615,7 +615,7 @@ pub fn route_top_k(c: &Config, logits: &[f32], bias: Option<&[f32]>) -> Vec<(usi
     idx.sort_by(|&a, &b| sel[b].total_cmp(&sel[a]).then(a.cmp(&b)));
     idx.truncate(c.n_expert_used);
     let mut out: Vec<(usize, f32)> = idx.iter().map(|&e| (e, probs[e])).collect();
-    if c.expert_weights_norm || c.arch == Arch::Qwen3Moe {
+    if c.expert_weights_norm {
         // ggml_sum_rows accumulates in f64.
         let sum = out.iter().map(|x| x.1 as f64).sum::<f64>() as f32;
         let sum = sum.max(6.103_515_6e-5);
