@@ -81,8 +81,8 @@ pub(crate) fn load_model(a: &ModelArgs) -> Result<Model> {
     Model::load(file).with_context(|| format!("loading {}", a.model.display()))
 }
 
-pub(crate) fn load_tokenizer(model: &Model) -> Result<moxie_tokenizer::Tokenizer> {
-    let meta = model.file.metadata();
+/// The tokenizer described by a model's metadata.
+pub(crate) fn load_tokenizer(meta: &moxie_gguf::Metadata) -> Result<moxie_tokenizer::Tokenizer> {
     let data = moxie_tokenizer::VocabData::from_gguf(meta)?;
     Ok(moxie_tokenizer::Tokenizer::new(data)?)
 }
@@ -119,7 +119,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         bail!("-b and -ub must be positive");
     }
     let model = load_model(&a.model)?;
-    let tok = load_tokenizer(&model)?;
+    let tok = load_tokenizer(model.file.metadata())?;
     let par = a.model.parallel();
     let n_ctx = a
         .model
@@ -129,16 +129,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         .max(1);
 
     let (text, parse_special) = if a.chat {
-        let src = model
-            .file
-            .metadata()
-            .get_str("tokenizer.chat_template")
-            .context("--chat: the model has no tokenizer.chat_template")?;
-        let piece = |id: Option<u32>| {
-            id.map(|i| String::from_utf8_lossy(&tok.token_to_piece(i, true)).into_owned())
-                .unwrap_or_default()
-        };
-        let tpl = moxie_tokenizer::ChatTemplate::new(src, &piece(tok.bos()), &piece(tok.eos()))?;
+        let tpl = moxie_tokenizer::ChatTemplate::from_tokenizer(&tok).context("--chat")?;
         let msgs = vec![serde_json::json!({"role": "user", "content": a.prompt})];
         let mut extra = serde_json::Map::new();
         if a.no_think {

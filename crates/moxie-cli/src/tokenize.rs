@@ -37,8 +37,7 @@ pub fn main(a: Args) -> Result<()> {
         _ => bail!("give exactly one of --text or --file"),
     };
     let file = moxie_gguf::GgufFile::open_header_only(&a.model)?;
-    let data = moxie_tokenizer::VocabData::from_gguf(file.metadata())?;
-    let tok = moxie_tokenizer::Tokenizer::new(data)?;
+    let tok = crate::run::load_tokenizer(file.metadata())?;
     let ids = tok.encode(&text, !a.no_bos, a.parse_special);
     let mut o = String::new();
     if a.json {
