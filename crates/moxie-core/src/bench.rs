@@ -51,12 +51,13 @@ pub fn run_once(model: &Model, par: &Parallel, test: BenchTest, ubatch: usize) -
     let mut cache = model.new_cache(Some(test.depth + test.n_tokens() + 1));
     let depth: Vec<u32> = (0..test.depth).map(|i| bench_token(i, n_vocab)).collect();
     for chunk in depth.chunks(ubatch.max(1)) {
-        model.forward(chunk, &mut cache, par, Logits::Last)?;
+        model.forward(chunk, &mut cache, par, Logits::None)?;
     }
     let prompt: Vec<u32> = (0..test.n_prompt)
         .map(|i| bench_token(test.depth + i, n_vocab))
         .collect();
     let t0 = Instant::now();
+    // llama-bench's batches ask for the last token's logits of every batch; so do these.
     for chunk in prompt.chunks(ubatch.max(1)) {
         model.forward(chunk, &mut cache, par, Logits::Last)?;
     }

@@ -91,6 +91,8 @@ pub struct Layer {
 pub enum Logits {
     All,
     Last,
+    /// Only fill the KV cache (prompt chunks whose logits nobody reads).
+    None,
 }
 
 pub struct Model {
@@ -273,6 +275,7 @@ impl Model {
         let rows = match which {
             Logits::All => &mut x[..],
             Logits::Last => &mut x[(n - 1) * n_embd..],
+            Logits::None => return Ok(Vec::new()),
         };
         ops::rms_norm_mul(rows, &self.output_norm, c.rms_eps);
         let n_out = rows.len() / n_embd;
