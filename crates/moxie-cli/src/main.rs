@@ -5,6 +5,7 @@ mod bench;
 mod gen;
 mod inspect;
 mod run;
+mod sweep_bench;
 mod tokenize;
 
 use std::process::ExitCode;
@@ -36,6 +37,9 @@ enum Cmd {
     Gen(gen::Args),
     /// Measure prompt processing and generation speed (llama-bench's flags and output).
     Bench(bench::Args),
+    /// Prompt processing and generation speed over a growing context (ik_llama.cpp's
+    /// llama-sweep-bench: PP, TG, N_KV, T_PP s, S_PP t/s, T_TG s, S_TG t/s).
+    SweepBench(sweep_bench::Args),
 }
 
 /// llama.cpp spells some flags with one dash and several letters (`-ub`), which clap cannot
@@ -44,6 +48,7 @@ fn llama_cpp_style_args(args: impl Iterator<Item = std::ffi::OsString>) -> Vec<s
     args.map(|a| match a.to_str() {
         Some("-ub") => "--ubatch-size".into(),
         Some("-pg") => "--n-pg".into(),
+        Some("-wb") => "--warmup-batch".into(),
         _ => a,
     })
     .collect()
@@ -58,6 +63,7 @@ fn main() -> ExitCode {
         Cmd::Tokenize(a) => tokenize::main(a),
         Cmd::Gen(a) => gen::main(a),
         Cmd::Bench(a) => bench::main(a),
+        Cmd::SweepBench(a) => sweep_bench::main(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

@@ -287,7 +287,8 @@ fn bad_specs_are_errors() {
             .name,
         "glm4moe-tiny"
     );
-    assert!(SynthSpec::preset_for("bench-ds", Some(Arch::Qwen3Moe)).is_err());
+    assert!(SynthSpec::preset_for("bench-deepseek2", Some(Arch::Qwen3Moe)).is_err());
+    assert!(SynthSpec::preset_for("bench-qwen3moe", Some(Arch::Glm4Moe)).is_err());
     let mut s = tiny("glm4moe", "F32");
     assert!(s.shape.set("n_experts", "4").is_err());
     assert!(s.shape.set("n_expert", "four").is_err());
@@ -300,51 +301,104 @@ fn bad_specs_are_errors() {
     assert!(!dir.join("x.gguf").exists() && !dir.join("x.gguf.partial").exists());
 }
 
+/// Parameters and tensor bytes of `spec` from its plan (nothing generated).
+fn planned_size(spec: &SynthSpec) -> (u64, u64) {
+    let plan = synth::plan(spec).unwrap();
+    (
+        plan.iter().map(|t| t.n_elements()).sum(),
+        plan.iter().map(|t| t.n_bytes()).sum(),
+    )
+}
+
 #[test]
 fn bench_presets_have_the_documented_sizes() {
-    let ds = SynthSpec::preset("bench-ds").unwrap();
-    let params: u64 = synth::plan(&ds)
-        .unwrap()
-        .iter()
-        .map(|t| t.n_elements())
-        .sum();
-    assert!(
-        (3.20e9..3.26e9).contains(&(params as f64)),
-        "bench-ds params {params}"
+    // (preset, arch, params, Q4_K_M bytes, Q8_0 bytes), each as a range around the sizes in
+    // the presets' descriptions. bench-deepseek2 is the model of ../shared/notes/baselines.md
+    // (Q4_K_M file 1.96 GB, Q8_0 3.43 GB).
+    type Range = std::ops::Range<f64>;
+    let cases: [(&str, Arch, Range, Range, Range); 2] = [
+        (
+            "bench-deepseek2",
+            Arch::Deepseek2,
+            3.20e9..3.26e9,
+            1.90e9..2.02e9,
+            3.38e9..3.48e9,
+        ),
+        (
+            "bench-qwen3moe",
+            Arch::Qwen3Moe,
+            3.25e9..3.31e9,
+            1.95e9..2.06e9,
+            3.45e9..3.55e9,
+        ),
+    ];
+    for (name, arch, params, q4, q8) in cases {
+        let spec = SynthSpec::preset(name).unwrap();
+        assert_eq!(spec.arch, arch, "{name}");
+        assert_eq!(spec.name, name);
+        assert_eq!(spec.ty, SynthType::parse("Q4_K_M").unwrap(), "{name}");
+        spec.validate().unwrap();
+        let (n, q4_bytes) = planned_size(&spec);
+        assert!(params.contains(&(n as f64)), "{name} params {n}");
+        assert!(
+            q4.contains(&(q4_bytes as f64)),
+            "{name} Q4_K_M bytes {q4_bytes}"
+        );
+        let mut q8_spec = spec.clone();
+        q8_spec.ty = SynthType::parse("Q8_0").unwrap();
+        q8_spec.validate().unwrap();
+        let (n8, q8_bytes) = planned_size(&q8_spec);
+        assert_eq!(n8, n);
+        assert!(
+            q8.contains(&(q8_bytes as f64)),
+            "{name} Q8_0 bytes {q8_bytes}"
+        );
+        // Far beyond a 300 MiB L3 even at Q4_K_M; Q8_0 fits a 24 GiB machine many times.
+        assert!(q4_bytes > 5 * (300 << 20), "{name}");
+        assert!(q8_bytes < 8 << 30, "{name}");
+        let meta = synth::metadata(&spec).unwrap();
+        let toks = meta
+            .iter()
+            .find(|(k, _)| k == "tokenizer.ggml.tokens")
+            .unwrap();
+        match &toks.1 {
+            Value::Array(a) => assert_eq!(a.len(), 32768),
+            _ => panic!(),
+        }
+    }
+
+    let ds = SynthSpec::preset("bench-deepseek2").unwrap().shape;
+    assert_eq!(
+        (ds.n_layer, ds.n_dense_lead, ds.n_expert, ds.n_expert_used),
+        (20, 1, 64, 6)
     );
-    let bytes: u64 = synth::plan(&ds).unwrap().iter().map(|t| t.n_bytes()).sum();
-    // baselines.md: Q4_K_M file 1.96 GB
-    assert!(
-        (1.90e9..2.02e9).contains(&(bytes as f64)),
-        "bench-ds Q4_K_M bytes {bytes}"
+    assert_eq!((ds.n_expert_shared, ds.kv_lora_rank), (1, 512));
+    let qw = SynthSpec::preset("bench-qwen3moe").unwrap().shape;
+    assert_eq!(
+        (qw.n_embd, qw.n_layer, qw.n_expert, qw.n_expert_used),
+        (1536, 20, 128, 8)
     );
-    let mut q8 = ds.clone();
-    q8.ty = SynthType::parse("Q8_0").unwrap();
-    let bytes: u64 = synth::plan(&q8).unwrap().iter().map(|t| t.n_bytes()).sum();
-    // baselines.md: Q8_0 3.43 GB
-    assert!(
-        (3.38e9..3.48e9).contains(&(bytes as f64)),
-        "bench-ds Q8_0 bytes {bytes}"
-    );
-    let qw = SynthSpec::preset("bench-qwen").unwrap();
-    assert_eq!(qw.arch, Arch::Qwen3Moe);
-    let params: u64 = synth::plan(&qw)
-        .unwrap()
-        .iter()
-        .map(|t| t.n_elements())
-        .sum();
-    assert!(
-        (3.2e9..3.35e9).contains(&(params as f64)),
-        "bench-qwen params {params}"
-    );
-    let meta = synth::metadata(&ds).unwrap();
-    let toks = meta
-        .iter()
-        .find(|(k, _)| k == "tokenizer.ggml.tokens")
-        .unwrap();
-    match &toks.1 {
-        Value::Array(a) => assert_eq!(a.len(), 32768),
-        _ => panic!(),
+    assert_eq!((qw.n_head, qw.n_head_kv, qw.n_expert_shared), (16, 4, 0));
+}
+
+#[test]
+fn bench_ds_and_bench_qwen_are_aliases() {
+    for (alias, name) in [
+        ("bench-ds", "bench-deepseek2"),
+        ("bench-qwen", "bench-qwen3moe"),
+    ] {
+        assert_eq!(
+            SynthSpec::preset(alias).unwrap(),
+            SynthSpec::preset(name).unwrap()
+        );
+        let arch = SynthSpec::preset(name).unwrap().arch;
+        assert_eq!(SynthSpec::preset_for(alias, Some(arch)).unwrap().name, name);
+        let desc = synth::presets()
+            .iter()
+            .find(|(n, _)| *n == alias)
+            .unwrap()
+            .1;
+        assert!(desc.starts_with(&format!("alias of {name}")), "{desc}");
     }
 }
 

@@ -360,12 +360,17 @@ const PRESETS: &[(&str, &str)] = &[
         "glm4moe like the fixture (3.7 M params): hidden 256, 3 layers (1 dense + 2 MoE), GQA 4/2 x 64 with qkv bias, q/k norm, rope on 32 of 64 dims, 16 experts x 64 top-4 + 1 shared, sigmoid + bias, vocab 2048",
     ),
     (
-        "bench-ds",
-        "deepseek2 benchmark model (3.23 B params; Q4_K_M ~1.96 GB): hidden 1536, 20 layers (1 dense n_ff 4096 + 19 MoE), MLA 16 heads (q_lora 768, kv_lora 512, rope 64, nope 128, v 128), 64 experts x 512 top-6 + 1 shared, sigmoid + bias, vocab 32768",
+        "bench-deepseek2",
+        "deepseek2 benchmark model (3.23 B params; Q4_K_M 1.96 GB, Q8_0 3.43 GB): hidden 1536, 20 layers (1 dense n_ff 4096 + 19 MoE), MLA 16 heads (q_lora 768, kv_lora 512, rope 64, nope 128, v 128), 64 experts x 512 top-6 + 1 shared, sigmoid + bias, vocab 32768",
     ),
     (
+        "bench-qwen3moe",
+        "qwen3moe benchmark model (3.28 B params; Q4_K_M 2.00 GB, Q8_0 3.50 GB): hidden 1536, 20 MoE layers, GQA 16/4 x 128, 128 experts x 256 top-8, softmax, vocab 32768",
+    ),
+    ("bench-ds", "alias of bench-deepseek2"),
+    (
         "bench-qwen",
-        "qwen3moe benchmark twin of bench-ds (3.28 B params): hidden 1536, 20 MoE layers, GQA 16/4 x 128, 64 experts x 512 top-8, softmax, vocab 32768",
+        "alias of bench-qwen3moe (before it, bench-qwen had 64 experts x 512: add --set n_expert=64 --set n_ff_exp=512 for that shape)",
     ),
 ];
 
@@ -475,8 +480,50 @@ fn glm4moe_tiny_shape() -> SynthShape {
     }
 }
 
+/// `bench-deepseek2`: DeepSeek-V3's proportions at 3.23 B parameters (the shape of the peer
+/// baselines in `shared/notes/baselines.md`).
+fn bench_deepseek2_shape() -> SynthShape {
+    SynthShape {
+        n_vocab: 32768,
+        n_embd: 1536,
+        n_layer: 20,
+        n_dense_lead: 1,
+        n_ff: 4096,
+        n_head: 16,
+        q_lora_rank: 768,
+        kv_lora_rank: 512,
+        qk_nope_dim: 128,
+        qk_rope_dim: 64,
+        v_head_dim: 128,
+        n_expert: 64,
+        n_expert_used: 6,
+        n_ff_exp: 512,
+        n_expert_shared: 1,
+        ..deepseek2_tiny_shape()
+    }
+}
+
+/// `bench-qwen3moe`: Qwen3-30B-A3B's routing (128 experts, top-8, no shared expert) at
+/// 3.28 B parameters; `n_ff_exp` 256 keeps expert rows a whole number of K-quant blocks.
+fn bench_qwen3moe_shape() -> SynthShape {
+    SynthShape {
+        n_vocab: 32768,
+        n_embd: 1536,
+        n_layer: 20,
+        n_ff: 4096,
+        n_head: 16,
+        n_head_kv: 4,
+        head_dim: 128,
+        n_expert: 128,
+        n_expert_used: 8,
+        n_ff_exp: 256,
+        ..qwen3moe_tiny_shape()
+    }
+}
+
 impl SynthSpec {
-    /// The preset `name` (see [`presets`]); also accepts `tiny-<arch>`.
+    /// The preset `name` (see [`presets`]); also accepts `tiny-<arch>` and the aliases
+    /// `bench-ds` (= `bench-deepseek2`) and `bench-qwen` (= `bench-qwen3moe`).
     pub fn preset(name: &str) -> Result<SynthSpec> {
         let (arch, shape, ty, seed) = match name {
             "deepseek2-tiny" | "tiny-deepseek2" => (
@@ -497,39 +544,18 @@ impl SynthSpec {
                 SynthType::Plain(GgmlType::F32),
                 3003,
             ),
-            "bench-ds" => {
-                let mut s = deepseek2_tiny_shape();
-                s.n_vocab = 32768;
-                s.n_embd = 1536;
-                s.n_layer = 20;
-                s.n_dense_lead = 1;
-                s.n_ff = 4096;
-                s.n_head = 16;
-                s.q_lora_rank = 768;
-                s.kv_lora_rank = 512;
-                s.qk_rope_dim = 64;
-                s.qk_nope_dim = 128;
-                s.v_head_dim = 128;
-                s.n_expert = 64;
-                s.n_expert_used = 6;
-                s.n_ff_exp = 512;
-                s.n_expert_shared = 1;
-                (Arch::Deepseek2, s, SynthType::Mix(QuantMix::Q4_K_M), 4004)
-            }
-            "bench-qwen" => {
-                let mut s = qwen3moe_tiny_shape();
-                s.n_vocab = 32768;
-                s.n_embd = 1536;
-                s.n_layer = 20;
-                s.n_ff = 4096;
-                s.n_head = 16;
-                s.n_head_kv = 4;
-                s.head_dim = 128;
-                s.n_expert = 64;
-                s.n_expert_used = 8;
-                s.n_ff_exp = 512;
-                (Arch::Qwen3Moe, s, SynthType::Mix(QuantMix::Q4_K_M), 5005)
-            }
+            "bench-deepseek2" | "bench-ds" => (
+                Arch::Deepseek2,
+                bench_deepseek2_shape(),
+                SynthType::Mix(QuantMix::Q4_K_M),
+                4004,
+            ),
+            "bench-qwen3moe" | "bench-qwen" => (
+                Arch::Qwen3Moe,
+                bench_qwen3moe_shape(),
+                SynthType::Mix(QuantMix::Q4_K_M),
+                5005,
+            ),
             _ => {
                 return Err(Error::Model(format!(
                     "synth: unknown preset '{name}'; presets: {}",
@@ -541,9 +567,13 @@ impl SynthSpec {
                 )))
             }
         };
-        let name = name
-            .strip_prefix("tiny-")
-            .map_or(name.to_owned(), |a| format!("{a}-tiny"));
+        let name = match name {
+            "bench-ds" => "bench-deepseek2".to_owned(),
+            "bench-qwen" => "bench-qwen3moe".to_owned(),
+            _ => name
+                .strip_prefix("tiny-")
+                .map_or(name.to_owned(), |a| format!("{a}-tiny")),
+        };
         Ok(SynthSpec {
             arch,
             shape,
