@@ -57,6 +57,9 @@ pub struct Args {
     /// Repetitions per test.
     #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
     reps: usize,
+    /// llama.cpp's summation order everywhere (bit-identical logits, slower prompt processing).
+    #[arg(long)]
+    exact: bool,
     /// Output format: md, json, jsonl or csv.
     #[arg(short = 'o', long = "output", default_value = "md")]
     output: String,
@@ -178,7 +181,7 @@ pub fn main(a: Args) -> Result<()> {
             ftype_name(ftype)
         );
         for &t in &threads {
-            let par = Parallel::new(t);
+            let par = Parallel::new(t).with_numerics(crate::run::numerics(a.exact));
             for &b in &a.batch {
                 for &ub in &a.ubatch {
                     let micro = ub.min(b);

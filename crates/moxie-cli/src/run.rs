@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use moxie_core::generate::{generate, GenParams};
-use moxie_core::{Logits, Model, Parallel, Sampler, SamplerConfig};
+use moxie_core::{Logits, Model, Numerics, Parallel, Sampler, SamplerConfig};
 
 #[derive(clap::Args)]
 pub struct ModelArgs {
@@ -18,14 +18,28 @@ pub struct ModelArgs {
     /// Context size in tokens (default: 4096, capped at the model's training context).
     #[arg(short = 'c', long = "ctx-size")]
     pub ctx_size: Option<usize>,
+    /// Sum every product in llama.cpp's order (bit-identical logits, slower prompt processing)
+    /// instead of the fast batched kernels.
+    #[arg(long)]
+    pub exact: bool,
 }
 
 impl ModelArgs {
     fn parallel(&self) -> Parallel {
-        match self.threads {
+        let par = match self.threads {
             Some(t) => Parallel::new(t),
             None => Parallel::available(),
-        }
+        };
+        par.with_numerics(numerics(self.exact))
+    }
+}
+
+/// `--exact` as [`Numerics`].
+pub fn numerics(exact: bool) -> Numerics {
+    if exact {
+        Numerics::Exact
+    } else {
+        Numerics::Fast
     }
 }
 

@@ -49,6 +49,9 @@ pub struct Args {
     /// Skip the warm-up (one token, then the cache is cleared).
     #[arg(long)]
     no_warmup: bool,
+    /// llama.cpp's summation order everywhere (bit-identical logits, slower prompt processing).
+    #[arg(long)]
+    exact: bool,
     /// Warm up with a full micro-batch as well (`-wb`), so the first row does not pay for
     /// first-touch page faults of the mapped weights.
     #[arg(long = "warmup-batch")]
@@ -197,7 +200,10 @@ fn step(
 
 pub fn main(a: Args) -> Result<()> {
     Setup::check_flags(&a)?;
-    let par = a.threads.map_or_else(Parallel::available, Parallel::new);
+    let par = a
+        .threads
+        .map_or_else(Parallel::available, Parallel::new)
+        .with_numerics(crate::run::numerics(a.exact));
     let file = crate::open_gguf(&a.model)?;
     let model = Model::load(file).with_context(|| format!("loading {}", a.model.display()))?;
     let s = Setup::resolve(&a, model.config.n_ctx_train, par.n_threads())?;

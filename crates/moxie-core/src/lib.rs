@@ -18,7 +18,7 @@ pub mod tensor;
 pub use config::{Arch, Config};
 pub use kv_cache::KvCache;
 pub use model::{Logits, Model};
-pub use parallel::Parallel;
+pub use parallel::{Numerics, Parallel};
 pub use sampling::{Sampler, SamplerConfig};
 
 /// Errors of the core crate.

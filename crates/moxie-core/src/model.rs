@@ -11,7 +11,7 @@ use moxie_gguf::GgufFile;
 use crate::config::{Arch, Config, Gating};
 use crate::kv_cache::{KvCache, LayerKvShape};
 use crate::ops::{self, f16_round};
-use crate::parallel::Parallel;
+use crate::parallel::{Numerics, Parallel};
 use crate::tensor::{QuantizedActs, Tensor};
 use crate::{Error, Result};
 
@@ -662,6 +662,9 @@ fn attend(
 ) {
     use moxie_quant::GgmlType;
     let n = q.len() / (g.n_head * g.dk);
+    if n > 1 && par.numerics() == Numerics::Fast {
+        return attend_batch_f32(g, q, keys, values, out, par);
+    }
     let group = g.n_head / g.n_head_kv;
     let n_rows = n * g.n_head;
     let work = (g.pos0 + n) * (g.dk + g.dv);
@@ -736,6 +739,101 @@ fn attend(
                 }
                 *od = moxie_quant::reduce_add_16(&lanes);
             }
+        }
+    });
+}
+
+/// [`Numerics::Fast`] attention for a batch of queries: the cache's keys and values are
+/// converted to f32 once per call, then per block of tokens and kv head the scores and the
+/// weighted sum of values are blocked f32 matrix products (each K/V row is read once per block
+/// instead of once per query row). Causal masking is applied to the scores.
+fn attend_batch_f32(
+    g: AttnGeom,
+    q: &[f32],
+    keys: &[half::f16],
+    values: &[half::f16],
+    out: &mut [f32],
+    par: &Parallel,
+) {
+    /// Tokens per block: all their query heads of one kv head share one pass over K and V.
+    const BLOCK: usize = 16;
+    let n = q.len() / (g.n_head * g.dk);
+    let n_kv = g.pos0 + n;
+    let group = g.n_head / g.n_head_kv;
+    let to_f32 = |src: &[half::f16], stride: usize, width: usize| {
+        let mut dst = vec![0f32; g.n_head_kv * n_kv * width];
+        for (kvh, head) in dst.chunks_exact_mut(n_kv * width).enumerate() {
+            for (j, row) in head.chunks_exact_mut(width).enumerate() {
+                let s = j * stride + kvh * width;
+                half::slice::HalfFloatSliceExt::convert_to_f32_slice(&src[s..s + width], row);
+            }
+        }
+        dst
+    };
+    let k32 = to_f32(keys, g.k_stride, g.dk);
+    // MLA's values are the first `dv` elements of its (single) key rows: no second copy.
+    let mla_values = std::ptr::eq(keys.as_ptr(), values.as_ptr())
+        && g.n_head_kv == 1
+        && g.v_stride == g.k_stride
+        && g.dv <= g.dk;
+    let v32_own;
+    let (v32, ldv) = if mla_values {
+        (&k32, g.dk)
+    } else {
+        v32_own = to_f32(values, g.v_stride, g.dv);
+        (&v32_own, g.dv)
+    };
+    let work = n_kv * g.n_head * (g.dk + g.dv);
+    par.for_each_range(n, work, out, g.n_head * g.dv, |toks, o| {
+        let mut qbuf = Vec::new();
+        let mut scores = Vec::new();
+        let mut obuf = Vec::new();
+        let mut t0 = toks.start;
+        while t0 < toks.end {
+            let t1 = (t0 + BLOCK).min(toks.end);
+            let rows = (t1 - t0) * group;
+            let kv_len = g.pos0 + t1;
+            for kvh in 0..g.n_head_kv {
+                qbuf.clear();
+                // Queries and probabilities are rounded to f16 as ggml does (the cache is f16
+                // and ggml converts the other operand to it): the fixtures' quantized models
+                // amplify that rounding, so skipping it would not be "float rounding" only.
+                for t in t0..t1 {
+                    let first = (t * g.n_head + kvh * group) * g.dk;
+                    qbuf.extend(q[first..first + group * g.dk].iter().map(|&v| f16_round(v)));
+                }
+                scores.resize(rows * kv_len, 0.0);
+                let kh = &k32[kvh * n_kv * g.dk..];
+                moxie_quant::gemm_f32_abt(
+                    rows,
+                    kv_len,
+                    g.dk,
+                    &qbuf,
+                    g.dk,
+                    kh,
+                    g.dk,
+                    &mut scores,
+                    kv_len,
+                );
+                for (r, srow) in scores.chunks_exact_mut(kv_len).enumerate() {
+                    let len = g.pos0 + t0 + r / group + 1;
+                    srow[..len].iter_mut().for_each(|s| *s *= g.kq_scale);
+                    ops::softmax(&mut srow[..len]);
+                    srow[..len].iter_mut().for_each(|p| *p = f16_round(*p));
+                    srow[len..].fill(0.0);
+                }
+                obuf.resize(rows * g.dv, 0.0);
+                let vh = &v32[kvh * n_kv * ldv..];
+                moxie_quant::gemm_f32_ab(
+                    rows, kv_len, g.dv, &scores, kv_len, vh, ldv, &mut obuf, g.dv,
+                );
+                for (r, orow) in obuf.chunks_exact(g.dv).enumerate() {
+                    let (t, hg) = (t0 + r / group, r % group);
+                    let at = ((t - toks.start) * g.n_head + kvh * group + hg) * g.dv;
+                    o[at..at + g.dv].copy_from_slice(orow);
+                }
+            }
+            t0 = t1;
         }
     });
 }

@@ -44,8 +44,11 @@ pub fn ggml_v_expf(x: f32) -> f32 {
         }
         return if n <= 0.0 { 0.0 } else { f32::INFINITY };
     }
-    // scalef: j * 2^n with one rounding (exact in f64, then rounded to f32).
-    (j as f64 * (n as f64).exp2()) as f32
+    // scalef: j * 2^n with one rounding (exact in f64, then rounded to f32). n is an integer
+    // in [-192, 192] here, so 2^n is built from its exponent bits (what libm's exp2 returns
+    // for it, without the call).
+    let pow2 = f64::from_bits(((n as i64 + 1023) as u64) << 52);
+    (j as f64 * pow2) as f32
 }
 
 /// Softmax of one row in place, as ggml's CPU soft_max: subtract the max, exponentiate

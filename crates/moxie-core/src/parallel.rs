@@ -7,17 +7,35 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-/// How many threads row-parallel kernels may use, and the persistent workers that run them
-/// (the calling thread works too, so the pool holds `n_threads - 1`).
+/// The compute context every kernel of the forward pass receives: how many threads row-parallel
+/// kernels may use, the persistent workers that run them (the calling thread works too, so the
+/// pool holds `n_threads - 1`), and which [`Numerics`] batched products may use.
 #[derive(Clone)]
 pub struct Parallel {
     n_threads: usize,
     pool: Option<Arc<rayon::ThreadPool>>,
+    numerics: Numerics,
+}
+
+/// Whether batched matrix products must sum exactly as llama.cpp does.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Numerics {
+    /// Faster kernels for batches (int8 GEMM on AVX-512 VNNI): every block's integer dot product
+    /// is ggml's, only the float accumulation order differs, so logits agree with llama.cpp to
+    /// float rounding. One-token decode is unaffected.
+    #[default]
+    Fast,
+    /// llama.cpp's summation order everywhere (bit-identical logits; slower prompt processing).
+    Exact,
 }
 
 impl std::fmt::Debug for Parallel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Parallel({} threads)", self.n_threads)
+        write!(
+            f,
+            "Parallel({} threads, {:?})",
+            self.n_threads, self.numerics
+        )
     }
 }
 
@@ -42,6 +60,7 @@ impl Parallel {
         Parallel {
             n_threads: if pool.is_some() { n_threads } else { 1 },
             pool,
+            numerics: Numerics::default(),
         }
     }
 
@@ -49,7 +68,18 @@ impl Parallel {
         Parallel {
             n_threads: 1,
             pool: None,
+            numerics: Numerics::default(),
         }
+    }
+
+    /// The same workers with other numerics.
+    pub fn with_numerics(mut self, numerics: Numerics) -> Self {
+        self.numerics = numerics;
+        self
+    }
+
+    pub fn numerics(&self) -> Numerics {
+        self.numerics
     }
 
     /// All cores the process may use.

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use moxie_gguf::GgufFile;
 use moxie_quant::{GgmlType, VecDotFn};
 
-use crate::parallel::Parallel;
+use crate::parallel::{Numerics, Parallel};
 use crate::{Error, Result};
 
 /// Where a tensor's bytes live.
@@ -221,7 +221,10 @@ impl<'a> Mat<'a> {
     /// sum in an order that differs from `vec_dot`'s.
     pub fn matmul_q(&self, par: &Parallel, acts: &QuantizedActs, out: &mut [f32]) {
         let batched = acts.n_rows() >= 2 && self.n_out.is_multiple_of(4);
-        self.run(par, acts, out, self.mul_mat_kernel(acts.n_rows(), batched));
+        let kernel = self
+            .fast_kernel(par, acts.n_rows())
+            .unwrap_or_else(|| self.mul_mat_kernel(acts.n_rows(), batched));
+        self.run(par, acts, out, kernel);
     }
 
     /// `mul_mat` whose input ggml holds as a permuted (non-contiguous) view, e.g. MLA's
@@ -231,19 +234,34 @@ impl<'a> Mat<'a> {
         let acts = QuantizedActs::new(self.act_ty, self.n_in, x);
         let batched =
             self.ty != GgmlType::F32 && acts.n_rows() >= 2 && self.n_out.is_multiple_of(4);
-        self.run(par, &acts, out, self.mul_mat_kernel(acts.n_rows(), batched));
+        let kernel = self
+            .fast_kernel(par, acts.n_rows())
+            .unwrap_or_else(|| self.mul_mat_kernel(acts.n_rows(), batched));
+        self.run(par, &acts, out, kernel);
     }
 
     /// ggml `mul_mat_id` semantics (routed experts; `acts` holds the rows routed to this
     /// expert): the tiled K-quant order when at least 8 rows are routed to it, else `vec_dot`'s.
     pub fn matmul_q_id(&self, par: &Parallel, acts: &QuantizedActs, out: &mut [f32]) {
-        let kernel = if moxie_quant::tiled_used_for_mul_mat_id(self.ty, acts.n_rows()) {
+        let kernel = if let Some(k) = self.fast_kernel(par, acts.n_rows()) {
+            k
+        } else if moxie_quant::tiled_used_for_mul_mat_id(self.ty, acts.n_rows()) {
             moxie_quant::tiled_dot_many_fn(self.ty, self.n_in)
                 .map_or(Kernel::Dot(self.dot), Kernel::Many)
         } else {
             Kernel::Dot(self.dot)
         };
         self.run(par, acts, out, kernel);
+    }
+
+    /// The int8 GEMM for batches of at least [`GEMM_MIN_TOKENS`] under [`Numerics::Fast`],
+    /// where the CPU and the weight type allow it.
+    fn fast_kernel(&self, par: &Parallel, n_tok: usize) -> Option<Kernel> {
+        (par.numerics() == Numerics::Fast
+            && n_tok >= GEMM_MIN_TOKENS
+            && moxie_quant::gemm_available()
+            && moxie_quant::gemm_supports(self.ty, self.n_in))
+        .then_some(Kernel::Int8Gemm)
     }
 
     /// The kernel ggml's `mul_mat` uses for `n_rows` activation rows: the tiled K-quant path
@@ -294,6 +312,35 @@ impl<'a> Mat<'a> {
                     }
                 });
             }
+            Kernel::Int8Gemm => {
+                let g = moxie_quant::GemmActs::new(self.ty, self.n_in, &acts.data, acts.row_bytes)
+                    .expect("activations were quantized to this matrix's partner type");
+                const T: usize = moxie_quant::GEMM_TILE_ROWS;
+                let n_tiles = self.n_out.div_ceil(T);
+                // Results come per 16-row tile, token by token, and are put back in
+                // token-major order.
+                let mut tiled = vec![0f32; n_tiles * n_tok * T];
+                par.for_each_range(
+                    n_tiles,
+                    T * self.n_in * n_tok,
+                    &mut tiled,
+                    n_tok * T,
+                    |ts, o| {
+                        let rows = &self.data[ts.start * T * self.row_bytes
+                            ..(ts.end * T).min(self.n_out) * self.row_bytes];
+                        let done = moxie_quant::gemm_q8(self.ty, self.n_in, rows, &g, o);
+                        debug_assert!(done, "fast_kernel checked the int8 GEMM applies");
+                    },
+                );
+                for (tile, block) in tiled.chunks_exact(n_tok * T).enumerate() {
+                    let r0 = tile * T;
+                    let n = (self.n_out - r0).min(T);
+                    for (t, vals) in block.chunks_exact(T).enumerate() {
+                        out[t * self.n_out + r0..t * self.n_out + r0 + n]
+                            .copy_from_slice(&vals[..n]);
+                    }
+                }
+            }
             Kernel::Many(many) => {
                 // Row-major: each weight row is unpacked once for all tokens; results land
                 // transposed ([row][token]) and are put back in token-major order.
@@ -320,7 +367,13 @@ enum Kernel {
     Dot(VecDotFn),
     /// One weight row against all activation rows.
     Many(moxie_quant::DotManyFn),
+    /// 16 weight rows at a time against all activation rows, int8 on VNNI ([`Numerics::Fast`]).
+    Int8Gemm,
 }
+
+/// From this many activation rows on, [`Numerics::Fast`] uses the int8 GEMM: decoding a weight
+/// tile once then costs less than `vec_dot` unpacking it per token.
+const GEMM_MIN_TOKENS: usize = 4;
 
 /// Activation rows converted to a dot-product partner type.
 pub struct QuantizedActs {

@@ -36,6 +36,8 @@
 mod common;
 pub mod dispatch;
 pub mod f16;
+pub mod f32gemm;
+pub mod gemm;
 pub mod iq4;
 pub mod kquants;
 pub mod legacy;
@@ -50,6 +52,8 @@ pub use dispatch::{
     vec_dot_fn_for_level, vec_dot_type, DequantizeFn, QuantError, QuantizeFn, SimdLevel, VecDotFn,
 };
 pub use f16::{bf16_to_f32, f32_to_bf16, f32_to_fp16, fp16_to_f32};
+pub use f32gemm::{gemm_f32_ab, gemm_f32_abt};
+pub use gemm::{gemm_available, gemm_q8, gemm_supports, GemmActs, GEMM_TILE_ROWS};
 pub use tiled::{
     tiled_dot_fn, tiled_dot_many_fn, tiled_used_for_mul_mat, tiled_used_for_mul_mat_id, DotManyFn,
 };

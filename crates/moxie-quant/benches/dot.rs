@@ -1,0 +1,253 @@
+//! Kernel micro-benchmarks: matrix-vector and 32-row products for every weight type moxie
+//! computes with, reported as weight bytes read per second (divan's `BytesCount`, GB/s).
+//!
+//! ```text
+//! cargo bench -p moxie-quant --bench dot                         # everything (~70 s)
+//! cargo bench -p moxie-quant --bench dot -- matvec_dram          # one group (divan filter)
+//! cargo bench -p moxie-quant --bench dot -- 'matvec_l2::Q4_K'    # one type of one group
+//! MOXIE_QUANT_SIMD=avx2 cargo bench -p moxie-quant --bench dot   # compare kernel levels
+//! ```
+//!
+//! Groups (all single-threaded, rows of 4096 elements, weights from `quantize_weights_fn` on
+//! deterministic pseudo-random data, activations quantized to `vec_dot_type` outside the timed
+//! loop):
+//!
+//! * `matvec_l2`: one activation row against a matrix of about 512 KiB (e.g. 224 Q4_0 rows),
+//!   which stays in L2: measures the `vec_dot_fn` kernel's compute speed.
+//! * `matvec_dram`: one activation row against a 4096 x 4096 matrix; each iteration takes the
+//!   next of several copies that together exceed 1 GiB (`MOXIE_BENCH_DRAM_MIB` changes it), so
+//!   every matvec streams its weights from memory like decode does. Measures bandwidth.
+//! * `batch32_l2` / `batch32_dram`: 32 activation rows, the same matrices, with the kernel
+//!   `Mat::matmul_q` of moxie-core picks for such a batch: `tiled_dot_many_fn` for
+//!   Q2_K..Q6_K and IQ4_XS, `tinyblas_dot_many_fn` for Q8_0/Q4_0/Q5_0/IQ4_NL (each weight row
+//!   unpacked once for all 32 rows), `tinyblas_dot_fn` for F32/F16 and `vec_dot_fn` for
+//!   BF16/Q4_1/Q5_1 (token by token over the whole matrix). Bytes are the weight bytes, read
+//!   once per iteration, so 32x the figure is the activation-row throughput.
+//!
+//! `MOXIE_QUANT_SIMD` (`scalar`, `avx2`, `avx512`) lowers the level `vec_dot_fn` and
+//! `quantize_fn` pick, as everywhere in moxie; the level in use is printed first. The batched
+//! kernels have one variant each (built for the x86-64-v3 baseline), so it does not change them.
+//!
+//! Under `cargo test --benches` (divan's test mode, each benchmark run once) the matrices are
+//! shrunk to 16 rows and one copy so the check stays fast. Not a test: nothing about time is
+//! asserted.
+
+use divan::counter::BytesCount;
+use divan::{black_box, Bencher};
+use moxie_quant::{
+    hardware_simd_level, quantize_fn, quantize_weights_fn, simd_level, tiled_dot_many_fn,
+    tinyblas_dot_fn, tinyblas_dot_many_fn, vec_dot_fn, vec_dot_type, DotManyFn, GgmlType, VecDotFn,
+};
+use GgmlType::*;
+
+/// Elements per row (the inner dimension).
+const COLS: usize = 4096;
+/// Rows of the DRAM-resident matrix.
+const DRAM_ROWS: usize = 4096;
+/// Weight bytes of the L2-resident matrix (fits the 1-2 MiB L2 of current x86 server cores).
+const L2_BYTES: usize = 512 << 10;
+/// Default total size of the rotated copies of the DRAM-resident matrix (> any L3 so far).
+const DRAM_MIB: usize = 1024;
+/// Activation rows of the batched benchmarks.
+const BATCH: usize = 32;
+
+const TYPES: &[GgmlType] = &[
+    F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS,
+];
+
+fn main() {
+    println!(
+        "moxie-quant dot kernels: level {} (hardware {}; MOXIE_QUANT_SIMD lowers it), \
+         rows of {COLS}, 1 thread",
+        simd_level().name(),
+        hardware_simd_level().name()
+    );
+    divan::main();
+}
+
+/// divan runs benchmarks for real only with `--bench` (and without `--test`).
+fn bench_mode() -> bool {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter().any(|a| a == "--bench") && !args.iter().any(|a| a == "--test")
+}
+
+/// xorshift64: deterministic data without a rand dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn f32(&mut self) -> f32 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+}
+
+/// `copies` back-to-back matrices of `rows` x [`COLS`] weights of type `ty`.
+struct Weights {
+    data: Vec<u8>,
+    row_bytes: usize,
+    rows: usize,
+    copies: usize,
+}
+
+impl Weights {
+    /// The rows are the quantization of (at most) 64 random rows, repeated: the kernels' speed
+    /// does not depend on the values, and quantizing a whole GiB would take minutes.
+    fn new(ty: GgmlType, rows: usize, min_total_bytes: usize) -> Weights {
+        let (rows, min_total_bytes) = if bench_mode() {
+            (rows, min_total_bytes)
+        } else {
+            (16, 0)
+        };
+        let row_bytes = ty.row_bytes(COLS as u64).unwrap() as usize;
+        let mat_bytes = rows * row_bytes;
+        let copies = min_total_bytes.div_ceil(mat_bytes).max(1);
+        let quantize = quantize_weights_fn(ty).unwrap();
+        let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ u64::from(ty.id()));
+        let mut x = vec![0f32; COLS];
+        let base: Vec<u8> = (0..rows.min(64))
+            .flat_map(|_| {
+                x.iter_mut().for_each(|v| *v = rng.f32());
+                let mut row = vec![0u8; row_bytes];
+                quantize(&x, &mut row);
+                row
+            })
+            .collect();
+        let total = mat_bytes * copies;
+        let mut data = Vec::with_capacity(total);
+        while data.len() < total {
+            let take = base.len().min(total - data.len());
+            data.extend_from_slice(&base[..take]);
+        }
+        Weights {
+            data,
+            row_bytes,
+            rows,
+            copies,
+        }
+    }
+
+    fn l2(ty: GgmlType) -> Weights {
+        let row_bytes = ty.row_bytes(COLS as u64).unwrap() as usize;
+        Weights::new(ty, (L2_BYTES / row_bytes / 4 * 4).max(4), 0)
+    }
+
+    fn dram(ty: GgmlType) -> Weights {
+        let mib = std::env::var("MOXIE_BENCH_DRAM_MIB")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(DRAM_MIB);
+        Weights::new(ty, DRAM_ROWS, mib << 20)
+    }
+
+    fn mat_bytes(&self) -> usize {
+        self.rows * self.row_bytes
+    }
+
+    /// Copy number `i % copies`.
+    fn matrix(&self, i: usize) -> &[u8] {
+        let b = self.mat_bytes();
+        &self.data[(i % self.copies) * b..][..b]
+    }
+}
+
+/// `n` activation rows of [`COLS`] random values in `ty`'s `vec_dot_type`, back to back.
+fn activations(ty: GgmlType, n: usize) -> (Vec<u8>, usize) {
+    let at = vec_dot_type(ty).unwrap();
+    let quantize = quantize_fn(at).unwrap();
+    let stride = at.row_bytes(COLS as u64).unwrap() as usize;
+    let mut rng = Rng(0x2545_F491_4F6C_DD1D);
+    let mut x = vec![0f32; COLS];
+    let mut acts = vec![0u8; n * stride];
+    for row in acts.chunks_exact_mut(stride) {
+        x.iter_mut().for_each(|v| *v = rng.f32());
+        quantize(&x, row);
+    }
+    (acts, stride)
+}
+
+fn matvec(bencher: Bencher, w: Weights, ty: GgmlType) {
+    let dot = vec_dot_fn(ty).unwrap();
+    let (a, _) = activations(ty, 1);
+    let mut out = vec![0f32; w.rows];
+    let mut i = 0;
+    bencher
+        .counter(BytesCount::new(w.mat_bytes()))
+        .bench_local(|| {
+            let m = black_box(w.matrix(i));
+            i += 1;
+            for (o, row) in out.iter_mut().zip(m.chunks_exact(w.row_bytes)) {
+                *o = dot(COLS, row, &a);
+            }
+            black_box(&out);
+        });
+}
+
+#[divan::bench(args = TYPES, min_time = 0.5, max_time = 1)]
+fn matvec_l2(bencher: Bencher, ty: GgmlType) {
+    matvec(bencher, Weights::l2(ty), ty);
+}
+
+#[divan::bench(args = TYPES, max_time = 2)]
+fn matvec_dram(bencher: Bencher, ty: GgmlType) {
+    matvec(bencher, Weights::dram(ty), ty);
+}
+
+/// The kernel moxie-core's `Mat::matmul_q` uses for a batch of [`BATCH`] rows.
+enum Batched {
+    Many(DotManyFn),
+    Dot(VecDotFn),
+}
+
+fn batched_kernel(ty: GgmlType) -> Batched {
+    if let Some(f) = tiled_dot_many_fn(ty, COLS) {
+        Batched::Many(f)
+    } else if let Some(f) = tinyblas_dot_many_fn(ty) {
+        Batched::Many(f)
+    } else if let Some(f) = tinyblas_dot_fn(ty, COLS) {
+        Batched::Dot(f)
+    } else {
+        Batched::Dot(vec_dot_fn(ty).unwrap())
+    }
+}
+
+fn batch(bencher: Bencher, w: Weights, ty: GgmlType) {
+    let kernel = batched_kernel(ty);
+    let (acts, stride) = activations(ty, BATCH);
+    let mut out = vec![0f32; w.rows * BATCH];
+    let mut i = 0;
+    bencher
+        .counter(BytesCount::new(w.mat_bytes()))
+        .bench_local(|| {
+            let m = black_box(w.matrix(i));
+            i += 1;
+            match kernel {
+                // [row][token], each weight row unpacked once.
+                Batched::Many(many) => {
+                    for (o, row) in out.chunks_exact_mut(BATCH).zip(m.chunks_exact(w.row_bytes)) {
+                        many(COLS, row, &acts, stride, o);
+                    }
+                }
+                // [token][row], the whole matrix once per token.
+                Batched::Dot(dot) => {
+                    for (o, a) in out.chunks_exact_mut(w.rows).zip(acts.chunks_exact(stride)) {
+                        for (y, row) in o.iter_mut().zip(m.chunks_exact(w.row_bytes)) {
+                            *y = dot(COLS, row, a);
+                        }
+                    }
+                }
+            }
+            black_box(&out);
+        });
+}
+
+#[divan::bench(args = TYPES, min_time = 0.5, max_time = 1)]
+fn batch32_l2(bencher: Bencher, ty: GgmlType) {
+    batch(bencher, Weights::l2(ty), ty);
+}
+
+#[divan::bench(args = TYPES, max_time = 2)]
+fn batch32_dram(bencher: Bencher, ty: GgmlType) {
+    batch(bencher, Weights::dram(ty), ty);
+}

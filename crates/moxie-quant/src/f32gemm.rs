@@ -1,0 +1,303 @@
+//! Small dense f32 matrix products for attention over a batch (scores = Q·Kᵀ, out = P·V),
+//! register-blocked on AVX-512 with a portable fallback. Summation order is this module's own
+//! (moxie's fast numerics); the exact path keeps ggml's order elsewhere.
+
+/// `c[i*ldc + j] = Σ_k a[i*lda + k] · b[j*ldb + k]` for `i < m`, `j < n`, `k < kd`.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_f32_abt(
+    m: usize,
+    n: usize,
+    kd: usize,
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    ldb: usize,
+    c: &mut [f32],
+    ldc: usize,
+) {
+    check(m, kd, a.len(), lda, "a");
+    check(n, kd, b.len(), ldb, "b");
+    check(m, n, c.len(), ldc, "c");
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd_level() == crate::SimdLevel::Avx512 {
+        // SAFETY: AVX-512F is present (simd_level) and the slices cover every index used
+        // (checked above).
+        unsafe { avx512::abt(m, n, kd, a, lda, b, ldb, c, ldc) };
+        return;
+    }
+    for i in 0..m {
+        for j in 0..n {
+            let (x, y) = (&a[i * lda..i * lda + kd], &b[j * ldb..j * ldb + kd]);
+            c[i * ldc + j] = x.iter().zip(y).map(|(p, q)| p * q).sum();
+        }
+    }
+}
+
+/// `c[i*ldc + d] = Σ_j p[i*ldp + j] · v[j*ldv + d]` for `i < m`, `d < dv`, `j < n`.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_f32_ab(
+    m: usize,
+    n: usize,
+    dv: usize,
+    p: &[f32],
+    ldp: usize,
+    v: &[f32],
+    ldv: usize,
+    c: &mut [f32],
+    ldc: usize,
+) {
+    check(m, n, p.len(), ldp, "p");
+    check(n, dv, v.len(), ldv, "v");
+    check(m, dv, c.len(), ldc, "c");
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd_level() == crate::SimdLevel::Avx512 {
+        // SAFETY: as in gemm_f32_abt.
+        unsafe { avx512::ab(m, n, dv, p, ldp, v, ldv, c, ldc) };
+        return;
+    }
+    for i in 0..m {
+        let out = &mut c[i * ldc..i * ldc + dv];
+        out.fill(0.0);
+        for j in 0..n {
+            let w = p[i * ldp + j];
+            for (o, x) in out.iter_mut().zip(&v[j * ldv..j * ldv + dv]) {
+                *o += w * x;
+            }
+        }
+    }
+}
+
+/// A `rows x cols` matrix with leading dimension `ld` must fit in `len` elements.
+fn check(rows: usize, cols: usize, len: usize, ld: usize, what: &str) {
+    assert!(
+        cols <= ld || rows <= 1,
+        "{what}: {cols} columns exceed leading dimension {ld}"
+    );
+    if rows > 0 && cols > 0 {
+        assert!(
+            (rows - 1) * ld + cols <= len,
+            "{what}: {rows}x{cols} (ld {ld}) exceeds {len}"
+        );
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    /// Mask of the first `n` (< 16) lanes, or all lanes.
+    fn lanes(n: usize) -> __mmask16 {
+        if n >= 16 {
+            0xFFFF
+        } else {
+            (1u16 << n) - 1
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn abt(
+        m: usize,
+        n: usize,
+        kd: usize,
+        a: &[f32],
+        lda: usize,
+        b: &[f32],
+        ldb: usize,
+        c: &mut [f32],
+        ldc: usize,
+    ) {
+        let mut i = 0;
+        while i < m {
+            let mr = if m - i >= 4 { 4 } else { 1 };
+            let mut j = 0;
+            while j < n {
+                let nr = if n - j >= 4 { 4 } else { 1 };
+                // SAFETY: rows i..i+mr of a, j..j+nr of b and the c block are in bounds
+                // (the caller checked the shapes).
+                unsafe {
+                    match (mr, nr) {
+                        (4, 4) => tile_abt::<4, 4>(kd, a, lda, b, ldb, c, ldc, i, j),
+                        (4, _) => tile_abt::<4, 1>(kd, a, lda, b, ldb, c, ldc, i, j),
+                        (_, 4) => tile_abt::<1, 4>(kd, a, lda, b, ldb, c, ldc, i, j),
+                        _ => tile_abt::<1, 1>(kd, a, lda, b, ldb, c, ldc, i, j),
+                    }
+                }
+                j += nr;
+            }
+            i += mr;
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn tile_abt<const MR: usize, const NR: usize>(
+        kd: usize,
+        a: &[f32],
+        lda: usize,
+        b: &[f32],
+        ldb: usize,
+        c: &mut [f32],
+        ldc: usize,
+        i0: usize,
+        j0: usize,
+    ) {
+        let mut acc = [[_mm512_setzero_ps(); NR]; MR];
+        let mut k = 0;
+        while k < kd {
+            let mask = lanes(kd - k);
+            let mut bv = [_mm512_setzero_ps(); NR];
+            for (jj, v) in bv.iter_mut().enumerate() {
+                // SAFETY: lanes k..k+popcount(mask) of row j0+jj are inside b.
+                *v = unsafe { _mm512_maskz_loadu_ps(mask, b.as_ptr().add((j0 + jj) * ldb + k)) };
+            }
+            for (ii, row) in acc.iter_mut().enumerate() {
+                // SAFETY: as for b.
+                let av =
+                    unsafe { _mm512_maskz_loadu_ps(mask, a.as_ptr().add((i0 + ii) * lda + k)) };
+                for (jj, r) in row.iter_mut().enumerate() {
+                    *r = _mm512_fmadd_ps(av, bv[jj], *r);
+                }
+            }
+            k += 16;
+        }
+        for (ii, row) in acc.iter().enumerate() {
+            for (jj, r) in row.iter().enumerate() {
+                c[(i0 + ii) * ldc + j0 + jj] = _mm512_reduce_add_ps(*r);
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn ab(
+        m: usize,
+        n: usize,
+        dv: usize,
+        p: &[f32],
+        ldp: usize,
+        v: &[f32],
+        ldv: usize,
+        c: &mut [f32],
+        ldc: usize,
+    ) {
+        let mut i = 0;
+        while i < m {
+            let mr = if m - i >= 4 { 4 } else { 1 };
+            let mut d = 0;
+            while d < dv {
+                let w = if dv - d >= 64 { 64 } else { 16 };
+                // SAFETY: as in abt.
+                unsafe {
+                    match (mr, w) {
+                        (4, 64) => tile_ab::<4, 4>(n, dv, p, ldp, v, ldv, c, ldc, i, d),
+                        (4, _) => tile_ab::<4, 1>(n, dv, p, ldp, v, ldv, c, ldc, i, d),
+                        (_, 64) => tile_ab::<1, 4>(n, dv, p, ldp, v, ldv, c, ldc, i, d),
+                        _ => tile_ab::<1, 1>(n, dv, p, ldp, v, ldv, c, ldc, i, d),
+                    }
+                }
+                d += w;
+            }
+            i += mr;
+        }
+    }
+
+    /// Rows `i0..i0+MR`, columns `d0..d0+16*NV` (clipped to `dv`).
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn tile_ab<const MR: usize, const NV: usize>(
+        n: usize,
+        dv: usize,
+        p: &[f32],
+        ldp: usize,
+        v: &[f32],
+        ldv: usize,
+        c: &mut [f32],
+        ldc: usize,
+        i0: usize,
+        d0: usize,
+    ) {
+        let mut acc = [[_mm512_setzero_ps(); NV]; MR];
+        let mut masks = [0 as __mmask16; NV];
+        for (q, mk) in masks.iter_mut().enumerate() {
+            *mk = lanes(dv.saturating_sub(d0 + 16 * q));
+        }
+        for j in 0..n {
+            let mut vv = [_mm512_setzero_ps(); NV];
+            for (q, x) in vv.iter_mut().enumerate() {
+                // SAFETY: masked lanes stay inside row j of v (columns < dv).
+                *x = unsafe {
+                    _mm512_maskz_loadu_ps(masks[q], v.as_ptr().add(j * ldv + d0 + 16 * q))
+                };
+            }
+            for (ii, row) in acc.iter_mut().enumerate() {
+                let w = _mm512_set1_ps(p[(i0 + ii) * ldp + j]);
+                for (q, r) in row.iter_mut().enumerate() {
+                    *r = _mm512_fmadd_ps(w, vv[q], *r);
+                }
+            }
+        }
+        for (ii, row) in acc.iter().enumerate() {
+            for (q, r) in row.iter().enumerate() {
+                // SAFETY: masked lanes stay inside row i0+ii of c (columns < dv).
+                unsafe {
+                    _mm512_mask_storeu_ps(
+                        c.as_mut_ptr().add((i0 + ii) * ldc + d0 + 16 * q),
+                        masks[q],
+                        *r,
+                    )
+                };
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| (((i as u32).wrapping_mul(2654435761) ^ seed) % 1000) as f32 / 500.0 - 1.0)
+            .collect()
+    }
+
+    #[test]
+    fn abt_and_ab_match_naive_loops() {
+        for (m, n, k) in [(1, 1, 1), (5, 7, 33), (9, 4, 576), (4, 13, 17), (17, 3, 64)] {
+            let (lda, ldb, ldc) = (k + 3, k + 1, n + 2);
+            let a = data(m * lda, 1);
+            let b = data(n * ldb, 2);
+            let mut c = vec![f32::NAN; m * ldc];
+            gemm_f32_abt(m, n, k, &a, lda, &b, ldb, &mut c, ldc);
+            for i in 0..m {
+                for j in 0..n {
+                    let want: f64 = (0..k)
+                        .map(|x| a[i * lda + x] as f64 * b[j * ldb + x] as f64)
+                        .sum();
+                    assert!(
+                        (c[i * ldc + j] as f64 - want).abs() < 1e-3,
+                        "abt {m}x{n}x{k} at {i},{j}"
+                    );
+                }
+            }
+            // ab: p is m x n, v is n x k.
+            let (ldp, ldv, ldo) = (n + 1, k + 5, k + 2);
+            let p = data(m * ldp, 3);
+            let v = data(n * ldv, 4);
+            let mut o = vec![f32::NAN; m * ldo];
+            gemm_f32_ab(m, n, k, &p, ldp, &v, ldv, &mut o, ldo);
+            for i in 0..m {
+                for d in 0..k {
+                    let want: f64 = (0..n)
+                        .map(|j| p[i * ldp + j] as f64 * v[j * ldv + d] as f64)
+                        .sum();
+                    assert!(
+                        (o[i * ldo + d] as f64 - want).abs() < 1e-3,
+                        "ab {m}x{n}x{k} at {i},{d}"
+                    );
+                }
+            }
+        }
+    }
+}

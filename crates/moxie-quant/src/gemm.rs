@@ -1,0 +1,562 @@
+//! Batched quantized matrix products on AVX-512 VNNI: the prompt-processing fast path.
+//!
+//! Weights are decoded 16 rows at a time into unsigned bytes (`q + offset`) with one float
+//! scale (and, for K-quants with mins, one float min) per sub-block of `S` elements, and stored
+//! interleaved in groups of four (`[k/4][16 rows][4]`) so that one `vpdpbusd` multiplies four
+//! elements of 16 weight rows by four broadcast activation bytes. Activations stay ggml's dot
+//! partner (Q8_K or Q8_0) with their headers stripped. Each sub-block's integer sum is exactly
+//! ggml's (the offset is removed with the activation block sums, in integers); only the float
+//! accumulation order differs from `vec_dot`, so results agree to float rounding, not bit for
+//! bit. moxie's exact mode keeps ggml's order and does not come here.
+//!
+//! The decoded tile is reused for every token, so the decode cost is spread over the batch:
+//! this pays from a few tokens on (prefill, experts with several routed tokens).
+
+use crate::common::{get_scale_min_k4, rd_f16, rd_f32, rd_i16, rd_u32};
+use crate::GgmlType;
+
+/// Weight rows per decoded tile (one i32 lane per row in a 512-bit register).
+pub const GEMM_TILE_ROWS: usize = 16;
+
+/// Whether the int8 batched path can run here (AVX-512 with VNNI, not lowered by
+/// `MOXIE_QUANT_SIMD`).
+pub fn gemm_available() -> bool {
+    crate::simd_level() == crate::SimdLevel::Avx512
+}
+
+/// How a weight type maps onto unsigned-by-signed int8 products.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Layout {
+    /// Elements per scaled sub-block (16 or 32).
+    sub: usize,
+    /// The activation type the weights pair with.
+    act: GgmlType,
+    /// Whether a per-sub-block min is subtracted (`w = d*sc*q - dmin*m`).
+    mins: bool,
+    /// Added to the signed weight values to make them unsigned (a power of two).
+    offset: i32,
+}
+
+fn layout(ty: GgmlType) -> Option<Layout> {
+    use GgmlType as T;
+    let l = |sub, act, mins, offset| {
+        Some(Layout {
+            sub,
+            act,
+            mins,
+            offset,
+        })
+    };
+    match ty {
+        T::Q4_K | T::Q5_K => l(32, T::Q8_K, true, 0),
+        T::Q6_K => l(16, T::Q8_K, false, 32),
+        T::Q8_0 => l(32, T::Q8_0, false, 128),
+        T::Q4_0 => l(32, T::Q8_0, false, 8),
+        T::Q5_0 => l(32, T::Q8_0, false, 16),
+        _ => None,
+    }
+}
+
+/// Whether [`gemm_q8`] handles weights of type `ty` with rows of `n_in` elements.
+pub fn gemm_supports(ty: GgmlType, n_in: usize) -> bool {
+    layout(ty).is_some_and(|l| n_in > 0 && n_in.is_multiple_of(l.act.block_size()))
+}
+
+/// Activation rows prepared for [`gemm_q8`]: int8 values without block headers, and per
+/// sub-block scale, offset correction and (for weights with mins) scaled sum.
+pub struct GemmActs {
+    layout: Layout,
+    n_in: usize,
+    n_tok: usize,
+    /// `[token][n_in]` int8.
+    q: Vec<i8>,
+    /// Scale per `[token][sub-block]`.
+    dx: Vec<f32>,
+    /// `-offset * sum(q)` per `[token][sub-block]`: undoes the unsigned weight offset.
+    corr: Vec<i32>,
+    /// `dx * sum(q)` per `[token][sub-block]` (weights with mins only).
+    xsum: Vec<f32>,
+}
+
+impl GemmActs {
+    /// Prepare `acts` (`row_bytes` per token, quantized to the partner type of weight type
+    /// `wty`). `None` if `wty` has no int8 layout or the sizes disagree.
+    pub fn new(wty: GgmlType, n_in: usize, acts: &[u8], row_bytes: usize) -> Option<GemmActs> {
+        let layout = layout(wty)?;
+        if !gemm_supports(wty, n_in)
+            || layout.act.row_bytes(n_in as u64)? as usize != row_bytes
+            || !acts.len().is_multiple_of(row_bytes)
+        {
+            return None;
+        }
+        let n_tok = acts.len() / row_bytes;
+        let n_sub = n_in / layout.sub;
+        let mut q = vec![0i8; n_tok * n_in];
+        let mut dx = vec![0f32; n_tok * n_sub];
+        let mut corr = vec![0i32; n_tok * n_sub];
+        let mut xsum = if layout.mins {
+            vec![0f32; n_tok * n_sub]
+        } else {
+            Vec::new()
+        };
+        for (t, row) in acts.chunks_exact(row_bytes).enumerate() {
+            for sb in 0..n_sub {
+                let (qs, d, bsum) = act_sub_block(layout, row, sb);
+                let o = t * n_in + sb * layout.sub;
+                for (dst, &v) in q[o..o + layout.sub].iter_mut().zip(qs) {
+                    *dst = v as i8;
+                }
+                let i = t * n_sub + sb;
+                dx[i] = d;
+                corr[i] = -layout.offset * bsum;
+                if layout.mins {
+                    xsum[i] = d * bsum as f32;
+                }
+            }
+        }
+        Some(GemmActs {
+            layout,
+            n_in,
+            n_tok,
+            q,
+            dx,
+            corr,
+            xsum,
+        })
+    }
+
+    pub fn n_tok(&self) -> usize {
+        self.n_tok
+    }
+}
+
+/// Sub-block `sb` of one activation row: its int8 values, scale and the sum of its values.
+fn act_sub_block(l: Layout, row: &[u8], sb: usize) -> (&[u8], f32, i32) {
+    match l.act {
+        GgmlType::Q8_K => {
+            let per_block = 256 / l.sub;
+            let blk = &row[(sb / per_block) * 292..][..292];
+            let j = sb % per_block;
+            let qs = &blk[4 + j * l.sub..4 + (j + 1) * l.sub];
+            // Q8_K stores sums of 16 values.
+            let bsum = if l.sub == 32 {
+                rd_i16(blk, 260 + 4 * j) as i32 + rd_i16(blk, 262 + 4 * j) as i32
+            } else {
+                rd_i16(blk, 260 + 2 * j) as i32
+            };
+            (qs, rd_f32(blk, 0), bsum)
+        }
+        _ => {
+            let blk = &row[sb * 34..][..34];
+            let qs = &blk[2..34];
+            let bsum = qs.iter().map(|&v| (v as i8) as i32).sum();
+            (qs, rd_f16(blk, 0), bsum)
+        }
+    }
+}
+
+/// One weight row decoded to unsigned bytes (`q + offset`) with per-sub-block scale and min.
+fn decode_row(ty: GgmlType, row: &[u8], q: &mut [u8], scale: &mut [f32], min: &mut [f32]) {
+    use GgmlType as T;
+    match ty {
+        T::Q4_K | T::Q5_K => {
+            let bytes = if ty == T::Q4_K { 144 } else { 176 };
+            for (b, x) in row.chunks_exact(bytes).enumerate() {
+                let d = rd_f16(x, 0);
+                let dmin = rd_f16(x, 2);
+                for j in 0..8 {
+                    let (sc, m) = get_scale_min_k4(j, &x[4..16]);
+                    scale[8 * b + j] = d * sc as f32;
+                    min[8 * b + j] = dmin * m as f32;
+                }
+                let out = &mut q[256 * b..256 * (b + 1)];
+                if ty == T::Q4_K {
+                    let qs = &x[16..144];
+                    for j in 0..4 {
+                        for l in 0..32 {
+                            out[64 * j + l] = qs[32 * j + l] & 0xF;
+                            out[64 * j + 32 + l] = qs[32 * j + l] >> 4;
+                        }
+                    }
+                } else {
+                    let qh = &x[16..48];
+                    let qs = &x[48..176];
+                    for j in 0..4 {
+                        for l in 0..32 {
+                            let h0 = ((qh[l] >> (2 * j)) & 1) << 4;
+                            let h1 = ((qh[l] >> (2 * j + 1)) & 1) << 4;
+                            out[64 * j + l] = (qs[32 * j + l] & 0xF) | h0;
+                            out[64 * j + 32 + l] = (qs[32 * j + l] >> 4) | h1;
+                        }
+                    }
+                }
+            }
+        }
+        T::Q6_K => {
+            // Values 0..63; the -32 is the layout's offset.
+            for (b, x) in row.chunks_exact(210).enumerate() {
+                let d = rd_f16(x, 208);
+                for j in 0..16 {
+                    scale[16 * b + j] = d * (x[192 + j] as i8) as f32;
+                }
+                let out = &mut q[256 * b..256 * (b + 1)];
+                for half in 0..2 {
+                    let ql = &x[64 * half..64 * half + 64];
+                    let qh = &x[128 + 32 * half..128 + 32 * half + 32];
+                    let o = &mut out[128 * half..128 * half + 128];
+                    for l in 0..32 {
+                        o[l] = (ql[l] & 0xF) | ((qh[l] & 3) << 4);
+                        o[l + 32] = (ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4);
+                        o[l + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
+                        o[l + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
+                    }
+                }
+            }
+        }
+        T::Q8_0 => {
+            for (b, x) in row.chunks_exact(34).enumerate() {
+                scale[b] = rd_f16(x, 0);
+                for (o, &v) in q[32 * b..32 * (b + 1)].iter_mut().zip(&x[2..34]) {
+                    *o = v ^ 0x80; // two's complement + 128
+                }
+            }
+        }
+        T::Q4_0 => {
+            for (b, x) in row.chunks_exact(18).enumerate() {
+                scale[b] = rd_f16(x, 0);
+                let o = &mut q[32 * b..32 * (b + 1)];
+                for j in 0..16 {
+                    o[j] = x[2 + j] & 0xF;
+                    o[j + 16] = x[2 + j] >> 4;
+                }
+            }
+        }
+        T::Q5_0 => {
+            for (b, x) in row.chunks_exact(22).enumerate() {
+                scale[b] = rd_f16(x, 0);
+                let qh = rd_u32(x, 2);
+                let o = &mut q[32 * b..32 * (b + 1)];
+                for j in 0..16 {
+                    let h0 = (((qh >> j) << 4) & 0x10) as u8;
+                    let h1 = ((qh >> (j + 12)) & 0x10) as u8;
+                    o[j] = (x[6 + j] & 0xF) | h0;
+                    o[j + 16] = (x[6 + j] >> 4) | h1;
+                }
+            }
+        }
+        _ => unreachable!("layout() admits only the types decoded here"),
+    }
+}
+
+/// 16 weight rows, decoded and interleaved for `vpdpbusd`.
+struct WeightTile {
+    /// `[n_in/4][16 rows][4]` unsigned bytes.
+    q: Vec<u8>,
+    /// `[sub-block][16 rows]`.
+    scale: Vec<f32>,
+    /// `[sub-block][16 rows]` (empty without mins).
+    min: Vec<f32>,
+    /// Scratch: the 16 decoded rows, row-major, and one row's scales.
+    rows: Vec<u8>,
+    row_scale: Vec<f32>,
+    row_min: Vec<f32>,
+}
+
+impl WeightTile {
+    fn new(l: Layout, n_in: usize) -> WeightTile {
+        let n_sub = n_in / l.sub;
+        WeightTile {
+            q: vec![0; GEMM_TILE_ROWS * n_in],
+            scale: vec![0.0; n_sub * GEMM_TILE_ROWS],
+            min: vec![0.0; if l.mins { n_sub * GEMM_TILE_ROWS } else { 0 }],
+            rows: vec![0; GEMM_TILE_ROWS * n_in],
+            row_scale: vec![0.0; n_sub],
+            row_min: vec![0.0; n_sub],
+        }
+    }
+
+    /// Decode `rows` (at most 16 rows of `row_bytes`); missing rows become zeros.
+    fn fill(&mut self, ty: GgmlType, l: Layout, n_in: usize, rows: &[u8], row_bytes: usize) {
+        let n_sub = n_in / l.sub;
+        let n_rows = rows.len() / row_bytes;
+        for (m, row) in self.rows.chunks_exact_mut(n_in).enumerate() {
+            if m < n_rows {
+                let src = &rows[m * row_bytes..(m + 1) * row_bytes];
+                decode_row(ty, src, row, &mut self.row_scale, &mut self.row_min);
+            } else {
+                row.fill(0);
+                self.row_scale.fill(0.0);
+                self.row_min.fill(0.0);
+            }
+            for s in 0..n_sub {
+                self.scale[s * GEMM_TILE_ROWS + m] = self.row_scale[s];
+                if l.mins {
+                    self.min[s * GEMM_TILE_ROWS + m] = self.row_min[s];
+                }
+            }
+        }
+        platform::interleave_quads(&self.rows, n_in, &mut self.q);
+    }
+}
+
+/// `q[(g*16 + m)*4 + i] = rows[m*n_in + 4*g + i]`: groups of four bytes of 16 rows side by side.
+#[cfg_attr(target_arch = "x86_64", allow(dead_code))]
+fn interleave_quads_scalar(rows: &[u8], n_in: usize, q: &mut [u8]) {
+    for (m, row) in rows.chunks_exact(n_in).enumerate() {
+        for (g, quad) in row.chunks_exact(4).enumerate() {
+            let o = (g * GEMM_TILE_ROWS + m) * 4;
+            q[o..o + 4].copy_from_slice(quad);
+        }
+    }
+}
+
+/// `out[tile][t][i] = W[16*tile + i] · x[t]` for the weight rows in `rows` (type `ty`, `n_in`
+/// elements each) and every token of `acts`: `out` holds, per 16-row tile, `n_tok` runs of 16
+/// results (rows past the end of `rows` are zero). Returns `false` and leaves `out` alone if
+/// the path is unavailable or the inputs do not fit ([`gemm_supports`], [`GemmActs::new`] for
+/// the same weight type).
+pub fn gemm_q8(ty: GgmlType, n_in: usize, rows: &[u8], acts: &GemmActs, out: &mut [f32]) -> bool {
+    let Some(l) = layout(ty) else { return false };
+    let Some(row_bytes) = ty.row_bytes(n_in as u64).map(|b| b as usize) else {
+        return false;
+    };
+    let n_rows = rows.len().checked_div(row_bytes).unwrap_or(0);
+    let n_tiles = n_rows.div_ceil(GEMM_TILE_ROWS);
+    if !gemm_available()
+        || l != acts.layout
+        || n_in != acts.n_in
+        || !rows.len().is_multiple_of(row_bytes)
+        || out.len() != n_tiles * acts.n_tok * GEMM_TILE_ROWS
+    {
+        return false;
+    }
+    let mut tile = WeightTile::new(l, n_in);
+    let per_tile = acts.n_tok * GEMM_TILE_ROWS;
+    for (w, o) in rows
+        .chunks(GEMM_TILE_ROWS * row_bytes)
+        .zip(out.chunks_exact_mut(per_tile))
+    {
+        tile.fill(ty, l, n_in, w, row_bytes);
+        platform::tile_times_tokens(l, n_in, &tile, acts, o);
+    }
+    true
+}
+
+#[cfg(target_arch = "x86_64")]
+mod platform {
+    use std::arch::x86_64::*;
+
+    use super::{GemmActs, Layout, WeightTile, GEMM_TILE_ROWS};
+
+    pub(super) fn interleave_quads(rows: &[u8], n_in: usize, q: &mut [u8]) {
+        assert!(
+            rows.len() == GEMM_TILE_ROWS * n_in && q.len() == rows.len() && n_in.is_multiple_of(4)
+        );
+        assert!(n_in <= i32::MAX as usize / GEMM_TILE_ROWS);
+        if !super::gemm_available() {
+            return super::interleave_quads_scalar(rows, n_in, q);
+        }
+        // SAFETY: AVX-512F is present (gemm_available) and the lengths were asserted above.
+        unsafe { interleave_avx512(rows, n_in, q) }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    unsafe fn interleave_avx512(rows: &[u8], n_in: usize, q: &mut [u8]) {
+        let offsets = _mm512_mullo_epi32(
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+            _mm512_set1_epi32(n_in as i32),
+        );
+        for g in 0..n_in / 4 {
+            // SAFETY: gathered offsets m*n_in + 4g + 3 < 16*n_in = rows.len(); the store
+            // writes q[64g..64g+64] with 64g + 64 <= 16*n_in = q.len() (caller asserted).
+            unsafe {
+                let v = _mm512_i32gather_epi32::<1>(offsets, rows.as_ptr().add(4 * g).cast());
+                _mm512_storeu_si512(q.as_mut_ptr().add(64 * g).cast(), v);
+            }
+        }
+    }
+
+    pub(super) fn tile_times_tokens(
+        l: Layout,
+        n_in: usize,
+        w: &WeightTile,
+        acts: &GemmActs,
+        out: &mut [f32],
+    ) {
+        let mut t = 0;
+        while t < acts.n_tok {
+            let left = acts.n_tok - t;
+            let o = &mut out[t * GEMM_TILE_ROWS..];
+            // SAFETY: `gemm_available()` (checked by the caller) means AVX-512 F/BW/VNNI.
+            unsafe {
+                t += match left {
+                    8.. => tokens::<8>(l, n_in, w, acts, t, o),
+                    4.. => tokens::<4>(l, n_in, w, acts, t, o),
+                    2.. => tokens::<2>(l, n_in, w, acts, t, o),
+                    _ => tokens::<1>(l, n_in, w, acts, t, o),
+                };
+            }
+        }
+    }
+
+    /// Tokens `t0..t0+N` against the 16 rows of `w`; writes `N` runs of 16 results.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn tokens<const N: usize>(
+        l: Layout,
+        n_in: usize,
+        w: &WeightTile,
+        acts: &GemmActs,
+        t0: usize,
+        out: &mut [f32],
+    ) -> usize {
+        let s = l.sub;
+        let n_sub = n_in / s;
+        let mut facc = [_mm512_setzero_ps(); N];
+        let x = &acts.q[t0 * n_in..(t0 + N) * n_in];
+        // Per-token scalars of tokens t0..t0+N, `[token][sub-block]`.
+        let corr = &acts.corr[t0 * n_sub..(t0 + N) * n_sub];
+        let dx = &acts.dx[t0 * n_sub..(t0 + N) * n_sub];
+        let xsum = if l.mins {
+            &acts.xsum[t0 * n_sub..(t0 + N) * n_sub]
+        } else {
+            &[][..]
+        };
+        // Sub-blocks sharing one activation scale (a Q8_K block) are summed with the weight
+        // scales first and multiplied by the activation scale once.
+        let per_dx = match l.act {
+            crate::GgmlType::Q8_K => 256 / s,
+            _ => 1,
+        };
+        for blk in 0..n_sub / per_dx {
+            let mut fblk = [_mm512_setzero_ps(); N];
+            for sb in blk * per_dx..(blk + 1) * per_dx {
+                let mut iacc = [_mm512_setzero_si512(); N];
+                if l.offset != 0 {
+                    for j in 0..N {
+                        // SAFETY: j < N and sb < n_sub index inside `corr`.
+                        iacc[j] = _mm512_set1_epi32(unsafe { *corr.get_unchecked(j * n_sub + sb) });
+                    }
+                }
+                for g in 0..s / 4 {
+                    let k = sb * s + 4 * g;
+                    // SAFETY: the tile holds n_in/4 groups of 64 bytes; k/4 < n_in/4.
+                    let wv = unsafe { _mm512_loadu_si512(w.q.as_ptr().add(k * 16).cast()) };
+                    for j in 0..N {
+                        // SAFETY: k + 4 <= n_in, inside token j's row of `x`.
+                        let xv =
+                            unsafe { x.as_ptr().add(j * n_in + k).cast::<i32>().read_unaligned() };
+                        iacc[j] = _mm512_dpbusd_epi32(iacc[j], wv, _mm512_set1_epi32(xv));
+                    }
+                }
+                // SAFETY: both arrays hold n_sub * 16 floats.
+                let sc = unsafe { _mm512_loadu_ps(w.scale.as_ptr().add(sb * 16)) };
+                for j in 0..N {
+                    fblk[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[j]), sc, fblk[j]);
+                }
+                if l.mins {
+                    // SAFETY: as above.
+                    let mn = unsafe { _mm512_loadu_ps(w.min.as_ptr().add(sb * 16)) };
+                    for j in 0..N {
+                        // SAFETY: as for `corr` (`xsum` has that shape when the layout has mins).
+                        let xs = _mm512_set1_ps(unsafe { *xsum.get_unchecked(j * n_sub + sb) });
+                        facc[j] = _mm512_fnmadd_ps(mn, xs, facc[j]);
+                    }
+                }
+            }
+            for j in 0..N {
+                // SAFETY: as for `corr`; every sub-block of the group has this scale.
+                let d = _mm512_set1_ps(unsafe { *dx.get_unchecked(j * n_sub + blk * per_dx) });
+                facc[j] = _mm512_fmadd_ps(fblk[j], d, facc[j]);
+            }
+        }
+        for j in 0..N {
+            // SAFETY: `out` holds at least N runs of 16 floats (the caller sliced it at t0).
+            unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(j * GEMM_TILE_ROWS), facc[j]) };
+        }
+        N
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+mod platform {
+    use super::{GemmActs, Layout, WeightTile};
+
+    pub(super) fn interleave_quads(rows: &[u8], n_in: usize, q: &mut [u8]) {
+        super::interleave_quads_scalar(rows, n_in, q)
+    }
+
+    pub(super) fn tile_times_tokens(
+        _l: Layout,
+        _n_in: usize,
+        _w: &WeightTile,
+        _acts: &GemmActs,
+        _out: &mut [f32],
+    ) {
+        unreachable!("gemm_available() is false off x86_64")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lcg(seed: &mut u64) -> f32 {
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+
+    /// The int8 products equal `vec_dot` up to float rounding, for every supported type,
+    /// ragged row and token counts included.
+    #[test]
+    fn gemm_matches_vec_dot() {
+        if !gemm_available() {
+            eprintln!("AVX-512 VNNI not available here: skipped");
+            return;
+        }
+        let mut seed = 7u64;
+        for ty in [
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
+            GgmlType::Q8_0,
+            GgmlType::Q4_0,
+            GgmlType::Q5_0,
+        ] {
+            let n_in = 512;
+            let (n_rows, n_tok) = (37, 15);
+            let w: Vec<f32> = (0..n_in * n_rows).map(|_| lcg(&mut seed)).collect();
+            let x: Vec<f32> = (0..n_in * n_tok).map(|_| lcg(&mut seed) * 3.0).collect();
+            let rb = ty.row_bytes(n_in as u64).unwrap() as usize;
+            let mut wq = vec![0u8; rb * n_rows];
+            let qw = crate::quantize_weights_fn(ty).unwrap();
+            for (src, dst) in w.chunks_exact(n_in).zip(wq.chunks_exact_mut(rb)) {
+                qw(src, dst);
+            }
+            let act = crate::vec_dot_type(ty).unwrap();
+            let arb = act.row_bytes(n_in as u64).unwrap() as usize;
+            let mut xq = vec![0u8; arb * n_tok];
+            let qa = crate::quantize_fn(act).unwrap();
+            for (src, dst) in x.chunks_exact(n_in).zip(xq.chunks_exact_mut(arb)) {
+                qa(src, dst);
+            }
+            let acts = GemmActs::new(ty, n_in, &xq, arb).unwrap();
+            let n_tiles = n_rows.div_ceil(GEMM_TILE_ROWS);
+            let mut out = vec![f32::NAN; n_tiles * n_tok * GEMM_TILE_ROWS];
+            assert!(gemm_q8(ty, n_in, &wq, &acts, &mut out));
+            let dot = crate::vec_dot_fn(ty).unwrap();
+            for r in 0..n_rows {
+                for t in 0..n_tok {
+                    let want = dot(n_in, &wq[r * rb..(r + 1) * rb], &xq[t * arb..(t + 1) * arb]);
+                    let (tile, i) = (r / GEMM_TILE_ROWS, r % GEMM_TILE_ROWS);
+                    let got = out[(tile * n_tok + t) * GEMM_TILE_ROWS + i];
+                    assert!(
+                        (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                        "{ty} row {r} token {t}: int8 gemm {got}, vec_dot {want}"
+                    );
+                }
+            }
+        }
+    }
+}
