@@ -2,7 +2,7 @@
 //! computes with, reported as weight bytes read per second (divan's `BytesCount`, GB/s).
 //!
 //! ```text
-//! cargo bench -p moxie-quant --bench dot                         # everything (~70 s)
+//! cargo bench -p moxie-quant --bench dot                         # everything (~1.5 min)
 //! cargo bench -p moxie-quant --bench dot -- matvec_dram          # one group (divan filter)
 //! cargo bench -p moxie-quant --bench dot -- 'matvec_l2::Q4_K'    # one type of one group
 //! MOXIE_QUANT_SIMD=avx2 cargo bench -p moxie-quant --bench dot   # compare kernel levels
@@ -17,16 +17,22 @@
 //! * `matvec_dram`: one activation row against a 4096 x 4096 matrix; each iteration takes the
 //!   next of several copies that together exceed 1 GiB (`MOXIE_BENCH_DRAM_MIB` changes it), so
 //!   every matvec streams its weights from memory like decode does. Measures bandwidth.
-//! * `batch32_l2` / `batch32_dram`: 32 activation rows, the same matrices, with the kernel
-//!   `Mat::matmul_q` of moxie-core picks for such a batch: `tiled_dot_many_fn` for
+//! * `batch32_l2` / `batch32_dram`: 32 activation rows, the same matrices, with the kernels
+//!   that keep llama.cpp's summation order (what moxie-core's `Mat::matmul_q` runs under
+//!   `--exact`, and by default for types without an int8 GEMM): `tiled_dot_many_fn` for
 //!   Q2_K..Q6_K and IQ4_XS, `tinyblas_dot_many_fn` for Q8_0/Q4_0/Q5_0/IQ4_NL (each weight row
 //!   unpacked once for all 32 rows), `tinyblas_dot_fn` for F32/F16 and `vec_dot_fn` for
 //!   BF16/Q4_1/Q5_1 (token by token over the whole matrix). Bytes are the weight bytes, read
 //!   once per iteration, so 32x the figure is the activation-row throughput.
+//! * `batch32_gemm_l2` / `batch32_gemm_dram`: the same with `gemm_q8`, the default batched path
+//!   (int8 AVX-512 VNNI) for Q8_0/Q4_0/Q5_0/Q4_K/Q5_K/Q6_K; its `GemmActs` are prepared outside
+//!   the timed loop. Skipped where `gemm_available()` is false (no AVX-512, or
+//!   `MOXIE_QUANT_SIMD` below `avx512`).
 //!
 //! `MOXIE_QUANT_SIMD` (`scalar`, `avx2`, `avx512`) lowers the level `vec_dot_fn` and
-//! `quantize_fn` pick, as everywhere in moxie; the level in use is printed first. The batched
-//! kernels have one variant each (built for the x86-64-v3 baseline), so it does not change them.
+//! `quantize_fn` pick, as everywhere in moxie, and turns `gemm_q8` off below `avx512`; the level
+//! in use is printed first. The exact-order batched kernels have one variant each (built for
+//! the x86-64-v3 baseline), so it does not change them.
 //!
 //! Under `cargo test --benches` (divan's test mode, each benchmark run once) the matrices are
 //! shrunk to 16 rows and one copy so the check stays fast. Not a test: nothing about time is
@@ -35,8 +41,9 @@
 use divan::counter::BytesCount;
 use divan::{black_box, Bencher};
 use moxie_quant::{
-    hardware_simd_level, quantize_fn, quantize_weights_fn, simd_level, tiled_dot_many_fn,
-    tinyblas_dot_fn, tinyblas_dot_many_fn, vec_dot_fn, vec_dot_type, DotManyFn, GgmlType, VecDotFn,
+    gemm_available, gemm_q8, gemm_supports, hardware_simd_level, quantize_fn, quantize_weights_fn,
+    simd_level, tiled_dot_many_fn, tinyblas_dot_fn, tinyblas_dot_many_fn, vec_dot_fn, vec_dot_type,
+    DotManyFn, GemmActs, GgmlType, VecDotFn, GEMM_TILE_ROWS,
 };
 use GgmlType::*;
 
@@ -54,6 +61,8 @@ const BATCH: usize = 32;
 const TYPES: &[GgmlType] = &[
     F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS,
 ];
+/// The types `gemm_q8` handles.
+const GEMM_TYPES: &[GgmlType] = &[Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K];
 
 fn main() {
     println!(
@@ -250,4 +259,33 @@ fn batch32_l2(bencher: Bencher, ty: GgmlType) {
 #[divan::bench(args = TYPES, max_time = 2)]
 fn batch32_dram(bencher: Bencher, ty: GgmlType) {
     batch(bencher, Weights::dram(ty), ty);
+}
+
+fn batch_gemm(bencher: Bencher, ty: GgmlType, weights: fn(GgmlType) -> Weights) {
+    if !gemm_available() || !gemm_supports(ty, COLS) {
+        return;
+    }
+    let w = weights(ty);
+    let (acts, stride) = activations(ty, BATCH);
+    let g = GemmActs::new(ty, COLS, &acts, stride).unwrap();
+    let mut out = vec![0f32; w.rows.div_ceil(GEMM_TILE_ROWS) * GEMM_TILE_ROWS * BATCH];
+    let mut i = 0;
+    bencher
+        .counter(BytesCount::new(w.mat_bytes()))
+        .bench_local(|| {
+            let m = black_box(w.matrix(i));
+            i += 1;
+            assert!(gemm_q8(ty, COLS, m, &g, &mut out));
+            black_box(&out);
+        });
+}
+
+#[divan::bench(args = GEMM_TYPES, min_time = 0.5, max_time = 1)]
+fn batch32_gemm_l2(bencher: Bencher, ty: GgmlType) {
+    batch_gemm(bencher, ty, Weights::l2);
+}
+
+#[divan::bench(args = GEMM_TYPES, max_time = 2)]
+fn batch32_gemm_dram(bencher: Bencher, ty: GgmlType) {
+    batch_gemm(bencher, ty, Weights::dram);
 }
