@@ -5,7 +5,7 @@
 //! type's dot-product partner (`vec_dot_type`: F32, F16, Q8_0, Q8_1 or Q8_K) and every output
 //! element is one `vec_dot` of a weight row against it.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use moxie_gguf::GgufFile;
 use moxie_quant::{GgmlType, VecDotFn};
@@ -221,10 +221,12 @@ impl<'a> Mat<'a> {
     /// sum in an order that differs from `vec_dot`'s.
     pub fn matmul_q(&self, par: &Parallel, acts: &QuantizedActs, out: &mut [f32]) {
         let batched = acts.n_rows() >= 2 && self.n_out.is_multiple_of(4);
-        let kernel = self
-            .fast_kernel(par, acts.n_rows())
-            .unwrap_or_else(|| self.mul_mat_kernel(acts.n_rows(), batched));
-        self.run(par, acts, out, kernel);
+        self.run(
+            par,
+            acts,
+            out,
+            self.mul_mat_kernel(par, acts.n_rows(), batched),
+        );
     }
 
     /// `mul_mat` whose input ggml holds as a permuted (non-contiguous) view, e.g. MLA's
@@ -234,18 +236,21 @@ impl<'a> Mat<'a> {
         let acts = QuantizedActs::new(self.act_ty, self.n_in, x);
         let batched =
             self.ty != GgmlType::F32 && acts.n_rows() >= 2 && self.n_out.is_multiple_of(4);
-        let kernel = self
-            .fast_kernel(par, acts.n_rows())
-            .unwrap_or_else(|| self.mul_mat_kernel(acts.n_rows(), batched));
-        self.run(par, &acts, out, kernel);
+        self.run(
+            par,
+            &acts,
+            out,
+            self.mul_mat_kernel(par, acts.n_rows(), batched),
+        );
     }
 
     /// ggml `mul_mat_id` semantics (routed experts; `acts` holds the rows routed to this
     /// expert): the tiled K-quant order when at least 8 rows are routed to it, else `vec_dot`'s.
     pub fn matmul_q_id(&self, par: &Parallel, acts: &QuantizedActs, out: &mut [f32]) {
-        let kernel = if let Some(k) = self.fast_kernel(par, acts.n_rows()) {
+        let n = acts.n_rows();
+        let kernel = if let Some(k) = self.fast_kernel(par, n) {
             k
-        } else if moxie_quant::tiled_used_for_mul_mat_id(self.ty, acts.n_rows()) {
+        } else if moxie_quant::tiled_used_for_mul_mat_id(self.ty, n) {
             moxie_quant::tiled_dot_many_fn(self.ty, self.n_in)
                 .map_or(Kernel::Dot(self.dot), Kernel::Many)
         } else {
@@ -264,10 +269,14 @@ impl<'a> Mat<'a> {
         .then_some(Kernel::Int8Gemm)
     }
 
-    /// The kernel ggml's `mul_mat` uses for `n_rows` activation rows: the tiled K-quant path
-    /// when it is eligible (checked first, as ggml does), else tinyBLAS when `tinyblas`
-    /// allows it and the type has a port, else `vec_dot`.
-    fn mul_mat_kernel(&self, n_rows: usize, tinyblas: bool) -> Kernel {
+    /// The kernel for `mul_mat` over `n_rows` activation rows: the fast int8 GEMM where it
+    /// applies, else ggml's choice: the tiled K-quant path when it is eligible (checked first,
+    /// as ggml does), else tinyBLAS when `tinyblas` allows it and the type has a port, else
+    /// `vec_dot`.
+    fn mul_mat_kernel(&self, par: &Parallel, n_rows: usize, tinyblas: bool) -> Kernel {
+        if let Some(k) = self.fast_kernel(par, n_rows) {
+            return k;
+        }
         if moxie_quant::tiled_used_for_mul_mat(self.ty, n_rows) {
             if let Some(f) = moxie_quant::tiled_dot_many_fn(self.ty, self.n_in) {
                 return Kernel::Many(f);
@@ -313,8 +322,7 @@ impl<'a> Mat<'a> {
                 });
             }
             Kernel::Int8Gemm => {
-                let g = moxie_quant::GemmActs::new(self.ty, self.n_in, &acts.data, acts.row_bytes)
-                    .expect("activations were quantized to this matrix's partner type");
+                let g = acts.gemm_acts();
                 const T: usize = moxie_quant::GEMM_TILE_ROWS;
                 let n_tiles = self.n_out.div_ceil(T);
                 // Results come per 16-row tile, token by token, and are put back in
@@ -328,7 +336,7 @@ impl<'a> Mat<'a> {
                     |ts, o| {
                         let rows = &self.data[ts.start * T * self.row_bytes
                             ..(ts.end * T).min(self.n_out) * self.row_bytes];
-                        let done = moxie_quant::gemm_q8(self.ty, self.n_in, rows, &g, o);
+                        let done = moxie_quant::gemm_q8(self.ty, self.n_in, rows, g, o);
                         debug_assert!(done, "fast_kernel checked the int8 GEMM applies");
                     },
                 );
@@ -382,6 +390,9 @@ pub struct QuantizedActs {
     pub n: usize,
     row_bytes: usize,
     data: Vec<u8>,
+    /// The same rows prepared for the int8 GEMM, built by the first matrix that needs them
+    /// and shared by the others reading these activations.
+    gemm: OnceLock<moxie_quant::GemmActs>,
 }
 
 impl QuantizedActs {
@@ -401,6 +412,7 @@ impl QuantizedActs {
             n,
             row_bytes,
             data,
+            gemm: OnceLock::new(),
         }
     }
 
@@ -415,7 +427,17 @@ impl QuantizedActs {
             n: self.n,
             row_bytes: self.row_bytes,
             data,
+            gemm: OnceLock::new(),
         }
+    }
+
+    /// These rows as the int8 GEMM's input (prepared once). Only for Q8_K / Q8_0 rows, the
+    /// activation types of the weight types `gemm_supports`.
+    fn gemm_acts(&self) -> &moxie_quant::GemmActs {
+        self.gemm.get_or_init(|| {
+            moxie_quant::GemmActs::new(self.ty, self.n, &self.data, self.row_bytes)
+                .expect("the int8 GEMM is only chosen for Q8_K / Q8_0 activations")
+        })
     }
 
     pub fn n_rows(&self) -> usize {

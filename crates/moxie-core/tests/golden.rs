@@ -154,7 +154,8 @@ fn check_all_fixtures(numerics: Numerics) {
                 .forward(&tokens, &mut cache, &par, Logits::All)
                 .unwrap();
             assert_eq!(ours.len(), golden.len());
-            let kld = mean_kld(&golden, &ours, n_vocab);
+            let klds = kld_per_row(&golden, &ours, n_vocab);
+            let kld = klds.iter().sum::<f64>() / klds.len() as f64;
             let top1 = top1_agreement(&golden, &ours, n_vocab);
             let (bound, top1_min) = if case.is_f32 {
                 (1e-5, 0.99)
@@ -197,12 +198,10 @@ fn check_all_fixtures(numerics: Numerics) {
             // Exact numerics must meet the bounds outright. Fast numerics sum in another order,
             // which the quantized files amplify through routing flips (fixtures README): the
             // per-position rule applies to them and greedy runs are reported, not required.
-            let passed = match numerics {
-                Numerics::Exact => kld <= bound && top1 >= top1_min && greedy_ok,
-                Numerics::Fast if case.is_f32 => kld <= bound && top1 >= top1_min && greedy_ok,
-                Numerics::Fast => {
-                    per_position_ok(&kld_per_row(&golden, &ours, n_vocab), bound) && top1 >= 0.9
-                }
+            let passed = if numerics == Numerics::Exact || case.is_f32 {
+                kld <= bound && top1 >= top1_min && greedy_ok
+            } else {
+                per_position_ok(&klds, bound) && top1 >= 0.9
             };
             let same_prefix = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
 

@@ -267,7 +267,8 @@ fn batch_gemm(bencher: Bencher, ty: GgmlType, weights: fn(GgmlType) -> Weights) 
     }
     let w = weights(ty);
     let (acts, stride) = activations(ty, BATCH);
-    let g = GemmActs::new(ty, COLS, &acts, stride).unwrap();
+    let act = vec_dot_type(ty).unwrap();
+    let g = GemmActs::new(act, COLS, &acts, stride).unwrap();
     let mut out = vec![0f32; w.rows.div_ceil(GEMM_TILE_ROWS) * GEMM_TILE_ROWS * BATCH];
     let mut i = 0;
     bencher

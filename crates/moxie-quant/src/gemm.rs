@@ -12,7 +12,9 @@
 //! The decoded tile is reused for every token, so the decode cost is spread over the batch:
 //! this pays from a few tokens on (prefill, experts with several routed tokens).
 
-use crate::common::{get_scale_min_k4, rd_f16, rd_f32, rd_i16, rd_u32};
+use crate::common::{get_scale_min_k4, rd_f16, rd_f32, rd_i16};
+use crate::kquants::{q4_k_quants, q5_k_quants, q6_k_quants};
+use crate::legacy::{q4_0_quants, q5_0_quants};
 use crate::GgmlType;
 
 /// Weight rows per decoded tile (one i32 lane per row in a 512-bit register).
@@ -62,96 +64,98 @@ pub fn gemm_supports(ty: GgmlType, n_in: usize) -> bool {
     layout(ty).is_some_and(|l| n_in > 0 && n_in.is_multiple_of(l.act.block_size()))
 }
 
-/// Activation rows prepared for [`gemm_q8`]: int8 values without block headers, and per
-/// sub-block scale, offset correction and (for weights with mins) scaled sum.
+/// Activation rows prepared for [`gemm_q8`]: int8 values without block headers, the scale of
+/// each activation block and the sum of every 16 values. It depends only on the activation
+/// type, so every matrix reading the same activations can share one.
 pub struct GemmActs {
-    layout: Layout,
+    act: GgmlType,
     n_in: usize,
     n_tok: usize,
     /// `[token][n_in]` int8.
     q: Vec<i8>,
-    /// Scale per `[token][sub-block]`.
+    /// Scale per `[token][activation block]` (256 values for Q8_K, 32 for Q8_0).
     dx: Vec<f32>,
-    /// `-offset * sum(q)` per `[token][sub-block]`: undoes the unsigned weight offset.
-    corr: Vec<i32>,
-    /// `dx * sum(q)` per `[token][sub-block]` (weights with mins only).
-    xsum: Vec<f32>,
+    /// Sums per sub-block of 16 and of 32 values (the weight layouts' two sub-block sizes).
+    by16: SubBlockSums,
+    by32: SubBlockSums,
+}
+
+/// Per `[token][sub-block]`: the sum of the int8 values and that sum times the scale.
+struct SubBlockSums {
+    sum: Vec<i32>,
+    scaled: Vec<f32>,
+}
+
+impl SubBlockSums {
+    /// From the sums of 16 values (`sum16`) and block scales (`dx`, `block` values each).
+    fn new(sum16: &[i32], dx: &[f32], sub: usize, block: usize) -> SubBlockSums {
+        let sum: Vec<i32> = sum16
+            .chunks_exact(sub / 16)
+            .map(|c| c.iter().sum())
+            .collect();
+        // Every activation block holds block/sub whole sub-blocks (Q8_K 8 or 16, Q8_0 1 or 2).
+        let scaled = sum
+            .chunks_exact(block / sub)
+            .zip(dx)
+            .flat_map(|(c, &d)| c.iter().map(move |&b| d * b as f32))
+            .collect();
+        SubBlockSums { sum, scaled }
+    }
 }
 
 impl GemmActs {
-    /// Prepare `acts` (`row_bytes` per token, quantized to the partner type of weight type
-    /// `wty`). `None` if `wty` has no int8 layout or the sizes disagree.
-    pub fn new(wty: GgmlType, n_in: usize, acts: &[u8], row_bytes: usize) -> Option<GemmActs> {
-        let layout = layout(wty)?;
-        if !gemm_supports(wty, n_in)
-            || layout.act.row_bytes(n_in as u64)? as usize != row_bytes
+    /// Prepare `acts`: `row_bytes` per token of activation type `act` (Q8_K or Q8_0), `n_in`
+    /// values each. `None` for another type or sizes that disagree.
+    pub fn new(act: GgmlType, n_in: usize, acts: &[u8], row_bytes: usize) -> Option<GemmActs> {
+        let (block, block_bytes, header) = match act {
+            GgmlType::Q8_K => (256, 292, 4),
+            GgmlType::Q8_0 => (32, 34, 2),
+            _ => return None,
+        };
+        if n_in == 0
+            || !n_in.is_multiple_of(block)
+            || act.row_bytes(n_in as u64)? as usize != row_bytes
             || !acts.len().is_multiple_of(row_bytes)
         {
             return None;
         }
         let n_tok = acts.len() / row_bytes;
-        let n_sub = n_in / layout.sub;
         let mut q = vec![0i8; n_tok * n_in];
-        let mut dx = vec![0f32; n_tok * n_sub];
-        let mut corr = vec![0i32; n_tok * n_sub];
-        let mut xsum = if layout.mins {
-            vec![0f32; n_tok * n_sub]
-        } else {
-            Vec::new()
-        };
-        for (t, row) in acts.chunks_exact(row_bytes).enumerate() {
-            for sb in 0..n_sub {
-                let (qs, d, bsum) = act_sub_block(layout, row, sb);
-                let o = t * n_in + sb * layout.sub;
-                for (dst, &v) in q[o..o + layout.sub].iter_mut().zip(qs) {
-                    *dst = v as i8;
+        let mut dx = Vec::with_capacity(n_tok * n_in / block);
+        let mut sum16 = Vec::with_capacity(n_tok * n_in / 16);
+        for (row, qrow) in acts.chunks_exact(row_bytes).zip(q.chunks_exact_mut(n_in)) {
+            for (blk, qb) in row
+                .chunks_exact(block_bytes)
+                .zip(qrow.chunks_exact_mut(block))
+            {
+                dx.push(match act {
+                    GgmlType::Q8_K => rd_f32(blk, 0),
+                    _ => rd_f16(blk, 0),
+                });
+                for (d, &v) in qb.iter_mut().zip(&blk[header..header + block]) {
+                    *d = v as i8;
                 }
-                let i = t * n_sub + sb;
-                dx[i] = d;
-                corr[i] = -layout.offset * bsum;
-                if layout.mins {
-                    xsum[i] = d * bsum as f32;
+                // Q8_K carries its sums of 16; Q8_0's are computed.
+                match act {
+                    GgmlType::Q8_K => {
+                        sum16.extend((0..16).map(|j| rd_i16(blk, 260 + 2 * j) as i32))
+                    }
+                    _ => sum16.extend(
+                        qb.chunks_exact(16)
+                            .map(|c| c.iter().map(|&v| v as i32).sum::<i32>()),
+                    ),
                 }
             }
         }
         Some(GemmActs {
-            layout,
+            act,
             n_in,
             n_tok,
             q,
+            by16: SubBlockSums::new(&sum16, &dx, 16, block),
+            by32: SubBlockSums::new(&sum16, &dx, 32, block),
             dx,
-            corr,
-            xsum,
         })
-    }
-
-    pub fn n_tok(&self) -> usize {
-        self.n_tok
-    }
-}
-
-/// Sub-block `sb` of one activation row: its int8 values, scale and the sum of its values.
-fn act_sub_block(l: Layout, row: &[u8], sb: usize) -> (&[u8], f32, i32) {
-    match l.act {
-        GgmlType::Q8_K => {
-            let per_block = 256 / l.sub;
-            let blk = &row[(sb / per_block) * 292..][..292];
-            let j = sb % per_block;
-            let qs = &blk[4 + j * l.sub..4 + (j + 1) * l.sub];
-            // Q8_K stores sums of 16 values.
-            let bsum = if l.sub == 32 {
-                rd_i16(blk, 260 + 4 * j) as i32 + rd_i16(blk, 262 + 4 * j) as i32
-            } else {
-                rd_i16(blk, 260 + 2 * j) as i32
-            };
-            (qs, rd_f32(blk, 0), bsum)
-        }
-        _ => {
-            let blk = &row[sb * 34..][..34];
-            let qs = &blk[2..34];
-            let bsum = qs.iter().map(|&v| (v as i8) as i32).sum();
-            (qs, rd_f16(blk, 0), bsum)
-        }
     }
 }
 
@@ -171,24 +175,9 @@ fn decode_row(ty: GgmlType, row: &[u8], q: &mut [u8], scale: &mut [f32], min: &m
                 }
                 let out = &mut q[256 * b..256 * (b + 1)];
                 if ty == T::Q4_K {
-                    let qs = &x[16..144];
-                    for j in 0..4 {
-                        for l in 0..32 {
-                            out[64 * j + l] = qs[32 * j + l] & 0xF;
-                            out[64 * j + 32 + l] = qs[32 * j + l] >> 4;
-                        }
-                    }
+                    q4_k_quants(x, out);
                 } else {
-                    let qh = &x[16..48];
-                    let qs = &x[48..176];
-                    for j in 0..4 {
-                        for l in 0..32 {
-                            let h0 = ((qh[l] >> (2 * j)) & 1) << 4;
-                            let h1 = ((qh[l] >> (2 * j + 1)) & 1) << 4;
-                            out[64 * j + l] = (qs[32 * j + l] & 0xF) | h0;
-                            out[64 * j + 32 + l] = (qs[32 * j + l] >> 4) | h1;
-                        }
-                    }
+                    q5_k_quants(x, out);
                 }
             }
         }
@@ -199,18 +188,7 @@ fn decode_row(ty: GgmlType, row: &[u8], q: &mut [u8], scale: &mut [f32], min: &m
                 for j in 0..16 {
                     scale[16 * b + j] = d * (x[192 + j] as i8) as f32;
                 }
-                let out = &mut q[256 * b..256 * (b + 1)];
-                for half in 0..2 {
-                    let ql = &x[64 * half..64 * half + 64];
-                    let qh = &x[128 + 32 * half..128 + 32 * half + 32];
-                    let o = &mut out[128 * half..128 * half + 128];
-                    for l in 0..32 {
-                        o[l] = (ql[l] & 0xF) | ((qh[l] & 3) << 4);
-                        o[l + 32] = (ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4);
-                        o[l + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
-                        o[l + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
-                    }
-                }
+                q6_k_quants(x, &mut q[256 * b..256 * (b + 1)]);
             }
         }
         T::Q8_0 => {
@@ -224,24 +202,13 @@ fn decode_row(ty: GgmlType, row: &[u8], q: &mut [u8], scale: &mut [f32], min: &m
         T::Q4_0 => {
             for (b, x) in row.chunks_exact(18).enumerate() {
                 scale[b] = rd_f16(x, 0);
-                let o = &mut q[32 * b..32 * (b + 1)];
-                for j in 0..16 {
-                    o[j] = x[2 + j] & 0xF;
-                    o[j + 16] = x[2 + j] >> 4;
-                }
+                q[32 * b..32 * (b + 1)].copy_from_slice(&q4_0_quants(x));
             }
         }
         T::Q5_0 => {
             for (b, x) in row.chunks_exact(22).enumerate() {
                 scale[b] = rd_f16(x, 0);
-                let qh = rd_u32(x, 2);
-                let o = &mut q[32 * b..32 * (b + 1)];
-                for j in 0..16 {
-                    let h0 = (((qh >> j) << 4) & 0x10) as u8;
-                    let h1 = ((qh >> (j + 12)) & 0x10) as u8;
-                    o[j] = (x[6 + j] & 0xF) | h0;
-                    o[j + 16] = (x[6 + j] >> 4) | h1;
-                }
+                q[32 * b..32 * (b + 1)].copy_from_slice(&q5_0_quants(x));
             }
         }
         _ => unreachable!("layout() admits only the types decoded here"),
@@ -300,7 +267,6 @@ impl WeightTile {
 }
 
 /// `q[(g*16 + m)*4 + i] = rows[m*n_in + 4*g + i]`: groups of four bytes of 16 rows side by side.
-#[cfg_attr(target_arch = "x86_64", allow(dead_code))]
 fn interleave_quads_scalar(rows: &[u8], n_in: usize, q: &mut [u8]) {
     for (m, row) in rows.chunks_exact(n_in).enumerate() {
         for (g, quad) in row.chunks_exact(4).enumerate() {
@@ -314,7 +280,7 @@ fn interleave_quads_scalar(rows: &[u8], n_in: usize, q: &mut [u8]) {
 /// elements each) and every token of `acts`: `out` holds, per 16-row tile, `n_tok` runs of 16
 /// results (rows past the end of `rows` are zero). Returns `false` and leaves `out` alone if
 /// the path is unavailable or the inputs do not fit ([`gemm_supports`], [`GemmActs::new`] for
-/// the same weight type).
+/// the weight type's activation type).
 pub fn gemm_q8(ty: GgmlType, n_in: usize, rows: &[u8], acts: &GemmActs, out: &mut [f32]) -> bool {
     let Some(l) = layout(ty) else { return false };
     let Some(row_bytes) = ty.row_bytes(n_in as u64).map(|b| b as usize) else {
@@ -323,7 +289,7 @@ pub fn gemm_q8(ty: GgmlType, n_in: usize, rows: &[u8], acts: &GemmActs, out: &mu
     let n_rows = rows.len().checked_div(row_bytes).unwrap_or(0);
     let n_tiles = n_rows.div_ceil(GEMM_TILE_ROWS);
     if !gemm_available()
-        || l != acts.layout
+        || l.act != acts.act
         || n_in != acts.n_in
         || !rows.len().is_multiple_of(row_bytes)
         || out.len() != n_tiles * acts.n_tok * GEMM_TILE_ROWS
@@ -410,31 +376,32 @@ mod platform {
         out: &mut [f32],
     ) -> usize {
         let s = l.sub;
-        let n_sub = n_in / s;
         let mut facc = [_mm512_setzero_ps(); N];
         let x = &acts.q[t0 * n_in..(t0 + N) * n_in];
-        // Per-token scalars of tokens t0..t0+N, `[token][sub-block]`.
-        let corr = &acts.corr[t0 * n_sub..(t0 + N) * n_sub];
-        let dx = &acts.dx[t0 * n_sub..(t0 + N) * n_sub];
-        let xsum = if l.mins {
-            &acts.xsum[t0 * n_sub..(t0 + N) * n_sub]
+        // Per-token scalars of tokens t0..t0+N.
+        let act_block = if l.act == crate::GgmlType::Q8_K {
+            256
         } else {
-            &[][..]
+            32
         };
+        let (n_blocks, n_sub) = (n_in / act_block, n_in / s);
+        let dx = &acts.dx[t0 * n_blocks..(t0 + N) * n_blocks];
+        let by = if s == 16 { &acts.by16 } else { &acts.by32 };
+        let sums = &by.sum[t0 * n_sub..(t0 + N) * n_sub];
+        let scaled = &by.scaled[t0 * n_sub..(t0 + N) * n_sub];
         // Sub-blocks sharing one activation scale (a Q8_K block) are summed with the weight
         // scales first and multiplied by the activation scale once.
-        let per_dx = match l.act {
-            crate::GgmlType::Q8_K => 256 / s,
-            _ => 1,
-        };
-        for blk in 0..n_sub / per_dx {
+        let per_dx = act_block / s;
+        for blk in 0..n_blocks {
             let mut fblk = [_mm512_setzero_ps(); N];
             for sb in blk * per_dx..(blk + 1) * per_dx {
                 let mut iacc = [_mm512_setzero_si512(); N];
                 if l.offset != 0 {
+                    // Undo the unsigned weight offset: -offset * sum(x).
                     for j in 0..N {
-                        // SAFETY: j < N and sb < n_sub index inside `corr`.
-                        iacc[j] = _mm512_set1_epi32(unsafe { *corr.get_unchecked(j * n_sub + sb) });
+                        // SAFETY: j < N and sb < n_sub index inside `sums`.
+                        let b = unsafe { *sums.get_unchecked(j * n_sub + sb) };
+                        iacc[j] = _mm512_set1_epi32(-l.offset * b);
                     }
                 }
                 for g in 0..s / 4 {
@@ -457,15 +424,15 @@ mod platform {
                     // SAFETY: as above.
                     let mn = unsafe { _mm512_loadu_ps(w.min.as_ptr().add(sb * 16)) };
                     for j in 0..N {
-                        // SAFETY: as for `corr` (`xsum` has that shape when the layout has mins).
-                        let xs = _mm512_set1_ps(unsafe { *xsum.get_unchecked(j * n_sub + sb) });
+                        // SAFETY: as for `sums`.
+                        let xs = _mm512_set1_ps(unsafe { *scaled.get_unchecked(j * n_sub + sb) });
                         facc[j] = _mm512_fnmadd_ps(mn, xs, facc[j]);
                     }
                 }
             }
             for j in 0..N {
-                // SAFETY: as for `corr`; every sub-block of the group has this scale.
-                let d = _mm512_set1_ps(unsafe { *dx.get_unchecked(j * n_sub + blk * per_dx) });
+                // SAFETY: j < N and blk < n_blocks index inside `dx`.
+                let d = _mm512_set1_ps(unsafe { *dx.get_unchecked(j * n_blocks + blk) });
                 facc[j] = _mm512_fmadd_ps(fblk[j], d, facc[j]);
             }
         }
@@ -541,7 +508,7 @@ mod tests {
             for (src, dst) in x.chunks_exact(n_in).zip(xq.chunks_exact_mut(arb)) {
                 qa(src, dst);
             }
-            let acts = GemmActs::new(ty, n_in, &xq, arb).unwrap();
+            let acts = GemmActs::new(act, n_in, &xq, arb).unwrap();
             let n_tiles = n_rows.div_ceil(GEMM_TILE_ROWS);
             let mut out = vec![f32::NAN; n_tiles * n_tok * GEMM_TILE_ROWS];
             assert!(gemm_q8(ty, n_in, &wq, &acts, &mut out));

@@ -606,6 +606,49 @@ pub fn vec_dot_q3_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     sumf
 }
 
+/// The 256 quants of a Q4_K block in element order (0..15).
+#[inline]
+pub(crate) fn q4_k_quants(x: &[u8], out: &mut [u8]) {
+    let q4 = &x[16..144];
+    for j in 0..4 {
+        for l in 0..32 {
+            out[64 * j + l] = q4[32 * j + l] & 0xF;
+            out[64 * j + 32 + l] = q4[32 * j + l] >> 4;
+        }
+    }
+}
+
+/// The 256 quants of a Q5_K block in element order (0..31).
+#[inline]
+pub(crate) fn q5_k_quants(x: &[u8], out: &mut [u8]) {
+    let hm = &x[16..48];
+    let q4 = &x[48..176];
+    for j in 0..4 {
+        for l in 0..32 {
+            let h0 = ((hm[l] >> (2 * j)) & 1) << 4;
+            let h1 = ((hm[l] >> (2 * j + 1)) & 1) << 4;
+            out[64 * j + l] = (q4[32 * j + l] & 0xF) | h0;
+            out[64 * j + 32 + l] = (q4[32 * j + l] >> 4) | h1;
+        }
+    }
+}
+
+/// The 256 stored six-bit quants of a Q6_K block in element order (0..63; the value is q - 32).
+#[inline]
+pub(crate) fn q6_k_quants(x: &[u8], out: &mut [u8]) {
+    for half in 0..2 {
+        let ql = &x[64 * half..64 * half + 64];
+        let qh = &x[128 + 32 * half..128 + 32 * half + 32];
+        let o = &mut out[128 * half..128 * half + 128];
+        for l in 0..32 {
+            o[l] = (ql[l] & 0xF) | ((qh[l] & 3) << 4);
+            o[l + 32] = (ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4);
+            o[l + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
+            o[l + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Q4_K
 
@@ -761,13 +804,7 @@ pub fn vec_dot_q4_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
         .chunks_exact(Q4_K_BYTES)
         .zip(a[..nb * Q8_K_BYTES].chunks_exact(Q8_K_BYTES))
     {
-        let q4 = &x[16..144];
-        for j in 0..4 {
-            for l in 0..32 {
-                aux8[64 * j + l] = q4[32 * j + l] & 0xF;
-                aux8[64 * j + 32 + l] = q4[32 * j + l] >> 4;
-            }
-        }
+        q4_k_quants(x, &mut aux8);
         k_dot_tail(x, y, &aux8, &mut sums, &mut sumf);
     }
     for s in sums {
@@ -897,19 +934,7 @@ pub fn vec_dot_q5_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
         .chunks_exact(Q5_K_BYTES)
         .zip(a[..nb * Q8_K_BYTES].chunks_exact(Q8_K_BYTES))
     {
-        let hm = &x[16..48];
-        let q4 = &x[48..176];
-        let mut m = 1u8;
-        for j in 0..4 {
-            for l in 0..32 {
-                aux8[64 * j + l] = (q4[32 * j + l] & 0xF) + if hm[l] & m != 0 { 16 } else { 0 };
-            }
-            m = m.wrapping_shl(1);
-            for l in 0..32 {
-                aux8[64 * j + 32 + l] = (q4[32 * j + l] >> 4) + if hm[l] & m != 0 { 16 } else { 0 };
-            }
-            m = m.wrapping_shl(1);
-        }
+        q5_k_quants(x, &mut aux8);
         k_dot_tail(x, y, &aux8, &mut sums, &mut sumf);
     }
     for s in sums {
@@ -924,27 +949,16 @@ pub fn vec_dot_q5_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
 /// Dequantize a Q6_K row.
 pub fn dequantize_row_q6_k(src: &[u8], dst: &mut [f32]) {
     let nb = dst.len() / QK_K;
+    let mut q = [0u8; QK_K];
     for (x, y) in src[..nb * Q6_K_BYTES]
         .chunks_exact(Q6_K_BYTES)
         .zip(dst.chunks_exact_mut(QK_K))
     {
         let d = rd_f16(x, 208);
-        for half in 0..2 {
-            let ql = &x[64 * half..64 * half + 64];
-            let qh = &x[128 + 32 * half..128 + 32 * half + 32];
-            let sc = &x[192 + 8 * half..192 + 8 * half + 8];
-            let yo = &mut y[128 * half..128 * half + 128];
-            for l in 0..32 {
-                let is = l / 16;
-                let q1 = ((ql[l] & 0xF) | ((qh[l] & 3) << 4)) as i32 - 32;
-                let q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) as i32 - 32;
-                let q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i32 - 32;
-                let q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i32 - 32;
-                yo[l] = d * (sc[is] as i8) as f32 * q1 as f32;
-                yo[l + 32] = d * (sc[is + 2] as i8) as f32 * q2 as f32;
-                yo[l + 64] = d * (sc[is + 4] as i8) as f32 * q3 as f32;
-                yo[l + 96] = d * (sc[is + 6] as i8) as f32 * q4 as f32;
-            }
+        q6_k_quants(x, &mut q);
+        // Element i belongs to the sub-block of 16 with scale x[192 + i/16].
+        for (i, (yi, &qi)) in y.iter_mut().zip(&q).enumerate() {
+            *yi = d * (x[192 + i / 16] as i8) as f32 * (qi as i32 - 32) as f32;
         }
     }
 }
@@ -1020,22 +1034,12 @@ pub fn quantize_row_q6_k(src: &[f32], dst: &mut [u8]) {
 pub fn vec_dot_q6_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let nb = n / QK_K;
     let mut sums = [0f32; 8];
-    let mut aux8 = [0i8; QK_K];
+    let mut aux8 = [0u8; QK_K];
     for (x, y) in w[..nb * Q6_K_BYTES]
         .chunks_exact(Q6_K_BYTES)
         .zip(a[..nb * Q8_K_BYTES].chunks_exact(Q8_K_BYTES))
     {
-        for half in 0..2 {
-            let q4 = &x[64 * half..64 * half + 64];
-            let qh = &x[128 + 32 * half..128 + 32 * half + 32];
-            let ao = &mut aux8[128 * half..128 * half + 128];
-            for l in 0..32 {
-                ao[l] = ((q4[l] & 0xF) | ((qh[l] & 3) << 4)) as i8 - 32;
-                ao[l + 32] = ((q4[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) as i8 - 32;
-                ao[l + 64] = ((q4[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i8 - 32;
-                ao[l + 96] = ((q4[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i8 - 32;
-            }
-        }
+        q6_k_quants(x, &mut aux8);
         let q8 = &y[4..260];
         let mut aux32 = [0i32; 8];
         for j in 0..QK_K / 16 {
@@ -1043,7 +1047,7 @@ pub fn vec_dot_q6_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
             for g in 0..2 {
                 let o = 16 * j + 8 * g;
                 for l in 0..8 {
-                    aux32[l] += scale * ((q8[o + l] as i8) as i32 * aux8[o + l] as i32);
+                    aux32[l] += scale * ((q8[o + l] as i8) as i32 * (aux8[o + l] as i32 - 32));
                 }
             }
         }

@@ -36,6 +36,29 @@ pub const Q8_1_BYTES: usize = 36;
 // ---------------------------------------------------------------------------------------------
 // dequantize
 
+/// The 32 stored quants of a Q4_0 block in element order (0..15; the value is q - 8).
+#[inline]
+pub(crate) fn q4_0_quants(x: &[u8]) -> [u8; QK] {
+    let mut q = [0u8; QK];
+    for j in 0..16 {
+        q[j] = x[2 + j] & 0x0F;
+        q[j + 16] = x[2 + j] >> 4;
+    }
+    q
+}
+
+/// The 32 stored quants of a Q5_0 block in element order (0..31; the value is q - 16).
+#[inline]
+pub(crate) fn q5_0_quants(x: &[u8]) -> [u8; QK] {
+    let qh = rd_u32(x, 2);
+    let mut q = [0u8; QK];
+    for j in 0..16 {
+        q[j] = (x[6 + j] & 0x0F) | ((((qh >> j) << 4) & 0x10) as u8);
+        q[j + 16] = (x[6 + j] >> 4) | (((qh >> (j + 12)) & 0x10) as u8);
+    }
+    q
+}
+
 /// Dequantize a Q4_0 row (`dst.len()` a multiple of 32).
 pub fn dequantize_row_q4_0(src: &[u8], dst: &mut [f32]) {
     let nb = dst.len() / QK;
@@ -44,12 +67,8 @@ pub fn dequantize_row_q4_0(src: &[u8], dst: &mut [f32]) {
         .zip(dst.chunks_exact_mut(QK))
     {
         let d = rd_f16(x, 0);
-        let qs = &x[2..18];
-        for j in 0..16 {
-            let x0 = (qs[j] & 0x0F) as i32 - 8;
-            let x1 = (qs[j] >> 4) as i32 - 8;
-            y[j] = x0 as f32 * d;
-            y[j + 16] = x1 as f32 * d;
+        for (yj, q) in y.iter_mut().zip(q4_0_quants(x)) {
+            *yj = (q as i32 - 8) as f32 * d;
         }
     }
 }
@@ -81,15 +100,8 @@ pub fn dequantize_row_q5_0(src: &[u8], dst: &mut [f32]) {
         .zip(dst.chunks_exact_mut(QK))
     {
         let d = rd_f16(x, 0);
-        let qh = rd_u32(x, 2);
-        let qs = &x[6..22];
-        for j in 0..16 {
-            let xh_0 = (((qh >> j) << 4) & 0x10) as i32;
-            let xh_1 = ((qh >> (j + 12)) & 0x10) as i32;
-            let x0 = (((qs[j] & 0x0F) as i32) | xh_0) - 16;
-            let x1 = (((qs[j] >> 4) as i32) | xh_1) - 16;
-            y[j] = x0 as f32 * d;
-            y[j + 16] = x1 as f32 * d;
+        for (yj, q) in y.iter_mut().zip(q5_0_quants(x)) {
+            *yj = (q as i32 - 16) as f32 * d;
         }
     }
 }
@@ -381,16 +393,11 @@ pub fn vec_dot_q4_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
         .chunks_exact(Q4_0_BYTES)
         .zip(a[..nb * Q8_0_BYTES].chunks_exact(Q8_0_BYTES))
     {
-        let (xq, yq) = (&x[2..18], &y[2..34]);
-        let mut sumi0 = 0i32;
-        let mut sumi1 = 0i32;
-        for j in 0..16 {
-            let v0 = (xq[j] & 0x0F) as i32 - 8;
-            let v1 = (xq[j] >> 4) as i32 - 8;
-            sumi0 += v0 * (yq[j] as i8) as i32;
-            sumi1 += v1 * (yq[j + 16] as i8) as i32;
-        }
-        let sumi = sumi0 + sumi1;
+        let sumi: i32 = q4_0_quants(x)
+            .iter()
+            .zip(&y[2..34])
+            .map(|(&q, &v)| (q as i32 - 8) * (v as i8) as i32)
+            .sum();
         sumf += sumi as f32 * rd_f16(x, 0) * rd_f16(y, 0);
     }
     sumf
@@ -427,19 +434,11 @@ pub fn vec_dot_q5_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
         .chunks_exact(Q5_0_BYTES)
         .zip(a[..nb * Q8_0_BYTES].chunks_exact(Q8_0_BYTES))
     {
-        let qh = rd_u32(x, 2);
-        let (xq, yq) = (&x[6..22], &y[2..34]);
-        let mut sumi0 = 0i32;
-        let mut sumi1 = 0i32;
-        for j in 0..16 {
-            let xh_0 = (((qh >> j) & 1) << 4) as i32;
-            let xh_1 = (((qh >> (j + 16)) & 1) << 4) as i32;
-            let x0 = (((xq[j] & 0x0F) as i32) | xh_0) - 16;
-            let x1 = (((xq[j] >> 4) as i32) | xh_1) - 16;
-            sumi0 += x0 * (yq[j] as i8) as i32;
-            sumi1 += x1 * (yq[j + 16] as i8) as i32;
-        }
-        let sumi = sumi0 + sumi1;
+        let sumi: i32 = q5_0_quants(x)
+            .iter()
+            .zip(&y[2..34])
+            .map(|(&q, &v)| (q as i32 - 16) * (v as i8) as i32)
+            .sum();
         sumf += (rd_f16(x, 0) * rd_f16(y, 0)) * sumi as f32;
     }
     sumf
