@@ -253,13 +253,21 @@ impl Model {
             self.tok_embd.row_to_f32(t as usize, row)?;
         }
         let pos0 = cache.len();
+        // RoPE's (cos, sin) per token: the same for every layer, so computed once.
+        let rope: Vec<Vec<(f32, f32)>> = (0..n)
+            .map(|t| {
+                let mut rc = Vec::new();
+                c.rope.cache((pos0 + t) as i64, &mut rc);
+                rc
+            })
+            .collect();
         let mut h = vec![0f32; n * n_embd];
         for (il, layer) in self.layers.iter().enumerate() {
             h.copy_from_slice(&x);
             ops::rms_norm_mul(&mut h, &layer.attn_norm, c.rms_eps);
             let attn_out = match &layer.attn {
-                Attention::Gqa(a) => self.gqa(a, il, &h, pos0, cache, par)?,
-                Attention::Mla(a) => self.mla(a, il, &h, pos0, cache, par)?,
+                Attention::Gqa(a) => self.gqa(a, il, &h, &rope, cache, par)?,
+                Attention::Mla(a) => self.mla(a, il, &h, &rope, cache, par)?,
             };
             ops::add_assign(&mut x, &attn_out);
             h.copy_from_slice(&x);
@@ -289,11 +297,14 @@ impl Model {
         a: &Gqa,
         il: usize,
         h: &[f32],
-        pos0: usize,
+        rope: &[Vec<(f32, f32)>],
         cache: &mut KvCache,
         par: &Parallel,
     ) -> Result<Vec<f32>> {
         let c = &self.config;
+        // The batch's positions are committed after the last layer: until then the cache's
+        // length is the position of its first token.
+        let pos0 = cache.len();
         let n = h.len() / c.n_embd;
         let (hd, n_kv) = (c.head_dim_k, c.n_head_kv);
         let mut q = vec![0f32; n * c.n_head * hd];
@@ -319,17 +330,15 @@ impl Model {
         if let Some(w) = &a.k_norm {
             ops::rms_norm_mul(&mut k, w, c.rms_eps);
         }
-        let mut rc = Vec::new();
-        for t in 0..n {
-            c.rope.cache((pos0 + t) as i64, &mut rc);
+        for (t, rc) in rope.iter().enumerate() {
             c.rope.apply(
                 &mut q[t * c.n_head * hd..(t + 1) * c.n_head * hd],
                 hd,
                 0,
-                &rc,
+                rc,
             );
             c.rope
-                .apply(&mut k[t * n_kv * hd..(t + 1) * n_kv * hd], hd, 0, &rc);
+                .apply(&mut k[t * n_kv * hd..(t + 1) * n_kv * hd], hd, 0, rc);
         }
         cache.append(il, &k, &v);
         let mut out = vec![0f32; n * c.n_head * c.head_dim_v];
@@ -360,11 +369,14 @@ impl Model {
         a: &Mla,
         il: usize,
         h: &[f32],
-        pos0: usize,
+        rope: &[Vec<(f32, f32)>],
         cache: &mut KvCache,
         par: &Parallel,
     ) -> Result<Vec<f32>> {
         let c = &self.config;
+        // The batch's positions are committed after the last layer: until then the cache's
+        // length is the position of its first token.
+        let pos0 = cache.len();
         let n = h.len() / c.n_embd;
         let (n_head, rank, n_rot) = (c.n_head, c.kv_lora_rank, c.n_rot);
         let dk = c.head_dim_k_mla;
@@ -394,7 +406,6 @@ impl Model {
         let mut kv = vec![0f32; n * kw];
         matmul_shared(&a.wkv_a, &acts_h, h, par, &mut kv)?;
 
-        let mut rc = Vec::new();
         // Absorbed queries [latent (rank) | rope (n_rot)] per head.
         let qw = rank + n_rot;
         let mut qfull = vec![0f32; n * n_head * qw];
@@ -413,15 +424,14 @@ impl Model {
                     .copy_from_slice(&absorbed[t * rank..(t + 1) * rank]);
             }
         }
-        for t in 0..n {
-            c.rope.cache((pos0 + t) as i64, &mut rc);
+        for (t, rc) in rope.iter().enumerate() {
             for hh in 0..n_head {
                 let src = &mut q[(t * n_head + hh) * dk..][..dk];
-                c.rope.apply(src, dk, nope, &rc);
+                c.rope.apply(src, dk, nope, rc);
                 qfull[(t * n_head + hh) * qw + rank..][..n_rot].copy_from_slice(&src[nope..]);
             }
             let row = &mut kv[t * kw..(t + 1) * kw];
-            c.rope.apply(&mut row[rank..], n_rot, 0, &rc);
+            c.rope.apply(&mut row[rank..], n_rot, 0, rc);
             ops::rms_norm_mul(&mut row[..rank], &a.kv_a_norm, c.rms_eps);
         }
         cache.append(il, &kv, &[]);
