@@ -273,7 +273,7 @@ impl Model {
             h.copy_from_slice(&x);
             ops::rms_norm_mul(&mut h, &layer.ffn_norm, c.rms_eps);
             let ffn_out = match &layer.ffn {
-                Ffn::Dense(f) => dense_ffn(f, &h, n, par)?,
+                Ffn::Dense(f) => dense_ffn(f, &h, n, None, par)?,
                 Ffn::Moe(m) => self.moe(m, &h, n, par)?,
             };
             ops::add_assign(&mut x, &ffn_out);
@@ -540,7 +540,7 @@ impl Model {
             }
         }
         if let Some(s) = &m.shared {
-            let sh = dense_ffn(s, h, n, par)?;
+            let sh = dense_ffn(s, h, n, Some(&acts_gate), par)?;
             ops::add_assign(&mut out, &sh);
         }
         Ok(out)
@@ -564,14 +564,29 @@ fn matmul_shared(
     Ok(())
 }
 
-fn dense_ffn(f: &DenseFfn, h: &[f32], n: usize, par: &Parallel) -> Result<Vec<f32>> {
+/// SwiGLU feed-forward of `h` (`n` rows). `input` is `h` already converted for another matrix
+/// (the MoE layer's expert input); it is reused when it has the gate's activation type.
+fn dense_ffn(
+    f: &DenseFfn,
+    h: &[f32],
+    n: usize,
+    input: Option<&QuantizedActs>,
+    par: &Parallel,
+) -> Result<Vec<f32>> {
     let gate = f.gate.matrix()?;
     let n_ff = gate.n_out;
-    let acts = QuantizedActs::new(gate.act_type(), gate.n_in, h);
+    let own;
+    let acts = match input {
+        Some(a) if a.ty == gate.act_type() => a,
+        _ => {
+            own = QuantizedActs::new(gate.act_type(), gate.n_in, h);
+            &own
+        }
+    };
     let mut g = vec![0f32; n * n_ff];
     let mut u = vec![0f32; n * n_ff];
-    gate.matmul_q(par, &acts, &mut g);
-    matmul_shared(&f.up, &acts, h, par, &mut u)?;
+    gate.matmul_q(par, acts, &mut g);
+    matmul_shared(&f.up, acts, h, par, &mut u)?;
     ops::swiglu(&mut g, &u);
     let down = f.down.matrix()?;
     let mut out = vec![0f32; n * down.n_out];
