@@ -33,19 +33,6 @@ impl Rng {
     }
 }
 
-/// Byte offsets of the f16 scale fields of a block (kept finite so no NaN/inf slows anything).
-fn f16_fields(ty: GgmlType) -> &'static [usize] {
-    use GgmlType::*;
-    match ty {
-        Q4_0 | Q5_0 | Q8_0 | IQ4_NL | IQ4_XS => &[0],
-        Q4_1 | Q5_1 | Q4_K | Q5_K => &[0, 2],
-        Q2_K => &[80, 82],
-        Q3_K => &[108],
-        Q6_K => &[208],
-        _ => &[],
-    }
-}
-
 fn random_matrix(ty: GgmlType, rng: &mut Rng) -> Vec<u8> {
     let row_bytes = ty.row_bytes(COLS as u64).unwrap() as usize;
     let mut m = vec![0u8; row_bytes * ROWS];
@@ -63,7 +50,7 @@ fn random_matrix(ty: GgmlType, rng: &mut Rng) -> Vec<u8> {
                 *b = rng.next() as u8;
             }
             for blk in m.chunks_exact_mut(ty.type_size()) {
-                for &off in f16_fields(ty) {
+                for &off in ty.f16_scale_offsets() {
                     let h = f32_to_fp16(rng.f32() * 0.01);
                     blk[off..off + 2].copy_from_slice(&h.to_le_bytes());
                 }

@@ -796,15 +796,26 @@ pub fn quantize_row_q4_k(src: &[f32], dst: &mut [u8]) {
 
 /// Q4_K weights x Q8_K activations (`ggml_vec_dot_q4_K_q8_K_generic`).
 pub fn vec_dot_q4_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    k_dot_with_mins(n, w, a, Q4_K_BYTES, q4_k_quants)
+}
+
+/// The generic Q4_K / Q5_K dot product: `unpack` gives a block's quants, mins via bsums.
+fn k_dot_with_mins(
+    n: usize,
+    w: &[u8],
+    a: &[u8],
+    block_bytes: usize,
+    unpack: fn(&[u8], &mut [u8]),
+) -> f32 {
     let nb = n / QK_K;
     let mut sums = [0f32; 8];
     let mut sumf = 0f32;
     let mut aux8 = [0u8; QK_K];
-    for (x, y) in w[..nb * Q4_K_BYTES]
-        .chunks_exact(Q4_K_BYTES)
+    for (x, y) in w[..nb * block_bytes]
+        .chunks_exact(block_bytes)
         .zip(a[..nb * Q8_K_BYTES].chunks_exact(Q8_K_BYTES))
     {
-        q4_k_quants(x, &mut aux8);
+        unpack(x, &mut aux8);
         k_dot_tail(x, y, &aux8, &mut sums, &mut sumf);
     }
     for s in sums {
@@ -926,21 +937,7 @@ pub fn quantize_row_q5_k(src: &[f32], dst: &mut [u8]) {
 
 /// Q5_K weights x Q8_K activations (`ggml_vec_dot_q5_K_q8_K_generic`).
 pub fn vec_dot_q5_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let nb = n / QK_K;
-    let mut sums = [0f32; 8];
-    let mut sumf = 0f32;
-    let mut aux8 = [0u8; QK_K];
-    for (x, y) in w[..nb * Q5_K_BYTES]
-        .chunks_exact(Q5_K_BYTES)
-        .zip(a[..nb * Q8_K_BYTES].chunks_exact(Q8_K_BYTES))
-    {
-        q5_k_quants(x, &mut aux8);
-        k_dot_tail(x, y, &aux8, &mut sums, &mut sumf);
-    }
-    for s in sums {
-        sumf += s;
-    }
-    sumf
+    k_dot_with_mins(n, w, a, Q5_K_BYTES, q5_k_quants)
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -99,6 +99,20 @@ impl GgmlType {
         self as u32
     }
 
+    /// Byte offsets of the f16 scale fields (`d`, and `dmin`/`m` where present) within one
+    /// block of a quantized type; empty for float types and types without such fields.
+    pub fn f16_scale_offsets(self) -> &'static [usize] {
+        use GgmlType::*;
+        match self {
+            Q4_0 | Q5_0 | Q8_0 | IQ4_NL | IQ4_XS => &[0],
+            Q4_1 | Q5_1 | Q4_K | Q5_K => &[0, 2],
+            Q2_K => &[80, 82],
+            Q3_K => &[108],
+            Q6_K => &[208],
+            _ => &[],
+        }
+    }
+
     /// Elements per block.
     pub fn block_size(self) -> usize {
         use GgmlType::*;

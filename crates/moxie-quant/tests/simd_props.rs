@@ -29,7 +29,7 @@ fn deq(ty: GgmlType, b: &[u8], n: usize) -> Vec<f32> {
 fn operands(ty: GgmlType, n: usize, seed: u64, scale_pow: i32) -> (Vec<u8>, Vec<u8>) {
     let mut rng = Rng(seed | 1);
     let at = vec_dot_type(ty).unwrap();
-    let w = if f16_fields(ty).is_empty() {
+    let w = if ty.f16_scale_offsets().is_empty() {
         let xw: Vec<f32> = random_row(&mut rng, n)
             .into_iter()
             .map(|v| v * 2f32.powi(scale_pow))

@@ -39,26 +39,13 @@ pub fn random_row(rng: &mut Rng, n: usize) -> Vec<f32> {
     v
 }
 
-/// Byte offsets of the f16 scale fields of a block of `ty` (`d`, and `dmin`/`m` where present).
-pub fn f16_fields(ty: GgmlType) -> &'static [usize] {
-    use GgmlType::*;
-    match ty {
-        Q4_0 | Q5_0 | Q8_0 | IQ4_NL | IQ4_XS => &[0],
-        Q4_1 | Q5_1 | Q4_K | Q5_K => &[0, 2],
-        Q2_K => &[80, 82],
-        Q3_K => &[108],
-        Q6_K => &[208],
-        _ => &[],
-    }
-}
-
 /// Random raw weight blocks with finite, moderate f16 scales (every other byte random).
 pub fn random_blocks(rng: &mut Rng, ty: GgmlType, n: usize) -> Vec<u8> {
     let nb = n / ty.block_size();
     let ts = ty.type_size();
     let mut b = rng.bytes(nb * ts);
     for blk in b.chunks_exact_mut(ts) {
-        for &off in f16_fields(ty) {
+        for &off in ty.f16_scale_offsets() {
             let mag = 2f32.powi(-((rng.next_u64() % 10) as i32) - 2) * (1.0 + rng.f32().abs());
             let v = if rng.next_u64().is_multiple_of(2) {
                 mag
