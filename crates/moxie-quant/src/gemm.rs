@@ -12,9 +12,9 @@
 //! The decoded tile is reused for every token, so the decode cost is spread over the batch:
 //! this pays from a few tokens on (prefill, experts with several routed tokens).
 
-use crate::common::{get_scale_min_k4, rd_f16, rd_f32, rd_i16};
+use crate::common::{get_scale_min_k4, rd_f16, rd_f32, rd_i16, rd_u32};
 use crate::kquants::{q4_k_quants, q5_k_quants, q6_k_quants};
-use crate::legacy::{q4_0_quants, q5_0_quants};
+use crate::legacy::{quants_4bit, quants_5bit};
 use crate::GgmlType;
 
 /// Weight rows per decoded tile (one i32 lane per row in a 512-bit register).
@@ -202,13 +202,13 @@ fn decode_row(ty: GgmlType, row: &[u8], q: &mut [u8], scale: &mut [f32], min: &m
         T::Q4_0 => {
             for (b, x) in row.chunks_exact(18).enumerate() {
                 scale[b] = rd_f16(x, 0);
-                q[32 * b..32 * (b + 1)].copy_from_slice(&q4_0_quants(x));
+                q[32 * b..32 * (b + 1)].copy_from_slice(&quants_4bit(&x[2..18]));
             }
         }
         T::Q5_0 => {
             for (b, x) in row.chunks_exact(22).enumerate() {
                 scale[b] = rd_f16(x, 0);
-                q[32 * b..32 * (b + 1)].copy_from_slice(&q5_0_quants(x));
+                q[32 * b..32 * (b + 1)].copy_from_slice(&quants_5bit(&x[6..22], rd_u32(x, 2)));
             }
         }
         _ => unreachable!("layout() admits only the types decoded here"),

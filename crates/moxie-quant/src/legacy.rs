@@ -36,25 +36,26 @@ pub const Q8_1_BYTES: usize = 36;
 // ---------------------------------------------------------------------------------------------
 // dequantize
 
-/// The 32 stored quants of a Q4_0 block in element order (0..15; the value is q - 8).
+/// The 32 four-bit quants of a Q4_0 / Q4_1 block from its 16 packed bytes, in element order
+/// (0..15; Q4_0's value is q - 8).
 #[inline]
-pub(crate) fn q4_0_quants(x: &[u8]) -> [u8; QK] {
+pub(crate) fn quants_4bit(qs: &[u8]) -> [u8; QK] {
     let mut q = [0u8; QK];
     for j in 0..16 {
-        q[j] = x[2 + j] & 0x0F;
-        q[j + 16] = x[2 + j] >> 4;
+        q[j] = qs[j] & 0x0F;
+        q[j + 16] = qs[j] >> 4;
     }
     q
 }
 
-/// The 32 stored quants of a Q5_0 block in element order (0..31; the value is q - 16).
+/// The 32 five-bit quants of a Q5_0 / Q5_1 block from its 16 packed low nibbles and 32 high
+/// bits, in element order (0..31; Q5_0's value is q - 16).
 #[inline]
-pub(crate) fn q5_0_quants(x: &[u8]) -> [u8; QK] {
-    let qh = rd_u32(x, 2);
+pub(crate) fn quants_5bit(qs: &[u8], qh: u32) -> [u8; QK] {
     let mut q = [0u8; QK];
     for j in 0..16 {
-        q[j] = (x[6 + j] & 0x0F) | ((((qh >> j) << 4) & 0x10) as u8);
-        q[j + 16] = (x[6 + j] >> 4) | (((qh >> (j + 12)) & 0x10) as u8);
+        q[j] = (qs[j] & 0x0F) | ((((qh >> j) << 4) & 0x10) as u8);
+        q[j + 16] = (qs[j] >> 4) | (((qh >> (j + 12)) & 0x10) as u8);
     }
     q
 }
@@ -67,7 +68,7 @@ pub fn dequantize_row_q4_0(src: &[u8], dst: &mut [f32]) {
         .zip(dst.chunks_exact_mut(QK))
     {
         let d = rd_f16(x, 0);
-        for (yj, q) in y.iter_mut().zip(q4_0_quants(x)) {
+        for (yj, q) in y.iter_mut().zip(quants_4bit(&x[2..18])) {
             *yj = (q as i32 - 8) as f32 * d;
         }
     }
@@ -82,12 +83,8 @@ pub fn dequantize_row_q4_1(src: &[u8], dst: &mut [f32]) {
     {
         let d = rd_f16(x, 0);
         let m = rd_f16(x, 2);
-        let qs = &x[4..20];
-        for j in 0..16 {
-            let x0 = (qs[j] & 0x0F) as i32;
-            let x1 = (qs[j] >> 4) as i32;
-            y[j] = x0 as f32 * d + m;
-            y[j + 16] = x1 as f32 * d + m;
+        for (yj, q) in y.iter_mut().zip(quants_4bit(&x[4..20])) {
+            *yj = q as f32 * d + m;
         }
     }
 }
@@ -100,7 +97,7 @@ pub fn dequantize_row_q5_0(src: &[u8], dst: &mut [f32]) {
         .zip(dst.chunks_exact_mut(QK))
     {
         let d = rd_f16(x, 0);
-        for (yj, q) in y.iter_mut().zip(q5_0_quants(x)) {
+        for (yj, q) in y.iter_mut().zip(quants_5bit(&x[6..22], rd_u32(x, 2))) {
             *yj = (q as i32 - 16) as f32 * d;
         }
     }
@@ -115,15 +112,8 @@ pub fn dequantize_row_q5_1(src: &[u8], dst: &mut [f32]) {
     {
         let d = rd_f16(x, 0);
         let m = rd_f16(x, 2);
-        let qh = rd_u32(x, 4);
-        let qs = &x[8..24];
-        for j in 0..16 {
-            let xh_0 = (((qh >> j) << 4) & 0x10) as i32;
-            let xh_1 = ((qh >> (j + 12)) & 0x10) as i32;
-            let x0 = ((qs[j] & 0x0F) as i32) | xh_0;
-            let x1 = ((qs[j] >> 4) as i32) | xh_1;
-            y[j] = x0 as f32 * d + m;
-            y[j + 16] = x1 as f32 * d + m;
+        for (yj, q) in y.iter_mut().zip(quants_5bit(&x[8..24], rd_u32(x, 4))) {
+            *yj = q as f32 * d + m;
         }
     }
 }
@@ -393,7 +383,7 @@ pub fn vec_dot_q4_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
         .chunks_exact(Q4_0_BYTES)
         .zip(a[..nb * Q8_0_BYTES].chunks_exact(Q8_0_BYTES))
     {
-        let sumi: i32 = q4_0_quants(x)
+        let sumi: i32 = quants_4bit(&x[2..18])
             .iter()
             .zip(&y[2..34])
             .map(|(&q, &v)| (q as i32 - 8) * (v as i8) as i32)
@@ -411,16 +401,11 @@ pub fn vec_dot_q4_1_q8_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
         .chunks_exact(Q4_1_BYTES)
         .zip(a[..nb * Q8_1_BYTES].chunks_exact(Q8_1_BYTES))
     {
-        let (xq, yq) = (&x[4..20], &y[4..36]);
-        let mut sumi0 = 0i32;
-        let mut sumi1 = 0i32;
-        for j in 0..16 {
-            let v0 = (xq[j] & 0x0F) as i32;
-            let v1 = (xq[j] >> 4) as i32;
-            sumi0 += v0 * (yq[j] as i8) as i32;
-            sumi1 += v1 * (yq[j + 16] as i8) as i32;
-        }
-        let sumi = sumi0 + sumi1;
+        let sumi: i32 = quants_4bit(&x[4..20])
+            .iter()
+            .zip(&y[4..36])
+            .map(|(&q, &v)| q as i32 * (v as i8) as i32)
+            .sum();
         sumf += (rd_f16(x, 0) * rd_f16(y, 0)) * sumi as f32 + rd_f16(x, 2) * rd_f16(y, 2);
     }
     sumf
@@ -434,7 +419,7 @@ pub fn vec_dot_q5_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
         .chunks_exact(Q5_0_BYTES)
         .zip(a[..nb * Q8_0_BYTES].chunks_exact(Q8_0_BYTES))
     {
-        let sumi: i32 = q5_0_quants(x)
+        let sumi: i32 = quants_5bit(&x[6..22], rd_u32(x, 2))
             .iter()
             .zip(&y[2..34])
             .map(|(&q, &v)| (q as i32 - 16) * (v as i8) as i32)
@@ -452,19 +437,11 @@ pub fn vec_dot_q5_1_q8_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
         .chunks_exact(Q5_1_BYTES)
         .zip(a[..nb * Q8_1_BYTES].chunks_exact(Q8_1_BYTES))
     {
-        let qh = rd_u32(x, 4);
-        let (xq, yq) = (&x[8..24], &y[4..36]);
-        let mut sumi0 = 0i32;
-        let mut sumi1 = 0i32;
-        for j in 0..16 {
-            let xh_0 = (((qh >> j) << 4) & 0x10) as i32;
-            let xh_1 = ((qh >> (j + 12)) & 0x10) as i32;
-            let x0 = ((xq[j] & 0x0F) as i32) | xh_0;
-            let x1 = ((xq[j] >> 4) as i32) | xh_1;
-            sumi0 += x0 * (yq[j] as i8) as i32;
-            sumi1 += x1 * (yq[j + 16] as i8) as i32;
-        }
-        let sumi = sumi0 + sumi1;
+        let sumi: i32 = quants_5bit(&x[8..24], rd_u32(x, 4))
+            .iter()
+            .zip(&y[4..36])
+            .map(|(&q, &v)| q as i32 * (v as i8) as i32)
+            .sum();
         sumf += (rd_f16(x, 0) * rd_f16(y, 0)) * sumi as f32 + rd_f16(x, 2) * rd_f16(y, 2);
     }
     sumf
