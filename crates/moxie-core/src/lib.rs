@@ -12,6 +12,7 @@ pub mod npy;
 pub mod ops;
 pub mod parallel;
 pub mod sampling;
+mod spin_pool;
 pub mod synth;
 pub mod tensor;
 

@@ -1,11 +1,13 @@
 //! Splitting row-parallel work across threads.
 //!
 //! A deliberately small seam: every parallel kernel of the forward pass goes through
-//! [`Parallel::for_each_range`], so the scheduling strategy (a persistent rayon pool today, a
-//! pinned spin pool for the per-token hot path later) changes in one place.
+//! [`Parallel::for_each_range`], so the scheduling strategy (a persistent, pinned spin pool:
+//! [`crate::spin_pool`]) lives in one place.
 
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+
+use crate::spin_pool::SpinPool;
 
 /// The compute context every kernel of the forward pass receives: how many threads row-parallel
 /// kernels may use, the persistent workers that run them (the calling thread works too, so the
@@ -13,7 +15,7 @@ use std::sync::Arc;
 #[derive(Clone)]
 pub struct Parallel {
     n_threads: usize,
-    pool: Option<Arc<rayon::ThreadPool>>,
+    pool: Option<Arc<SpinPool>>,
     numerics: Numerics,
 }
 
@@ -39,22 +41,18 @@ impl std::fmt::Debug for Parallel {
     }
 }
 
-/// Below this many scalar multiply-adds per call a kernel runs on the calling thread: spawning
-/// costs tens of microseconds.
-const MIN_WORK_PER_THREAD: usize = 1 << 18;
+/// Below this many scalar multiply-adds per thread a kernel runs on fewer threads: handing work
+/// to a spinning worker costs about a microsecond, ~10^4 multiply-adds.
+const MIN_WORK_PER_THREAD: usize = 1 << 15;
 
 impl Parallel {
+    /// `n_threads` threads in all: the caller and `n_threads - 1` workers pinned one per CPU
+    /// (when the process may use that many).
     pub fn new(n_threads: usize) -> Self {
         let n_threads = n_threads.max(1);
         // A pool that cannot be built (no threads available) degrades to one thread.
         let pool = (n_threads > 1)
-            .then(|| {
-                rayon::ThreadPoolBuilder::new()
-                    .num_threads(n_threads - 1)
-                    .thread_name(|i| format!("moxie-worker-{i}"))
-                    .build()
-                    .ok()
-            })
+            .then(|| SpinPool::new(n_threads - 1, true).ok())
             .flatten()
             .map(Arc::new);
         Parallel {
@@ -107,28 +105,28 @@ impl Parallel {
         debug_assert_eq!(out.len(), n * out_stride);
         let by_work = (n.saturating_mul(work_per_item) / MIN_WORK_PER_THREAD).max(1);
         let n_threads = self.n_threads.min(by_work).min(n.max(1));
-        let Some(pool) = self.pool.as_ref().filter(|_| n_threads > 1) else {
+        let Some(pool) = self
+            .pool
+            .as_ref()
+            .filter(|_| n_threads > 1 && out_stride > 0)
+        else {
             f(0..n, out);
             return;
         };
+        // One chunk per thread; each participant takes the next chunk until none is left, so
+        // a late-starting worker never holds the others up.
         let per = n.div_ceil(n_threads);
-        pool.in_place_scope(|s| {
-            let mut rest = out;
-            let mut start = 0;
-            let f = &f;
-            while start < n {
-                let end = (start + per).min(n);
-                let (chunk, tail) = rest.split_at_mut((end - start) * out_stride);
-                rest = tail;
-                let range = start..end;
-                if end == n {
-                    f(range, chunk);
-                } else {
-                    s.spawn(move |_| f(range, chunk));
-                }
-                start = end;
-            }
-        });
+        let chunks = Mutex::new(out.chunks_mut(per * out_stride).enumerate());
+        let job = || loop {
+            let next = chunks.lock().unwrap_or_else(|p| p.into_inner()).next();
+            let Some((i, chunk)) = next else { break };
+            let start = i * per;
+            f(start..(start + per).min(n), chunk);
+        };
+        if !pool.run(n_threads - 1, &job) {
+            // The pool is busy (nested or concurrent use): do it all here.
+            job();
+        }
     }
 }
 
@@ -151,5 +149,50 @@ mod tests {
                 assert_eq!(item, &[i as u32, 1]);
             }
         }
+    }
+
+    #[test]
+    fn nested_and_concurrent_use_runs_everything_once() {
+        let p = Parallel::new(3);
+        std::thread::scope(|sc| {
+            for _ in 0..2 {
+                let p = p.clone();
+                sc.spawn(move || {
+                    for _ in 0..200 {
+                        let mut out = vec![0u64; 64];
+                        p.for_each_range(64, 1 << 20, &mut out, 1, |r, o| {
+                            for (i, y) in r.zip(o.iter_mut()) {
+                                // A nested region runs on the caller when the pool is busy.
+                                let mut inner = vec![0u64; 8];
+                                p.for_each_range(8, 1 << 20, &mut inner, 1, |ri, oi| {
+                                    for (j, z) in ri.zip(oi.iter_mut()) {
+                                        *z = j as u64;
+                                    }
+                                });
+                                *y = i as u64 + inner.iter().sum::<u64>();
+                            }
+                        });
+                        for (i, &y) in out.iter().enumerate() {
+                            assert_eq!(y, i as u64 + 28);
+                        }
+                    }
+                });
+            }
+        });
+    }
+
+    #[test]
+    fn a_panicking_worker_is_reported_and_the_pool_survives() {
+        let p = Parallel::new(2);
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut out = vec![0u8; 100];
+            p.for_each_range(100, 1 << 20, &mut out, 1, |r, _| {
+                assert!(r.start != 0, "boom");
+            });
+        }));
+        assert!(caught.is_err());
+        let mut out = vec![0u8; 100];
+        p.for_each_range(100, 1 << 20, &mut out, 1, |_, o| o.fill(1));
+        assert!(out.iter().all(|&v| v == 1));
     }
 }
