@@ -12,7 +12,7 @@ use crate::config::{Arch, Config, Gating};
 use crate::kv_cache::{KvCache, LayerKvShape};
 use crate::ops::{self, f16_round};
 use crate::parallel::{Numerics, Parallel};
-use crate::tensor::{QuantizedActs, Tensor};
+use crate::tensor::{gemv_many, QuantizedActs, Tensor};
 use crate::{Error, Result};
 
 /// Grouped-query attention with optional q/k/v biases and per-head q/k RMS norms
@@ -411,7 +411,29 @@ impl Model {
         let mut qfull = vec![0f32; n * n_head * qw];
         let mut q_nope = vec![0f32; n * nope];
         let mut absorbed = vec![0f32; n * rank];
-        for hh in 0..n_head {
+        if n == 1 {
+            // One token: every head's product in one parallel region.
+            let heads = (0..n_head)
+                .map(|hh| a.wk_b.slice(hh))
+                .collect::<Result<Vec<_>>>()?;
+            let q_nope: Vec<f32> = q
+                .chunks_exact(dk)
+                .flat_map(|r| &r[..nope])
+                .copied()
+                .collect();
+            let acts = QuantizedActs::new(heads[0].act_type(), nope, &q_nope);
+            let products: Vec<_> = heads
+                .iter()
+                .enumerate()
+                .map(|(hh, w)| (*w, acts.row(hh)))
+                .collect();
+            let mut all = vec![0f32; n_head * rank];
+            gemv_many(par, &products, &mut all);
+            for (dst, src) in qfull.chunks_exact_mut(qw).zip(all.chunks_exact(rank)) {
+                dst[..rank].copy_from_slice(src);
+            }
+        }
+        for hh in (0..n_head).filter(|_| n > 1) {
             for t in 0..n {
                 let src = &q[(t * n_head + hh) * dk..][..nope];
                 q_nope[t * nope..(t + 1) * nope].copy_from_slice(src);
@@ -459,7 +481,19 @@ impl Model {
         let mut heads = vec![0f32; n * n_head * dv];
         let mut lat = vec![0f32; n * rank];
         let mut vh = vec![0f32; n * dv];
-        for hh in 0..n_head {
+        if n == 1 {
+            let heads_w = (0..n_head)
+                .map(|hh| a.wv_b.slice(hh))
+                .collect::<Result<Vec<_>>>()?;
+            let acts = QuantizedActs::new(heads_w[0].act_type(), rank, &latent_out);
+            let products: Vec<_> = heads_w
+                .iter()
+                .enumerate()
+                .map(|(hh, w)| (*w, acts.row(hh)))
+                .collect();
+            gemv_many(par, &products, &mut heads);
+        }
+        for hh in (0..n_head).filter(|_| n > 1) {
             for t in 0..n {
                 lat[t * rank..(t + 1) * rank]
                     .copy_from_slice(&latent_out[(t * n_head + hh) * rank..][..rank]);
@@ -474,7 +508,111 @@ impl Model {
         Ok(o)
     }
 
+    /// The MoE layer for one token (decode): the selected experts' gate and up projections and
+    /// the shared expert's in one parallel region, SiLU·mul, then every down projection in a
+    /// second region, and the routing-weighted sum. Each product is the same `vec_dot` as in
+    /// [`Model::moe`] for one token, so the result is bit-identical; it only saves hand-offs
+    /// (two regions instead of three per expert).
+    fn moe_one_token(&self, m: &Moe, h: &[f32], par: &Parallel) -> Result<Vec<f32>> {
+        let c = &self.config;
+        let n_embd = c.n_embd;
+        let mut logits = vec![0f32; c.n_expert];
+        m.router.matrix()?.matmul(par, h, &mut logits);
+        let route = route_top_k(c, &logits, m.probs_bias.as_deref());
+        let k = route.len();
+        let n_ff = m.gate_exps.ne[1];
+        let gates = route
+            .iter()
+            .map(|&(e, _)| m.gate_exps.slice(e))
+            .collect::<Result<Vec<_>>>()?;
+        let ups = route
+            .iter()
+            .map(|&(e, _)| m.up_exps.slice(e))
+            .collect::<Result<Vec<_>>>()?;
+        let downs = route
+            .iter()
+            .map(|&(e, _)| m.down_exps.slice(e))
+            .collect::<Result<Vec<_>>>()?;
+        let shared = match &m.shared {
+            Some(s) => Some([s.gate.matrix()?, s.up.matrix()?, s.down.matrix()?]),
+            None => None,
+        };
+        // The layer input converted once per activation type the gate/up matrices consume.
+        let mut inputs: Vec<QuantizedActs> = Vec::new();
+        let in_types = gates
+            .iter()
+            .chain(&ups)
+            .chain(shared.iter().flat_map(|s| &s[..2]))
+            .map(|w| w.act_type());
+        for ty in in_types {
+            if !inputs.iter().any(|a| a.ty == ty) {
+                inputs.push(QuantizedActs::new(ty, n_embd, h));
+            }
+        }
+        let input = |ty| {
+            inputs
+                .iter()
+                .find(|a| a.ty == ty)
+                .expect("converted above")
+                .row(0)
+        };
+        let n_ff_sh = shared.as_ref().map_or(0, |s| s[0].n_out);
+        let products: Vec<_> = gates
+            .iter()
+            .chain(&ups)
+            .chain(shared.iter().flat_map(|s| &s[..2]))
+            .map(|w| (*w, input(w.act_type())))
+            .collect();
+        let mut gu = vec![0f32; 2 * k * n_ff + 2 * n_ff_sh];
+        gemv_many(par, &products, &mut gu);
+        let (g, rest) = gu.split_at_mut(k * n_ff);
+        let (u, rest) = rest.split_at_mut(k * n_ff);
+        for (ge, ue) in g.chunks_exact_mut(n_ff).zip(u.chunks_exact(n_ff)) {
+            ops::swiglu(ge, ue);
+        }
+        let (sg, su) = rest.split_at_mut(n_ff_sh);
+        ops::swiglu(sg, su);
+
+        let down_ty = m.down_exps.slice(0)?.act_type();
+        let acts_d = QuantizedActs::new(down_ty, n_ff, g);
+        let acts_sd = shared
+            .as_ref()
+            .map(|s| QuantizedActs::new(s[2].act_type(), n_ff_sh, sg));
+        let mut products: Vec<_> = downs
+            .iter()
+            .enumerate()
+            .map(|(i, w)| (*w, acts_d.row(i)))
+            .collect();
+        if let (Some(s), Some(a)) = (&shared, &acts_sd) {
+            products.push((s[2], a.row(0)));
+        }
+        let mut d = vec![0f32; products.len() * n_embd];
+        gemv_many(par, &products, &mut d);
+        // Weighted sum in selection order, each term rounded before the add, as ggml's chain
+        // of adds over the scaled expert outputs does; then the shared expert.
+        let mut out = vec![0f32; n_embd];
+        for (slot, &(_, w)) in route.iter().enumerate() {
+            let de = &d[slot * n_embd..(slot + 1) * n_embd];
+            if slot == 0 {
+                for (o, &v) in out.iter_mut().zip(de) {
+                    *o = v * w;
+                }
+            } else {
+                for (o, &v) in out.iter_mut().zip(de) {
+                    *o += v * w;
+                }
+            }
+        }
+        if shared.is_some() {
+            ops::add_assign(&mut out, &d[k * n_embd..]);
+        }
+        Ok(out)
+    }
+
     fn moe(&self, m: &Moe, h: &[f32], n: usize, par: &Parallel) -> Result<Vec<f32>> {
+        if n == 1 {
+            return self.moe_one_token(m, h, par);
+        }
         let c = &self.config;
         let n_embd = c.n_embd;
         let k_used = c.n_expert_used;
@@ -708,6 +846,7 @@ fn attend(
         let mut qh = vec![half::f16::ZERO; g.dk];
         let mut vrow = vec![0f32; g.dv];
         let mut acc = vec![0f32; slots * g.dv];
+        let mut lanes = vec![0f32; 16 * g.dv];
         for (row, orow) in rows.zip(o.chunks_exact_mut(g.dv)) {
             let (t, hh) = (row / g.n_head, row % g.n_head);
             let kvh = hh / group;
@@ -746,26 +885,51 @@ fn attend(
                     *x = v.mul_add(p, *x);
                 }
             }
-            for (d, od) in orow.iter_mut().enumerate() {
-                let mut lanes = [0f32; 16];
-                let at = |slot: usize| {
-                    if slot < used {
-                        acc[slot * g.dv + d]
-                    } else {
-                        0.0
-                    }
-                };
-                for (lane, l) in lanes.iter_mut().enumerate() {
-                    *l = if batched {
-                        at(lane)
-                    } else {
-                        (at(lane) + at(32 + lane)) + (at(16 + lane) + at(48 + lane))
-                    };
-                }
-                *od = moxie_quant::reduce_add_16(&lanes);
-            }
+            reduce_v_slots(&acc, used, batched, g.dv, &mut lanes, orow);
         }
     });
+}
+
+/// The V product's final sums, `out[d]` for every `d` at once (vectorised over `d`): slot `s`
+/// of `acc` (`dv` values each; slots at or past `used` are zero) is lane `s % 16` of group
+/// `s / 16`. One token: the four groups are added as ggml's `reduce_f32x16` does,
+/// `(g0 + g2) + (g1 + g3)`; a batch has one group. Then the 16 lanes are summed in
+/// [`moxie_quant::reduce_add_16`]'s tree order.
+fn reduce_v_slots(
+    acc: &[f32],
+    used: usize,
+    batched: bool,
+    dv: usize,
+    lanes: &mut [f32],
+    out: &mut [f32],
+) {
+    let slot = |s: usize| &acc[s * dv..(s + 1) * dv];
+    for (l, dst) in lanes.chunks_exact_mut(dv).enumerate() {
+        if batched || used <= 16 {
+            // The other groups are zero: (a + 0) + (0 + 0) = a.
+            dst.copy_from_slice(slot(l));
+        } else {
+            let (a, c, b, e) = (slot(l), slot(32 + l), slot(16 + l), slot(48 + l));
+            for d in 0..dv {
+                dst[d] = (a[d] + c[d]) + (b[d] + e[d]);
+            }
+        }
+    }
+    // The lane tree, `t[i] = v[i + 8] + v[i]`, `u[i] = t[i + 4] + t[i]`, `(u0 + u2) + (u1 + u3)`,
+    // in place: lanes 0..8 become t, then lanes 0..4 become u.
+    for step in [8usize, 4] {
+        for i in 0..step {
+            let (lo, hi) = lanes.split_at_mut((i + step) * dv);
+            for (x, &y) in lo[i * dv..(i + 1) * dv].iter_mut().zip(&hi[..dv]) {
+                *x += y;
+            }
+        }
+    }
+    let lane = |l: usize| &lanes[l * dv..(l + 1) * dv];
+    let (u0, u1, u2, u3) = (lane(0), lane(1), lane(2), lane(3));
+    for d in 0..dv {
+        out[d] = (u0[d] + u2[d]) + (u1[d] + u3[d]);
+    }
 }
 
 /// [`Numerics::Fast`] attention for a batch of queries: the cache's keys and values are

@@ -368,6 +368,32 @@ impl<'a> Mat<'a> {
     }
 }
 
+/// One activation row against several matrices in a single parallel region: `out` receives
+/// `W_0 · x_0`, then `W_1 · x_1`, ... (`n_out` values each). Decode uses it for the selected
+/// experts' projections and for MLA's per-head products, where one region per matrix would
+/// cost more in hand-offs than the products themselves. Each output is the matrix's `vec_dot`,
+/// as [`Mat::matmul_q`] computes one row, so results are bit-identical to separate calls.
+/// `x_i` is a row of [`QuantizedActs`] of `W_i`'s [`Mat::act_type`].
+pub fn gemv_many(par: &Parallel, products: &[(Mat<'_>, &[u8])], out: &mut [f32]) {
+    let total: usize = products.iter().map(|(m, _)| m.n_out).sum();
+    assert_eq!(out.len(), total, "gemv_many: output length");
+    for (m, x) in products {
+        let want = m.act_ty.row_bytes(m.n_in as u64);
+        assert_eq!(Some(x.len() as u64), want, "gemv_many: activation row size");
+    }
+    let work = products.iter().map(|(m, _)| m.n_in).max().unwrap_or(0);
+    par.for_each_range(total, work, out, 1, |range, o| {
+        let mut base = 0;
+        for (m, x) in products {
+            let (lo, hi) = (range.start.max(base), range.end.min(base + m.n_out));
+            for r in lo..hi {
+                o[r - range.start] = (m.dot)(m.n_in, m.row(r - base), x);
+            }
+            base += m.n_out;
+        }
+    });
+}
+
 /// How a matrix product forms each output (see [`Mat::matmul_q`]).
 #[derive(Clone, Copy)]
 enum Kernel {
