@@ -972,59 +972,69 @@ fn attend_batch_f32(
         v32_own = to_f32(values, g.v_stride, g.dv);
         (&v32_own, g.dv)
     };
-    let work = n_kv * g.n_head * (g.dk + g.dv);
-    par.for_each_range(n, work, out, g.n_head * g.dv, |toks, o| {
-        let mut qbuf = Vec::new();
-        let mut scores = Vec::new();
-        let mut obuf = Vec::new();
-        let mut t0 = toks.start;
-        while t0 < toks.end {
-            let t1 = (t0 + BLOCK).min(toks.end);
-            let rows = (t1 - t0) * group;
-            let kv_len = g.pos0 + t1;
-            for kvh in 0..g.n_head_kv {
-                qbuf.clear();
-                // Queries and probabilities are rounded to f16 as ggml does (the cache is f16
-                // and ggml converts the other operand to it): the fixtures' quantized models
-                // amplify that rounding, so skipping it would not be "float rounding" only.
-                for t in t0..t1 {
-                    let first = (t * g.n_head + kvh * group) * g.dk;
-                    qbuf.extend(q[first..first + group * g.dk].iter().map(|&v| f16_round(v)));
+    // Token t attends to pos0 + t + 1 positions: threads get runs of equal total work, not
+    // equal token counts (with two threads the second would otherwise do ~3/4 of it).
+    let head_work = g.n_head * (g.dk + g.dv);
+    let out_row = g.n_head * g.dv;
+    let cost = |t: usize| (g.pos0 + t + 1 + BLOCK) * head_work;
+    par.for_each_run(
+        n,
+        cost,
+        out,
+        |t| t * out_row,
+        |toks, o| {
+            let mut qbuf = Vec::new();
+            let mut scores = Vec::new();
+            let mut obuf = Vec::new();
+            let mut t0 = toks.start;
+            while t0 < toks.end {
+                let t1 = (t0 + BLOCK).min(toks.end);
+                let rows = (t1 - t0) * group;
+                let kv_len = g.pos0 + t1;
+                for kvh in 0..g.n_head_kv {
+                    qbuf.clear();
+                    // Queries and probabilities are rounded to f16 as ggml does (the cache is f16
+                    // and ggml converts the other operand to it): the fixtures' quantized models
+                    // amplify that rounding, so skipping it would not be "float rounding" only.
+                    for t in t0..t1 {
+                        let first = (t * g.n_head + kvh * group) * g.dk;
+                        qbuf.extend(q[first..first + group * g.dk].iter().map(|&v| f16_round(v)));
+                    }
+                    scores.resize(rows * kv_len, 0.0);
+                    let kh = &k32[kvh * n_kv * g.dk..];
+                    moxie_quant::gemm_f32_abt(
+                        rows,
+                        kv_len,
+                        g.dk,
+                        &qbuf,
+                        g.dk,
+                        kh,
+                        g.dk,
+                        &mut scores,
+                        kv_len,
+                    );
+                    for (r, srow) in scores.chunks_exact_mut(kv_len).enumerate() {
+                        let len = g.pos0 + t0 + r / group + 1;
+                        srow[..len].iter_mut().for_each(|s| *s *= g.kq_scale);
+                        ops::softmax(&mut srow[..len]);
+                        srow[..len].iter_mut().for_each(|p| *p = f16_round(*p));
+                        srow[len..].fill(0.0);
+                    }
+                    obuf.resize(rows * g.dv, 0.0);
+                    let vh = &v32[kvh * n_kv * ldv..];
+                    moxie_quant::gemm_f32_ab(
+                        rows, kv_len, g.dv, &scores, kv_len, vh, ldv, &mut obuf, g.dv,
+                    );
+                    for (r, orow) in obuf.chunks_exact(g.dv).enumerate() {
+                        let (t, hg) = (t0 + r / group, r % group);
+                        let at = ((t - toks.start) * g.n_head + kvh * group + hg) * g.dv;
+                        o[at..at + g.dv].copy_from_slice(orow);
+                    }
                 }
-                scores.resize(rows * kv_len, 0.0);
-                let kh = &k32[kvh * n_kv * g.dk..];
-                moxie_quant::gemm_f32_abt(
-                    rows,
-                    kv_len,
-                    g.dk,
-                    &qbuf,
-                    g.dk,
-                    kh,
-                    g.dk,
-                    &mut scores,
-                    kv_len,
-                );
-                for (r, srow) in scores.chunks_exact_mut(kv_len).enumerate() {
-                    let len = g.pos0 + t0 + r / group + 1;
-                    srow[..len].iter_mut().for_each(|s| *s *= g.kq_scale);
-                    ops::softmax(&mut srow[..len]);
-                    srow[..len].iter_mut().for_each(|p| *p = f16_round(*p));
-                    srow[len..].fill(0.0);
-                }
-                obuf.resize(rows * g.dv, 0.0);
-                let vh = &v32[kvh * n_kv * ldv..];
-                moxie_quant::gemm_f32_ab(
-                    rows, kv_len, g.dv, &scores, kv_len, vh, ldv, &mut obuf, g.dv,
-                );
-                for (r, orow) in obuf.chunks_exact(g.dv).enumerate() {
-                    let (t, hg) = (t0 + r / group, r % group);
-                    let at = ((t - toks.start) * g.n_head + kvh * group + hg) * g.dv;
-                    o[at..at + g.dv].copy_from_slice(orow);
-                }
+                t0 = t1;
             }
-            t0 = t1;
-        }
-    });
+        },
+    );
 }
 
 #[cfg(test)]

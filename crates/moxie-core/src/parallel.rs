@@ -128,6 +128,56 @@ impl Parallel {
             job();
         }
     }
+
+    /// Like [`Parallel::for_each_range`] for items of unequal cost and output size: item `i`
+    /// owns `out[out_start(i)..out_start(i + 1)]` (`out_start(0) == 0`,
+    /// `out_start(n) == out.len()`, non-decreasing), and each thread gets one contiguous run of
+    /// items of about the same total `cost` (multiply-adds). `f` receives the run and its part
+    /// of `out`.
+    pub fn for_each_run<T: Send, F>(
+        &self,
+        n: usize,
+        cost: impl Fn(usize) -> usize,
+        out: &mut [T],
+        out_start: impl Fn(usize) -> usize,
+        f: F,
+    ) where
+        F: Fn(Range<usize>, &mut [T]) + Sync,
+    {
+        debug_assert_eq!(out_start(0), 0);
+        debug_assert_eq!(out_start(n), out.len());
+        let total: usize = (0..n).map(&cost).fold(0, usize::saturating_add);
+        let by_work = (total / MIN_WORK_PER_THREAD).max(1);
+        let n_threads = self.n_threads.min(by_work).min(n.max(1));
+        let Some(pool) = self.pool.as_ref().filter(|_| n_threads > 1) else {
+            f(0..n, out);
+            return;
+        };
+        // Cut where the running cost passes k/n_threads of the total.
+        let mut runs = Vec::with_capacity(n_threads);
+        let (mut rest, mut taken, mut start, mut acc) = (out, 0, 0, 0usize);
+        for i in 0..n {
+            acc = acc.saturating_add(cost(i));
+            let cut = (runs.len() + 1) * (total / n_threads);
+            if (acc >= cut && runs.len() + 1 < n_threads) || i + 1 == n {
+                let end = out_start(i + 1);
+                let (chunk, tail) = std::mem::take(&mut rest).split_at_mut(end - taken);
+                rest = tail;
+                taken = end;
+                runs.push((start..i + 1, chunk));
+                start = i + 1;
+            }
+        }
+        let runs = Mutex::new(runs.into_iter());
+        let job = || loop {
+            let next = runs.lock().unwrap_or_else(|p| p.into_inner()).next();
+            let Some((range, chunk)) = next else { break };
+            f(range, chunk);
+        };
+        if !pool.run(n_threads - 1, &job) {
+            job();
+        }
+    }
 }
 
 #[cfg(test)]
@@ -194,5 +244,36 @@ mod tests {
         let mut out = vec![0u8; 100];
         p.for_each_range(100, 1 << 20, &mut out, 1, |_, o| o.fill(1));
         assert!(out.iter().all(|&v| v == 1));
+    }
+
+    #[test]
+    fn runs_cover_items_of_unequal_size_once() {
+        for threads in [1, 2, 3, 5] {
+            let p = Parallel::new(threads);
+            // Item i owns i % 4 outputs and costs (i % 7) * 2^16.
+            let n = 300;
+            let start = |i: usize| (0..i).map(|j| j % 4).sum::<usize>();
+            let mut out = vec![0usize; start(n)];
+            p.for_each_run(
+                n,
+                |i| (i % 7) << 16,
+                &mut out,
+                start,
+                |r, chunk| {
+                    let mut k = 0;
+                    for i in r {
+                        for _ in 0..i % 4 {
+                            chunk[k] += i + 1;
+                            k += 1;
+                        }
+                    }
+                    assert_eq!(k, chunk.len());
+                },
+            );
+            let want: Vec<usize> = (0..n)
+                .flat_map(|i| std::iter::repeat_n(i + 1, i % 4))
+                .collect();
+            assert_eq!(out, want);
+        }
     }
 }
