@@ -274,7 +274,7 @@ impl Model {
             ops::rms_norm_mul(&mut h, &layer.ffn_norm, c.rms_eps);
             let ffn_out = match &layer.ffn {
                 Ffn::Dense(f) => dense_ffn(f, &h, n, None, par)?,
-                Ffn::Moe(m) => self.moe(m, &h, n, par)?,
+                Ffn::Moe(m) => crate::moe::forward(c, m, &h, n, par)?,
             };
             ops::add_assign(&mut x, &ffn_out);
         }
@@ -507,182 +507,6 @@ impl Model {
         a.wo.matrix()?.matmul(par, &heads, &mut o);
         Ok(o)
     }
-
-    /// The MoE layer for one token (decode): the selected experts' gate and up projections and
-    /// the shared expert's in one parallel region, SiLU·mul, then every down projection in a
-    /// second region, and the routing-weighted sum. Each product is the same `vec_dot` as in
-    /// [`Model::moe`] for one token, so the result is bit-identical; it only saves hand-offs
-    /// (two regions instead of three per expert).
-    fn moe_one_token(&self, m: &Moe, h: &[f32], par: &Parallel) -> Result<Vec<f32>> {
-        let c = &self.config;
-        let n_embd = c.n_embd;
-        let mut logits = vec![0f32; c.n_expert];
-        m.router.matrix()?.matmul(par, h, &mut logits);
-        let route = route_top_k(c, &logits, m.probs_bias.as_deref());
-        let k = route.len();
-        let n_ff = m.gate_exps.ne[1];
-        let gates = route
-            .iter()
-            .map(|&(e, _)| m.gate_exps.slice(e))
-            .collect::<Result<Vec<_>>>()?;
-        let ups = route
-            .iter()
-            .map(|&(e, _)| m.up_exps.slice(e))
-            .collect::<Result<Vec<_>>>()?;
-        let downs = route
-            .iter()
-            .map(|&(e, _)| m.down_exps.slice(e))
-            .collect::<Result<Vec<_>>>()?;
-        let shared = match &m.shared {
-            Some(s) => Some([s.gate.matrix()?, s.up.matrix()?, s.down.matrix()?]),
-            None => None,
-        };
-        // The layer input converted once per activation type the gate/up matrices consume.
-        let mut inputs: Vec<QuantizedActs> = Vec::new();
-        let in_types = gates
-            .iter()
-            .chain(&ups)
-            .chain(shared.iter().flat_map(|s| &s[..2]))
-            .map(|w| w.act_type());
-        for ty in in_types {
-            if !inputs.iter().any(|a| a.ty == ty) {
-                inputs.push(QuantizedActs::new(ty, n_embd, h));
-            }
-        }
-        let input = |ty| {
-            inputs
-                .iter()
-                .find(|a| a.ty == ty)
-                .expect("converted above")
-                .row(0)
-        };
-        let n_ff_sh = shared.as_ref().map_or(0, |s| s[0].n_out);
-        let products: Vec<_> = gates
-            .iter()
-            .chain(&ups)
-            .chain(shared.iter().flat_map(|s| &s[..2]))
-            .map(|w| (*w, input(w.act_type())))
-            .collect();
-        let mut gu = vec![0f32; 2 * k * n_ff + 2 * n_ff_sh];
-        gemv_many(par, &products, &mut gu);
-        let (g, rest) = gu.split_at_mut(k * n_ff);
-        let (u, rest) = rest.split_at_mut(k * n_ff);
-        for (ge, ue) in g.chunks_exact_mut(n_ff).zip(u.chunks_exact(n_ff)) {
-            ops::swiglu(ge, ue);
-        }
-        let (sg, su) = rest.split_at_mut(n_ff_sh);
-        ops::swiglu(sg, su);
-
-        let down_ty = m.down_exps.slice(0)?.act_type();
-        let acts_d = QuantizedActs::new(down_ty, n_ff, g);
-        let acts_sd = shared
-            .as_ref()
-            .map(|s| QuantizedActs::new(s[2].act_type(), n_ff_sh, sg));
-        let mut products: Vec<_> = downs
-            .iter()
-            .enumerate()
-            .map(|(i, w)| (*w, acts_d.row(i)))
-            .collect();
-        if let (Some(s), Some(a)) = (&shared, &acts_sd) {
-            products.push((s[2], a.row(0)));
-        }
-        let mut d = vec![0f32; products.len() * n_embd];
-        gemv_many(par, &products, &mut d);
-        // Weighted sum in selection order, each term rounded before the add, as ggml's chain
-        // of adds over the scaled expert outputs does; then the shared expert.
-        let mut out = vec![0f32; n_embd];
-        for (slot, &(_, w)) in route.iter().enumerate() {
-            let de = &d[slot * n_embd..(slot + 1) * n_embd];
-            if slot == 0 {
-                for (o, &v) in out.iter_mut().zip(de) {
-                    *o = v * w;
-                }
-            } else {
-                for (o, &v) in out.iter_mut().zip(de) {
-                    *o += v * w;
-                }
-            }
-        }
-        if shared.is_some() {
-            ops::add_assign(&mut out, &d[k * n_embd..]);
-        }
-        Ok(out)
-    }
-
-    fn moe(&self, m: &Moe, h: &[f32], n: usize, par: &Parallel) -> Result<Vec<f32>> {
-        if n == 1 {
-            return self.moe_one_token(m, h, par);
-        }
-        let c = &self.config;
-        let n_embd = c.n_embd;
-        let k_used = c.n_expert_used;
-        let mut logits = vec![0f32; n * c.n_expert];
-        m.router.matrix()?.matmul(par, h, &mut logits);
-        let routes: Vec<Vec<(usize, f32)>> = logits
-            .chunks_exact(c.n_expert)
-            .map(|l| route_top_k(c, l, m.probs_bias.as_deref()))
-            .collect();
-
-        // Group (token, slot) pairs by expert so each expert's weights are read once per batch.
-        let mut by_expert: Vec<Vec<(usize, usize)>> = vec![Vec::new(); c.n_expert];
-        for (t, r) in routes.iter().enumerate() {
-            for (slot, &(e, _)) in r.iter().enumerate() {
-                by_expert[e].push((t, slot));
-            }
-        }
-        let mut per_slot = vec![0f32; n * k_used * n_embd];
-        let n_ff = m.gate_exps.ne[1];
-        // The layer input is converted once for the gate/up type (ggml quantizes src1 of
-        // mul_mat_id once too); each expert gathers its tokens' rows from it.
-        let gate_ty = m.gate_exps.slice(0)?.act_type();
-        let up_ty = m.up_exps.slice(0)?.act_type();
-        let acts_gate = QuantizedActs::new(gate_ty, n_embd, h);
-        let acts_up = (up_ty != gate_ty).then(|| QuantizedActs::new(up_ty, n_embd, h));
-        let mut rows = Vec::new();
-        for (e, users) in by_expert.iter().enumerate() {
-            if users.is_empty() {
-                continue;
-            }
-            rows.clear();
-            rows.extend(users.iter().map(|&(t, _)| t));
-            let nu = users.len();
-            let acts = acts_gate.gather(&rows);
-            let mut g = vec![0f32; nu * n_ff];
-            let mut u = vec![0f32; nu * n_ff];
-            m.gate_exps.slice(e)?.matmul_q_id(par, &acts, &mut g);
-            let up = m.up_exps.slice(e)?;
-            match &acts_up {
-                None => up.matmul_q_id(par, &acts, &mut u),
-                Some(a) => up.matmul_q_id(par, &a.gather(&rows), &mut u),
-            }
-            ops::swiglu(&mut g, &u);
-            let mut d = vec![0f32; nu * n_embd];
-            let down = m.down_exps.slice(e)?;
-            let acts_d = QuantizedActs::new(down.act_type(), n_ff, &g);
-            down.matmul_q_id(par, &acts_d, &mut d);
-            for (i, &(t, slot)) in users.iter().enumerate() {
-                let w = routes[t][slot].1;
-                let dst = &mut per_slot[(t * k_used + slot) * n_embd..][..n_embd];
-                for (o, &v) in dst.iter_mut().zip(&d[i * n_embd..(i + 1) * n_embd]) {
-                    *o = v * w;
-                }
-            }
-        }
-        // Sum the experts of each token in selection order, as ggml's chain of adds does.
-        let mut out = vec![0f32; n * n_embd];
-        for t in 0..n {
-            let o = &mut out[t * n_embd..(t + 1) * n_embd];
-            o.copy_from_slice(&per_slot[t * k_used * n_embd..][..n_embd]);
-            for slot in 1..k_used {
-                ops::add_assign(o, &per_slot[(t * k_used + slot) * n_embd..][..n_embd]);
-            }
-        }
-        if let Some(s) = &m.shared {
-            let sh = dense_ffn(s, h, n, Some(&acts_gate), par)?;
-            ops::add_assign(&mut out, &sh);
-        }
-        Ok(out)
-    }
 }
 
 /// Multiply with `w`, reusing `acts` when `w` consumes the same activation type.
@@ -704,7 +528,7 @@ fn matmul_shared(
 
 /// SwiGLU feed-forward of `h` (`n` rows). `input` is `h` already converted for another matrix
 /// (the MoE layer's expert input); it is reused when it has the gate's activation type.
-fn dense_ffn(
+pub(crate) fn dense_ffn(
     f: &DenseFfn,
     h: &[f32],
     n: usize,
@@ -725,7 +549,7 @@ fn dense_ffn(
     let mut u = vec![0f32; n * n_ff];
     gate.matmul_q(par, acts, &mut g);
     matmul_shared(&f.up, acts, h, par, &mut u)?;
-    ops::swiglu(&mut g, &u);
+    ops::swiglu_rows(&mut g, &u, n_ff);
     let down = f.down.matrix()?;
     let mut out = vec![0f32; n * down.n_out];
     down.matmul(par, &g, &mut out);

@@ -98,6 +98,29 @@ pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     }
 }
 
+/// [`swiglu`] applied to each row of `row_len` values, as ggml runs it row by row.
+pub fn swiglu_rows(gate: &mut [f32], up: &[f32], row_len: usize) {
+    if row_len == 0 {
+        return;
+    }
+    for (g, u) in gate.chunks_exact_mut(row_len).zip(up.chunks_exact(row_len)) {
+        swiglu(g, u);
+    }
+}
+
+/// [`swiglu`] on columns `first_col..first_col + gate.len()` of one row of `row_len` values:
+/// each element takes the formula its column gets in the whole row.
+pub fn swiglu_cols(gate: &mut [f32], up: &[f32], first_col: usize, row_len: usize) {
+    let n16 = row_len / 16 * 16;
+    for (col, (g, &u)) in (first_col..).zip(gate.iter_mut().zip(up)) {
+        *g = if col < n16 {
+            (*g / (1.0 + ggml_v_expf(-*g))) * u
+        } else {
+            silu(*g) * u
+        };
+    }
+}
+
 /// `y += x`
 pub fn add_assign(y: &mut [f32], x: &[f32]) {
     for (a, &b) in y.iter_mut().zip(x) {

@@ -158,7 +158,7 @@ impl Drop for Finish<'_> {
         let mut polls = 0u32;
         while self.s.done.load(Ordering::Acquire) < self.n_workers {
             polls = polls.wrapping_add(1);
-            if polls % 64 == 0 && start.elapsed() > SPIN_PAUSE {
+            if polls.is_multiple_of(64) && start.elapsed() > SPIN_PAUSE {
                 std::thread::yield_now();
             } else {
                 std::hint::spin_loop();
@@ -216,7 +216,7 @@ fn wait_for_new_epoch(s: &Shared, index: usize, seen: u64) {
             return;
         }
         polls = polls.wrapping_add(1);
-        if polls % 64 != 0 {
+        if !polls.is_multiple_of(64) {
             std::hint::spin_loop();
             continue;
         }

@@ -5,6 +5,7 @@
 //! type's dot-product partner (`vec_dot_type`: F32, F16, Q8_0, Q8_1 or Q8_K) and every output
 //! element is one `vec_dot` of a weight row against it.
 
+use std::ops::Range;
 use std::sync::{Arc, OnceLock};
 
 use moxie_gguf::GgufFile;
@@ -247,16 +248,67 @@ impl<'a> Mat<'a> {
     /// ggml `mul_mat_id` semantics (routed experts; `acts` holds the rows routed to this
     /// expert): the tiled K-quant order when at least 8 rows are routed to it, else `vec_dot`'s.
     pub fn matmul_q_id(&self, par: &Parallel, acts: &QuantizedActs, out: &mut [f32]) {
-        let n = acts.n_rows();
-        let kernel = if let Some(k) = self.fast_kernel(par, n) {
+        self.run(par, acts, out, self.id_kernel(par, acts.n_rows()));
+    }
+
+    /// The kernel [`Mat::matmul_q_id`] uses for `n` routed rows.
+    pub(crate) fn id_kernel(&self, par: &Parallel, n: usize) -> Kernel {
+        if let Some(k) = self.fast_kernel(par, n) {
             k
         } else if moxie_quant::tiled_used_for_mul_mat_id(self.ty, n) {
             moxie_quant::tiled_dot_many_fn(self.ty, self.n_in)
                 .map_or(Kernel::Dot(self.dot), Kernel::Many)
         } else {
             Kernel::Dot(self.dot)
-        };
-        self.run(par, acts, out, kernel);
+        }
+    }
+
+    /// Output rows `rows` for every row of `acts` with `kernel`, token-major within the
+    /// chunk: `out[t * rows.len() + i] = W[rows.start + i] · x[t]`. For the int8 GEMM `rows`
+    /// must start on a [`CHUNK_ROWS`] boundary and span at most one chunk. `scratch` is reused
+    /// between calls. Each value is what [`Mat::run`] computes for it with the same kernel.
+    pub(crate) fn rows_times(
+        &self,
+        kernel: Kernel,
+        acts: &QuantizedActs,
+        rows: Range<usize>,
+        out: &mut [f32],
+        scratch: &mut Vec<f32>,
+    ) {
+        let n_tok = acts.n_rows();
+        let len = rows.len();
+        debug_assert_eq!(out.len(), n_tok * len);
+        match kernel {
+            Kernel::Dot(dot) => {
+                for (t, orow) in out.chunks_exact_mut(len).enumerate() {
+                    let a = acts.row(t);
+                    for (r, y) in rows.clone().zip(orow.iter_mut()) {
+                        *y = dot(self.n_in, self.row(r), a);
+                    }
+                }
+            }
+            Kernel::Many(many) => {
+                scratch.resize(n_tok, 0.0);
+                for (i, r) in rows.enumerate() {
+                    many(self.n_in, self.row(r), &acts.data, acts.row_bytes, scratch);
+                    for (t, &v) in scratch.iter().enumerate() {
+                        out[t * len + i] = v;
+                    }
+                }
+            }
+            Kernel::Int8Gemm => {
+                const T: usize = CHUNK_ROWS;
+                debug_assert!(rows.start.is_multiple_of(T) && len <= T);
+                scratch.resize(n_tok * T, 0.0);
+                let data = &self.data[rows.start * self.row_bytes..rows.end * self.row_bytes];
+                let done =
+                    moxie_quant::gemm_q8(self.ty, self.n_in, data, acts.gemm_acts(), scratch);
+                debug_assert!(done, "fast_kernel checked the int8 GEMM applies");
+                for (orow, vals) in out.chunks_exact_mut(len).zip(scratch.chunks_exact(T)) {
+                    orow.copy_from_slice(&vals[..len]);
+                }
+            }
+        }
     }
 
     /// The int8 GEMM for batches of at least [`GEMM_MIN_TOKENS`] under [`Numerics::Fast`],
@@ -340,14 +392,16 @@ impl<'a> Mat<'a> {
                         debug_assert!(done, "fast_kernel checked the int8 GEMM applies");
                     },
                 );
-                for (tile, block) in tiled.chunks_exact(n_tok * T).enumerate() {
-                    let r0 = tile * T;
-                    let n = (self.n_out - r0).min(T);
-                    for (t, vals) in block.chunks_exact(T).enumerate() {
-                        out[t * self.n_out + r0..t * self.n_out + r0 + n]
-                            .copy_from_slice(&vals[..n]);
+                // Back to token-major order, in parallel: a large batch's copy is as long as a
+                // small product.
+                par.for_each_range(n_tok, self.n_out, out, self.n_out, |toks, o| {
+                    for (t, orow) in toks.zip(o.chunks_exact_mut(self.n_out)) {
+                        for (tile, dst) in orow.chunks_mut(T).enumerate() {
+                            let at = (tile * n_tok + t) * T;
+                            dst.copy_from_slice(&tiled[at..at + dst.len()]);
+                        }
                     }
-                }
+                });
             }
             Kernel::Many(many) => {
                 // Row-major: each weight row is unpacked once for all tokens; results land
@@ -396,7 +450,7 @@ pub fn gemv_many(par: &Parallel, products: &[(Mat<'_>, &[u8])], out: &mut [f32])
 
 /// How a matrix product forms each output (see [`Mat::matmul_q`]).
 #[derive(Clone, Copy)]
-enum Kernel {
+pub(crate) enum Kernel {
     /// One weight row against one activation row.
     Dot(VecDotFn),
     /// One weight row against all activation rows.
@@ -404,6 +458,9 @@ enum Kernel {
     /// 16 weight rows at a time against all activation rows, int8 on VNNI ([`Numerics::Fast`]).
     Int8Gemm,
 }
+
+/// Output rows per work item where products are split in chunks (one int8 GEMM tile).
+pub(crate) const CHUNK_ROWS: usize = moxie_quant::GEMM_TILE_ROWS;
 
 /// From this many activation rows on, [`Numerics::Fast`] uses the int8 GEMM: decoding a weight
 /// tile once then costs less than `vec_dot` unpacking it per token.
@@ -433,6 +490,24 @@ impl QuantizedActs {
         for (src, dst) in x.chunks_exact(n).zip(data.chunks_exact_mut(row_bytes)) {
             q(src, dst);
         }
+        QuantizedActs {
+            ty,
+            n,
+            row_bytes,
+            data,
+            gemm: OnceLock::new(),
+        }
+    }
+
+    /// Rows already converted to `ty` (`n` elements each), back to back in `data`.
+    pub fn from_bytes(ty: GgmlType, n: usize, data: Vec<u8>) -> QuantizedActs {
+        let row_bytes = ty
+            .row_bytes(n as u64)
+            .expect("activation row length fits the block size") as usize;
+        assert!(
+            data.len().is_multiple_of(row_bytes),
+            "whole activation rows"
+        );
         QuantizedActs {
             ty,
             n,

@@ -242,6 +242,14 @@ impl WeightTile {
         }
     }
 
+    /// Whether this tile's buffers are the right size for (`l`, `n_in`).
+    fn fits(&self, l: Layout, n_in: usize) -> bool {
+        let n_sub = n_in / l.sub;
+        self.q.len() == GEMM_TILE_ROWS * n_in
+            && self.scale.len() == n_sub * GEMM_TILE_ROWS
+            && self.min.len() == if l.mins { n_sub * GEMM_TILE_ROWS } else { 0 }
+    }
+
     /// Decode `rows` (at most 16 rows of `row_bytes`); missing rows become zeros.
     fn fill(&mut self, ty: GgmlType, l: Layout, n_in: usize, rows: &[u8], row_bytes: usize) {
         let n_sub = n_in / l.sub;
@@ -296,15 +304,24 @@ pub fn gemm_q8(ty: GgmlType, n_in: usize, rows: &[u8], acts: &GemmActs, out: &mu
     {
         return false;
     }
-    let mut tile = WeightTile::new(l, n_in);
-    let per_tile = acts.n_tok * GEMM_TILE_ROWS;
-    for (w, o) in rows
-        .chunks(GEMM_TILE_ROWS * row_bytes)
-        .zip(out.chunks_exact_mut(per_tile))
-    {
-        tile.fill(ty, l, n_in, w, row_bytes);
-        platform::tile_times_tokens(l, n_in, &tile, acts, o);
+    // The tile buffers are kept per thread: MoE calls this once per (expert, 16 rows).
+    thread_local! {
+        static TILE: std::cell::RefCell<Option<WeightTile>> = const { std::cell::RefCell::new(None) };
     }
+    TILE.with_borrow_mut(|slot| {
+        let tile = match slot {
+            Some(t) if t.fits(l, n_in) => t,
+            _ => slot.insert(WeightTile::new(l, n_in)),
+        };
+        let per_tile = acts.n_tok * GEMM_TILE_ROWS;
+        for (w, o) in rows
+            .chunks(GEMM_TILE_ROWS * row_bytes)
+            .zip(out.chunks_exact_mut(per_tile))
+        {
+            tile.fill(ty, l, n_in, w, row_bytes);
+            platform::tile_times_tokens(l, n_in, tile, acts, o);
+        }
+    });
     true
 }
 

@@ -1,0 +1,382 @@
+//! The routed-expert feed-forward layer: route each token to its top-k experts, run those
+//! experts' SwiGLU blocks, and sum their outputs weighted by the router (plus the shared
+//! expert). This is where decode spends most of its time, so both paths keep the number of
+//! parallel hand-offs per layer small and constant:
+//!
+//! - one token ([`one_token`]): the selected experts' gate and up projections (and the shared
+//!   expert's) in one region, their down projections in another;
+//! - a batch ([`batch`]): tokens grouped by expert so each expert's weights are read once per
+//!   batch; one region computes every (expert, 16-row chunk) of gate and up plus SiLU·mul,
+//!   one converts the results for the down projection, one runs every (expert, chunk) of the
+//!   down projections, one sums each token's experts.
+//!
+//! Every product is the kernel [`crate::tensor::Mat`] would pick for that expert alone, so the
+//! grouping changes scheduling, not results.
+
+use moxie_quant::GgmlType;
+
+use crate::config::Config;
+use crate::model::{dense_ffn, route_top_k, Moe};
+use crate::ops;
+use crate::parallel::Parallel;
+use crate::tensor::{gemv_many, Mat, QuantizedActs, Tensor, CHUNK_ROWS};
+use crate::Result;
+
+/// The MoE layer for `n` rows of `h` (each `n_embd` long).
+pub(crate) fn forward(
+    c: &Config,
+    m: &Moe,
+    h: &[f32],
+    n: usize,
+    par: &Parallel,
+) -> Result<Vec<f32>> {
+    if n == 1 {
+        one_token(c, m, h, par)
+    } else {
+        batch(c, m, h, n, par)
+    }
+}
+
+/// One token (decode): the selected experts' gate and up projections and the shared expert's in
+/// one parallel region, SiLU·mul, then every down projection in a second region, and the
+/// routing-weighted sum.
+fn one_token(c: &Config, m: &Moe, h: &[f32], par: &Parallel) -> Result<Vec<f32>> {
+    let n_embd = c.n_embd;
+    let mut logits = vec![0f32; c.n_expert];
+    m.router.matrix()?.matmul(par, h, &mut logits);
+    let route = route_top_k(c, &logits, m.probs_bias.as_deref());
+    let k = route.len();
+    let n_ff = m.gate_exps.ne[1];
+    let (gates, ups, downs) = (
+        route_slices(&route, &m.gate_exps)?,
+        route_slices(&route, &m.up_exps)?,
+        route_slices(&route, &m.down_exps)?,
+    );
+    let shared = match &m.shared {
+        Some(s) => Some([s.gate.matrix()?, s.up.matrix()?, s.down.matrix()?]),
+        None => None,
+    };
+    let in_mats: Vec<Mat> = gates
+        .iter()
+        .chain(&ups)
+        .chain(shared.iter().flat_map(|s| &s[..2]))
+        .copied()
+        .collect();
+    // The layer input converted once per activation type the gate/up matrices consume.
+    let inputs = ActsByType::new(in_mats.iter().map(|w| w.act_type()), n_embd, h);
+    let n_ff_sh = shared.as_ref().map_or(0, |s| s[0].n_out);
+    let products: Vec<_> = in_mats
+        .iter()
+        .map(|w| (*w, inputs.get(w.act_type()).row(0)))
+        .collect();
+    let mut gu = vec![0f32; 2 * k * n_ff + 2 * n_ff_sh];
+    gemv_many(par, &products, &mut gu);
+    let (g, rest) = gu.split_at_mut(k * n_ff);
+    let (u, rest) = rest.split_at_mut(k * n_ff);
+    ops::swiglu_rows(g, u, n_ff);
+    let (sg, su) = rest.split_at_mut(n_ff_sh);
+    ops::swiglu_rows(sg, su, n_ff_sh);
+
+    let acts_d = QuantizedActs::new(m.down_exps.slice(0)?.act_type(), n_ff, g);
+    let acts_sd = shared
+        .as_ref()
+        .map(|s| QuantizedActs::new(s[2].act_type(), n_ff_sh, sg));
+    let mut products: Vec<_> = downs
+        .iter()
+        .enumerate()
+        .map(|(i, w)| (*w, acts_d.row(i)))
+        .collect();
+    if let (Some(s), Some(a)) = (&shared, &acts_sd) {
+        products.push((s[2], a.row(0)));
+    }
+    let mut d = vec![0f32; products.len() * n_embd];
+    gemv_many(par, &products, &mut d);
+    let mut out = vec![0f32; n_embd];
+    for (slot, &(_, w)) in route.iter().enumerate() {
+        add_weighted(
+            &mut out,
+            &d[slot * n_embd..(slot + 1) * n_embd],
+            w,
+            slot == 0,
+        );
+    }
+    if shared.is_some() {
+        ops::add_assign(&mut out, &d[k * n_embd..]);
+    }
+    Ok(out)
+}
+
+/// The routed experts' matrices of a `*_exps` tensor, in selection order.
+fn route_slices<'a>(route: &[(usize, f32)], t: &'a Tensor) -> Result<Vec<Mat<'a>>> {
+    route.iter().map(|&(e, _)| t.slice(e)).collect()
+}
+
+/// `out = v * w` (first expert) or `out += v * w`, the product rounded before the add, as
+/// ggml's chain of adds over the scaled expert outputs does.
+fn add_weighted(out: &mut [f32], v: &[f32], w: f32, first: bool) {
+    if first {
+        for (o, &x) in out.iter_mut().zip(v) {
+            *o = x * w;
+        }
+    } else {
+        for (o, &x) in out.iter_mut().zip(v) {
+            *o += x * w;
+        }
+    }
+}
+
+/// The same rows converted once per activation type.
+struct ActsByType(Vec<QuantizedActs>);
+
+impl ActsByType {
+    fn new(types: impl Iterator<Item = GgmlType>, n: usize, x: &[f32]) -> ActsByType {
+        let mut v: Vec<QuantizedActs> = Vec::new();
+        for ty in types {
+            if !v.iter().any(|a| a.ty == ty) {
+                v.push(QuantizedActs::new(ty, n, x));
+            }
+        }
+        ActsByType(v)
+    }
+
+    fn get(&self, ty: GgmlType) -> &QuantizedActs {
+        self.0
+            .iter()
+            .find(|a| a.ty == ty)
+            .expect("every type was converted")
+    }
+}
+
+/// One expert's share of a batch.
+struct Routed<'a> {
+    /// The (token, slot) pairs routed to it, in token order.
+    users: Vec<(usize, usize)>,
+    gate: Mat<'a>,
+    up: Mat<'a>,
+    down: Mat<'a>,
+    /// Its tokens' rows of the layer input, for gate and (when its type differs) up.
+    acts_gate: QuantizedActs,
+    acts_up: Option<QuantizedActs>,
+}
+
+/// Where each expert's results live in a buffer of (expert, chunk) items: expert `a` owns
+/// `start[a]..start[a + 1]`, chunk `c` of it starts `c * CHUNK_ROWS * n_tok(a)` further, and
+/// holds `n_tok(a)` token rows of the chunk's width.
+struct ChunkedLayout {
+    n_rows: usize,
+    n_chunks: usize,
+    start: Vec<usize>,
+    n_tok: Vec<usize>,
+}
+
+impl ChunkedLayout {
+    fn new(n_rows: usize, n_tok: Vec<usize>) -> ChunkedLayout {
+        let mut start = vec![0];
+        for &nt in &n_tok {
+            start.push(start.last().unwrap() + nt * n_rows);
+        }
+        ChunkedLayout {
+            n_rows,
+            n_chunks: n_rows.div_ceil(CHUNK_ROWS),
+            start,
+            n_tok,
+        }
+    }
+
+    fn n_items(&self) -> usize {
+        self.n_tok.len() * self.n_chunks
+    }
+
+    fn len(&self) -> usize {
+        *self.start.last().unwrap()
+    }
+
+    /// Item `i` as (expert, first row, rows).
+    fn item(&self, i: usize) -> (usize, usize, usize) {
+        let (a, c) = (i / self.n_chunks, i % self.n_chunks);
+        let r0 = c * CHUNK_ROWS;
+        (a, r0, CHUNK_ROWS.min(self.n_rows - r0))
+    }
+
+    fn item_start(&self, i: usize) -> usize {
+        if i == self.n_items() {
+            return self.len();
+        }
+        let (a, r0, _) = self.item(i);
+        self.start[a] + r0 * self.n_tok[a]
+    }
+
+    /// Every row's result for token `t` (the expert's `t`-th) of expert `a`, into `out`.
+    fn gather(&self, buf: &[f32], a: usize, t: usize, out: &mut [f32]) {
+        for (c, dst) in out.chunks_mut(CHUNK_ROWS).enumerate() {
+            let width = dst.len();
+            let at = self.start[a] + c * CHUNK_ROWS * self.n_tok[a] + t * width;
+            dst.copy_from_slice(&buf[at..at + width]);
+        }
+    }
+}
+
+/// A batch: tokens grouped by expert; see the module documentation for the four regions.
+fn batch(c: &Config, m: &Moe, h: &[f32], n: usize, par: &Parallel) -> Result<Vec<f32>> {
+    let n_embd = c.n_embd;
+    let k_used = c.n_expert_used;
+    let mut logits = vec![0f32; n * c.n_expert];
+    m.router.matrix()?.matmul(par, h, &mut logits);
+    let routes: Vec<Vec<(usize, f32)>> = logits
+        .chunks_exact(c.n_expert)
+        .map(|l| route_top_k(c, l, m.probs_bias.as_deref()))
+        .collect();
+    let mut by_expert: Vec<Vec<(usize, usize)>> = vec![Vec::new(); c.n_expert];
+    for (t, r) in routes.iter().enumerate() {
+        for (slot, &(e, _)) in r.iter().enumerate() {
+            by_expert[e].push((t, slot));
+        }
+    }
+    let n_ff = m.gate_exps.ne[1];
+    // The layer input is converted once for the gate/up type (ggml quantizes src1 of
+    // mul_mat_id once too); each expert gathers its tokens' rows from it.
+    let gate_ty = m.gate_exps.slice(0)?.act_type();
+    let up_ty = m.up_exps.slice(0)?.act_type();
+    let input = ActsByType::new([gate_ty, up_ty].into_iter(), n_embd, h);
+    // (expert index in `routed`, its token index) for every (token, slot).
+    let mut where_is = vec![(0usize, 0usize); n * k_used];
+    let mut routed: Vec<Routed> = Vec::new();
+    for (e, users) in by_expert.into_iter().enumerate() {
+        if users.is_empty() {
+            continue;
+        }
+        let rows: Vec<usize> = users.iter().map(|&(t, _)| t).collect();
+        for (i, &(t, slot)) in users.iter().enumerate() {
+            where_is[t * k_used + slot] = (routed.len(), i);
+        }
+        routed.push(Routed {
+            gate: m.gate_exps.slice(e)?,
+            up: m.up_exps.slice(e)?,
+            down: m.down_exps.slice(e)?,
+            acts_gate: input.get(gate_ty).gather(&rows),
+            acts_up: (up_ty != gate_ty).then(|| input.get(up_ty).gather(&rows)),
+            users,
+        });
+    }
+    let kernels: Vec<_> = routed
+        .iter()
+        .map(|r| {
+            let nt = r.users.len();
+            (
+                r.gate.id_kernel(par, nt),
+                r.up.id_kernel(par, nt),
+                r.down.id_kernel(par, nt),
+            )
+        })
+        .collect();
+    let n_tok: Vec<usize> = routed.iter().map(|r| r.users.len()).collect();
+
+    // Region 1: gate and up of every (expert, chunk of rows), then SiLU·mul.
+    let ff = ChunkedLayout::new(n_ff, n_tok.clone());
+    let mut act = vec![0f32; ff.len()];
+    let cost = |lay: &ChunkedLayout, n_in: usize, i: usize| {
+        let (a, _, rows) = lay.item(i);
+        rows * n_in * (lay.n_tok[a] + 1)
+    };
+    par.for_each_run(
+        ff.n_items(),
+        |i| 2 * cost(&ff, n_embd, i),
+        &mut act,
+        |i| ff.item_start(i),
+        |items, o| {
+            let mut scratch = Vec::new();
+            let mut up = Vec::new();
+            let mut off = 0;
+            for i in items {
+                let (a, r0, rows) = ff.item(i);
+                let r = &routed[a];
+                let len = rows * r.users.len();
+                let g = &mut o[off..off + len];
+                r.gate
+                    .rows_times(kernels[a].0, &r.acts_gate, r0..r0 + rows, g, &mut scratch);
+                up.resize(len, 0.0);
+                let acts_up = r.acts_up.as_ref().unwrap_or(&r.acts_gate);
+                r.up.rows_times(kernels[a].1, acts_up, r0..r0 + rows, &mut up, &mut scratch);
+                for (gt, ut) in g.chunks_exact_mut(rows).zip(up.chunks_exact(rows)) {
+                    ops::swiglu_cols(gt, ut, r0, n_ff);
+                }
+                off += len;
+            }
+        },
+    );
+
+    // Region 2: each expert's token rows converted for its down projection.
+    let down_ty = m.down_exps.slice(0)?.act_type();
+    let row_bytes = down_ty
+        .row_bytes(n_ff as u64)
+        .expect("expert width fits the activation block size") as usize;
+    let quantize = moxie_quant::quantize_fn(down_ty).expect("activation types can be quantized");
+    let first_row: Vec<usize> = std::iter::once(0)
+        .chain(n_tok.iter().scan(0, |acc, &nt| {
+            *acc += nt;
+            Some(*acc)
+        }))
+        .collect();
+    let total_rows = *first_row.last().unwrap();
+    let mut qbuf = vec![0u8; total_rows * row_bytes];
+    par.for_each_range(total_rows, n_ff, &mut qbuf, row_bytes, |rows, o| {
+        let mut row = vec![0f32; n_ff];
+        for (j, dst) in rows.zip(o.chunks_exact_mut(row_bytes)) {
+            let a = first_row.partition_point(|&s| s <= j) - 1;
+            let t = j - first_row[a];
+            ff.gather(&act, a, t, &mut row);
+            quantize(&row, dst);
+        }
+    });
+    let acts_down: Vec<QuantizedActs> = (0..routed.len())
+        .map(|a| {
+            let bytes = &qbuf[first_row[a] * row_bytes..first_row[a + 1] * row_bytes];
+            QuantizedActs::from_bytes(down_ty, n_ff, bytes.to_vec())
+        })
+        .collect();
+
+    // Region 3: every (expert, chunk of rows) of the down projections.
+    let emb = ChunkedLayout::new(n_embd, n_tok);
+    let mut down_out = vec![0f32; emb.len()];
+    par.for_each_run(
+        emb.n_items(),
+        |i| cost(&emb, n_ff, i),
+        &mut down_out,
+        |i| emb.item_start(i),
+        |items, o| {
+            let mut scratch = Vec::new();
+            let mut off = 0;
+            for i in items {
+                let (a, r0, rows) = emb.item(i);
+                let r = &routed[a];
+                let len = rows * r.users.len();
+                r.down.rows_times(
+                    kernels[a].2,
+                    &acts_down[a],
+                    r0..r0 + rows,
+                    &mut o[off..off + len],
+                    &mut scratch,
+                );
+                off += len;
+            }
+        },
+    );
+
+    // Region 4: each token's experts, weighted, summed in selection order.
+    let mut out = vec![0f32; n * n_embd];
+    par.for_each_range(n, k_used * n_embd, &mut out, n_embd, |toks, o| {
+        let mut v = vec![0f32; n_embd];
+        for (t, orow) in toks.zip(o.chunks_exact_mut(n_embd)) {
+            for (slot, &(_, w)) in routes[t].iter().enumerate() {
+                let (a, i) = where_is[t * k_used + slot];
+                emb.gather(&down_out, a, i, &mut v);
+                add_weighted(orow, &v, w, slot == 0);
+            }
+        }
+    });
+    if let Some(s) = &m.shared {
+        let sh = dense_ffn(s, h, n, Some(input.get(gate_ty)), par)?;
+        ops::add_assign(&mut out, &sh);
+    }
+    Ok(out)
+}
