@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use moxie_core::bench::{mean_std, run_once, BenchTest};
+use moxie_core::bench::{decode_bytes, mean_std, read_bandwidth, run_once, BenchTest};
 use moxie_core::{Model, Parallel};
 use serde_json::json;
 
@@ -66,6 +66,11 @@ pub struct Args {
     /// Skip the warm-up run.
     #[arg(long)]
     no_warmup: bool,
+    /// After the table, for each generation test: bytes read per token, this machine's read
+    /// bandwidth measured with the same threads, and the fraction of it decode reached (on
+    /// stderr, so the table stays llama-bench's).
+    #[arg(long)]
+    bandwidth: bool,
 }
 
 /// llama.cpp's `llama_ftype` names for `general.file_type`.
@@ -168,6 +173,7 @@ pub fn main(a: Args) -> Result<()> {
         a.threads.clone()
     };
     let mut rows = Vec::new();
+    let mut bandwidths = Vec::new();
     for path in &a.model {
         let file = crate::open_gguf(path)?;
         let size = file.total_tensor_bytes();
@@ -217,11 +223,17 @@ pub fn main(a: Args) -> Result<()> {
                         if a.output == "md" {
                             crate::emit(&md_row(&row))?;
                         }
+                        if a.bandwidth && test.n_prompt == 0 && test.n_gen > 0 {
+                            bandwidths.push(bandwidth_line(&model, &par, &row));
+                        }
                         rows.push(row);
                     }
                 }
             }
         }
+    }
+    for line in bandwidths {
+        eprintln!("{line}");
     }
     match a.output.as_str() {
         "json" => {
@@ -254,6 +266,32 @@ pub fn main(a: Args) -> Result<()> {
         }
         _ => Ok(()),
     }
+}
+
+/// Decode as a fraction of the machine's read bandwidth: bytes per token (at the test's mean
+/// context length) times tokens per second, over the bandwidth measured now with the same
+/// threads on a 2 GiB buffer.
+fn bandwidth_line(model: &Model, par: &Parallel, r: &Row) -> String {
+    let n_kv = r.test.depth + r.test.n_gen.div_ceil(2);
+    let b = decode_bytes(model, n_kv);
+    let (tps, _) = mean_std(&r.samples);
+    let bw = read_bandwidth(par, 2 << 30);
+    let used = b.total() as f64 * tps;
+    let mb = |x: u64| x as f64 / 1e6;
+    format!(
+        "{} {} t={}: {:.1} MB/token (dense {:.1} + experts {:.1} + embedding row {:.3} + KV {:.1} at {n_kv} positions) x {tps:.2} t/s = {:.1} GB/s of {:.1} GB/s measured read bandwidth = {:.0}%",
+        r.model,
+        r.test.name(),
+        r.threads,
+        mb(b.total()),
+        mb(b.dense),
+        mb(b.experts),
+        mb(b.embedding_row),
+        mb(b.kv),
+        used / 1e9,
+        bw / 1e9,
+        100.0 * used / bw
+    )
 }
 
 fn md_header() -> String {

@@ -5,6 +5,7 @@
 
 use std::time::Instant;
 
+use crate::inventory::Role;
 use crate::model::{Logits, Model};
 use crate::parallel::Parallel;
 use crate::Result;
@@ -67,6 +68,77 @@ pub fn run_once(model: &Model, par: &Parallel, test: BenchTest, ubatch: usize) -
     }
     let secs = t0.elapsed().as_secs_f64().max(1e-9);
     Ok(test.n_tokens() as f64 / secs)
+}
+
+/// What one decode step must read from memory at least, in bytes, by part.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DecodeBytes {
+    /// Every weight that runs for every token: attention, dense and shared-expert FFNs,
+    /// routers, norms, the output head.
+    pub dense: u64,
+    /// The selected experts' slices: `n_expert_used / n_expert` of the routed-expert tensors.
+    pub experts: u64,
+    /// One row of the token embeddings.
+    pub embedding_row: u64,
+    /// The KV cache at the mean context length of the run.
+    pub kv: u64,
+}
+
+impl DecodeBytes {
+    pub fn total(&self) -> u64 {
+        self.dense + self.experts + self.embedding_row + self.kv
+    }
+}
+
+/// The bytes a decode step reads with `n_kv` positions in the cache (f16 cache). MTP/NextN
+/// tensors are not run and not counted.
+pub fn decode_bytes(model: &Model, n_kv: usize) -> DecodeBytes {
+    let c = &model.config;
+    let mut b = DecodeBytes::default();
+    for t in model.file.tensors() {
+        match Role::of(&t.name) {
+            Role::RoutedExperts => {
+                b.experts += t.n_bytes * c.n_expert_used as u64 / c.n_expert.max(1) as u64
+            }
+            Role::Embeddings => b.embedding_row += t.n_bytes / c.n_vocab.max(1) as u64,
+            Role::NextN => {}
+            _ => b.dense += t.n_bytes,
+        }
+    }
+    let per_pos: usize = model
+        .kv_shapes()
+        .iter()
+        .map(|s| (s.k_width + s.v_width) * 2)
+        .sum();
+    b.kv = (per_pos * n_kv) as u64;
+    b
+}
+
+/// Read bandwidth of this machine with `par`'s threads, in bytes per second: the best of three
+/// passes summing a `bytes`-long buffer (make it well above the last-level cache).
+pub fn read_bandwidth(par: &Parallel, bytes: usize) -> f64 {
+    const BLOCK: usize = 1 << 17; // u64s per work item (1 MiB)
+    let n_blocks = (bytes / 8).div_ceil(BLOCK).max(1);
+    // Distinct non-zero contents, so every page is really backed by memory.
+    let buf: Vec<u64> = (0..n_blocks * BLOCK)
+        .map(|i| i as u64 ^ 0x9E37_79B9_7F4A_7C15)
+        .collect();
+    let mut sums = vec![0u64; n_blocks];
+    let mut best = 0f64;
+    for _ in 0..3 {
+        let t0 = Instant::now();
+        par.for_each_range(n_blocks, BLOCK * 64, &mut sums, 1, |blocks, out| {
+            for (b, o) in blocks.zip(out.iter_mut()) {
+                *o = buf[b * BLOCK..(b + 1) * BLOCK]
+                    .iter()
+                    .fold(0u64, |a, &x| a.wrapping_add(x));
+            }
+        });
+        let secs = t0.elapsed().as_secs_f64().max(1e-9);
+        std::hint::black_box(&sums);
+        best = best.max((buf.len() * 8) as f64 / secs);
+    }
+    best
 }
 
 /// Mean and sample standard deviation.

@@ -8,7 +8,7 @@ pub mod generate;
 pub mod inventory;
 pub mod kv_cache;
 pub mod model;
-mod moe;
+pub mod moe;
 pub mod npy;
 pub mod ops;
 pub mod parallel;

@@ -22,14 +22,9 @@ use crate::parallel::Parallel;
 use crate::tensor::{gemv_many, Mat, QuantizedActs, Tensor, CHUNK_ROWS};
 use crate::Result;
 
-/// The MoE layer for `n` rows of `h` (each `n_embd` long).
-pub(crate) fn forward(
-    c: &Config,
-    m: &Moe,
-    h: &[f32],
-    n: usize,
-    par: &Parallel,
-) -> Result<Vec<f32>> {
+/// The MoE layer for `n` rows of `h` (each `n_embd` long, already normed), as the forward pass
+/// runs it; public for the micro-benchmarks.
+pub fn forward(c: &Config, m: &Moe, h: &[f32], n: usize, par: &Parallel) -> Result<Vec<f32>> {
     if n == 1 {
         one_token(c, m, h, par)
     } else {

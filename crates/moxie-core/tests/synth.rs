@@ -444,3 +444,35 @@ fn generated_tiny_models_run_with_peaked_logits() {
         }
     }
 }
+
+#[test]
+fn decode_bytes_count_every_dense_weight_and_the_selected_experts_share() {
+    let dir = tmp_dir("decode-bytes");
+    let (path, _) = gen(&tiny("deepseek2", "Q4_K_M"), &dir, "ds.gguf");
+    let file = Arc::new(GgufFile::open(&path).unwrap());
+    let model = Model::load(Arc::clone(&file)).unwrap();
+    let c = &model.config;
+    let b = moxie_core::bench::decode_bytes(&model, 10);
+    let bytes = |pred: &dyn Fn(&str) -> bool| -> u64 {
+        file.tensors()
+            .iter()
+            .filter(|t| pred(&t.name))
+            .map(|t| t.n_bytes)
+            .sum()
+    };
+    let routed = bytes(&|n| n.ends_with("_exps.weight"));
+    let embd = bytes(&|n| n == "token_embd.weight");
+    assert!(routed > 0 && embd > 0);
+    assert_eq!(
+        b.experts,
+        routed * c.n_expert_used as u64 / c.n_expert as u64
+    );
+    assert_eq!(b.embedding_row, embd / c.n_vocab as u64);
+    assert_eq!(b.dense, file.total_tensor_bytes() - routed - embd);
+    let per_pos: usize = model
+        .kv_shapes()
+        .iter()
+        .map(|s| (s.k_width + s.v_width) * 2)
+        .sum();
+    assert_eq!(b.kv, 10 * per_pos as u64);
+}
