@@ -270,7 +270,7 @@ pub fn main(a: Args) -> Result<()> {
 
 /// Decode as a fraction of the machine's read bandwidth: bytes per token (at the test's mean
 /// context length) times tokens per second, over the bandwidth measured now with the same
-/// threads on a 2 GiB buffer.
+/// threads on a 2 GiB buffer (median of five passes).
 fn bandwidth_line(model: &Model, par: &Parallel, r: &Row) -> String {
     let n_kv = r.test.depth + r.test.n_gen.div_ceil(2);
     let b = decode_bytes(model, n_kv);

@@ -114,8 +114,9 @@ pub fn decode_bytes(model: &Model, n_kv: usize) -> DecodeBytes {
     b
 }
 
-/// Read bandwidth of this machine with `par`'s threads, in bytes per second: the best of three
-/// passes summing a `bytes`-long buffer (make it well above the last-level cache).
+/// Read bandwidth of this machine with `par`'s threads, in bytes per second: the median of five
+/// passes summing a `bytes`-long buffer (make it well above the last-level cache). The median,
+/// not the best pass: on a shared machine single passes vary by tens of percent.
 pub fn read_bandwidth(par: &Parallel, bytes: usize) -> f64 {
     const BLOCK: usize = 1 << 17; // u64s per work item (1 MiB)
     let n_blocks = (bytes / 8).div_ceil(BLOCK).max(1);
@@ -124,8 +125,8 @@ pub fn read_bandwidth(par: &Parallel, bytes: usize) -> f64 {
         .map(|i| i as u64 ^ 0x9E37_79B9_7F4A_7C15)
         .collect();
     let mut sums = vec![0u64; n_blocks];
-    let mut best = 0f64;
-    for _ in 0..3 {
+    let mut rates = Vec::with_capacity(5);
+    for _ in 0..5 {
         let t0 = Instant::now();
         par.for_each_range(n_blocks, BLOCK * 64, &mut sums, 1, |blocks, out| {
             for (b, o) in blocks.zip(out.iter_mut()) {
@@ -136,9 +137,10 @@ pub fn read_bandwidth(par: &Parallel, bytes: usize) -> f64 {
         });
         let secs = t0.elapsed().as_secs_f64().max(1e-9);
         std::hint::black_box(&sums);
-        best = best.max((buf.len() * 8) as f64 / secs);
+        rates.push((buf.len() * 8) as f64 / secs);
     }
-    best
+    rates.sort_by(f64::total_cmp);
+    rates[rates.len() / 2]
 }
 
 /// Mean and sample standard deviation.

@@ -160,7 +160,16 @@ impl GemmActs {
 }
 
 /// One weight row decoded to unsigned bytes (`q + offset`) with per-sub-block scale and min.
-fn decode_row(ty: GgmlType, row: &[u8], q: &mut [u8], scale: &mut [f32], min: &mut [f32]) {
+/// With `quants` false only the scales and mins are decoded (Q4_K; its quants then go
+/// straight into the tile, [`platform::unpack_q4_k_tile`]).
+fn decode_row(
+    ty: GgmlType,
+    row: &[u8],
+    q: &mut [u8],
+    scale: &mut [f32],
+    min: &mut [f32],
+    quants: bool,
+) {
     use GgmlType as T;
     match ty {
         T::Q4_K | T::Q5_K => {
@@ -175,7 +184,9 @@ fn decode_row(ty: GgmlType, row: &[u8], q: &mut [u8], scale: &mut [f32], min: &m
                 }
                 let out = &mut q[256 * b..256 * (b + 1)];
                 if ty == T::Q4_K {
-                    q4_k_quants(x, out);
+                    if quants {
+                        q4_k_quants(x, out);
+                    }
                 } else {
                     q5_k_quants(x, out);
                 }
@@ -254,10 +265,20 @@ impl WeightTile {
     fn fill(&mut self, ty: GgmlType, l: Layout, n_in: usize, rows: &[u8], row_bytes: usize) {
         let n_sub = n_in / l.sub;
         let n_rows = rows.len() / row_bytes;
+        // Q4_K's nibbles go from the rows straight into the interleaved tile.
+        let direct = ty == GgmlType::Q4_K
+            && platform::unpack_q4_k_tile(rows, n_rows, row_bytes, n_in, &mut self.q);
         for (m, row) in self.rows.chunks_exact_mut(n_in).enumerate() {
             if m < n_rows {
                 let src = &rows[m * row_bytes..(m + 1) * row_bytes];
-                decode_row(ty, src, row, &mut self.row_scale, &mut self.row_min);
+                decode_row(
+                    ty,
+                    src,
+                    row,
+                    &mut self.row_scale,
+                    &mut self.row_min,
+                    !direct,
+                );
             } else {
                 row.fill(0);
                 self.row_scale.fill(0.0);
@@ -270,7 +291,9 @@ impl WeightTile {
                 }
             }
         }
-        platform::interleave_quads(&self.rows, n_in, &mut self.q);
+        if !direct {
+            platform::interleave_quads(&self.rows, n_in, &mut self.q);
+        }
     }
 }
 
@@ -355,6 +378,73 @@ mod platform {
             unsafe {
                 let v = _mm512_i32gather_epi32::<1>(offsets, rows.as_ptr().add(4 * g).cast());
                 _mm512_storeu_si512(q.as_mut_ptr().add(64 * g).cast(), v);
+            }
+        }
+    }
+
+    /// Q4_K rows (`n_rows <= 16` of `row_bytes`, `n_in` elements each) unpacked into the
+    /// interleaved tile layout of [`super::interleave_quads_scalar`] in one pass: each 4-byte
+    /// gather of 16 rows holds the low nibbles of one group of 4 elements and the high
+    /// nibbles of the group 32 elements on. Missing rows are zero. Returns `false` (tile
+    /// untouched) without AVX-512.
+    pub(super) fn unpack_q4_k_tile(
+        rows: &[u8],
+        n_rows: usize,
+        row_bytes: usize,
+        n_in: usize,
+        q: &mut [u8],
+    ) -> bool {
+        if !super::gemm_available() {
+            return false;
+        }
+        assert!(n_rows <= GEMM_TILE_ROWS && rows.len() == n_rows * row_bytes);
+        assert!(n_in.is_multiple_of(256) && row_bytes == n_in / 256 * 144);
+        assert!(q.len() == GEMM_TILE_ROWS * n_in);
+        assert!(row_bytes <= i32::MAX as usize / GEMM_TILE_ROWS);
+        // SAFETY: AVX-512F is present (gemm_available) and the sizes were asserted above.
+        unsafe { unpack_q4_k_avx512(rows, n_rows, row_bytes, n_in, q) };
+        true
+    }
+
+    #[target_feature(enable = "avx512f")]
+    unsafe fn unpack_q4_k_avx512(
+        rows: &[u8],
+        n_rows: usize,
+        row_bytes: usize,
+        n_in: usize,
+        q: &mut [u8],
+    ) {
+        let offsets = _mm512_mullo_epi32(
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+            _mm512_set1_epi32(row_bytes as i32),
+        );
+        let live: __mmask16 = if n_rows >= 16 {
+            0xFFFF
+        } else {
+            (1u16 << n_rows) - 1
+        };
+        let m4 = _mm512_set1_epi32(0x0F0F_0F0F);
+        for b in 0..n_in / 256 {
+            for j in 0..4 {
+                for i in 0..8 {
+                    let at = b * 144 + 16 + 32 * j + 4 * i;
+                    let g = 64 * b + 16 * j + i;
+                    // SAFETY: only rows m < n_rows are read (mask), at m*row_bytes + at + 4
+                    // <= (m+1)*row_bytes <= rows.len(); the stores write q[64g..64g+64] and
+                    // q[64(g+8)..+64] with 64(g+8)+64 <= 16*n_in = q.len().
+                    unsafe {
+                        let v = _mm512_mask_i32gather_epi32::<1>(
+                            _mm512_setzero_si512(),
+                            live,
+                            offsets,
+                            rows.as_ptr().add(at).cast(),
+                        );
+                        let lo = _mm512_and_si512(v, m4);
+                        let hi = _mm512_and_si512(_mm512_srli_epi32::<4>(v), m4);
+                        _mm512_storeu_si512(q.as_mut_ptr().add(64 * g).cast(), lo);
+                        _mm512_storeu_si512(q.as_mut_ptr().add(64 * (g + 8)).cast(), hi);
+                    }
+                }
             }
         }
     }
@@ -467,6 +557,16 @@ mod platform {
 
     pub(super) fn interleave_quads(rows: &[u8], n_in: usize, q: &mut [u8]) {
         super::interleave_quads_scalar(rows, n_in, q)
+    }
+
+    pub(super) fn unpack_q4_k_tile(
+        _rows: &[u8],
+        _n_rows: usize,
+        _row_bytes: usize,
+        _n_in: usize,
+        _q: &mut [u8],
+    ) -> bool {
+        false
     }
 
     pub(super) fn tile_times_tokens(
