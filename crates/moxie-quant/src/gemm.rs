@@ -160,8 +160,8 @@ impl GemmActs {
 }
 
 /// One weight row decoded to unsigned bytes (`q + offset`) with per-sub-block scale and min.
-/// With `quants` false only the scales and mins are decoded (Q4_K; its quants then go
-/// straight into the tile, [`platform::unpack_q4_k_tile`]).
+/// With `quants` false only the scales and mins are decoded (Q4_K and Q6_K: their quants
+/// then go straight into the tile, [`platform::unpack_tile`]).
 fn decode_row(
     ty: GgmlType,
     row: &[u8],
@@ -199,7 +199,9 @@ fn decode_row(
                 for j in 0..16 {
                     scale[16 * b + j] = d * (x[192 + j] as i8) as f32;
                 }
-                q6_k_quants(x, &mut q[256 * b..256 * (b + 1)]);
+                if quants {
+                    q6_k_quants(x, &mut q[256 * b..256 * (b + 1)]);
+                }
             }
         }
         T::Q8_0 => {
@@ -265,9 +267,8 @@ impl WeightTile {
     fn fill(&mut self, ty: GgmlType, l: Layout, n_in: usize, rows: &[u8], row_bytes: usize) {
         let n_sub = n_in / l.sub;
         let n_rows = rows.len() / row_bytes;
-        // Q4_K's nibbles go from the rows straight into the interleaved tile.
-        let direct = ty == GgmlType::Q4_K
-            && platform::unpack_q4_k_tile(rows, n_rows, row_bytes, n_in, &mut self.q);
+        // Q4_K's and Q6_K's quants go from the rows straight into the interleaved tile.
+        let direct = platform::unpack_tile(ty, rows, n_rows, row_bytes, n_in, &mut self.q);
         for (m, row) in self.rows.chunks_exact_mut(n_in).enumerate() {
             if m < n_rows {
                 let src = &rows[m * row_bytes..(m + 1) * row_bytes];
@@ -382,30 +383,85 @@ mod platform {
         }
     }
 
-    /// Q4_K rows (`n_rows <= 16` of `row_bytes`, `n_in` elements each) unpacked into the
-    /// interleaved tile layout of [`super::interleave_quads_scalar`] in one pass: each 4-byte
-    /// gather of 16 rows holds the low nibbles of one group of 4 elements and the high
-    /// nibbles of the group 32 elements on. Missing rows are zero. Returns `false` (tile
-    /// untouched) without AVX-512.
-    pub(super) fn unpack_q4_k_tile(
+    /// Q4_K or Q6_K rows (`n_rows <= 16` of `row_bytes`, `n_in` elements each) unpacked into
+    /// the interleaved tile layout of [`super::interleave_quads_scalar`] in one pass, from
+    /// 4-byte gathers of the 16 rows. Missing rows are zero. Returns `false` (tile untouched)
+    /// for other types or without AVX-512.
+    pub(super) fn unpack_tile(
+        ty: crate::GgmlType,
         rows: &[u8],
         n_rows: usize,
         row_bytes: usize,
         n_in: usize,
         q: &mut [u8],
     ) -> bool {
+        let block = match ty {
+            crate::GgmlType::Q4_K => 144,
+            crate::GgmlType::Q6_K => 210,
+            _ => return false,
+        };
         if !super::gemm_available() {
             return false;
         }
         assert!(n_rows <= GEMM_TILE_ROWS && rows.len() == n_rows * row_bytes);
-        assert!(n_in.is_multiple_of(256) && row_bytes == n_in / 256 * 144);
+        assert!(n_in.is_multiple_of(256) && row_bytes == n_in / 256 * block);
         assert!(q.len() == GEMM_TILE_ROWS * n_in);
         assert!(row_bytes <= i32::MAX as usize / GEMM_TILE_ROWS);
         // SAFETY: AVX-512F is present (gemm_available) and the sizes were asserted above.
-        unsafe { unpack_q4_k_avx512(rows, n_rows, row_bytes, n_in, q) };
+        unsafe {
+            if block == 144 {
+                unpack_q4_k_avx512(rows, n_rows, row_bytes, n_in, q)
+            } else {
+                unpack_q6_k_avx512(rows, n_rows, row_bytes, n_in, q)
+            }
+        };
         true
     }
 
+    /// Lane `m` gathers 4 bytes at `at` of row `m` (rows past `n_rows` read nothing, give 0).
+    ///
+    /// # Safety
+    /// AVX-512F; `at + 4 <= row_bytes` and `rows` holds `n_rows` rows of `row_bytes`.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn gather_rows(rows: &[u8], live: __mmask16, offsets: __m512i, at: usize) -> __m512i {
+        // SAFETY: per the function's contract.
+        unsafe {
+            _mm512_mask_i32gather_epi32::<1>(
+                _mm512_setzero_si512(),
+                live,
+                offsets,
+                rows.as_ptr().add(at).cast(),
+            )
+        }
+    }
+
+    /// `q[64g..64g+64] = v` (group `g` of the tile).
+    ///
+    /// # Safety
+    /// AVX-512F; `64 * g + 64 <= q.len()`.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn store_group(q: &mut [u8], g: usize, v: __m512i) {
+        debug_assert!(64 * g + 64 <= q.len());
+        // SAFETY: per the function's contract.
+        unsafe { _mm512_storeu_si512(q.as_mut_ptr().add(64 * g).cast(), v) }
+    }
+
+    fn tile_lanes(n_rows: usize, row_bytes: usize) -> (__mmask16, __m512i) {
+        let live: __mmask16 = if n_rows >= 16 {
+            0xFFFF
+        } else {
+            (1u16 << n_rows) - 1
+        };
+        let mut offs = [0i32; 16];
+        for (m, o) in offs.iter_mut().enumerate() {
+            *o = (m * row_bytes) as i32;
+        }
+        // SAFETY: reading 16 i32 from a 16-element array.
+        (live, unsafe { _mm512_loadu_si512(offs.as_ptr().cast()) })
+    }
+
+    /// Each 4-byte gather holds the low nibbles of one group of 4 elements and the high
+    /// nibbles of the group 32 elements on.
     #[target_feature(enable = "avx512f")]
     unsafe fn unpack_q4_k_avx512(
         rows: &[u8],
@@ -414,35 +470,62 @@ mod platform {
         n_in: usize,
         q: &mut [u8],
     ) {
-        let offsets = _mm512_mullo_epi32(
-            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-            _mm512_set1_epi32(row_bytes as i32),
-        );
-        let live: __mmask16 = if n_rows >= 16 {
-            0xFFFF
-        } else {
-            (1u16 << n_rows) - 1
-        };
+        let (live, offsets) = tile_lanes(n_rows, row_bytes);
         let m4 = _mm512_set1_epi32(0x0F0F_0F0F);
         for b in 0..n_in / 256 {
             for j in 0..4 {
                 for i in 0..8 {
-                    let at = b * 144 + 16 + 32 * j + 4 * i;
                     let g = 64 * b + 16 * j + i;
-                    // SAFETY: only rows m < n_rows are read (mask), at m*row_bytes + at + 4
-                    // <= (m+1)*row_bytes <= rows.len(); the stores write q[64g..64g+64] and
-                    // q[64(g+8)..+64] with 64(g+8)+64 <= 16*n_in = q.len().
+                    // SAFETY: the gather reads bytes b*144 + 16 + 32j + 4i .. +4 <= row_bytes
+                    // of live rows; groups g and g + 8 are below n_in / 4 = q.len() / 64.
                     unsafe {
-                        let v = _mm512_mask_i32gather_epi32::<1>(
-                            _mm512_setzero_si512(),
-                            live,
-                            offsets,
-                            rows.as_ptr().add(at).cast(),
+                        let v = gather_rows(rows, live, offsets, b * 144 + 16 + 32 * j + 4 * i);
+                        store_group(q, g, _mm512_and_si512(v, m4));
+                        store_group(q, g + 8, _mm512_and_si512(_mm512_srli_epi32::<4>(v), m4));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Per half block and 4 positions `l`: ql[l], ql[l + 32] and qh[l] give the groups of
+    /// elements l, l + 32, l + 64 and l + 96 (as `q6_k_quants` assembles them).
+    #[target_feature(enable = "avx512f")]
+    unsafe fn unpack_q6_k_avx512(
+        rows: &[u8],
+        n_rows: usize,
+        row_bytes: usize,
+        n_in: usize,
+        q: &mut [u8],
+    ) {
+        let (live, offsets) = tile_lanes(n_rows, row_bytes);
+        let m4 = _mm512_set1_epi32(0x0F0F_0F0F);
+        let m_hi = _mm512_set1_epi32(0x3030_3030);
+        for b in 0..n_in / 256 {
+            for half in 0..2 {
+                let ql = b * 210 + 64 * half;
+                let qh = b * 210 + 128 + 32 * half;
+                for i in 0..8 {
+                    let g = 64 * b + 32 * half + i;
+                    // SAFETY: the gathers read within the block's ql (128 bytes) and qh (64
+                    // bytes) of live rows; groups up to g + 24 < 64 * (b + 1) <= q.len() / 64.
+                    unsafe {
+                        let a = gather_rows(rows, live, offsets, ql + 4 * i);
+                        let c = gather_rows(rows, live, offsets, ql + 32 + 4 * i);
+                        let h = gather_rows(rows, live, offsets, qh + 4 * i);
+                        let hi = |v: __m512i| _mm512_and_si512(v, m_hi);
+                        let lo = |v: __m512i| _mm512_and_si512(v, m4);
+                        let g0 = _mm512_or_si512(lo(a), hi(_mm512_slli_epi32::<4>(h)));
+                        let g1 = _mm512_or_si512(lo(c), hi(_mm512_slli_epi32::<2>(h)));
+                        let g2 = _mm512_or_si512(lo(_mm512_srli_epi32::<4>(a)), hi(h));
+                        let g3 = _mm512_or_si512(
+                            lo(_mm512_srli_epi32::<4>(c)),
+                            hi(_mm512_srli_epi32::<2>(h)),
                         );
-                        let lo = _mm512_and_si512(v, m4);
-                        let hi = _mm512_and_si512(_mm512_srli_epi32::<4>(v), m4);
-                        _mm512_storeu_si512(q.as_mut_ptr().add(64 * g).cast(), lo);
-                        _mm512_storeu_si512(q.as_mut_ptr().add(64 * (g + 8)).cast(), hi);
+                        store_group(q, g, g0);
+                        store_group(q, g + 8, g1);
+                        store_group(q, g + 16, g2);
+                        store_group(q, g + 24, g3);
                     }
                 }
             }
@@ -559,7 +642,8 @@ mod platform {
         super::interleave_quads_scalar(rows, n_in, q)
     }
 
-    pub(super) fn unpack_q4_k_tile(
+    pub(super) fn unpack_tile(
+        _ty: crate::GgmlType,
         _rows: &[u8],
         _n_rows: usize,
         _row_bytes: usize,
