@@ -71,6 +71,9 @@ pub struct Args {
     /// stderr, so the table stays llama-bench's).
     #[arg(long)]
     bandwidth: bool,
+    /// Buffer the bandwidth measurement reads (MiB); keep it well above the last-level cache.
+    #[arg(long, default_value = "2048", value_name = "MIB")]
+    bandwidth_mib: usize,
 }
 
 /// llama.cpp's `llama_ftype` names for `general.file_type`.
@@ -224,7 +227,7 @@ pub fn main(a: Args) -> Result<()> {
                             crate::emit(&md_row(&row))?;
                         }
                         if a.bandwidth && test.n_prompt == 0 && test.n_gen > 0 {
-                            bandwidths.push(bandwidth_line(&model, &par, &row));
+                            bandwidths.push(bandwidth_line(&model, &par, &row, a.bandwidth_mib));
                         }
                         rows.push(row);
                     }
@@ -270,12 +273,12 @@ pub fn main(a: Args) -> Result<()> {
 
 /// Decode as a fraction of the machine's read bandwidth: bytes per token (at the test's mean
 /// context length) times tokens per second, over the bandwidth measured now with the same
-/// threads on a 2 GiB buffer (median of five passes).
-fn bandwidth_line(model: &Model, par: &Parallel, r: &Row) -> String {
+/// threads on a `mib` MiB buffer (median of five passes).
+fn bandwidth_line(model: &Model, par: &Parallel, r: &Row, mib: usize) -> String {
     let n_kv = r.test.depth + r.test.n_gen.div_ceil(2);
     let b = decode_bytes(model, n_kv);
     let (tps, _) = mean_std(&r.samples);
-    let bw = read_bandwidth(par, 2 << 30);
+    let bw = read_bandwidth(par, mib << 20);
     let used = b.total() as f64 * tps;
     let mb = |x: u64| x as f64 / 1e6;
     format!(
