@@ -19,7 +19,7 @@ use crate::config::Config;
 use crate::model::{dense_ffn, route_top_k, Moe};
 use crate::ops;
 use crate::parallel::Parallel;
-use crate::tensor::{gemv_many, Mat, QuantizedActs, Tensor, CHUNK_ROWS};
+use crate::tensor::{gemv_many, ChunkedLayout, Mat, QuantizedActs, Tensor};
 use crate::Result;
 
 /// The MoE layer for `n` rows of `h` (each `n_embd` long, already normed), as the forward pass
@@ -154,63 +154,6 @@ struct Routed<'a> {
     acts_up: Option<QuantizedActs>,
 }
 
-/// Where each expert's results live in a buffer of (expert, chunk) items: expert `a` owns
-/// `start[a]..start[a + 1]`, chunk `c` of it starts `c * CHUNK_ROWS * n_tok(a)` further, and
-/// holds `n_tok(a)` token rows of the chunk's width.
-struct ChunkedLayout {
-    n_rows: usize,
-    n_chunks: usize,
-    start: Vec<usize>,
-    n_tok: Vec<usize>,
-}
-
-impl ChunkedLayout {
-    fn new(n_rows: usize, n_tok: Vec<usize>) -> ChunkedLayout {
-        let mut start = vec![0];
-        for &nt in &n_tok {
-            start.push(start.last().unwrap() + nt * n_rows);
-        }
-        ChunkedLayout {
-            n_rows,
-            n_chunks: n_rows.div_ceil(CHUNK_ROWS),
-            start,
-            n_tok,
-        }
-    }
-
-    fn n_items(&self) -> usize {
-        self.n_tok.len() * self.n_chunks
-    }
-
-    fn len(&self) -> usize {
-        *self.start.last().unwrap()
-    }
-
-    /// Item `i` as (expert, first row, rows).
-    fn item(&self, i: usize) -> (usize, usize, usize) {
-        let (a, c) = (i / self.n_chunks, i % self.n_chunks);
-        let r0 = c * CHUNK_ROWS;
-        (a, r0, CHUNK_ROWS.min(self.n_rows - r0))
-    }
-
-    fn item_start(&self, i: usize) -> usize {
-        if i == self.n_items() {
-            return self.len();
-        }
-        let (a, r0, _) = self.item(i);
-        self.start[a] + r0 * self.n_tok[a]
-    }
-
-    /// Every row's result for token `t` (the expert's `t`-th) of expert `a`, into `out`.
-    fn gather(&self, buf: &[f32], a: usize, t: usize, out: &mut [f32]) {
-        for (c, dst) in out.chunks_mut(CHUNK_ROWS).enumerate() {
-            let width = dst.len();
-            let at = self.start[a] + c * CHUNK_ROWS * self.n_tok[a] + t * width;
-            dst.copy_from_slice(&buf[at..at + width]);
-        }
-    }
-}
-
 /// A batch: tokens grouped by expert; see the module documentation for the four regions.
 fn batch(c: &Config, m: &Moe, h: &[f32], n: usize, par: &Parallel) -> Result<Vec<f32>> {
     let n_embd = c.n_embd;
@@ -269,36 +212,17 @@ fn batch(c: &Config, m: &Moe, h: &[f32], n: usize, par: &Parallel) -> Result<Vec
     // Region 1: gate and up of every (expert, chunk of rows), then SiLU·mul.
     let ff = ChunkedLayout::new(n_ff, n_tok.clone());
     let mut act = vec![0f32; ff.len()];
-    let cost = |lay: &ChunkedLayout, n_in: usize, i: usize| {
-        let (a, _, rows) = lay.item(i);
-        rows * n_in * (lay.n_tok[a] + 1)
-    };
-    par.for_each_run(
-        ff.n_items(),
-        |i| 2 * cost(&ff, n_embd, i),
-        &mut act,
-        |i| ff.item_start(i),
-        |items, o| {
-            let mut scratch = Vec::new();
-            let mut up = Vec::new();
-            let mut off = 0;
-            for i in items {
-                let (a, r0, rows) = ff.item(i);
-                let r = &routed[a];
-                let len = rows * r.users.len();
-                let g = &mut o[off..off + len];
-                r.gate
-                    .rows_times(kernels[a].0, &r.acts_gate, r0..r0 + rows, g, &mut scratch);
-                up.resize(len, 0.0);
-                let acts_up = r.acts_up.as_ref().unwrap_or(&r.acts_gate);
-                r.up.rows_times(kernels[a].1, acts_up, r0..r0 + rows, &mut up, &mut scratch);
-                for (gt, ut) in g.chunks_exact_mut(rows).zip(up.chunks_exact(rows)) {
-                    ops::swiglu_cols(gt, ut, r0, n_ff);
-                }
-                off += len;
-            }
-        },
-    );
+    ff.for_each_item(par, 2 * n_embd, &mut act, |a, rows, g, [scratch, up]| {
+        let (r, r0, width) = (&routed[a], rows.start, rows.len());
+        let acts_up = r.acts_up.as_ref().unwrap_or(&r.acts_gate);
+        up.resize(g.len(), 0.0);
+        r.gate
+            .rows_times(kernels[a].0, &r.acts_gate, rows.clone(), g, scratch);
+        r.up.rows_times(kernels[a].1, acts_up, rows, up, scratch);
+        for (gt, ut) in g.chunks_exact_mut(width).zip(up.chunks_exact(width)) {
+            ops::swiglu_cols(gt, ut, r0, n_ff);
+        }
+    });
 
     // Region 2: each expert's token rows converted for its down projection.
     let down_ty = m.down_exps.slice(0)?.act_type();
@@ -333,29 +257,11 @@ fn batch(c: &Config, m: &Moe, h: &[f32], n: usize, par: &Parallel) -> Result<Vec
     // Region 3: every (expert, chunk of rows) of the down projections.
     let emb = ChunkedLayout::new(n_embd, n_tok);
     let mut down_out = vec![0f32; emb.len()];
-    par.for_each_run(
-        emb.n_items(),
-        |i| cost(&emb, n_ff, i),
-        &mut down_out,
-        |i| emb.item_start(i),
-        |items, o| {
-            let mut scratch = Vec::new();
-            let mut off = 0;
-            for i in items {
-                let (a, r0, rows) = emb.item(i);
-                let r = &routed[a];
-                let len = rows * r.users.len();
-                r.down.rows_times(
-                    kernels[a].2,
-                    &acts_down[a],
-                    r0..r0 + rows,
-                    &mut o[off..off + len],
-                    &mut scratch,
-                );
-                off += len;
-            }
-        },
-    );
+    emb.for_each_item(par, n_ff, &mut down_out, |a, rows, o, [scratch, _]| {
+        let r = &routed[a];
+        r.down
+            .rows_times(kernels[a].2, &acts_down[a], rows, o, scratch);
+    });
 
     // Region 4: each token's experts, weighted, summed in selection order.
     let mut out = vec![0f32; n * n_embd];

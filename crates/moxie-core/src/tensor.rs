@@ -354,71 +354,27 @@ impl<'a> Mat<'a> {
         debug_assert_eq!(acts.n, self.n_in);
         let n_tok = acts.n_rows();
         debug_assert_eq!(out.len(), n_tok * self.n_out);
-        match kernel {
-            Kernel::Dot(dot) if n_tok == 1 => {
-                par.for_each_range(self.n_out, self.n_in, out, 1, |rows, o| {
-                    let a = acts.row(0);
-                    for (r, y) in rows.zip(o.iter_mut()) {
-                        *y = dot(self.n_in, self.row(r), a);
-                    }
-                });
-            }
-            Kernel::Dot(dot) => {
-                par.for_each_range(n_tok, self.n_in * self.n_out, out, self.n_out, |toks, o| {
-                    for (t, orow) in toks.zip(o.chunks_exact_mut(self.n_out)) {
-                        let a = acts.row(t);
-                        for (r, y) in orow.iter_mut().enumerate() {
-                            *y = dot(self.n_in, self.row(r), a);
-                        }
-                    }
-                });
-            }
-            Kernel::Int8Gemm => {
-                let g = acts.gemm_acts();
-                const T: usize = moxie_quant::GEMM_TILE_ROWS;
-                let n_tiles = self.n_out.div_ceil(T);
-                // Results come per 16-row tile, token by token, and are put back in
-                // token-major order.
-                let mut tiled = vec![0f32; n_tiles * n_tok * T];
-                par.for_each_range(
-                    n_tiles,
-                    T * self.n_in * n_tok,
-                    &mut tiled,
-                    n_tok * T,
-                    |ts, o| {
-                        let rows = &self.data[ts.start * T * self.row_bytes
-                            ..(ts.end * T).min(self.n_out) * self.row_bytes];
-                        let done = moxie_quant::gemm_q8(self.ty, self.n_in, rows, g, o);
-                        debug_assert!(done, "fast_kernel checked the int8 GEMM applies");
-                    },
-                );
-                // Back to token-major order, in parallel: a large batch's copy is as long as a
-                // small product.
-                par.for_each_range(n_tok, self.n_out, out, self.n_out, |toks, o| {
-                    for (t, orow) in toks.zip(o.chunks_exact_mut(self.n_out)) {
-                        for (tile, dst) in orow.chunks_mut(T).enumerate() {
-                            let at = (tile * n_tok + t) * T;
-                            dst.copy_from_slice(&tiled[at..at + dst.len()]);
-                        }
-                    }
-                });
-            }
-            Kernel::Many(many) => {
-                // Row-major: each weight row is unpacked once for all tokens; results land
-                // transposed ([row][token]) and are put back in token-major order.
-                let mut tr = vec![0f32; self.n_out * n_tok];
-                par.for_each_range(self.n_out, self.n_in * n_tok, &mut tr, n_tok, |rows, o| {
-                    for (r, orow) in rows.zip(o.chunks_exact_mut(n_tok)) {
-                        many(self.n_in, self.row(r), &acts.data, acts.row_bytes, orow);
-                    }
-                });
-                for (r, col) in tr.chunks_exact(n_tok).enumerate() {
-                    for (t, &v) in col.iter().enumerate() {
-                        out[t * self.n_out + r] = v;
-                    }
-                }
-            }
+        if n_tok == 1 {
+            // One token: its output row is already in row order (the int8 GEMM, which needs
+            // whole chunks, is never chosen for one token).
+            debug_assert!(!matches!(kernel, Kernel::Int8Gemm));
+            par.for_each_range(self.n_out, self.n_in, out, 1, |rows, o| {
+                self.rows_times(kernel, acts, rows, o, &mut Vec::new());
+            });
+            return;
         }
+        // A batch: chunks of rows for every token, then back to token-major order in
+        // parallel (a large batch's copy is as long as a small product).
+        let layout = ChunkedLayout::new(self.n_out, vec![n_tok]);
+        let mut chunked = vec![0f32; layout.len()];
+        layout.for_each_item(par, self.n_in, &mut chunked, |_, rows, o, [scratch, _]| {
+            self.rows_times(kernel, acts, rows, o, scratch);
+        });
+        par.for_each_range(n_tok, self.n_out, out, self.n_out, |toks, o| {
+            for (t, orow) in toks.zip(o.chunks_exact_mut(self.n_out)) {
+                layout.gather(&chunked, 0, t, orow);
+            }
+        });
     }
 }
 
@@ -461,6 +417,94 @@ pub(crate) enum Kernel {
 
 /// Output rows per work item where products are split in chunks (one int8 GEMM tile).
 pub(crate) const CHUNK_ROWS: usize = moxie_quant::GEMM_TILE_ROWS;
+
+/// Where the results of several matrices' products (an expert's, or one matrix's with `a` = 0)
+/// live in a buffer of (matrix, chunk of rows) items: matrix `a` owns
+/// `start[a]..start[a + 1]`, chunk `c` of it starts `c * CHUNK_ROWS * n_tok(a)` further, and
+/// holds `n_tok(a)` token rows of the chunk's width.
+pub(crate) struct ChunkedLayout {
+    n_rows: usize,
+    n_chunks: usize,
+    start: Vec<usize>,
+    n_tok: Vec<usize>,
+}
+
+impl ChunkedLayout {
+    pub(crate) fn new(n_rows: usize, n_tok: Vec<usize>) -> ChunkedLayout {
+        let mut start = vec![0];
+        for &nt in &n_tok {
+            start.push(start.last().unwrap() + nt * n_rows);
+        }
+        ChunkedLayout {
+            n_rows,
+            n_chunks: n_rows.div_ceil(CHUNK_ROWS),
+            start,
+            n_tok,
+        }
+    }
+
+    fn n_items(&self) -> usize {
+        self.n_tok.len() * self.n_chunks
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        *self.start.last().unwrap()
+    }
+
+    /// Item `i` as (expert, first row, rows).
+    fn item(&self, i: usize) -> (usize, usize, usize) {
+        let (a, c) = (i / self.n_chunks, i % self.n_chunks);
+        let r0 = c * CHUNK_ROWS;
+        (a, r0, CHUNK_ROWS.min(self.n_rows - r0))
+    }
+
+    fn item_start(&self, i: usize) -> usize {
+        if i == self.n_items() {
+            return self.len();
+        }
+        let (a, r0, _) = self.item(i);
+        self.start[a] + r0 * self.n_tok[a]
+    }
+
+    /// Every row's result for token `t` (the matrix's `t`-th) of matrix `a`, into `out`.
+    pub(crate) fn gather(&self, buf: &[f32], a: usize, t: usize, out: &mut [f32]) {
+        for (c, dst) in out.chunks_mut(CHUNK_ROWS).enumerate() {
+            let width = dst.len();
+            let at = self.start[a] + c * CHUNK_ROWS * self.n_tok[a] + t * width;
+            dst.copy_from_slice(&buf[at..at + width]);
+        }
+    }
+
+    /// `f(a, rows, out, scratch)` for every item over `par`'s threads, each thread taking a
+    /// run of items of about equal cost (`work` multiply-adds per row and token, plus as much
+    /// per row for decoding the weights). `out` receives the item's `rows.len() * n_tok(a)`
+    /// results, token-major; `scratch` is two buffers reused within a thread.
+    pub(crate) fn for_each_item<F>(&self, par: &Parallel, work: usize, out: &mut [f32], f: F)
+    where
+        F: Fn(usize, Range<usize>, &mut [f32], &mut [Vec<f32>; 2]) + Sync,
+    {
+        let cost = |i: usize| {
+            let (a, _, rows) = self.item(i);
+            rows * work * (self.n_tok[a] + 1)
+        };
+        par.for_each_run(
+            self.n_items(),
+            cost,
+            out,
+            |i| self.item_start(i),
+            |items, o| {
+                let mut scratch = [Vec::new(), Vec::new()];
+                let mut off = 0;
+                for i in items {
+                    let (a, r0, rows) = self.item(i);
+                    let len = rows * self.n_tok[a];
+                    f(a, r0..r0 + rows, &mut o[off..off + len], &mut scratch);
+                    off += len;
+                }
+            },
+        );
+    }
+}
 
 /// From this many activation rows on, [`Numerics::Fast`] uses the int8 GEMM: decoding a weight
 /// tile once then costs less than `vec_dot` unpacking it per token.
