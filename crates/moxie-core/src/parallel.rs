@@ -103,30 +103,18 @@ impl Parallel {
         F: Fn(Range<usize>, &mut [T]) + Sync,
     {
         debug_assert_eq!(out.len(), n * out_stride);
-        let by_work = (n.saturating_mul(work_per_item) / MIN_WORK_PER_THREAD).max(1);
-        let n_threads = self.n_threads.min(by_work).min(n.max(1));
-        let Some(pool) = self
-            .pool
-            .as_ref()
-            .filter(|_| n_threads > 1 && out_stride > 0)
-        else {
+        let n_threads = self.threads_for(n, n.saturating_mul(work_per_item));
+        if n_threads < 2 || out_stride == 0 {
             f(0..n, out);
             return;
-        };
-        // One chunk per thread; each participant takes the next chunk until none is left, so
-        // a late-starting worker never holds the others up.
-        let per = n.div_ceil(n_threads);
-        let chunks = Mutex::new(out.chunks_mut(per * out_stride).enumerate());
-        let job = || loop {
-            let next = chunks.lock().unwrap_or_else(|p| p.into_inner()).next();
-            let Some((i, chunk)) = next else { break };
-            let start = i * per;
-            f(start..(start + per).min(n), chunk);
-        };
-        if !pool.run(n_threads - 1, &job) {
-            // The pool is busy (nested or concurrent use): do it all here.
-            job();
         }
+        // One chunk per thread.
+        let per = n.div_ceil(n_threads);
+        let parts = out
+            .chunks_mut(per * out_stride)
+            .enumerate()
+            .map(|(i, chunk)| (i * per..((i + 1) * per).min(n), chunk));
+        self.run_parts(n_threads, parts, f);
     }
 
     /// Like [`Parallel::for_each_range`] for items of unequal cost and output size: item `i`
@@ -147,12 +135,11 @@ impl Parallel {
         debug_assert_eq!(out_start(0), 0);
         debug_assert_eq!(out_start(n), out.len());
         let total: usize = (0..n).map(&cost).fold(0, usize::saturating_add);
-        let by_work = (total / MIN_WORK_PER_THREAD).max(1);
-        let n_threads = self.n_threads.min(by_work).min(n.max(1));
-        let Some(pool) = self.pool.as_ref().filter(|_| n_threads > 1) else {
+        let n_threads = self.threads_for(n, total);
+        if n_threads < 2 {
             f(0..n, out);
             return;
-        };
+        }
         // Cut where the running cost passes k/n_threads of the total.
         let mut runs = Vec::with_capacity(n_threads);
         let (mut rest, mut taken, mut start, mut acc) = (out, 0, 0, 0usize);
@@ -168,13 +155,42 @@ impl Parallel {
                 start = i + 1;
             }
         }
-        let runs = Mutex::new(runs.into_iter());
+        self.run_parts(n_threads, runs.into_iter(), f);
+    }
+
+    /// Threads worth using for `n` items of `work` multiply-adds in all (1: run on the caller).
+    fn threads_for(&self, n: usize, work: usize) -> usize {
+        let by_work = (work / MIN_WORK_PER_THREAD).max(1);
+        let n_threads = self.n_threads.min(by_work).min(n.max(1));
+        if self.pool.is_some() {
+            n_threads
+        } else {
+            1
+        }
+    }
+
+    /// Run `f` on every part, the caller and `n_threads - 1` workers each taking the next part
+    /// until none is left (a late-starting worker never holds the others up).
+    fn run_parts<'a, T: Send + 'a, F>(
+        &self,
+        n_threads: usize,
+        parts: impl Iterator<Item = (Range<usize>, &'a mut [T])> + Send,
+        f: F,
+    ) where
+        F: Fn(Range<usize>, &mut [T]) + Sync,
+    {
+        let parts = Mutex::new(parts);
         let job = || loop {
-            let next = runs.lock().unwrap_or_else(|p| p.into_inner()).next();
+            let next = parts.lock().unwrap_or_else(|p| p.into_inner()).next();
             let Some((range, chunk)) = next else { break };
             f(range, chunk);
         };
-        if !pool.run(n_threads - 1, &job) {
+        let ran = self
+            .pool
+            .as_ref()
+            .is_some_and(|pool| pool.run(n_threads - 1, &job));
+        if !ran {
+            // No pool, or it is busy (nested or concurrent use): do it all here.
             job();
         }
     }

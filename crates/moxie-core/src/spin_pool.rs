@@ -154,15 +154,9 @@ struct Finish<'a> {
 
 impl Drop for Finish<'_> {
     fn drop(&mut self) {
-        let start = Instant::now();
-        let mut polls = 0u32;
+        let mut backoff = Backoff::new();
         while self.s.done.load(Ordering::Acquire) < self.n_workers {
-            polls = polls.wrapping_add(1);
-            if polls.is_multiple_of(64) && start.elapsed() > SPIN_PAUSE {
-                std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
-            }
+            backoff.wait(None);
         }
         self.s.slot.lock().unwrap_or_else(|p| p.into_inner()).job = None;
     }
@@ -209,23 +203,9 @@ fn worker_loop(s: &Shared, index: usize) {
 
 /// Spin, then yield, then park until the epoch moves past `seen`.
 fn wait_for_new_epoch(s: &Shared, index: usize, seen: u64) {
-    let start = Instant::now();
-    let mut polls = 0u32;
-    loop {
-        if s.epoch.load(Ordering::Acquire) != seen {
-            return;
-        }
-        polls = polls.wrapping_add(1);
-        if !polls.is_multiple_of(64) {
-            std::hint::spin_loop();
-            continue;
-        }
-        let idle = start.elapsed();
-        if idle < SPIN_PAUSE {
-            std::hint::spin_loop();
-        } else if idle < SPIN_YIELD {
-            std::thread::yield_now();
-        } else {
+    let mut backoff = Backoff::new();
+    while s.epoch.load(Ordering::Acquire) == seen {
+        if backoff.wait(Some(SPIN_YIELD)) {
             // Announce the sleep, then look once more: a dispatcher that bumped the epoch
             // before seeing the flag is caught here, one that sees it will unpark us.
             s.sleeping[index].store(true, Ordering::SeqCst);
@@ -234,6 +214,41 @@ fn wait_for_new_epoch(s: &Shared, index: usize, seen: u64) {
             }
             s.sleeping[index].store(false, Ordering::SeqCst);
         }
+    }
+}
+
+/// How a thread waits for another: `pause` for [`SPIN_PAUSE`], then yield the core between
+/// polls. The clock is read every 64 polls only.
+struct Backoff {
+    start: Instant,
+    polls: u32,
+}
+
+impl Backoff {
+    fn new() -> Backoff {
+        Backoff {
+            start: Instant::now(),
+            polls: 0,
+        }
+    }
+
+    /// One poll's wait. Returns `true` (without waiting) once the wait has lasted
+    /// `sleep_after`: time for the caller to sleep instead.
+    fn wait(&mut self, sleep_after: Option<Duration>) -> bool {
+        self.polls = self.polls.wrapping_add(1);
+        if !self.polls.is_multiple_of(64) {
+            std::hint::spin_loop();
+            return false;
+        }
+        let idle = self.start.elapsed();
+        if idle < SPIN_PAUSE {
+            std::hint::spin_loop();
+        } else if sleep_after.is_none_or(|d| idle < d) {
+            std::thread::yield_now();
+        } else {
+            return true;
+        }
+        false
     }
 }
 
