@@ -528,19 +528,12 @@ impl QuantizedActs {
         let row_bytes = ty
             .row_bytes(n as u64)
             .expect("activation row length fits the block size") as usize;
-        let n_rows = x.len() / n;
-        let mut data = vec![0u8; row_bytes * n_rows];
+        let mut data = vec![0u8; row_bytes * (x.len() / n)];
         let q = moxie_quant::quantize_fn(ty).expect("activation types can always be quantized");
         for (src, dst) in x.chunks_exact(n).zip(data.chunks_exact_mut(row_bytes)) {
             q(src, dst);
         }
-        QuantizedActs {
-            ty,
-            n,
-            row_bytes,
-            data,
-            gemm: OnceLock::new(),
-        }
+        QuantizedActs::from_bytes(ty, n, data)
     }
 
     /// Rows already converted to `ty` (`n` elements each), back to back in `data`.
@@ -567,13 +560,7 @@ impl QuantizedActs {
         for &r in rows {
             data.extend_from_slice(self.row(r));
         }
-        QuantizedActs {
-            ty: self.ty,
-            n: self.n,
-            row_bytes: self.row_bytes,
-            data,
-            gemm: OnceLock::new(),
-        }
+        QuantizedActs::from_bytes(self.ty, self.n, data)
     }
 
     /// These rows as the int8 GEMM's input (prepared once). Only for Q8_K / Q8_0 rows, the
