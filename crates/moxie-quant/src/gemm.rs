@@ -267,14 +267,17 @@ impl WeightTile {
     fn fill(&mut self, ty: GgmlType, l: Layout, n_in: usize, rows: &[u8], row_bytes: usize) {
         let n_sub = n_in / l.sub;
         let n_rows = rows.len() / row_bytes;
-        // Q4_K's and Q6_K's quants go from the rows straight into the interleaved tile. The
-        // rows are copied first: one sequential read streams from memory, while gathers
-        // across 16 cold rows wait on 16 cache misses each.
-        let direct = matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) && {
-            let raw = &mut self.rows[..rows.len()];
-            raw.copy_from_slice(rows);
-            platform::unpack_tile(ty, raw, n_rows, row_bytes, n_in, &mut self.q)
-        };
+        // Q4_K's and Q6_K's quants go from the rows straight into the interleaved tile
+        // (`self.rows` is the scratch for the copy of the rows it gathers from).
+        let direct = platform::unpack_tile(
+            ty,
+            rows,
+            n_rows,
+            row_bytes,
+            n_in,
+            &mut self.rows,
+            &mut self.q,
+        );
         for (m, row) in self.rows.chunks_exact_mut(n_in).enumerate() {
             if m < n_rows {
                 let src = &rows[m * row_bytes..(m + 1) * row_bytes];
@@ -392,13 +395,16 @@ mod platform {
     /// Q4_K or Q6_K rows (`n_rows <= 16` of `row_bytes`, `n_in` elements each) unpacked into
     /// the interleaved tile layout of [`super::interleave_quads_scalar`] in one pass, from
     /// 4-byte gathers of the 16 rows. Missing rows are zero. Returns `false` (tile untouched)
-    /// for other types or without AVX-512.
+    /// for other types or without AVX-512. The rows are copied into `scratch` first and
+    /// gathered from there: one sequential read streams from memory, while gathers across 16
+    /// cold rows wait on 16 cache misses each.
     pub(super) fn unpack_tile(
         ty: crate::GgmlType,
-        rows: &[u8],
+        rows_in: &[u8],
         n_rows: usize,
         row_bytes: usize,
         n_in: usize,
+        scratch: &mut [u8],
         q: &mut [u8],
     ) -> bool {
         let block = match ty {
@@ -409,10 +415,13 @@ mod platform {
         if !super::gemm_available() {
             return false;
         }
-        assert!(n_rows <= GEMM_TILE_ROWS && rows.len() == n_rows * row_bytes);
+        assert!(n_rows <= GEMM_TILE_ROWS && rows_in.len() == n_rows * row_bytes);
+        assert!(scratch.len() >= rows_in.len());
         assert!(n_in.is_multiple_of(256) && row_bytes == n_in / 256 * block);
         assert!(q.len() == GEMM_TILE_ROWS * n_in);
         assert!(row_bytes <= i32::MAX as usize / GEMM_TILE_ROWS);
+        let rows = &mut scratch[..rows_in.len()];
+        rows.copy_from_slice(rows_in);
         // SAFETY: AVX-512F is present (gemm_available) and the sizes were asserted above.
         unsafe {
             if block == 144 {
@@ -654,6 +663,7 @@ mod platform {
         _n_rows: usize,
         _row_bytes: usize,
         _n_in: usize,
+        _scratch: &mut [u8],
         _q: &mut [u8],
     ) -> bool {
         false
