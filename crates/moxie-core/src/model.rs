@@ -12,7 +12,7 @@ use crate::config::{Arch, Config, Gating};
 use crate::kv_cache::{KvCache, LayerKvShape};
 use crate::ops::{self, f16_round};
 use crate::parallel::{Numerics, Parallel};
-use crate::tensor::{gemv_many, QuantizedActs, Tensor};
+use crate::tensor::{ChunkedLayout, QuantizedActs, Tensor};
 use crate::{Error, Result};
 
 /// Grouped-query attention with optional q/k/v biases and per-head q/k RMS norms
@@ -409,43 +409,7 @@ impl Model {
         // Absorbed queries [latent (rank) | rope (n_rot)] per head.
         let qw = rank + n_rot;
         let mut qfull = vec![0f32; n * n_head * qw];
-        let mut q_nope = vec![0f32; n * nope];
-        let mut absorbed = vec![0f32; n * rank];
-        if n == 1 {
-            // One token: every head's product in one parallel region.
-            let heads = (0..n_head)
-                .map(|hh| a.wk_b.slice(hh))
-                .collect::<Result<Vec<_>>>()?;
-            let q_nope: Vec<f32> = q
-                .chunks_exact(dk)
-                .flat_map(|r| &r[..nope])
-                .copied()
-                .collect();
-            let acts = QuantizedActs::new(heads[0].act_type(), nope, &q_nope);
-            let products: Vec<_> = heads
-                .iter()
-                .enumerate()
-                .map(|(hh, w)| (*w, acts.row(hh)))
-                .collect();
-            let mut all = vec![0f32; n_head * rank];
-            gemv_many(par, &products, &mut all);
-            for (dst, src) in qfull.chunks_exact_mut(qw).zip(all.chunks_exact(rank)) {
-                dst[..rank].copy_from_slice(src);
-            }
-        }
-        for hh in (0..n_head).filter(|_| n > 1) {
-            for t in 0..n {
-                let src = &q[(t * n_head + hh) * dk..][..nope];
-                q_nope[t * nope..(t + 1) * nope].copy_from_slice(src);
-            }
-            a.wk_b
-                .slice(hh)?
-                .matmul_permuted_input(par, &q_nope, &mut absorbed);
-            for t in 0..n {
-                qfull[(t * n_head + hh) * qw..][..rank]
-                    .copy_from_slice(&absorbed[t * rank..(t + 1) * rank]);
-            }
-        }
+        per_head_products(par, &a.wk_b, &q, dk, true, &mut qfull, qw)?;
         for (t, rc) in rope.iter().enumerate() {
             for hh in 0..n_head {
                 let src = &mut q[(t * n_head + hh) * dk..][..dk];
@@ -479,34 +443,61 @@ impl Model {
         );
         // Per head: expand the attended latent with attn_v_b.
         let mut heads = vec![0f32; n * n_head * dv];
-        let mut lat = vec![0f32; n * rank];
-        let mut vh = vec![0f32; n * dv];
-        if n == 1 {
-            let heads_w = (0..n_head)
-                .map(|hh| a.wv_b.slice(hh))
-                .collect::<Result<Vec<_>>>()?;
-            let acts = QuantizedActs::new(heads_w[0].act_type(), rank, &latent_out);
-            let products: Vec<_> = heads_w
-                .iter()
-                .enumerate()
-                .map(|(hh, w)| (*w, acts.row(hh)))
-                .collect();
-            gemv_many(par, &products, &mut heads);
-        }
-        for hh in (0..n_head).filter(|_| n > 1) {
-            for t in 0..n {
-                lat[t * rank..(t + 1) * rank]
-                    .copy_from_slice(&latent_out[(t * n_head + hh) * rank..][..rank]);
-            }
-            a.wv_b.slice(hh)?.matmul(par, &lat, &mut vh);
-            for t in 0..n {
-                heads[(t * n_head + hh) * dv..][..dv].copy_from_slice(&vh[t * dv..(t + 1) * dv]);
-            }
-        }
+        per_head_products(par, &a.wv_b, &latent_out, rank, false, &mut heads, dv)?;
         let mut o = vec![0f32; n * c.n_embd];
         a.wo.matrix()?.matmul(par, &heads, &mut o);
         Ok(o)
     }
+}
+
+/// `W_h · x_h` for every head `h` of a 3-D weight (MLA's `attn_k_b`, `attn_v_b`: one matrix per
+/// head, `n_head` = its third dimension), all heads
+/// in one parallel region. Head `h` of token `t` reads the first `W_h.n_in` values at
+/// `x[(t * n_head + h) * x_stride..]` and writes `W_h.n_out` values at
+/// `out[(t * n_head + h) * out_stride..]`. Each head's product uses the kernel `mul_mat` of that
+/// head alone would (`permuted_input` as in [`crate::tensor::Mat::mul_mat_kernel`]).
+fn per_head_products(
+    par: &Parallel,
+    w: &Tensor,
+    x: &[f32],
+    x_stride: usize,
+    permuted_input: bool,
+    out: &mut [f32],
+    out_stride: usize,
+) -> Result<()> {
+    let n_head = w.ne[2];
+    let n = x.len() / (n_head * x_stride);
+    let mats = (0..n_head)
+        .map(|h| w.slice(h))
+        .collect::<Result<Vec<_>>>()?;
+    let (n_in, n_out) = (mats[0].n_in, mats[0].n_out);
+    let acts: Vec<QuantizedActs> = mats
+        .iter()
+        .enumerate()
+        .map(|(h, m)| {
+            let rows: Vec<f32> = (0..n)
+                .flat_map(|t| &x[(t * n_head + h) * x_stride..][..n_in])
+                .copied()
+                .collect();
+            QuantizedActs::new(m.act_type(), n_in, &rows)
+        })
+        .collect();
+    let kernels: Vec<_> = mats
+        .iter()
+        .map(|m| m.mul_mat_kernel(par, n, permuted_input))
+        .collect();
+    let layout = ChunkedLayout::new(n_out, vec![n; n_head]);
+    let mut results = vec![0f32; layout.len()];
+    layout.for_each_item(par, n_in, &mut results, |h, rows, o, [scratch, _]| {
+        mats[h].rows_times(kernels[h], &acts[h], rows, o, scratch);
+    });
+    for t in 0..n {
+        for h in 0..n_head {
+            let dst = &mut out[(t * n_head + h) * out_stride..][..n_out];
+            layout.gather(&results, h, t, dst);
+        }
+    }
+    Ok(())
 }
 
 /// Multiply with `w`, reusing `acts` when `w` consumes the same activation type.

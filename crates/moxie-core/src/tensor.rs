@@ -221,37 +221,27 @@ impl<'a> Mat<'a> {
     /// or more rows F32/F16/Q8_0/Q4_0/Q5_0/IQ4_NL weights through llamafile's tinyBLAS; both
     /// sum in an order that differs from `vec_dot`'s.
     pub fn matmul_q(&self, par: &Parallel, acts: &QuantizedActs, out: &mut [f32]) {
-        let batched = acts.n_rows() >= 2 && self.n_out.is_multiple_of(4);
         self.run(
             par,
             acts,
             out,
-            self.mul_mat_kernel(par, acts.n_rows(), batched),
+            self.mul_mat_kernel(par, acts.n_rows(), false),
         );
     }
 
-    /// `mul_mat` whose input ggml holds as a permuted (non-contiguous) view, e.g. MLA's
-    /// per-head `q_nope`: llamafile's batched kernel only sees it after conversion to the
-    /// dot-product type, which never happens for f32 weights, so those keep `vec_dot` order.
-    pub fn matmul_permuted_input(&self, par: &Parallel, x: &[f32], out: &mut [f32]) {
-        let acts = QuantizedActs::new(self.act_ty, self.n_in, x);
-        let batched =
-            self.ty != GgmlType::F32 && acts.n_rows() >= 2 && self.n_out.is_multiple_of(4);
-        self.run(
-            par,
-            &acts,
-            out,
-            self.mul_mat_kernel(par, acts.n_rows(), batched),
-        );
+    /// The kernel [`Mat::matmul_q`] uses for `n` activation rows. `permuted_input`: ggml holds
+    /// the input as a permuted (non-contiguous) view, e.g. MLA's per-head `q_nope`; llamafile's
+    /// batched kernel only sees it after conversion to the dot-product type, which never
+    /// happens for f32 weights, so those keep `vec_dot` order.
+    pub(crate) fn mul_mat_kernel(&self, par: &Parallel, n: usize, permuted_input: bool) -> Kernel {
+        let tinyblas =
+            n >= 2 && self.n_out.is_multiple_of(4) && !(permuted_input && self.ty == GgmlType::F32);
+        self.mul_mat_kernel_with(par, n, tinyblas)
     }
 
-    /// ggml `mul_mat_id` semantics (routed experts; `acts` holds the rows routed to this
-    /// expert): the tiled K-quant order when at least 8 rows are routed to it, else `vec_dot`'s.
-    pub fn matmul_q_id(&self, par: &Parallel, acts: &QuantizedActs, out: &mut [f32]) {
-        self.run(par, acts, out, self.id_kernel(par, acts.n_rows()));
-    }
-
-    /// The kernel [`Mat::matmul_q_id`] uses for `n` routed rows.
+    /// The kernel ggml's `mul_mat_id` uses for one expert with `n` routed rows (routed
+    /// experts): the tiled K-quant order when at least 8 rows are routed to it, else
+    /// `vec_dot`'s.
     pub(crate) fn id_kernel(&self, par: &Parallel, n: usize) -> Kernel {
         if let Some(k) = self.fast_kernel(par, n) {
             k
@@ -325,7 +315,7 @@ impl<'a> Mat<'a> {
     /// applies, else ggml's choice: the tiled K-quant path when it is eligible (checked first,
     /// as ggml does), else tinyBLAS when `tinyblas` allows it and the type has a port, else
     /// `vec_dot`.
-    fn mul_mat_kernel(&self, par: &Parallel, n_rows: usize, tinyblas: bool) -> Kernel {
+    fn mul_mat_kernel_with(&self, par: &Parallel, n_rows: usize, tinyblas: bool) -> Kernel {
         if let Some(k) = self.fast_kernel(par, n_rows) {
             return k;
         }
