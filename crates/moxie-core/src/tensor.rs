@@ -553,6 +553,14 @@ impl QuantizedActs {
         QuantizedActs::from_bytes(self.ty, self.n, data)
     }
 
+    /// Prepare what `kernel` will read (the int8 GEMM's input), so that the parallel region
+    /// using these activations does not build it on one thread while the others wait.
+    pub(crate) fn prepare_for(&self, kernel: Kernel) {
+        if matches!(kernel, Kernel::Int8Gemm) {
+            self.gemm_acts();
+        }
+    }
+
     /// These rows as the int8 GEMM's input (prepared once). Only for Q8_K / Q8_0 rows, the
     /// activation types of the weight types `gemm_supports`.
     fn gemm_acts(&self) -> &moxie_quant::GemmActs {
