@@ -159,16 +159,14 @@ impl GemmActs {
     }
 }
 
-/// One weight row decoded to unsigned bytes (`q + offset`) with per-sub-block scale and min.
-/// With `quants` false only the scales and mins are decoded (Q4_K and Q6_K: their quants
-/// then go straight into the tile, [`platform::unpack_tile`]).
+/// One weight row decoded to unsigned bytes (`q + offset`) with per-sub-block scale and min
+/// (the portable path; Q4_K and Q6_K tiles are usually built by [`platform::unpack_tile`]).
 fn decode_row(
     ty: GgmlType,
     row: &[u8],
     q: &mut [u8],
     scale: &mut [f32],
     min: &mut [f32],
-    quants: bool,
 ) {
     use GgmlType as T;
     match ty {
@@ -184,9 +182,7 @@ fn decode_row(
                 }
                 let out = &mut q[256 * b..256 * (b + 1)];
                 if ty == T::Q4_K {
-                    if quants {
-                        q4_k_quants(x, out);
-                    }
+                    q4_k_quants(x, out);
                 } else {
                     q5_k_quants(x, out);
                 }
@@ -199,9 +195,7 @@ fn decode_row(
                 for j in 0..16 {
                     scale[16 * b + j] = d * (x[192 + j] as i8) as f32;
                 }
-                if quants {
-                    q6_k_quants(x, &mut q[256 * b..256 * (b + 1)]);
-                }
+                q6_k_quants(x, &mut q[256 * b..256 * (b + 1)]);
             }
         }
         T::Q8_0 => {
@@ -226,6 +220,13 @@ fn decode_row(
         }
         _ => unreachable!("layout() admits only the types decoded here"),
     }
+}
+
+/// The parts of a [`WeightTile`] [`platform::unpack_tile`] writes.
+struct TileOut<'a> {
+    q: &'a mut [u8],
+    scale: &'a mut [f32],
+    min: &'a mut [f32],
 }
 
 /// 16 weight rows, decoded and interleaved for `vpdpbusd`.
@@ -267,28 +268,27 @@ impl WeightTile {
     fn fill(&mut self, ty: GgmlType, l: Layout, n_in: usize, rows: &[u8], row_bytes: usize) {
         let n_sub = n_in / l.sub;
         let n_rows = rows.len() / row_bytes;
-        // Q4_K's and Q6_K's quants go from the rows straight into the interleaved tile
-        // (`self.rows` is the scratch for the copy of the rows it gathers from).
-        let direct = platform::unpack_tile(
+        // Q4_K and Q6_K go from the rows straight into the tile (quants, scales and mins);
+        // `self.rows` is the scratch for the copy of the rows they gather from.
+        if platform::unpack_tile(
             ty,
             rows,
             n_rows,
             row_bytes,
             n_in,
             &mut self.rows,
-            &mut self.q,
-        );
+            TileOut {
+                q: &mut self.q,
+                scale: &mut self.scale,
+                min: &mut self.min,
+            },
+        ) {
+            return;
+        }
         for (m, row) in self.rows.chunks_exact_mut(n_in).enumerate() {
             if m < n_rows {
                 let src = &rows[m * row_bytes..(m + 1) * row_bytes];
-                decode_row(
-                    ty,
-                    src,
-                    row,
-                    &mut self.row_scale,
-                    &mut self.row_min,
-                    !direct,
-                );
+                decode_row(ty, src, row, &mut self.row_scale, &mut self.row_min);
             } else {
                 row.fill(0);
                 self.row_scale.fill(0.0);
@@ -301,9 +301,7 @@ impl WeightTile {
                 }
             }
         }
-        if !direct {
-            platform::interleave_quads(&self.rows, n_in, &mut self.q);
-        }
+        platform::interleave_quads(&self.rows, n_in, &mut self.q);
     }
 }
 
@@ -393,11 +391,12 @@ mod platform {
     }
 
     /// Q4_K or Q6_K rows (`n_rows <= 16` of `row_bytes`, `n_in` elements each) unpacked into
-    /// the interleaved tile layout of [`super::interleave_quads_scalar`] in one pass, from
-    /// 4-byte gathers of the 16 rows. Missing rows are zero. Returns `false` (tile untouched)
-    /// for other types or without AVX-512. The rows are copied into `scratch` first and
-    /// gathered from there: one sequential read streams from memory, while gathers across 16
-    /// cold rows wait on 16 cache misses each.
+    /// the tile in one pass, from 4-byte gathers of the 16 rows: the quants in the interleaved
+    /// layout of [`super::interleave_quads_scalar`], the scales and mins as `[sub-block][row]`
+    /// floats (what `decode_row` gives, transposed). Missing rows are zero. Returns `false`
+    /// (tile untouched) for other types or without AVX-512. The rows are copied into `scratch`
+    /// first and gathered from there: one sequential read streams from memory, while gathers
+    /// across 16 cold rows wait on 16 cache misses each.
     pub(super) fn unpack_tile(
         ty: crate::GgmlType,
         rows_in: &[u8],
@@ -405,7 +404,7 @@ mod platform {
         row_bytes: usize,
         n_in: usize,
         scratch: &mut [u8],
-        q: &mut [u8],
+        out: super::TileOut,
     ) -> bool {
         let block = match ty {
             crate::GgmlType::Q4_K => 144,
@@ -418,19 +417,50 @@ mod platform {
         assert!(n_rows <= GEMM_TILE_ROWS && rows_in.len() == n_rows * row_bytes);
         assert!(scratch.len() >= rows_in.len());
         assert!(n_in.is_multiple_of(256) && row_bytes == n_in / 256 * block);
-        assert!(q.len() == GEMM_TILE_ROWS * n_in);
+        assert!(out.q.len() == GEMM_TILE_ROWS * n_in);
+        // Sub-blocks of 32 (Q4_K, with mins) or 16 (Q6_K) values.
+        let n_sub = if block == 144 { n_in / 32 } else { n_in / 16 };
+        assert!(out.scale.len() == n_sub * GEMM_TILE_ROWS);
+        assert!(block == 210 || out.min.len() == n_sub * GEMM_TILE_ROWS);
         assert!(row_bytes <= i32::MAX as usize / GEMM_TILE_ROWS);
         let rows = &mut scratch[..rows_in.len()];
         rows.copy_from_slice(rows_in);
         // SAFETY: AVX-512F is present (gemm_available) and the sizes were asserted above.
         unsafe {
             if block == 144 {
-                unpack_q4_k_avx512(rows, n_rows, row_bytes, n_in, q)
+                unpack_q4_k_avx512(rows, n_rows, row_bytes, n_in, out)
             } else {
-                unpack_q6_k_avx512(rows, n_rows, row_bytes, n_in, q)
+                unpack_q6_k_avx512(rows, n_rows, row_bytes, n_in, out)
             }
         };
         true
+    }
+
+    /// Byte `i` of every 32-bit lane, zero-extended.
+    #[target_feature(enable = "avx512f")]
+    fn lane_byte(v: __m512i, i: u32) -> __m512i {
+        _mm512_and_si512(
+            _mm512_srlv_epi32(v, _mm512_set1_epi32(8 * i as i32)),
+            _mm512_set1_epi32(0xFF),
+        )
+    }
+
+    /// The f16 in the low (`shift` 0) or high (`shift` 16) half of every lane, as f32.
+    #[target_feature(enable = "avx512f")]
+    fn lane_f16(v: __m512i, shift: u32) -> __m512 {
+        let halves = _mm512_srlv_epi32(v, _mm512_set1_epi32(shift as i32));
+        _mm512_cvtph_ps(_mm512_cvtepi32_epi16(halves))
+    }
+
+    /// `out[16s..16s+16] = v` (sub-block `s`, one float per row).
+    ///
+    /// # Safety
+    /// AVX-512F; `16 * s + 16 <= out.len()`.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn store_sub(out: &mut [f32], s: usize, v: __m512) {
+        debug_assert!(16 * s + 16 <= out.len());
+        // SAFETY: per the function's contract.
+        unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(16 * s), v) }
     }
 
     /// Lane `m` gathers 4 bytes at `at` of row `m` (rows past `n_rows` read nothing, give 0).
@@ -483,11 +513,38 @@ mod platform {
         n_rows: usize,
         row_bytes: usize,
         n_in: usize,
-        q: &mut [u8],
+        out: super::TileOut,
     ) {
         let (live, offsets) = tile_lanes(n_rows, row_bytes);
+        let q = out.q;
         let m4 = _mm512_set1_epi32(0x0F0F_0F0F);
+        let m6 = _mm512_set1_epi32(63);
+        let low4 = _mm512_set1_epi32(0xF);
         for b in 0..n_in / 256 {
+            // SAFETY: bytes b*144 .. b*144 + 16 (d, dmin and the 12 scale bytes) of live rows;
+            // sub-blocks 8b..8b+8 are below n_in / 32.
+            unsafe {
+                let head = gather_rows(rows, live, offsets, b * 144);
+                let (d, dmin) = (lane_f16(head, 0), lane_f16(head, 16));
+                let s0 = gather_rows(rows, live, offsets, b * 144 + 4);
+                let s1 = gather_rows(rows, live, offsets, b * 144 + 8);
+                let s2 = gather_rows(rows, live, offsets, b * 144 + 12);
+                // get_scale_min_k4 for sub-blocks j and 4 + j, 16 rows at once.
+                for j in 0..4u32 {
+                    let (a, m, c) = (lane_byte(s0, j), lane_byte(s1, j), lane_byte(s2, j));
+                    let sc_lo = _mm512_and_si512(a, m6);
+                    let mn_lo = _mm512_and_si512(m, m6);
+                    let hi2 = |v: __m512i| _mm512_slli_epi32::<4>(_mm512_srli_epi32::<6>(v));
+                    let sc_hi = _mm512_or_si512(_mm512_and_si512(c, low4), hi2(a));
+                    let mn_hi = _mm512_or_si512(_mm512_srli_epi32::<4>(c), hi2(m));
+                    let sb = 8 * b + j as usize;
+                    let f = _mm512_cvtepi32_ps;
+                    store_sub(out.scale, sb, _mm512_mul_ps(d, f(sc_lo)));
+                    store_sub(out.min, sb, _mm512_mul_ps(dmin, f(mn_lo)));
+                    store_sub(out.scale, sb + 4, _mm512_mul_ps(d, f(sc_hi)));
+                    store_sub(out.min, sb + 4, _mm512_mul_ps(dmin, f(mn_hi)));
+                }
+            }
             for j in 0..4 {
                 for i in 0..8 {
                     let g = 64 * b + 16 * j + i;
@@ -511,12 +568,31 @@ mod platform {
         n_rows: usize,
         row_bytes: usize,
         n_in: usize,
-        q: &mut [u8],
+        out: super::TileOut,
     ) {
         let (live, offsets) = tile_lanes(n_rows, row_bytes);
+        let q = out.q;
         let m4 = _mm512_set1_epi32(0x0F0F_0F0F);
         let m_hi = _mm512_set1_epi32(0x3030_3030);
         for b in 0..n_in / 256 {
+            // SAFETY: bytes b*210 + 192 .. b*210 + 210 (16 i8 scales, then d) of live rows;
+            // sub-blocks 16b..16b+16 are below n_in / 16.
+            unsafe {
+                // d is the high half of the 4 bytes ending the block.
+                let d = lane_f16(gather_rows(rows, live, offsets, b * 210 + 206), 16);
+                for k in 0..4u32 {
+                    let v = gather_rows(rows, live, offsets, b * 210 + 192 + 4 * k as usize);
+                    for i in 0..4u32 {
+                        // Byte i of the lane, sign-extended.
+                        let sc = _mm512_srai_epi32::<24>(_mm512_sllv_epi32(
+                            v,
+                            _mm512_set1_epi32(24 - 8 * i as i32),
+                        ));
+                        let sb = 16 * b + (4 * k + i) as usize;
+                        store_sub(out.scale, sb, _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc)));
+                    }
+                }
+            }
             for half in 0..2 {
                 let ql = b * 210 + 64 * half;
                 let qh = b * 210 + 128 + 32 * half;
@@ -664,7 +740,7 @@ mod platform {
         _row_bytes: usize,
         _n_in: usize,
         _scratch: &mut [u8],
-        _q: &mut [u8],
+        _out: super::TileOut,
     ) -> bool {
         false
     }
