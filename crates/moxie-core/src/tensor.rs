@@ -291,8 +291,17 @@ impl<'a> Mat<'a> {
                 debug_assert!(rows.start.is_multiple_of(T) && len <= T);
                 scratch.resize(n_tok * T, 0.0);
                 let data = &self.data[rows.start * self.row_bytes..rows.end * self.row_bytes];
-                let done =
-                    moxie_quant::gemm_q8(self.ty, self.n_in, data, acts.gemm_acts(), scratch);
+                // The next chunk of this matrix is usually what this thread computes next.
+                let next_end = (rows.end + T).min(self.n_out);
+                let next = &self.data[rows.end * self.row_bytes..next_end * self.row_bytes];
+                let done = moxie_quant::gemm_q8_prefetching(
+                    self.ty,
+                    self.n_in,
+                    data,
+                    acts.gemm_acts(),
+                    scratch,
+                    next,
+                );
                 debug_assert!(done, "fast_kernel checked the int8 GEMM applies");
                 for (orow, vals) in out.chunks_exact_mut(len).zip(scratch.chunks_exact(T)) {
                     orow.copy_from_slice(&vals[..len]);

@@ -161,13 +161,7 @@ impl GemmActs {
 
 /// One weight row decoded to unsigned bytes (`q + offset`) with per-sub-block scale and min
 /// (the portable path; Q4_K and Q6_K tiles are usually built by [`platform::unpack_tile`]).
-fn decode_row(
-    ty: GgmlType,
-    row: &[u8],
-    q: &mut [u8],
-    scale: &mut [f32],
-    min: &mut [f32],
-) {
+fn decode_row(ty: GgmlType, row: &[u8], q: &mut [u8], scale: &mut [f32], min: &mut [f32]) {
     use GgmlType as T;
     match ty {
         T::Q4_K | T::Q5_K => {
@@ -321,6 +315,20 @@ fn interleave_quads_scalar(rows: &[u8], n_in: usize, q: &mut [u8]) {
 /// the path is unavailable or the inputs do not fit ([`gemm_supports`], [`GemmActs::new`] for
 /// the weight type's activation type).
 pub fn gemm_q8(ty: GgmlType, n_in: usize, rows: &[u8], acts: &GemmActs, out: &mut [f32]) -> bool {
+    gemm_q8_prefetching(ty, n_in, rows, acts, out, &[])
+}
+
+/// [`gemm_q8`], also prefetching `next` (the weight bytes the caller reads next, e.g. the
+/// following rows of the same matrix) while the last tile computes: the copy that starts a
+/// tile otherwise waits on memory for every tile.
+pub fn gemm_q8_prefetching(
+    ty: GgmlType,
+    n_in: usize,
+    rows: &[u8],
+    acts: &GemmActs,
+    out: &mut [f32],
+    next: &[u8],
+) -> bool {
     let Some(l) = layout(ty) else { return false };
     let Some(row_bytes) = ty.row_bytes(n_in as u64).map(|b| b as usize) else {
         return false;
@@ -345,12 +353,15 @@ pub fn gemm_q8(ty: GgmlType, n_in: usize, rows: &[u8], acts: &GemmActs, out: &mu
             _ => slot.insert(WeightTile::new(l, n_in)),
         };
         let per_tile = acts.n_tok * GEMM_TILE_ROWS;
-        for (w, o) in rows
-            .chunks(GEMM_TILE_ROWS * row_bytes)
+        let tile_bytes = GEMM_TILE_ROWS * row_bytes;
+        for (i, (w, o)) in rows
+            .chunks(tile_bytes)
             .zip(out.chunks_exact_mut(per_tile))
+            .enumerate()
         {
+            let ahead = rows.get((i + 1) * tile_bytes..).filter(|r| !r.is_empty());
             tile.fill(ty, l, n_in, w, row_bytes);
-            platform::tile_times_tokens(l, n_in, tile, acts, o);
+            platform::tile_times_tokens(l, n_in, tile, acts, o, ahead.unwrap_or(next));
         }
     });
     true
@@ -629,9 +640,19 @@ mod platform {
         w: &WeightTile,
         acts: &GemmActs,
         out: &mut [f32],
+        next: &[u8],
     ) {
+        // `next`'s cache lines, spread over the passes of (up to) 8 tokens.
+        let lines = next.len().div_ceil(64);
+        let per_pass = lines.div_ceil(acts.n_tok.div_ceil(8).max(1));
+        let mut line = 0;
         let mut t = 0;
         while t < acts.n_tok {
+            for l in line..(line + per_pass).min(lines) {
+                // SAFETY: a prefetch never faults; the address is inside `next`.
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(next.as_ptr().add(64 * l).cast()) };
+            }
+            line += per_pass;
             let left = acts.n_tok - t;
             let o = &mut out[t * GEMM_TILE_ROWS..];
             // SAFETY: `gemm_available()` (checked by the caller) means AVX-512 F/BW/VNNI.
@@ -751,6 +772,7 @@ mod platform {
         _w: &WeightTile,
         _acts: &GemmActs,
         _out: &mut [f32],
+        _next: &[u8],
     ) {
         unreachable!("gemm_available() is false off x86_64")
     }
