@@ -287,12 +287,13 @@ impl<'a> Mat<'a> {
                 }
             }
             Kernel::Int8Gemm => {
-                const T: usize = CHUNK_ROWS;
-                debug_assert!(rows.start.is_multiple_of(T) && len <= T);
-                scratch.resize(n_tok * T, 0.0);
+                const TILE: usize = moxie_quant::GEMM_TILE_ROWS;
+                debug_assert!(rows.start.is_multiple_of(CHUNK_ROWS) && len <= CHUNK_ROWS);
+                let n_tiles = len.div_ceil(TILE);
+                scratch.resize(n_tiles * n_tok * TILE, 0.0);
                 let data = &self.data[rows.start * self.row_bytes..rows.end * self.row_bytes];
                 // The next chunk of this matrix is usually what this thread computes next.
-                let next_end = (rows.end + T).min(self.n_out);
+                let next_end = (rows.end + CHUNK_ROWS).min(self.n_out);
                 let next = &self.data[rows.end * self.row_bytes..next_end * self.row_bytes];
                 let done = moxie_quant::gemm_q8_prefetching(
                     self.ty,
@@ -303,15 +304,17 @@ impl<'a> Mat<'a> {
                     next,
                 );
                 debug_assert!(done, "fast_kernel checked the int8 GEMM applies");
-                for (orow, vals) in out.chunks_exact_mut(len).zip(scratch.chunks_exact(T)) {
-                    orow.copy_from_slice(&vals[..len]);
+                // [tile][token][16] -> [token][row].
+                for (tile, vals) in scratch.chunks_exact(n_tok * TILE).enumerate() {
+                    let (r0, width) = (tile * TILE, TILE.min(len - tile * TILE));
+                    for (orow, v) in out.chunks_exact_mut(len).zip(vals.chunks_exact(TILE)) {
+                        orow[r0..r0 + width].copy_from_slice(&v[..width]);
+                    }
                 }
             }
         }
     }
 
-    /// The int8 GEMM for batches of at least [`GEMM_MIN_TOKENS`] under [`Numerics::Fast`],
-    /// where the CPU and the weight type allow it.
     fn fast_kernel(&self, par: &Parallel, n_tok: usize) -> Option<Kernel> {
         (par.numerics() == Numerics::Fast
             && n_tok >= GEMM_MIN_TOKENS
@@ -414,8 +417,9 @@ pub(crate) enum Kernel {
     Int8Gemm,
 }
 
-/// Output rows per work item where products are split in chunks (one int8 GEMM tile).
-pub(crate) const CHUNK_ROWS: usize = moxie_quant::GEMM_TILE_ROWS;
+/// Output rows per work item where products are split in chunks: two int8 GEMM tiles, which
+/// its kernel runs together (each activation load feeds both).
+pub(crate) const CHUNK_ROWS: usize = 2 * moxie_quant::GEMM_TILE_ROWS;
 
 /// Where the results of several matrices' products (an expert's, or one matrix's with `a` = 0)
 /// live in a buffer of (matrix, chunk of rows) items: matrix `a` owns

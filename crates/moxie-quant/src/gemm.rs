@@ -343,25 +343,36 @@ pub fn gemm_q8_prefetching(
     {
         return false;
     }
-    // The tile buffers are kept per thread: MoE calls this once per (expert, 16 rows).
+    // The tile buffers are kept per thread: MoE calls this once per (expert, chunk of rows).
+    // Two tiles: the kernel runs 32 rows at a time where there are that many, so that each
+    // activation load feeds two weight vectors.
     thread_local! {
-        static TILE: std::cell::RefCell<Option<WeightTile>> = const { std::cell::RefCell::new(None) };
+        static TILES: std::cell::RefCell<Option<[WeightTile; 2]>> =
+            const { std::cell::RefCell::new(None) };
     }
-    TILE.with_borrow_mut(|slot| {
-        let tile = match slot {
-            Some(t) if t.fits(l, n_in) => t,
-            _ => slot.insert(WeightTile::new(l, n_in)),
+    TILES.with_borrow_mut(|slot| {
+        let [a, b] = match slot {
+            Some(t) if t[0].fits(l, n_in) => t,
+            _ => slot.insert([WeightTile::new(l, n_in), WeightTile::new(l, n_in)]),
         };
         let per_tile = acts.n_tok * GEMM_TILE_ROWS;
-        let tile_bytes = GEMM_TILE_ROWS * row_bytes;
+        let pair_bytes = 2 * GEMM_TILE_ROWS * row_bytes;
         for (i, (w, o)) in rows
-            .chunks(tile_bytes)
-            .zip(out.chunks_exact_mut(per_tile))
+            .chunks(pair_bytes)
+            .zip(out.chunks_mut(2 * per_tile))
             .enumerate()
         {
-            let ahead = rows.get((i + 1) * tile_bytes..).filter(|r| !r.is_empty());
-            tile.fill(ty, l, n_in, w, row_bytes);
-            platform::tile_times_tokens(l, n_in, tile, acts, o, ahead.unwrap_or(next));
+            let ahead = rows.get((i + 1) * pair_bytes..).filter(|r| !r.is_empty());
+            let next = ahead.unwrap_or(next);
+            let (wa, wb) = w.split_at(w.len().min(GEMM_TILE_ROWS * row_bytes));
+            a.fill(ty, l, n_in, wa, row_bytes);
+            if wb.is_empty() {
+                platform::tiles_times_tokens(l, n_in, [&*a], acts, [o], next);
+            } else {
+                b.fill(ty, l, n_in, wb, row_bytes);
+                let (oa, ob) = o.split_at_mut(per_tile);
+                platform::tiles_times_tokens(l, n_in, [&*a, &*b], acts, [oa, ob], next);
+            }
         }
     });
     true
@@ -634,17 +645,21 @@ mod platform {
         }
     }
 
-    pub(super) fn tile_times_tokens(
+    /// `R` tiles (1 or 2) times every token of `acts`: `out[r]` receives tile `r`'s `n_tok`
+    /// runs of 16 results. Prefetches `next` along the way.
+    pub(super) fn tiles_times_tokens<const R: usize>(
         l: Layout,
         n_in: usize,
-        w: &WeightTile,
+        w: [&WeightTile; R],
         acts: &GemmActs,
-        out: &mut [f32],
+        mut out: [&mut [f32]; R],
         next: &[u8],
     ) {
-        // `next`'s cache lines, spread over the passes of (up to) 8 tokens.
+        // Passes of up to 8 (one tile) or 4 (two tiles) tokens: every accumulator in registers.
+        let full = 8 / R;
+        // `next`'s cache lines, spread over the passes.
         let lines = next.len().div_ceil(64);
-        let per_pass = lines.div_ceil(acts.n_tok.div_ceil(8).max(1));
+        let per_pass = lines.div_ceil(acts.n_tok.div_ceil(full).max(1));
         let mut line = 0;
         let mut t = 0;
         while t < acts.n_tok {
@@ -654,31 +669,35 @@ mod platform {
             }
             line += per_pass;
             let left = acts.n_tok - t;
-            let o = &mut out[t * GEMM_TILE_ROWS..];
+            let o = out.each_mut().map(|o| &mut o[t * GEMM_TILE_ROWS..]);
             // SAFETY: `gemm_available()` (checked by the caller) means AVX-512 F/BW/VNNI.
             unsafe {
-                t += match left {
-                    8.. => tokens::<8>(l, n_in, w, acts, t, o),
-                    4.. => tokens::<4>(l, n_in, w, acts, t, o),
-                    2.. => tokens::<2>(l, n_in, w, acts, t, o),
-                    _ => tokens::<1>(l, n_in, w, acts, t, o),
+                t += if R == 1 && left >= 8 {
+                    tokens::<R, 8>(l, n_in, w, acts, t, o)
+                } else if left >= 4 {
+                    tokens::<R, 4>(l, n_in, w, acts, t, o)
+                } else if left >= 2 {
+                    tokens::<R, 2>(l, n_in, w, acts, t, o)
+                } else {
+                    tokens::<R, 1>(l, n_in, w, acts, t, o)
                 };
             }
         }
     }
 
-    /// Tokens `t0..t0+N` against the 16 rows of `w`; writes `N` runs of 16 results.
+    /// Tokens `t0..t0+N` against the 16 rows of each of the `R` tiles `w`; writes `N` runs of
+    /// 16 results into each `out[r]`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    unsafe fn tokens<const N: usize>(
+    unsafe fn tokens<const R: usize, const N: usize>(
         l: Layout,
         n_in: usize,
-        w: &WeightTile,
+        w: [&WeightTile; R],
         acts: &GemmActs,
         t0: usize,
-        out: &mut [f32],
+        out: [&mut [f32]; R],
     ) -> usize {
         let s = l.sub;
-        let mut facc = [_mm512_setzero_ps(); N];
+        let mut facc = [[_mm512_setzero_ps(); N]; R];
         let x = &acts.q[t0 * n_in..(t0 + N) * n_in];
         // Per-token scalars of tokens t0..t0+N.
         let act_block = if l.act == crate::GgmlType::Q8_K {
@@ -695,52 +714,68 @@ mod platform {
         // scales first and multiplied by the activation scale once.
         let per_dx = act_block / s;
         for blk in 0..n_blocks {
-            let mut fblk = [_mm512_setzero_ps(); N];
+            let mut fblk = [[_mm512_setzero_ps(); N]; R];
             for sb in blk * per_dx..(blk + 1) * per_dx {
-                let mut iacc = [_mm512_setzero_si512(); N];
+                let mut iacc = [[_mm512_setzero_si512(); N]; R];
                 if l.offset != 0 {
                     // Undo the unsigned weight offset: -offset * sum(x).
                     for j in 0..N {
                         // SAFETY: j < N and sb < n_sub index inside `sums`.
                         let b = unsafe { *sums.get_unchecked(j * n_sub + sb) };
-                        iacc[j] = _mm512_set1_epi32(-l.offset * b);
+                        let v = _mm512_set1_epi32(-l.offset * b);
+                        for acc in iacc.iter_mut() {
+                            acc[j] = v;
+                        }
                     }
                 }
                 for g in 0..s / 4 {
                     let k = sb * s + 4 * g;
-                    // SAFETY: the tile holds n_in/4 groups of 64 bytes; k/4 < n_in/4.
-                    let wv = unsafe { _mm512_loadu_si512(w.q.as_ptr().add(k * 16).cast()) };
+                    // SAFETY: each tile holds n_in/4 groups of 64 bytes; k/4 < n_in/4.
+                    let wv =
+                        w.map(|t| unsafe { _mm512_loadu_si512(t.q.as_ptr().add(k * 16).cast()) });
                     for j in 0..N {
                         // SAFETY: k + 4 <= n_in, inside token j's row of `x`.
                         let xv =
                             unsafe { x.as_ptr().add(j * n_in + k).cast::<i32>().read_unaligned() };
-                        iacc[j] = _mm512_dpbusd_epi32(iacc[j], wv, _mm512_set1_epi32(xv));
+                        let xb = _mm512_set1_epi32(xv);
+                        for r in 0..R {
+                            iacc[r][j] = _mm512_dpbusd_epi32(iacc[r][j], wv[r], xb);
+                        }
                     }
                 }
-                // SAFETY: both arrays hold n_sub * 16 floats.
-                let sc = unsafe { _mm512_loadu_ps(w.scale.as_ptr().add(sb * 16)) };
-                for j in 0..N {
-                    fblk[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[j]), sc, fblk[j]);
+                for r in 0..R {
+                    // SAFETY: both arrays hold n_sub * 16 floats.
+                    let sc = unsafe { _mm512_loadu_ps(w[r].scale.as_ptr().add(sb * 16)) };
+                    for j in 0..N {
+                        fblk[r][j] =
+                            _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[r][j]), sc, fblk[r][j]);
+                    }
                 }
                 if l.mins {
                     // SAFETY: as above.
-                    let mn = unsafe { _mm512_loadu_ps(w.min.as_ptr().add(sb * 16)) };
+                    let mn = w.map(|t| unsafe { _mm512_loadu_ps(t.min.as_ptr().add(sb * 16)) });
                     for j in 0..N {
                         // SAFETY: as for `sums`.
                         let xs = _mm512_set1_ps(unsafe { *scaled.get_unchecked(j * n_sub + sb) });
-                        facc[j] = _mm512_fnmadd_ps(mn, xs, facc[j]);
+                        for r in 0..R {
+                            facc[r][j] = _mm512_fnmadd_ps(mn[r], xs, facc[r][j]);
+                        }
                     }
                 }
             }
             for j in 0..N {
                 // SAFETY: j < N and blk < n_blocks index inside `dx`.
                 let d = _mm512_set1_ps(unsafe { *dx.get_unchecked(j * n_blocks + blk) });
-                facc[j] = _mm512_fmadd_ps(fblk[j], d, facc[j]);
+                for r in 0..R {
+                    facc[r][j] = _mm512_fmadd_ps(fblk[r][j], d, facc[r][j]);
+                }
             }
         }
-        for j in 0..N {
-            // SAFETY: `out` holds at least N runs of 16 floats (the caller sliced it at t0).
-            unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(j * GEMM_TILE_ROWS), facc[j]) };
+        for (o, acc) in out.into_iter().zip(facc) {
+            for (j, v) in acc.into_iter().enumerate() {
+                // SAFETY: each `out[r]` holds at least N runs of 16 floats (sliced at t0).
+                unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(j * GEMM_TILE_ROWS), v) };
+            }
         }
         N
     }
@@ -766,12 +801,12 @@ mod platform {
         false
     }
 
-    pub(super) fn tile_times_tokens(
+    pub(super) fn tiles_times_tokens<const R: usize>(
         _l: Layout,
         _n_in: usize,
-        _w: &WeightTile,
+        _w: [&WeightTile; R],
         _acts: &GemmActs,
-        _out: &mut [f32],
+        _out: [&mut [f32]; R],
         _next: &[u8],
     ) {
         unreachable!("gemm_available() is false off x86_64")
