@@ -6,7 +6,7 @@
 //! - one token ([`one_token`]): the selected experts' gate and up projections (and the shared
 //!   expert's) in one region, their down projections in another;
 //! - a batch ([`batch`]): tokens grouped by expert so each expert's weights are read once per
-//!   batch; one region computes every (expert, 16-row chunk) of gate and up plus SiLU·mul,
+//!   batch; one region computes every (expert, 32-row chunk) of gate and up plus SiLU·mul,
 //!   one converts the results for the down projection, one runs every (expert, chunk) of the
 //!   down projections, one sums each token's experts.
 //!
