@@ -6,9 +6,10 @@
 //! - one token ([`one_token`]): the selected experts' gate and up projections (and the shared
 //!   expert's) in one region, their down projections in another;
 //! - a batch ([`batch`]): tokens grouped by expert so each expert's weights are read once per
-//!   batch; one region computes every (expert, 32-row chunk) of gate and up plus SiLU·mul,
-//!   one converts the results for the down projection, one runs every (expert, chunk) of the
-//!   down projections, one sums each token's experts.
+//!   batch; one region gathers each expert's input rows, one computes every (expert, 32-row
+//!   chunk) of gate and up plus SiLU·mul, one converts each expert's results for its down
+//!   projection, one runs every (expert, chunk) of the down projections, one sums each
+//!   token's experts.
 //!
 //! Every product is the kernel [`crate::tensor::Mat`] would pick for that expert alone, so the
 //! grouping changes scheduling, not results.
@@ -149,12 +150,32 @@ struct Routed<'a> {
     gate: Mat<'a>,
     up: Mat<'a>,
     down: Mat<'a>,
-    /// Its tokens' rows of the layer input, for gate and (when its type differs) up.
-    acts_gate: QuantizedActs,
-    acts_up: Option<QuantizedActs>,
 }
 
-/// A batch: tokens grouped by expert; see the module documentation for the four regions.
+/// Each routed expert's activations, built in one parallel region with the experts' token
+/// counts as cost: `build(a)` for expert `a`.
+fn per_expert<T: Send>(
+    par: &Parallel,
+    routed: &[Routed],
+    work_per_token: usize,
+    build: impl Fn(usize) -> T + Sync,
+) -> Vec<T> {
+    let mut slots: Vec<Option<T>> = (0..routed.len()).map(|_| None).collect();
+    par.for_each_run(
+        routed.len(),
+        |a| routed[a].users.len() * work_per_token,
+        &mut slots,
+        |a| a,
+        |experts, out| {
+            for (a, slot) in experts.zip(out) {
+                *slot = Some(build(a));
+            }
+        },
+    );
+    slots.into_iter().flatten().collect()
+}
+
+/// A batch: tokens grouped by expert; see the module documentation for the five regions.
 fn batch(c: &Config, m: &Moe, h: &[f32], n: usize, par: &Parallel) -> Result<Vec<f32>> {
     let n_embd = c.n_embd;
     let k_used = c.n_expert_used;
@@ -183,7 +204,6 @@ fn batch(c: &Config, m: &Moe, h: &[f32], n: usize, par: &Parallel) -> Result<Vec
         if users.is_empty() {
             continue;
         }
-        let rows: Vec<usize> = users.iter().map(|&(t, _)| t).collect();
         for (i, &(t, slot)) in users.iter().enumerate() {
             where_is[t * k_used + slot] = (routed.len(), i);
         }
@@ -191,8 +211,6 @@ fn batch(c: &Config, m: &Moe, h: &[f32], n: usize, par: &Parallel) -> Result<Vec
             gate: m.gate_exps.slice(e)?,
             up: m.up_exps.slice(e)?,
             down: m.down_exps.slice(e)?,
-            acts_gate: input.get(gate_ty).gather(&rows),
-            acts_up: (up_ty != gate_ty).then(|| input.get(up_ty).gather(&rows)),
             users,
         });
     }
@@ -208,53 +226,48 @@ fn batch(c: &Config, m: &Moe, h: &[f32], n: usize, par: &Parallel) -> Result<Vec
         })
         .collect();
     let n_tok: Vec<usize> = routed.iter().map(|r| r.users.len()).collect();
+    // Region 1: each expert's rows of the layer input, for gate and (when its type differs)
+    // up, ready for their kernels.
+    let acts_in = per_expert(par, &routed, n_embd, |a| {
+        let rows: Vec<usize> = routed[a].users.iter().map(|&(t, _)| t).collect();
+        let gate = input.get(gate_ty).gather(&rows);
+        gate.prepare_for(kernels[a].0);
+        let up = (up_ty != gate_ty).then(|| input.get(up_ty).gather(&rows));
+        if let Some(u) = &up {
+            u.prepare_for(kernels[a].1);
+        }
+        (gate, up)
+    });
 
-    // Region 1: gate and up of every (expert, chunk of rows), then SiLU·mul.
+    // Region 2: gate and up of every (expert, chunk of rows), then SiLU·mul.
     let ff = ChunkedLayout::new(n_ff, n_tok.clone());
     let mut act = vec![0f32; ff.len()];
     ff.for_each_item(par, 2 * n_embd, &mut act, |a, rows, g, [scratch, up]| {
         let (r, r0, width) = (&routed[a], rows.start, rows.len());
-        let acts_up = r.acts_up.as_ref().unwrap_or(&r.acts_gate);
+        let (acts_gate, acts_up) = &acts_in[a];
+        let acts_up = acts_up.as_ref().unwrap_or(acts_gate);
         up.resize(g.len(), 0.0);
         r.gate
-            .rows_times(kernels[a].0, &r.acts_gate, rows.clone(), g, scratch);
+            .rows_times(kernels[a].0, acts_gate, rows.clone(), g, scratch);
         r.up.rows_times(kernels[a].1, acts_up, rows, up, scratch);
         for (gt, ut) in g.chunks_exact_mut(width).zip(up.chunks_exact(width)) {
             ops::swiglu_cols(gt, ut, r0, n_ff);
         }
     });
 
-    // Region 2: each expert's token rows converted for its down projection.
+    // Region 3: each expert's token rows converted for its down projection.
     let down_ty = m.down_exps.slice(0)?.act_type();
-    let row_bytes = down_ty
-        .row_bytes(n_ff as u64)
-        .expect("expert width fits the activation block size") as usize;
-    let quantize = moxie_quant::quantize_fn(down_ty).expect("activation types can be quantized");
-    let first_row: Vec<usize> = std::iter::once(0)
-        .chain(n_tok.iter().scan(0, |acc, &nt| {
-            *acc += nt;
-            Some(*acc)
-        }))
-        .collect();
-    let total_rows = *first_row.last().unwrap();
-    let mut qbuf = vec![0u8; total_rows * row_bytes];
-    par.for_each_range(total_rows, n_ff, &mut qbuf, row_bytes, |rows, o| {
-        let mut row = vec![0f32; n_ff];
-        for (j, dst) in rows.zip(o.chunks_exact_mut(row_bytes)) {
-            let a = first_row.partition_point(|&s| s <= j) - 1;
-            let t = j - first_row[a];
-            ff.gather(&act, a, t, &mut row);
-            quantize(&row, dst);
+    let acts_down = per_expert(par, &routed, n_ff, |a| {
+        let mut rows = vec![0f32; n_tok[a] * n_ff];
+        for (t, row) in rows.chunks_exact_mut(n_ff).enumerate() {
+            ff.gather(&act, a, t, row);
         }
+        let acts = QuantizedActs::new(down_ty, n_ff, &rows);
+        acts.prepare_for(kernels[a].2);
+        acts
     });
-    let acts_down: Vec<QuantizedActs> = (0..routed.len())
-        .map(|a| {
-            let bytes = &qbuf[first_row[a] * row_bytes..first_row[a + 1] * row_bytes];
-            QuantizedActs::from_bytes(down_ty, n_ff, bytes.to_vec())
-        })
-        .collect();
 
-    // Region 3: every (expert, chunk of rows) of the down projections.
+    // Region 4: every (expert, chunk of rows) of the down projections.
     let emb = ChunkedLayout::new(n_embd, n_tok);
     let mut down_out = vec![0f32; emb.len()];
     emb.for_each_item(par, n_ff, &mut down_out, |a, rows, o, [scratch, _]| {
@@ -263,7 +276,7 @@ fn batch(c: &Config, m: &Moe, h: &[f32], n: usize, par: &Parallel) -> Result<Vec
             .rows_times(kernels[a].2, &acts_down[a], rows, o, scratch);
     });
 
-    // Region 4: each token's experts, weighted, summed in selection order.
+    // Region 5: each token's experts, weighted, summed in selection order.
     let mut out = vec![0f32; n * n_embd];
     par.for_each_range(n, k_used * n_embd, &mut out, n_embd, |toks, o| {
         let mut v = vec![0f32; n_embd];

@@ -367,6 +367,7 @@ impl<'a> Mat<'a> {
         }
         // A batch: chunks of rows for every token, then back to token-major order in
         // parallel (a large batch's copy is as long as a small product).
+        acts.prepare_for(kernel);
         let layout = ChunkedLayout::new(self.n_out, vec![n_tok]);
         let mut chunked = vec![0f32; layout.len()];
         layout.for_each_item(par, self.n_in, &mut chunked, |_, rows, o, [scratch, _]| {
@@ -577,8 +578,9 @@ impl QuantizedActs {
         QuantizedActs::from_bytes(self.ty, self.n, data)
     }
 
-    /// Prepare what `kernel` will read (the int8 GEMM's input), so that the parallel region
-    /// using these activations does not build it on one thread while the others wait.
+    /// Prepare what `kernel` will read (the int8 GEMM's input). Every caller that starts a
+    /// region of [`Mat::rows_times`] calls it first, so the region does not build it on one
+    /// thread while the others wait.
     pub(crate) fn prepare_for(&self, kernel: Kernel) {
         if matches!(kernel, Kernel::Int8Gemm) {
             self.gemm_acts();
