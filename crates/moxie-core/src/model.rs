@@ -477,20 +477,19 @@ fn per_head_products(
         .collect();
     // Each head's activations (its strided rows gathered, then converted), heads in parallel:
     // on one thread this was a tenth of a 512-token prefill.
-    let mut acts: Vec<Option<QuantizedActs>> = (0..n_head).map(|_| None).collect();
-    par.for_each_range(n_head, n * n_in, &mut acts, 1, |heads, slots| {
-        let mut rows = Vec::with_capacity(n * n_in);
-        for (h, slot) in heads.zip(slots) {
-            rows.clear();
+    let acts = par.map(
+        n_head,
+        |_| n * n_in,
+        |h| {
+            let mut rows = Vec::with_capacity(n * n_in);
             for t in 0..n {
                 rows.extend_from_slice(&x[(t * n_head + h) * x_stride..][..n_in]);
             }
             let a = QuantizedActs::new(mats[h].act_type(), n_in, &rows);
             a.prepare_for(kernels[h]);
-            *slot = Some(a);
-        }
-    });
-    let acts: Vec<QuantizedActs> = acts.into_iter().flatten().collect();
+            a
+        },
+    );
     let layout = ChunkedLayout::new(n_out, vec![n; n_head]);
     let mut results = vec![0f32; layout.len()];
     layout.for_each_item(par, n_in, &mut results, |h, rows, o, [scratch, _]| {

@@ -152,29 +152,6 @@ struct Routed<'a> {
     down: Mat<'a>,
 }
 
-/// Each routed expert's activations, built in one parallel region with the experts' token
-/// counts as cost: `build(a)` for expert `a`.
-fn per_expert<T: Send>(
-    par: &Parallel,
-    routed: &[Routed],
-    work_per_token: usize,
-    build: impl Fn(usize) -> T + Sync,
-) -> Vec<T> {
-    let mut slots: Vec<Option<T>> = (0..routed.len()).map(|_| None).collect();
-    par.for_each_run(
-        routed.len(),
-        |a| routed[a].users.len() * work_per_token,
-        &mut slots,
-        |a| a,
-        |experts, out| {
-            for (a, slot) in experts.zip(out) {
-                *slot = Some(build(a));
-            }
-        },
-    );
-    slots.into_iter().flatten().collect()
-}
-
 /// A batch: tokens grouped by expert; see the module documentation for the five regions.
 fn batch(c: &Config, m: &Moe, h: &[f32], n: usize, par: &Parallel) -> Result<Vec<f32>> {
     let n_embd = c.n_embd;
@@ -228,16 +205,20 @@ fn batch(c: &Config, m: &Moe, h: &[f32], n: usize, par: &Parallel) -> Result<Vec
     let n_tok: Vec<usize> = routed.iter().map(|r| r.users.len()).collect();
     // Region 1: each expert's rows of the layer input, for gate and (when its type differs)
     // up, ready for their kernels.
-    let acts_in = per_expert(par, &routed, n_embd, |a| {
-        let rows: Vec<usize> = routed[a].users.iter().map(|&(t, _)| t).collect();
-        let gate = input.get(gate_ty).gather(&rows);
-        gate.prepare_for(kernels[a].0);
-        let up = (up_ty != gate_ty).then(|| input.get(up_ty).gather(&rows));
-        if let Some(u) = &up {
-            u.prepare_for(kernels[a].1);
-        }
-        (gate, up)
-    });
+    let acts_in = par.map(
+        routed.len(),
+        |a| n_tok[a] * n_embd,
+        |a| {
+            let rows: Vec<usize> = routed[a].users.iter().map(|&(t, _)| t).collect();
+            let gate = input.get(gate_ty).gather(&rows);
+            gate.prepare_for(kernels[a].0);
+            let up = (up_ty != gate_ty).then(|| input.get(up_ty).gather(&rows));
+            if let Some(u) = &up {
+                u.prepare_for(kernels[a].1);
+            }
+            (gate, up)
+        },
+    );
 
     // Region 2: gate and up of every (expert, chunk of rows), then SiLU·mul.
     let ff = ChunkedLayout::new(n_ff, n_tok.clone());
@@ -257,15 +238,19 @@ fn batch(c: &Config, m: &Moe, h: &[f32], n: usize, par: &Parallel) -> Result<Vec
 
     // Region 3: each expert's token rows converted for its down projection.
     let down_ty = m.down_exps.slice(0)?.act_type();
-    let acts_down = per_expert(par, &routed, n_ff, |a| {
-        let mut rows = vec![0f32; n_tok[a] * n_ff];
-        for (t, row) in rows.chunks_exact_mut(n_ff).enumerate() {
-            ff.gather(&act, a, t, row);
-        }
-        let acts = QuantizedActs::new(down_ty, n_ff, &rows);
-        acts.prepare_for(kernels[a].2);
-        acts
-    });
+    let acts_down = par.map(
+        routed.len(),
+        |a| n_tok[a] * n_ff,
+        |a| {
+            let mut rows = vec![0f32; n_tok[a] * n_ff];
+            for (t, row) in rows.chunks_exact_mut(n_ff).enumerate() {
+                ff.gather(&act, a, t, row);
+            }
+            let acts = QuantizedActs::new(down_ty, n_ff, &rows);
+            acts.prepare_for(kernels[a].2);
+            acts
+        },
+    );
 
     // Region 4: every (expert, chunk of rows) of the down projections.
     let emb = ChunkedLayout::new(n_embd, n_tok);

@@ -158,6 +158,32 @@ impl Parallel {
         self.run_parts(n_threads, runs.into_iter(), f);
     }
 
+    /// `f(0), f(1), ..., f(n - 1)` computed over the threads, item `i` costing about
+    /// `cost(i)` multiply-adds (runs of equal total cost, as [`Parallel::for_each_run`]).
+    pub fn map<T: Send>(
+        &self,
+        n: usize,
+        cost: impl Fn(usize) -> usize,
+        f: impl Fn(usize) -> T + Sync,
+    ) -> Vec<T> {
+        let mut slots: Vec<Option<T>> = (0..n).map(|_| None).collect();
+        self.for_each_run(
+            n,
+            cost,
+            &mut slots,
+            |i| i,
+            |items, out| {
+                for (i, slot) in items.zip(out) {
+                    *slot = Some(f(i));
+                }
+            },
+        );
+        slots
+            .into_iter()
+            .map(|v| v.expect("every item was computed"))
+            .collect()
+    }
+
     /// Threads worth using for `n` items of `work` multiply-adds in all (1: run on the caller).
     fn threads_for(&self, n: usize, work: usize) -> usize {
         let by_work = (work / MIN_WORK_PER_THREAD).max(1);
@@ -260,6 +286,15 @@ mod tests {
         let mut out = vec![0u8; 100];
         p.for_each_range(100, 1 << 20, &mut out, 1, |_, o| o.fill(1));
         assert!(out.iter().all(|&v| v == 1));
+    }
+
+    #[test]
+    fn map_returns_every_item_in_order() {
+        for threads in [1, 2, 3] {
+            let p = Parallel::new(threads);
+            let got = p.map(1000, |i| (i % 7 + 1) * 1000, |i| i * i);
+            assert_eq!(got, (0..1000).map(|i| i * i).collect::<Vec<_>>());
+        }
     }
 
     #[test]
