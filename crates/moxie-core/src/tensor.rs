@@ -295,14 +295,8 @@ impl<'a> Mat<'a> {
                 // The next chunk of this matrix is usually what this thread computes next.
                 let next_end = (rows.end + CHUNK_ROWS).min(self.n_out);
                 let next = &self.data[rows.end * self.row_bytes..next_end * self.row_bytes];
-                let done = moxie_quant::gemm_q8_prefetching(
-                    self.ty,
-                    self.n_in,
-                    data,
-                    acts.gemm_acts(),
-                    scratch,
-                    next,
-                );
+                let done =
+                    moxie_quant::gemm_q8(self.ty, self.n_in, data, acts.gemm_acts(), scratch, next);
                 debug_assert!(done, "fast_kernel checked the int8 GEMM applies");
                 // [tile][token][16] -> [token][row].
                 for (tile, vals) in scratch.chunks_exact(n_tok * TILE).enumerate() {

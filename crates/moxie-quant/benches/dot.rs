@@ -276,7 +276,7 @@ fn batch_gemm(bencher: Bencher, ty: GgmlType, weights: fn(GgmlType) -> Weights) 
         .bench_local(|| {
             let m = black_box(w.matrix(i));
             i += 1;
-            assert!(gemm_q8(ty, COLS, m, &g, &mut out));
+            assert!(gemm_q8(ty, COLS, m, &g, &mut out, &[]));
             black_box(&out);
         });
 }

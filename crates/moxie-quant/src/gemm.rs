@@ -313,15 +313,10 @@ fn interleave_quads_scalar(rows: &[u8], n_in: usize, q: &mut [u8]) {
 /// elements each) and every token of `acts`: `out` holds, per 16-row tile, `n_tok` runs of 16
 /// results (rows past the end of `rows` are zero). Returns `false` and leaves `out` alone if
 /// the path is unavailable or the inputs do not fit ([`gemm_supports`], [`GemmActs::new`] for
-/// the weight type's activation type).
-pub fn gemm_q8(ty: GgmlType, n_in: usize, rows: &[u8], acts: &GemmActs, out: &mut [f32]) -> bool {
-    gemm_q8_prefetching(ty, n_in, rows, acts, out, &[])
-}
-
-/// [`gemm_q8`], also prefetching `next` (the weight bytes the caller reads next, e.g. the
-/// following rows of the same matrix) while the last tile computes: the copy that starts a
-/// tile otherwise waits on memory for every tile.
-pub fn gemm_q8_prefetching(
+/// the weight type's activation type). `next` (may be empty) is prefetched while the last
+/// tile computes: the weight bytes the caller reads next, e.g. the following rows of the same
+/// matrix, so that the copy starting each tile does not wait on memory.
+pub fn gemm_q8(
     ty: GgmlType,
     n_in: usize,
     rows: &[u8],
@@ -861,7 +856,7 @@ mod tests {
             let acts = GemmActs::new(act, n_in, &xq, arb).unwrap();
             let n_tiles = n_rows.div_ceil(GEMM_TILE_ROWS);
             let mut out = vec![f32::NAN; n_tiles * n_tok * GEMM_TILE_ROWS];
-            assert!(gemm_q8(ty, n_in, &wq, &acts, &mut out));
+            assert!(gemm_q8(ty, n_in, &wq, &acts, &mut out, &[]));
             let dot = crate::vec_dot_fn(ty).unwrap();
             for r in 0..n_rows {
                 for t in 0..n_tok {
