@@ -534,12 +534,22 @@ pub struct QuantizedActs {
 impl QuantizedActs {
     /// Convert the rows of `x` (each `n` long) to `ty`.
     pub fn new(ty: GgmlType, n: usize, x: &[f32]) -> QuantizedActs {
+        QuantizedActs::from_rows(ty, n, x.chunks_exact(n))
+    }
+
+    /// Rows of `n` values each, wherever they lie (e.g. one head's strided rows of a batch),
+    /// converted to `ty` in order.
+    pub fn from_rows<'a>(
+        ty: GgmlType,
+        n: usize,
+        rows: impl ExactSizeIterator<Item = &'a [f32]>,
+    ) -> QuantizedActs {
         let row_bytes = ty
             .row_bytes(n as u64)
             .expect("activation row length fits the block size") as usize;
-        let mut data = vec![0u8; row_bytes * (x.len() / n)];
+        let mut data = vec![0u8; row_bytes * rows.len()];
         let q = moxie_quant::quantize_fn(ty).expect("activation types can always be quantized");
-        for (src, dst) in x.chunks_exact(n).zip(data.chunks_exact_mut(row_bytes)) {
+        for (src, dst) in rows.zip(data.chunks_exact_mut(row_bytes)) {
             q(src, dst);
         }
         QuantizedActs::from_bytes(ty, n, data)
