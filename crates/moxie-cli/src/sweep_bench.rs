@@ -151,27 +151,6 @@ impl Tokens {
     }
 }
 
-/// Prompt processing of `tokens` after what `cache` holds, in micro-batches, with the last
-/// token's logits (as sweep-bench's batch asks for).
-fn prefill(
-    model: &Model,
-    cache: &mut KvCache,
-    par: &Parallel,
-    tokens: &[u32],
-    micro: usize,
-) -> Result<()> {
-    let n_chunks = tokens.len().div_ceil(micro);
-    for (i, chunk) in tokens.chunks(micro).enumerate() {
-        let which = if i + 1 == n_chunks {
-            Logits::Last
-        } else {
-            Logits::None
-        };
-        model.forward(chunk, cache, par, which)?;
-    }
-    Ok(())
-}
-
 /// One sweep step at depth `n_kv` (the cache holds at least `n_kv` tokens): TG decodes, which
 /// are dropped again, then PP prompt tokens, which stay. Returns the two times in seconds.
 fn step(
@@ -192,7 +171,7 @@ fn step(
 
     let batch: Vec<u32> = (0..s.pp).map(|_| tokens.next()).collect();
     let t0 = Instant::now();
-    prefill(model, cache, par, &batch, s.n_ubatch.min(s.n_batch))?;
+    model.prefill(&batch, cache, par, s.n_ubatch.min(s.n_batch))?;
     let t_pp = t0.elapsed().as_secs_f64();
     debug_assert_eq!(cache.len(), n_kv + s.pp);
     Ok(Row { n_kv, t_pp, t_tg })
@@ -225,7 +204,7 @@ pub fn main(a: Args) -> Result<()> {
     if a.warmup_batch {
         let batch: Vec<u32> = (0..s.pp).map(|_| tokens.next()).collect();
         cache.truncate(0);
-        prefill(&model, &mut cache, &par, &batch, s.n_ubatch.min(s.n_batch))?;
+        model.prefill(&batch, &mut cache, &par, s.n_ubatch.min(s.n_batch))?;
     }
     cache.truncate(0);
 

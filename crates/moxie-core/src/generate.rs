@@ -53,18 +53,7 @@ pub fn generate(
         ..Default::default()
     };
     let t0 = Instant::now();
-    let mut logits = Vec::new();
-    let ub = params.ubatch.max(1);
-    let n_chunks = prompt.len().div_ceil(ub);
-    for (i, chunk) in prompt.chunks(ub).enumerate() {
-        // Only the last chunk's last row is sampled from.
-        let which = if i + 1 == n_chunks {
-            Logits::Last
-        } else {
-            Logits::None
-        };
-        logits = model.forward(chunk, cache, par, which)?;
-    }
+    let mut logits = model.prefill(prompt, cache, par, params.ubatch)?;
     for &t in prompt {
         sampler.accept(t);
     }

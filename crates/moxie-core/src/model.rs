@@ -226,6 +226,29 @@ impl Model {
         KvCache::new(self.kv_shapes(), n_ctx.unwrap_or(self.config.n_ctx_train))
     }
 
+    /// A prompt after what `cache` holds, in micro-batches of `ubatch` tokens; returns the
+    /// last token's logits (only the last micro-batch asks for any).
+    pub fn prefill(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        par: &Parallel,
+        ubatch: usize,
+    ) -> Result<Vec<f32>> {
+        let ub = ubatch.max(1);
+        let n_chunks = tokens.len().div_ceil(ub);
+        let mut logits = Vec::new();
+        for (i, chunk) in tokens.chunks(ub).enumerate() {
+            let which = if i + 1 == n_chunks {
+                Logits::Last
+            } else {
+                Logits::None
+            };
+            logits = self.forward(chunk, cache, par, which)?;
+        }
+        Ok(logits)
+    }
+
     /// Run `tokens` (at the positions following what `cache` holds) through the model and
     /// return logits (`n_vocab` per returned row).
     pub fn forward(
