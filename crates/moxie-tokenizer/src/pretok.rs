@@ -118,9 +118,9 @@ impl PreTokenizer {
         for s in &self.splitters {
             let new = match s {
                 Splitter::Gpt2 => split_gpt2(&t, &offsets),
-                Splitter::Llama3 => split_llama3(&t, &offsets, true),
-                Splitter::Qwen2 => split_llama3(&t, &offsets, false),
-                Splitter::Qwen35 => split_qwen35(&t, &offsets),
+                Splitter::Llama3 => split_llama3(&t, &offsets, true, false),
+                Splitter::Qwen2 => split_llama3(&t, &offsets, false, false),
+                Splitter::Qwen35 => split_llama3(&t, &offsets, false, true),
                 Splitter::KimiK2 => split_kimi_k2(&t, &offsets),
                 Splitter::Newlines => split_newlines(&t, &offsets),
                 Splitter::Collapsed(re) => {
@@ -508,68 +508,122 @@ fn whitespace_tail(fr: &Frag, pos: usize, crlf: bool) -> Option<usize> {
     None
 }
 
+/// `\p{N}{1,3}`: emits the digit run at `pos` in pieces of at most three code points and
+/// returns its end.
+#[inline]
+fn digits_up_to_3(fr: &Frag, mut pos: usize, em: &mut Emit) -> usize {
+    let mut ini = pos;
+    while fr.flags(pos).is_number() {
+        pos += 1;
+        if pos - ini >= 3 {
+            em.add(pos);
+            ini = pos;
+        }
+    }
+    em.add(pos);
+    pos
+}
+
+/// `pos` past the optional space of a ` ?...` alternative.
+#[inline]
+fn skip_space(fr: &Frag, pos: usize) -> usize {
+    pos + (fr.cpt(pos) == ch(' ')) as usize
+}
+
+/// ` ?X+` with `X` given by `class`: the end of the run after one optional space, or `None`
+/// when the run is empty.
+#[inline]
+fn space_run(fr: &Frag, pos: usize, class: impl Fn(Flags) -> bool) -> Option<usize> {
+    let start = skip_space(fr, pos);
+    let mut end = start;
+    while class(fr.flags(end)) {
+        end += 1;
+    }
+    (end > start).then_some(end)
+}
+
+/// Which flags' `any()` gates [`punctuation_run`]: llama.cpp's GPT-2 and Kimi-K2 splitters test
+/// the code point after the optional space (`f2.any()`), its LLaMA-3 and Qwen splitters the one
+/// at `pos` (`flags.any()`). Kept as in llama.cpp; the only case where they differ (a space
+/// ending the fragment) splits the same either way, there as punctuation, else as whitespace.
+#[derive(Clone, Copy)]
+enum AnyGate {
+    AfterSpace,
+    AtPos,
+}
+
+/// `[^\s\p{L}\p{N}]`
+#[inline]
+fn not_space_letter_number(f: Flags) -> bool {
+    !(f.is_whitespace() || f.is_letter() || f.is_number())
+}
+
+/// ` ?[^\s\p{L}\p{N}]+`, plus `[\r\n]*` when `crlf`: one optional space, then a run of code
+/// points for which `other` holds. Returns the end of the match, or `None` when there is none.
+#[inline]
+fn punctuation_run(
+    fr: &Frag,
+    pos: usize,
+    other: impl Fn(Flags) -> bool,
+    gate: AnyGate,
+    crlf: bool,
+) -> Option<usize> {
+    let start = skip_space(fr, pos);
+    let f2 = fr.flags(start);
+    let gate = match gate {
+        AnyGate::AfterSpace => f2,
+        AnyGate::AtPos => fr.flags(pos),
+    };
+    if !(other(f2) && gate.any()) {
+        return None;
+    }
+    let mut end = start;
+    while other(fr.flags(end)) && fr.flags(end).any() {
+        end += 1;
+    }
+    if crlf {
+        while fr.cpt(end) == ch('\r') || fr.cpt(end) == ch('\n') {
+            end += 1;
+        }
+    }
+    Some(end)
+}
+
 /// GPT-2: `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`
 fn split_gpt2(t: &Text, offsets: &[usize]) -> Vec<usize> {
     for_each_fragment(t, offsets, |fr, em| {
         let mut pos = fr.ini;
         while pos < fr.end {
-            let cpt = fr.cpt(pos);
-            let flags = fr.flags(pos);
-
             let n = contraction(fr, pos, false);
             if n > 0 {
                 pos += em.add(pos + n);
                 continue;
             }
 
-            let mut f2 = if cpt == ch(' ') {
-                fr.flags(pos + 1)
-            } else {
-                flags
-            };
-            if f2.is_letter() {
-                pos += (cpt == ch(' ')) as usize;
-                while f2.is_letter() {
-                    pos += 1;
-                    f2 = fr.flags(pos);
-                }
-                em.add(pos);
-                continue;
-            }
-            if f2.is_number() {
-                pos += (cpt == ch(' ')) as usize;
-                while f2.is_number() {
-                    pos += 1;
-                    f2 = fr.flags(pos);
-                }
-                em.add(pos);
-                continue;
-            }
-            if !(f2.is_whitespace() || f2.is_letter() || f2.is_number()) && f2.any() {
-                pos += (cpt == ch(' ')) as usize;
-                while !(f2.is_whitespace() || f2.is_letter() || f2.is_number()) && f2.any() {
-                    pos += 1;
-                    f2 = fr.flags(pos);
-                }
-                em.add(pos);
-                continue;
-            }
-
-            if let Some(p) = whitespace_tail(fr, pos, false) {
+            if let Some(p) = space_run(fr, pos, Flags::is_letter)
+                .or_else(|| space_run(fr, pos, Flags::is_number))
+                .or_else(|| {
+                    punctuation_run(fr, pos, not_space_letter_number, AnyGate::AfterSpace, false)
+                })
+            {
                 pos = p;
                 em.add(pos);
                 continue;
             }
 
-            pos += 1;
+            pos = whitespace_tail(fr, pos, false).unwrap_or(pos + 1);
             em.add(pos);
         }
     })
 }
 
-/// LLaMA-3 (`digits3`) and Qwen2 (single digits):
-/// `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
-fn split_llama3(t: &Text, offsets: &[usize], digits3: bool) -> Vec<usize> {
+/// LLaMA-3 (`digits3`), Qwen2 (single digits) and Qwen3.5 (single digits, `marks`):
+/// `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`;
+/// with `marks`, letter runs also take combining marks (`[\p{L}\p{M}]+`) and the punctuation
+/// run excludes them (`[^\s\p{L}\p{M}\p{N}]`).
+fn split_llama3(t: &Text, offsets: &[usize], digits3: bool, marks: bool) -> Vec<usize> {
+    let word = |f: Flags| f.is_letter() || (marks && f.is_accent_mark());
+    let other = |f: Flags| !(f.is_whitespace() || word(f) || f.is_number());
     for_each_fragment(t, offsets, |fr, em| {
         let mut pos = fr.ini;
         while pos < fr.end {
@@ -584,10 +638,10 @@ fn split_llama3(t: &Text, offsets: &[usize], digits3: bool) -> Vec<usize> {
 
             // [^\r\n\p{L}\p{N}]?\p{L}+
             if !(cpt == ch('\r') || cpt == ch('\n') || flags.is_number())
-                && (flags.is_letter() || fr.flags(pos + 1).is_letter())
+                && (word(flags) || word(fr.flags(pos + 1)))
             {
                 pos += 1;
-                while fr.flags(pos).is_letter() {
+                while word(fr.flags(pos)) {
                     pos += 1;
                 }
                 em.add(pos);
@@ -596,16 +650,7 @@ fn split_llama3(t: &Text, offsets: &[usize], digits3: bool) -> Vec<usize> {
 
             if flags.is_number() {
                 if digits3 {
-                    // \p{N}{1,3}
-                    let mut ini = pos;
-                    while fr.flags(pos).is_number() {
-                        pos += 1;
-                        if pos - ini >= 3 {
-                            em.add(pos);
-                            ini = pos;
-                        }
-                    }
-                    em.add(pos);
+                    pos = digits_up_to_3(fr, pos, em);
                 } else {
                     // \p{N}
                     pos += 1;
@@ -615,102 +660,13 @@ fn split_llama3(t: &Text, offsets: &[usize], digits3: bool) -> Vec<usize> {
             }
 
             // <space>?[^\s\p{L}\p{N}]+[\r\n]*
-            let mut f2 = if cpt == ch(' ') {
-                fr.flags(pos + 1)
-            } else {
-                flags
-            };
-            if !(f2.is_whitespace() || f2.is_letter() || f2.is_number()) && flags.any() {
-                pos += (cpt == ch(' ')) as usize;
-                while !(f2.is_whitespace() || f2.is_letter() || f2.is_number()) && f2.any() {
-                    pos += 1;
-                    f2 = fr.flags(pos);
-                }
-                let mut c2 = fr.cpt(pos);
-                while c2 == ch('\r') || c2 == ch('\n') {
-                    pos += 1;
-                    c2 = fr.cpt(pos);
-                }
-                em.add(pos);
-                continue;
-            }
-
-            if let Some(p) = whitespace_tail(fr, pos, true) {
+            if let Some(p) = punctuation_run(fr, pos, other, AnyGate::AtPos, true) {
                 pos = p;
                 em.add(pos);
                 continue;
             }
 
-            pos += 1;
-            em.add(pos);
-        }
-    })
-}
-
-/// Qwen3.5: like Qwen2 but letter runs also take combining marks (`[\p{L}\p{M}]+`).
-fn split_qwen35(t: &Text, offsets: &[usize]) -> Vec<usize> {
-    for_each_fragment(t, offsets, |fr, em| {
-        let mut pos = fr.ini;
-        while pos < fr.end {
-            let cpt = fr.cpt(pos);
-            let flags = fr.flags(pos);
-
-            let n = contraction(fr, pos, true);
-            if n > 0 {
-                pos += em.add(pos + n);
-                continue;
-            }
-
-            if !(cpt == ch('\r') || cpt == ch('\n') || flags.is_number())
-                && (flags.is_letter()
-                    || flags.is_accent_mark()
-                    || fr.flags(pos + 1).is_accent_mark()
-                    || fr.flags(pos + 1).is_letter())
-            {
-                pos += 1;
-                while fr.flags(pos).is_letter() || fr.flags(pos).is_accent_mark() {
-                    pos += 1;
-                }
-                em.add(pos);
-                continue;
-            }
-
-            if flags.is_number() {
-                pos += 1;
-                em.add(pos);
-                continue;
-            }
-
-            let mut f2 = if cpt == ch(' ') {
-                fr.flags(pos + 1)
-            } else {
-                flags
-            };
-            let other = |f: Flags| {
-                !(f.is_whitespace() || f.is_letter() || f.is_accent_mark() || f.is_number())
-            };
-            if other(f2) && flags.any() {
-                pos += (cpt == ch(' ')) as usize;
-                while other(f2) && f2.any() {
-                    pos += 1;
-                    f2 = fr.flags(pos);
-                }
-                let mut c2 = fr.cpt(pos);
-                while c2 == ch('\r') || c2 == ch('\n') {
-                    pos += 1;
-                    c2 = fr.cpt(pos);
-                }
-                em.add(pos);
-                continue;
-            }
-
-            if let Some(p) = whitespace_tail(fr, pos, true) {
-                pos = p;
-                em.add(pos);
-                continue;
-            }
-
-            pos += 1;
+            pos = whitespace_tail(fr, pos, true).unwrap_or(pos + 1);
             em.add(pos);
         }
     })
@@ -757,20 +713,7 @@ fn split_kimi_k2(t: &Text, offsets: &[usize]) -> Vec<usize> {
                         pos += 1;
                     }
                     // optional contraction
-                    if fr.cpt(pos) == ch('\'') && pos + 1 < fr.end {
-                        let n = unicode::to_lower_ascii_target(fr.cpt(pos + 1));
-                        if n == ch('s') || n == ch('t') || n == ch('m') || n == ch('d') {
-                            pos += 2;
-                        } else if pos + 2 < fr.end {
-                            let nn = unicode::to_lower_ascii_target(fr.cpt(pos + 2));
-                            if (n == ch('r') && nn == ch('e'))
-                                || (n == ch('v') && nn == ch('e'))
-                                || (n == ch('l') && nn == ch('l'))
-                            {
-                                pos += 3;
-                            }
-                        }
-                    }
+                    pos += contraction(fr, pos, true);
                     em.add(pos);
                     continue;
                 } else if has_leading {
@@ -780,46 +723,20 @@ fn split_kimi_k2(t: &Text, offsets: &[usize]) -> Vec<usize> {
 
             // \p{N}{1,3}
             if flags.is_number() {
-                let mut ini = pos;
-                while fr.flags(pos).is_number() {
-                    pos += 1;
-                    if pos - ini >= 3 {
-                        em.add(pos);
-                        ini = pos;
-                    }
-                }
-                em.add(pos);
+                pos = digits_up_to_3(fr, pos, em);
                 continue;
             }
 
             //  ?[^\s\p{L}\p{N}]+[\r\n]*
-            let mut f2 = if cpt == ch(' ') {
-                fr.flags(pos + 1)
-            } else {
-                flags
-            };
-            if !(f2.is_whitespace() || f2.is_letter() || f2.is_number()) && f2.any() {
-                pos += (cpt == ch(' ')) as usize;
-                while !(f2.is_whitespace() || f2.is_letter() || f2.is_number()) && f2.any() {
-                    pos += 1;
-                    f2 = fr.flags(pos);
-                }
-                let mut c2 = fr.cpt(pos);
-                while c2 == ch('\r') || c2 == ch('\n') {
-                    pos += 1;
-                    c2 = fr.cpt(pos);
-                }
-                em.add(pos);
-                continue;
-            }
-
-            if let Some(p) = whitespace_tail(fr, pos, true) {
+            if let Some(p) =
+                punctuation_run(fr, pos, not_space_letter_number, AnyGate::AfterSpace, true)
+            {
                 pos = p;
                 em.add(pos);
                 continue;
             }
 
-            pos += 1;
+            pos = whitespace_tail(fr, pos, true).unwrap_or(pos + 1);
             em.add(pos);
         }
     })

@@ -405,6 +405,14 @@ fn token_type_to_attr(t: i32) -> u32 {
     }
 }
 
+/// `ArrayTooShort` when a per-token array (`got` entries) is shorter than the vocabulary.
+fn check_len(what: &'static str, got: usize, want: usize) -> Result<(), TokenizerError> {
+    if got < want {
+        return Err(TokenizerError::ArrayTooShort { what, got, want });
+    }
+    Ok(())
+}
+
 /// C `isspace` in the "C" locale.
 #[inline]
 fn c_isspace(b: u8) -> bool {
@@ -497,22 +505,10 @@ impl Tokenizer {
         }
 
         if let Some(s) = &v.scores {
-            if s.len() < n {
-                return Err(TokenizerError::ArrayTooShort {
-                    what: "tokenizer.ggml.scores",
-                    got: s.len(),
-                    want: n,
-                });
-            }
+            check_len("tokenizer.ggml.scores", s.len(), n)?;
         }
         if let Some(t) = &v.token_types {
-            if t.len() < n {
-                return Err(TokenizerError::ArrayTooShort {
-                    what: "tokenizer.ggml.token_type",
-                    got: t.len(),
-                    want: n,
-                });
-            }
+            check_len("tokenizer.ggml.token_type", t.len(), n)?;
         }
 
         let mut texts = Vec::with_capacity(n);
@@ -957,13 +953,13 @@ impl Tokenizer {
         } else {
             self.partition(text, parse_special)
         };
+        if add_special && self.add_bos {
+            if let Some(b) = self.bos {
+                out.push(b);
+            }
+        }
         match self.kind {
             VocabKind::Bpe => {
-                if add_special && self.add_bos {
-                    if let Some(b) = self.bos {
-                        out.push(b);
-                    }
-                }
                 let mut scratch = BpeScratch::default();
                 for f in fragments {
                     match f {
@@ -973,19 +969,9 @@ impl Tokenizer {
                         Fragment::Token(id) => out.push(id),
                     }
                 }
-                if add_special && self.add_eos {
-                    if let Some(e) = self.eos {
-                        out.push(e);
-                    }
-                }
             }
             VocabKind::Spm => {
                 let mut is_prev_special = true;
-                if add_special && self.add_bos {
-                    if let Some(b) = self.bos {
-                        out.push(b);
-                    }
-                }
                 for f in fragments {
                     match f {
                         Fragment::Text(s, l) => {
@@ -1004,11 +990,11 @@ impl Tokenizer {
                         }
                     }
                 }
-                if add_special && self.add_eos {
-                    if let Some(e) = self.eos {
-                        out.push(e);
-                    }
-                }
+            }
+        }
+        if add_special && self.add_eos {
+            if let Some(e) = self.eos {
+                out.push(e);
             }
         }
         out
@@ -1120,15 +1106,7 @@ impl Tokenizer {
                 return;
             }
         }
-        let nchars = word.chars().count();
-        for (i, (start, c)) in word.char_indices().enumerate() {
-            syms.push(Sym {
-                start,
-                n: c.len_utf8(),
-                prev: i as isize - 1,
-                next: if i + 1 == nchars { -1 } else { i as isize + 1 },
-            });
-        }
+        syms.extend(char_syms(&word));
         let mut key = std::mem::take(&mut sc.key);
         let push = |heap: &mut BinaryHeap<Reverse<Bigram>>,
                     syms: &[Sym],
@@ -1157,14 +1135,7 @@ impl Tokenizer {
             if syms[l].n == 0 || syms[r].n == 0 || syms[l].n != bg.ln || syms[r].n != bg.rn {
                 continue; // outdated
             }
-            syms[l].n += syms[r].n;
-            syms[r].n = 0;
-            let rnext = syms[r].next;
-            syms[l].next = rnext;
-            if rnext >= 0 {
-                syms[rnext as usize].prev = l as isize;
-            }
-            let lprev = syms[l].prev;
+            let (lprev, rnext) = merge_syms(syms, l, r);
             push(&mut sc.heap, syms, &mut key, lprev, l as isize);
             push(&mut sc.heap, syms, &mut key, l as isize, rnext);
         }
@@ -1178,12 +1149,8 @@ impl Tokenizer {
                 None => {
                     // llama.cpp looks every byte of the encoded symbol up as a one-byte token
                     for &b in piece.as_bytes() {
-                        if b < 0x80 {
-                            let mut buf = [0u8; 4];
-                            let one = (b as char).encode_utf8(&mut buf);
-                            if let Some(&id) = self.token_to_id.get(&*one) {
-                                out.push(id);
-                            }
+                        if let Some(id) = self.ascii_token(b) {
+                            out.push(id);
                         }
                     }
                 }
@@ -1198,17 +1165,7 @@ impl Tokenizer {
     // ----------------------------------------------------------------------------------
 
     fn spm_fragment(&self, text: &str, out: &mut Vec<u32>) {
-        let n_chars = text.chars().count();
-        let mut syms: Vec<Sym> = text
-            .char_indices()
-            .enumerate()
-            .map(|(i, (start, c))| Sym {
-                start,
-                n: c.len_utf8(),
-                prev: i as isize - 1,
-                next: if i + 1 == n_chars { -1 } else { i as isize + 1 },
-            })
-            .collect();
+        let mut syms: Vec<Sym> = char_syms(text).collect();
         let mut heap: BinaryHeap<SpmBigram> = BinaryHeap::new();
         let try_add = |heap: &mut BinaryHeap<SpmBigram>, syms: &[Sym], l: isize, r: isize| {
             if l < 0 || r < 0 {
@@ -1233,14 +1190,7 @@ impl Tokenizer {
             if syms[l].n == 0 || syms[r].n == 0 || syms[l].n + syms[r].n != bg.size {
                 continue;
             }
-            syms[l].n += syms[r].n;
-            syms[r].n = 0;
-            let rnext = syms[r].next;
-            syms[l].next = rnext;
-            if rnext >= 0 {
-                syms[rnext as usize].prev = l as isize;
-            }
-            let lprev = syms[l].prev;
+            let (lprev, rnext) = merge_syms(&mut syms, l, r);
             try_add(&mut heap, &syms, lprev, l as isize);
             try_add(&mut heap, &syms, l as isize, rnext);
         }
@@ -1269,12 +1219,17 @@ impl Tokenizer {
         if let Some(&id) = self.token_to_id.get(&hex) {
             return Some(id);
         }
-        if b < 0x80 {
-            let mut buf = [0u8; 4];
-            let one = (b as char).encode_utf8(&mut buf);
-            return self.token_to_id.get(&*one).copied();
+        self.ascii_token(b)
+    }
+
+    /// The token whose text is the single ASCII character `b` (none for `b >= 0x80`).
+    fn ascii_token(&self, b: u8) -> Option<u32> {
+        if b >= 0x80 {
+            return None;
         }
-        None
+        let mut buf = [0u8; 4];
+        let one = (b as char).encode_utf8(&mut buf);
+        self.token_to_id.get(&*one).copied()
     }
 }
 
@@ -1284,6 +1239,32 @@ struct Sym {
     n: usize,
     prev: isize,
     next: isize,
+}
+
+/// One symbol per character of `text`, linked in order (`-1` ends the list).
+fn char_syms(text: &str) -> impl Iterator<Item = Sym> + '_ {
+    let n_chars = text.chars().count();
+    text.char_indices()
+        .enumerate()
+        .map(move |(i, (start, c))| Sym {
+            start,
+            n: c.len_utf8(),
+            prev: i as isize - 1,
+            next: if i + 1 == n_chars { -1 } else { i as isize + 1 },
+        })
+}
+
+/// Merges symbol `r` into its left neighbour `l` and unlinks it; returns `l`'s new
+/// neighbours `(prev, next)`, whose bigrams with `l` are queued next.
+fn merge_syms(syms: &mut [Sym], l: usize, r: usize) -> (isize, isize) {
+    syms[l].n += syms[r].n;
+    syms[r].n = 0;
+    let rnext = syms[r].next;
+    syms[l].next = rnext;
+    if rnext >= 0 {
+        syms[rnext as usize].prev = l as isize;
+    }
+    (syms[l].prev, rnext)
 }
 
 /// Ordered by (rank, left) like llama.cpp's comparator; the symbol lengths identify outdated
