@@ -56,6 +56,7 @@ fn llama_cpp_style_args(args: impl Iterator<Item = std::ffi::OsString>) -> Vec<s
 
 fn main() -> ExitCode {
     let cli = Cli::parse_from(llama_cpp_style_args(std::env::args_os()));
+    moxie_core::keep_freed_memory();
     let res = match cli.cmd {
         Cmd::Inspect(a) => inspect::main(a),
         Cmd::Run(a) => run::run(a),

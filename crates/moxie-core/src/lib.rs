@@ -39,3 +39,24 @@ pub enum Error {
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
+
+/// Keep freed blocks in the process instead of handing them back to the kernel. The forward
+/// pass allocates and frees buffers of megabytes per layer (activations, scores, expert
+/// intermediates); with glibc's defaults those are mmapped or trimmed on free, and every reuse
+/// faults in fresh zeroed pages, ~5% of a 512-token prefill's time. Called once by the CLI at
+/// start; other allocators and platforms are left as they are.
+pub fn keep_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // glibc's ceiling for the mmap threshold (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit):
+        // blocks up to it come from the heap and are reused.
+        const MMAP_THRESHOLD: libc::c_int = 32 << 20;
+        const TRIM_THRESHOLD: libc::c_int = 1 << 30;
+        // SAFETY: mallopt only changes allocator tunables; it is called before the worker
+        // threads start allocating and takes plain integers.
+        unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD);
+            libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD);
+        }
+    }
+}
