@@ -20,7 +20,7 @@ use crate::config::Config;
 use crate::model::{dense_ffn, route_top_k, Moe};
 use crate::ops;
 use crate::parallel::Parallel;
-use crate::tensor::{gemv_many, ChunkedLayout, Mat, QuantizedActs, Tensor};
+use crate::tensor::{gemv_many, ChunkedLayout, Mat, QuantizedActs, Tensor, TILE};
 use crate::Result;
 
 /// The MoE layer for `n` rows of `h` (each `n_embd` long, already normed), as the forward pass
@@ -231,8 +231,17 @@ fn batch(c: &Config, m: &Moe, h: &[f32], n: usize, par: &Parallel) -> Result<Vec
         r.gate
             .rows_times(kernels[a].0, acts_gate, rows.clone(), g, scratch);
         r.up.rows_times(kernels[a].1, acts_up, rows, up, scratch);
-        for (gt, ut) in g.chunks_exact_mut(width).zip(up.chunks_exact(width)) {
-            ops::swiglu_cols(gt, ut, r0, n_ff);
+        // Runs of 16 rows, token-major within a run (rows_times' order).
+        let nt = n_tok[a];
+        for (k, (gk, uk)) in g
+            .chunks_mut(TILE * nt)
+            .zip(up.chunks(TILE * nt))
+            .enumerate()
+        {
+            let w = TILE.min(width - k * TILE);
+            for (gt, ut) in gk.chunks_exact_mut(w).zip(uk.chunks_exact(w)) {
+                ops::swiglu_cols(gt, ut, r0 + k * TILE, n_ff);
+            }
         }
     });
 

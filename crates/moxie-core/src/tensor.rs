@@ -253,10 +253,14 @@ impl<'a> Mat<'a> {
         }
     }
 
-    /// Output rows `rows` for every row of `acts` with `kernel`, token-major within the
-    /// chunk: `out[t * rows.len() + i] = W[rows.start + i] · x[t]`. For the int8 GEMM `rows`
-    /// must start on a [`CHUNK_ROWS`] boundary and span at most one chunk. `scratch` is reused
-    /// between calls. Each value is what [`Mat::run`] computes for it with the same kernel.
+    /// Output rows `rows` for every row of `acts` with `kernel`, in [`TILE`]-row runs: the
+    /// chunk's rows are cut in runs of 16 from `rows.start` (the last may be shorter, `w`
+    /// wide), and run `k` holds `n_tok` token rows of `w` results:
+    /// `out[16k * n_tok + t * w + i] = W[rows.start + 16k + i] · x[t]`. That is the int8
+    /// GEMM's own output order, so it writes `out` directly; with one token it is plain row
+    /// order. For the int8 GEMM `rows` must start on a [`CHUNK_ROWS`] boundary and span at
+    /// most one chunk. `scratch` is reused between calls. Each value is what [`Mat::run`]
+    /// computes for it with the same kernel.
     pub(crate) fn rows_times(
         &self,
         kernel: Kernel,
@@ -268,12 +272,17 @@ impl<'a> Mat<'a> {
         let n_tok = acts.n_rows();
         let len = rows.len();
         debug_assert_eq!(out.len(), n_tok * len);
+        // Where row `i` of the chunk lands for token `t`.
+        let at = |i: usize, t: usize| {
+            let (k, w) = (i / TILE, TILE.min(len - i / TILE * TILE));
+            k * TILE * n_tok + t * w + i % TILE
+        };
         match kernel {
             Kernel::Dot(dot) => {
-                for (t, orow) in out.chunks_exact_mut(len).enumerate() {
+                for t in 0..n_tok {
                     let a = acts.row(t);
-                    for (r, y) in rows.clone().zip(orow.iter_mut()) {
-                        *y = dot(self.n_in, self.row(r), a);
+                    for (i, r) in rows.clone().enumerate() {
+                        out[at(i, t)] = dot(self.n_in, self.row(r), a);
                     }
                 }
             }
@@ -282,28 +291,36 @@ impl<'a> Mat<'a> {
                 for (i, r) in rows.enumerate() {
                     many(self.n_in, self.row(r), &acts.data, acts.row_bytes, scratch);
                     for (t, &v) in scratch.iter().enumerate() {
-                        out[t * len + i] = v;
+                        out[at(i, t)] = v;
                     }
                 }
             }
             Kernel::Int8Gemm => {
-                const TILE: usize = moxie_quant::GEMM_TILE_ROWS;
                 debug_assert!(rows.start.is_multiple_of(CHUNK_ROWS) && len <= CHUNK_ROWS);
-                let n_tiles = len.div_ceil(TILE);
-                scratch.resize(n_tiles * n_tok * TILE, 0.0);
                 let data = &self.data[rows.start * self.row_bytes..rows.end * self.row_bytes];
                 // The next chunk of this matrix is usually what this thread computes next.
                 let next_end = (rows.end + CHUNK_ROWS).min(self.n_out);
                 let next = &self.data[rows.end * self.row_bytes..next_end * self.row_bytes];
-                let done =
-                    moxie_quant::gemm_q8(self.ty, self.n_in, data, acts.gemm_acts(), scratch, next);
-                debug_assert!(done, "fast_kernel checked the int8 GEMM applies");
-                // [tile][token][16] -> [token][row].
-                for (tile, vals) in scratch.chunks_exact(n_tok * TILE).enumerate() {
-                    let (r0, width) = (tile * TILE, TILE.min(len - tile * TILE));
-                    for (orow, v) in out.chunks_exact_mut(len).zip(vals.chunks_exact(TILE)) {
-                        orow[r0..r0 + width].copy_from_slice(&v[..width]);
-                    }
+                let gemm = |o: &mut [f32]| {
+                    let done =
+                        moxie_quant::gemm_q8(self.ty, self.n_in, data, acts.gemm_acts(), o, next);
+                    debug_assert!(done, "fast_kernel checked the int8 GEMM applies");
+                };
+                if len.is_multiple_of(TILE) {
+                    gemm(out);
+                    return;
+                }
+                // A short last run: the GEMM pads it to 16 rows per token.
+                let full = len / TILE * TILE * n_tok;
+                scratch.resize(len.div_ceil(TILE) * TILE * n_tok, 0.0);
+                gemm(scratch);
+                out[..full].copy_from_slice(&scratch[..full]);
+                let w = len % TILE;
+                for (o, v) in out[full..]
+                    .chunks_exact_mut(w)
+                    .zip(scratch[full..].chunks_exact(TILE))
+                {
+                    o.copy_from_slice(&v[..w]);
                 }
             }
         }
@@ -414,12 +431,16 @@ pub(crate) enum Kernel {
 
 /// Output rows per work item where products are split in chunks: two int8 GEMM tiles, which
 /// its kernel runs together (each activation load feeds both).
-pub(crate) const CHUNK_ROWS: usize = 2 * moxie_quant::GEMM_TILE_ROWS;
+pub(crate) const CHUNK_ROWS: usize = 2 * TILE;
+
+/// Rows per run in the order [`Mat::rows_times`] writes (the int8 GEMM's tile height).
+pub(crate) const TILE: usize = moxie_quant::GEMM_TILE_ROWS;
 
 /// Where the results of several matrices' products (an expert's, or one matrix's with `a` = 0)
 /// live in a buffer of (matrix, chunk of rows) items: matrix `a` owns
 /// `start[a]..start[a + 1]`, chunk `c` of it starts `c * CHUNK_ROWS * n_tok(a)` further, and
-/// holds `n_tok(a)` token rows of the chunk's width.
+/// holds the chunk's results in [`Mat::rows_times`]'s order (runs of 16 rows, token-major
+/// within a run).
 pub(crate) struct ChunkedLayout {
     n_rows: usize,
     n_chunks: usize,
@@ -466,20 +487,19 @@ impl ChunkedLayout {
 
     /// Every row's result for token `t` (the matrix's `t`-th) of matrix `a`, into `out`.
     pub(crate) fn gather(&self, buf: &[f32], a: usize, t: usize, out: &mut [f32]) {
-        let base = self.start[a] + t * CHUNK_ROWS;
-        let step = CHUNK_ROWS * self.n_tok[a];
-        let mut chunks = out.chunks_exact_mut(CHUNK_ROWS);
-        // Whole chunks as fixed-size copies: a `memmove` call per 16 floats cost more than
-        // the copy (this runs for every token row of every expert).
-        for (c, dst) in chunks.by_ref().enumerate() {
-            let at = base + c * step;
-            let src: &[f32; CHUNK_ROWS] = buf[at..at + CHUNK_ROWS].try_into().unwrap();
-            *<&mut [f32; CHUNK_ROWS]>::try_from(dst).unwrap() = *src;
+        let n_tok = self.n_tok[a];
+        let base = self.start[a];
+        let mut runs = out.chunks_exact_mut(TILE);
+        // Whole runs as fixed-size copies: a `memmove` call per 16 floats cost more than the
+        // copy (this runs for every token row of every expert).
+        for (k, dst) in runs.by_ref().enumerate() {
+            let at = base + (k * n_tok + t) * TILE;
+            let src: &[f32; TILE] = buf[at..at + TILE].try_into().unwrap();
+            *<&mut [f32; TILE]>::try_from(dst).unwrap() = *src;
         }
-        let tail = chunks.into_remainder();
+        let tail = runs.into_remainder();
         if !tail.is_empty() {
-            let c = self.n_chunks - 1;
-            let at = self.start[a] + c * step + t * tail.len();
+            let at = base + self.n_rows / TILE * TILE * n_tok + t * tail.len();
             tail.copy_from_slice(&buf[at..at + tail.len()]);
         }
     }
@@ -606,5 +626,58 @@ impl QuantizedActs {
 
     pub fn row(&self, i: usize) -> &[u8] {
         &self.data[i * self.row_bytes..(i + 1) * self.row_bytes]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lcg(seed: &mut u64) -> f32 {
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+
+    /// Batched products (chunks in rows_times' run order, gathered back to token-major) equal
+    /// one-token products row for row, for row counts that end in a short run and token counts
+    /// on both sides of the int8 GEMM threshold, with every kernel choice.
+    #[test]
+    fn batched_products_match_one_token_products() {
+        let mut seed = 11u64;
+        let n_in = 256;
+        for ty in [GgmlType::Q8_0, GgmlType::Q4_K] {
+            for n_out in [37, 64, 5] {
+                let w: Vec<f32> = (0..n_in * n_out).map(|_| lcg(&mut seed)).collect();
+                let rb = ty.row_bytes(n_in as u64).unwrap() as usize;
+                let mut wq = vec![0u8; rb * n_out];
+                let qw = moxie_quant::quantize_weights_fn(ty).unwrap();
+                for (src, dst) in w.chunks_exact(n_in).zip(wq.chunks_exact_mut(rb)) {
+                    qw(src, dst);
+                }
+                let t = Tensor::owned("w", ty, [n_in, n_out, 1, 1], wq).unwrap();
+                let m = t.matrix().unwrap();
+                for numerics in [Numerics::Exact, Numerics::Fast] {
+                    let par = Parallel::new(2).with_numerics(numerics);
+                    for n_tok in [2, 3, 4, 9] {
+                        let x: Vec<f32> = (0..n_in * n_tok).map(|_| lcg(&mut seed)).collect();
+                        let mut got = vec![f32::NAN; n_tok * n_out];
+                        m.matmul(&par, &x, &mut got);
+                        for (xt, gt) in x.chunks_exact(n_in).zip(got.chunks_exact(n_out)) {
+                            let mut want = vec![0f32; n_out];
+                            m.matmul(&par, xt, &mut want);
+                            for (r, (&g, &w)) in gt.iter().zip(&want).enumerate() {
+                                assert!(
+                                    (g - w).abs() <= 1e-4 * (1.0 + w.abs()),
+                                    "{ty} {numerics:?} n_out {n_out} n_tok {n_tok} row {r}: \
+                                     batch {g}, one token {w}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 }
