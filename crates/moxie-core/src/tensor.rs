@@ -93,7 +93,8 @@ impl Tensor {
     pub fn data(&self) -> &[u8] {
         match &self.storage {
             Storage::Mapped { file, index } => file
-                .tensor_data(&file.tensors()[*index])
+                .tensor_data_at(*index)
+                .and_then(|r| r.ok())
                 .expect("tensor data was checked when the tensor was created"),
             Storage::Owned(v) => v,
         }

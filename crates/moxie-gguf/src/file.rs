@@ -470,7 +470,22 @@ impl GgufFile {
     /// The bytes of tensor `t`: a zero-copy slice of its part's mapping. Fails in
     /// header-only mode and for a `TensorInfo` that does not describe a tensor of this file.
     pub fn tensor_data(&self, t: &TensorInfo) -> Result<&[u8], GgufError> {
-        let foreign = || GgufError::ForeignTensor {
+        let own = self.tensor(&t.name).ok_or_else(|| self.foreign(t))?;
+        if own.split != t.split || own.file_offset != t.file_offset || own.n_bytes != t.n_bytes {
+            return Err(self.foreign(t));
+        }
+        self.bytes_of(t)
+    }
+
+    /// The bytes of tensor `index` of [`GgufFile::tensors`]: [`GgufFile::tensor_data`] without
+    /// the name lookup that checks the entry is this file's (the forward pass asks for every
+    /// weight's bytes on every token). `None` if there is no tensor `index`.
+    pub fn tensor_data_at(&self, index: usize) -> Option<Result<&[u8], GgufError>> {
+        self.tensors().get(index).map(|t| self.bytes_of(t))
+    }
+
+    fn foreign(&self, t: &TensorInfo) -> GgufError {
+        GgufError::ForeignTensor {
             file: self
                 .parts
                 .get(t.split)
@@ -479,11 +494,12 @@ impl GgufFile {
             split: t.split,
             start: t.file_offset,
             end: t.file_offset.saturating_add(t.n_bytes),
-        };
-        let own = self.tensor(&t.name).ok_or_else(foreign)?;
-        if own.split != t.split || own.file_offset != t.file_offset || own.n_bytes != t.n_bytes {
-            return Err(foreign());
         }
+    }
+
+    /// `t`'s bytes in its split's mapping (`t` is one of this file's entries).
+    fn bytes_of(&self, t: &TensorInfo) -> Result<&[u8], GgufError> {
+        let foreign = || self.foreign(t);
         let part = self.parts.get(t.split).ok_or_else(foreign)?;
         if self.header_only {
             return Err(GgufError::HeaderOnly {
