@@ -5,7 +5,8 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use moxie_core::bench::{decode_bytes, mean_std, read_bandwidth, run_once, BenchTest};
-use moxie_core::{Model, Parallel};
+use moxie_core::{KvTypes, Model, Parallel};
+use moxie_quant::GgmlType;
 use serde_json::json;
 
 #[derive(clap::Args)]
@@ -54,6 +55,12 @@ pub struct Args {
     /// Micro-batch size (`-ub`).
     #[arg(long = "ubatch-size", value_delimiter = ',', default_value = "512")]
     ubatch: Vec<usize>,
+    /// KV cache types for keys (`-ctk`): f16, f32, q8_0.
+    #[arg(long = "cache-type-k", value_delimiter = ',', default_value = "f16", value_parser = crate::run::kv_type)]
+    cache_type_k: Vec<GgmlType>,
+    /// KV cache types for values (`-ctv`): f16, f32, q8_0 (MLA models keep no value cache).
+    #[arg(long = "cache-type-v", value_delimiter = ',', default_value = "f16", value_parser = crate::run::kv_type)]
+    cache_type_v: Vec<GgmlType>,
     /// Repetitions per test.
     #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
     reps: usize,
@@ -120,6 +127,7 @@ struct Row {
     threads: usize,
     batch: usize,
     ubatch: usize,
+    kv: KvTypes,
     test: BenchTest,
     samples: Vec<f64>,
 }
@@ -175,6 +183,13 @@ pub fn main(a: Args) -> Result<()> {
     } else {
         a.threads.clone()
     };
+    let kv_types: Vec<KvTypes> = a
+        .cache_type_k
+        .iter()
+        .flat_map(|&k| a.cache_type_v.iter().map(move |&v| KvTypes { k, v }))
+        .collect();
+    // llama-bench shows the cache types only when they are not its defaults.
+    let show_kv = kv_types.iter().any(|t| *t != KvTypes::default());
     let mut rows = Vec::new();
     let mut bandwidths = Vec::new();
     for path in &a.model {
@@ -192,7 +207,11 @@ pub fn main(a: Args) -> Result<()> {
         for &t in &threads {
             let par = Parallel::new(t).with_numerics(crate::run::numerics(a.exact));
             for &b in &a.batch {
-                for &ub in &a.ubatch {
+                for (&ub, kv) in a
+                    .ubatch
+                    .iter()
+                    .flat_map(|u| kv_types.iter().map(move |k| (u, *k)))
+                {
                     let micro = ub.min(b);
                     for &test in &tests {
                         if !a.no_warmup {
@@ -201,11 +220,11 @@ pub fn main(a: Args) -> Result<()> {
                                 n_gen: test.n_gen.min(1),
                                 depth: 0,
                             };
-                            run_once(&model, &par, warm, micro)?;
+                            run_once(&model, &par, warm, micro, kv)?;
                         }
                         let mut samples = Vec::with_capacity(a.reps);
                         for _ in 0..a.reps {
-                            samples.push(run_once(&model, &par, test, micro)?);
+                            samples.push(run_once(&model, &par, test, micro, kv)?);
                         }
                         let row = Row {
                             model: desc.clone(),
@@ -215,19 +234,20 @@ pub fn main(a: Args) -> Result<()> {
                             threads: t,
                             batch: b,
                             ubatch: ub,
+                            kv,
                             test,
                             samples,
                         };
                         if a.output == "jsonl" {
                             crate::emit(&format!("{}\n", row_json(&row)))?;
                         } else if a.output == "md" && rows.is_empty() {
-                            crate::emit(&md_header())?;
+                            crate::emit(&md_header(show_kv))?;
                         }
                         if a.output == "md" {
-                            crate::emit(&md_row(&row))?;
+                            crate::emit(&md_row(&row, show_kv))?;
                         }
                         if a.bandwidth && test.n_prompt == 0 && test.n_gen > 0 {
-                            bandwidths.push(bandwidth_line(&model, &par, &row, a.bandwidth_mib));
+                            bandwidths.push(bandwidth_line(&model, &par, &row, a.bandwidth_mib)?);
                         }
                         rows.push(row);
                     }
@@ -245,13 +265,13 @@ pub fn main(a: Args) -> Result<()> {
         }
         "csv" => {
             let mut o = String::from(
-                "model_filename,model_type,model_size,model_n_params,n_threads,n_batch,n_ubatch,n_prompt,n_gen,n_depth,test,avg_ts,stddev_ts\n",
+                "model_filename,model_type,model_size,model_n_params,n_threads,n_batch,n_ubatch,type_k,type_v,n_prompt,n_gen,n_depth,test,avg_ts,stddev_ts\n",
             );
             for r in &rows {
                 let (m, s) = mean_std(&r.samples);
                 writeln!(
                     o,
-                    "\"{}\",\"{}\",{},{},{},{},{},{},{},{},\"{}\",{m:.6},{s:.6}",
+                    "\"{}\",\"{}\",{},{},{},{},{},{},{},{},{},{},\"{}\",{m:.6},{s:.6}",
                     r.file,
                     r.model,
                     r.size,
@@ -259,6 +279,8 @@ pub fn main(a: Args) -> Result<()> {
                     r.threads,
                     r.batch,
                     r.ubatch,
+                    kv_name(r.kv.k),
+                    kv_name(r.kv.v),
                     r.test.n_prompt,
                     r.test.n_gen,
                     r.test.depth,
@@ -274,14 +296,14 @@ pub fn main(a: Args) -> Result<()> {
 /// Decode as a fraction of the machine's read bandwidth: bytes per token (at the test's mean
 /// context length) times tokens per second, over the bandwidth measured now with the same
 /// threads on a `mib` MiB buffer (median of five passes).
-fn bandwidth_line(model: &Model, par: &Parallel, r: &Row, mib: usize) -> String {
+fn bandwidth_line(model: &Model, par: &Parallel, r: &Row, mib: usize) -> Result<String> {
     let n_kv = r.test.depth + r.test.n_gen.div_ceil(2);
-    let b = decode_bytes(model, n_kv);
+    let b = decode_bytes(model, n_kv, r.kv)?;
     let (tps, _) = mean_std(&r.samples);
     let bw = read_bandwidth(par, mib << 20);
     let used = b.total() as f64 * tps;
     let mb = |x: u64| x as f64 / 1e6;
-    format!(
+    Ok(format!(
         "{} {} t={}: {:.1} MB/token (dense {:.1} + experts {:.1} + embedding row {:.3} + KV {:.1} at {n_kv} positions) x {tps:.2} t/s = {:.1} GB/s of {:.1} GB/s measured read bandwidth = {:.0}%",
         r.model,
         r.test.name(),
@@ -294,23 +316,39 @@ fn bandwidth_line(model: &Model, par: &Parallel, r: &Row, mib: usize) -> String 
         used / 1e9,
         bw / 1e9,
         100.0 * used / bw
+    ))
+}
+
+/// A cache type as llama-bench prints it (`f16`, `q8_0`).
+fn kv_name(t: GgmlType) -> String {
+    t.name().to_ascii_lowercase()
+}
+
+fn md_header(show_kv: bool) -> String {
+    let (kv, kv_align) = if show_kv {
+        (" type_k | type_v |", " ---: | ---: |")
+    } else {
+        ("", "")
+    };
+    format!(
+        "| model | size | params | backend | threads |{kv} test | t/s |\n| --- | ---: | ---: | --- | ---: |{kv_align} ---: | ---: |\n"
     )
 }
 
-fn md_header() -> String {
-    "| model | size | params | backend | threads | test | t/s |\n| --- | ---: | ---: | --- | ---: | ---: | ---: |\n"
-        .to_string()
-}
-
-fn md_row(r: &Row) -> String {
+fn md_row(r: &Row, show_kv: bool) -> String {
     let (m, s) = mean_std(&r.samples);
     let size = if r.size >= 1 << 30 {
         format!("{:.2} GiB", r.size as f64 / (1u64 << 30) as f64)
     } else {
         format!("{:.2} MiB", r.size as f64 / (1u64 << 20) as f64)
     };
+    let kv = if show_kv {
+        format!(" {} | {} |", kv_name(r.kv.k), kv_name(r.kv.v))
+    } else {
+        String::new()
+    };
     format!(
-        "| {} | {size} | {} | CPU | {} | {} | {m:.2} ± {s:.2} |\n",
+        "| {} | {size} | {} | CPU | {} |{kv} {} | {m:.2} ± {s:.2} |\n",
         r.model,
         params_label(r.params),
         r.threads,
@@ -329,6 +367,8 @@ fn row_json(r: &Row) -> serde_json::Value {
         "n_threads": r.threads,
         "n_batch": r.batch,
         "n_ubatch": r.ubatch,
+        "type_k": kv_name(r.kv.k),
+        "type_v": kv_name(r.kv.v),
         "n_prompt": r.test.n_prompt,
         "n_gen": r.test.n_gen,
         "n_depth": r.test.depth,

@@ -49,6 +49,8 @@ fn llama_cpp_style_args(args: impl Iterator<Item = std::ffi::OsString>) -> Vec<s
         Some("-ub") => "--ubatch-size".into(),
         Some("-pg") => "--n-pg".into(),
         Some("-wb") => "--warmup-batch".into(),
+        Some("-ctk") => "--cache-type-k".into(),
+        Some("-ctv") => "--cache-type-v".into(),
         _ => a,
     })
     .collect()

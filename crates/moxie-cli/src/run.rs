@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use moxie_core::generate::{generate, GenParams};
 use moxie_core::{Logits, Model, Numerics, Parallel, Sampler, SamplerConfig};
+use moxie_quant::GgmlType;
 
 #[derive(clap::Args)]
 pub struct ModelArgs {
@@ -22,6 +23,18 @@ pub struct ModelArgs {
     /// instead of the fast batched kernels.
     #[arg(long)]
     pub exact: bool,
+    /// KV cache type for keys (also `-ctk`): f16, f32 or q8_0.
+    #[arg(long = "cache-type-k", default_value = "f16", value_parser = kv_type)]
+    pub cache_type_k: GgmlType,
+    /// KV cache type for values (also `-ctv`): f16, f32 or q8_0. MLA models keep no value
+    /// cache (values are part of the latent keys).
+    #[arg(long = "cache-type-v", default_value = "f16", value_parser = kv_type)]
+    pub cache_type_v: GgmlType,
+}
+
+/// A `-ctk` / `-ctv` value.
+pub fn kv_type(s: &str) -> std::result::Result<GgmlType, String> {
+    moxie_core::kv_cache::parse_kv_type(s).map_err(|e| e.to_string())
 }
 
 impl ModelArgs {
@@ -31,6 +44,15 @@ impl ModelArgs {
             None => Parallel::available(),
         };
         par.with_numerics(numerics(self.exact))
+    }
+
+    /// A cache of the requested types for `n_ctx` positions.
+    fn cache(&self, model: &Model, n_ctx: usize) -> Result<moxie_core::KvCache> {
+        let types = moxie_core::KvTypes {
+            k: self.cache_type_k,
+            v: self.cache_type_v,
+        };
+        Ok(model.new_cache_typed(Some(n_ctx), types)?)
     }
 }
 
@@ -168,7 +190,7 @@ pub fn run(a: RunArgs) -> Result<()> {
             prompt.len()
         );
     }
-    let mut cache = model.new_cache(Some(n_ctx));
+    let mut cache = a.model.cache(&model, n_ctx)?;
     let seed = a.seed.unwrap_or_else(|| {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -249,7 +271,9 @@ pub fn logits(a: LogitsArgs) -> Result<()> {
     let model = load_model(&a.model)?;
     let par = a.model.parallel();
     let n = a.tokens.len();
-    let mut cache = model.new_cache(Some(n.max(a.model.ctx_size.unwrap_or(0))));
+    let mut cache = a
+        .model
+        .cache(&model, n.max(a.model.ctx_size.unwrap_or(0)))?;
     let logits = model.forward(&a.tokens, &mut cache, &par, Logits::All)?;
     moxie_core::npy::write_f32(&a.out, &[n, model.config.n_vocab], &logits)?;
     eprintln!(

@@ -81,3 +81,41 @@ fn bandwidth_line_accounts_bytes_per_token() {
     assert!(line.contains("at 2 positions"), "{line}");
     assert!(num_after("of ") > 0.1, "measured bandwidth in {line}");
 }
+
+/// `-ctk` / `-ctv` take llama.cpp's cache type names, several at once: every pair is a row
+/// with its types in the table and the csv; an unsupported type is refused by name.
+#[test]
+fn cache_types_are_benchmarked_and_reported() {
+    let dir =
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("moxie-ctk-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("qwen.gguf");
+    let p = path.to_str().unwrap();
+    let o = moxie(&["gen", "--arch", "qwen3moe", "--preset", "tiny", "-o", p]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let common = ["bench", "-m", p, "-p", "8", "-n", "2", "-r", "1", "-t", "1"];
+    let run = |extra: &[&str]| moxie(&[&common[..], extra].concat());
+    let o = run(&["-ctk", "f16,q8_0", "-ctv", "q8_0"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(out.contains("| type_k | type_v |"), "{out}");
+    assert_eq!(out.matches("| f16 | q8_0 |").count(), 2, "{out}");
+    assert_eq!(out.matches("| q8_0 | q8_0 |").count(), 2, "{out}");
+    let o = run(&["-ctk", "q8_0", "-o", "csv"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        out.lines().next().unwrap().contains(",type_k,type_v,"),
+        "{out}"
+    );
+    assert_eq!(out.matches(",q8_0,f16,").count(), 2, "{out}");
+    let o = run(&["-ctv", "q4_0"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(
+        err.contains("'q4_0'") && err.contains("f32, f16, q8_0"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

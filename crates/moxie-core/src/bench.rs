@@ -6,6 +6,7 @@
 use std::time::Instant;
 
 use crate::inventory::Role;
+use crate::kv_cache::KvTypes;
 use crate::model::{Logits, Model};
 use crate::parallel::Parallel;
 use crate::Result;
@@ -47,9 +48,15 @@ pub fn bench_token(i: usize, n_vocab: usize) -> u32 {
 
 /// Run `test` once: a fresh cache, the untimed depth, then the timed prompt and generation.
 /// Returns tokens per second.
-pub fn run_once(model: &Model, par: &Parallel, test: BenchTest, ubatch: usize) -> Result<f64> {
+pub fn run_once(
+    model: &Model,
+    par: &Parallel,
+    test: BenchTest,
+    ubatch: usize,
+    kv: KvTypes,
+) -> Result<f64> {
     let n_vocab = model.config.n_vocab;
-    let mut cache = model.new_cache(Some(test.depth + test.n_tokens() + 1));
+    let mut cache = model.new_cache_typed(Some(test.depth + test.n_tokens() + 1), kv)?;
     let depth: Vec<u32> = (0..test.depth).map(|i| bench_token(i, n_vocab)).collect();
     for chunk in depth.chunks(ubatch.max(1)) {
         model.forward(chunk, &mut cache, par, Logits::None)?;
@@ -90,9 +97,9 @@ impl DecodeBytes {
     }
 }
 
-/// The bytes a decode step reads with `n_kv` positions in the cache (f16 cache). MTP/NextN
+/// The bytes a decode step reads with `n_kv` positions in a cache of `kv` types. MTP/NextN
 /// tensors are not run and not counted.
-pub fn decode_bytes(model: &Model, n_kv: usize) -> DecodeBytes {
+pub fn decode_bytes(model: &Model, n_kv: usize, kv: KvTypes) -> Result<DecodeBytes> {
     let c = &model.config;
     let mut b = DecodeBytes::default();
     for t in model.file.tensors() {
@@ -105,13 +112,10 @@ pub fn decode_bytes(model: &Model, n_kv: usize) -> DecodeBytes {
             _ => b.dense += t.n_bytes,
         }
     }
-    let per_pos: usize = model
-        .kv_shapes()
-        .iter()
-        .map(|s| (s.k_width + s.v_width) * 2)
-        .sum();
+    // An empty cache of those types: it knows its row sizes and reserves nothing yet.
+    let per_pos = model.new_cache_typed(Some(n_kv), kv)?.bytes_per_position();
     b.kv = (per_pos * n_kv) as u64;
-    b
+    Ok(b)
 }
 
 /// Read bandwidth of this machine with `par`'s threads, in bytes per second: the median of five

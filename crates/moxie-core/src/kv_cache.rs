@@ -1,10 +1,12 @@
 //! The KV cache: per layer, keys and values of every position so far, stored as f16 like
-//! llama.cpp's default cache (the rounding is part of the numerics being matched).
+//! llama.cpp's default cache (the rounding is part of the numerics being matched), or as f32
+//! or q8_0 when asked (`-ctk` / `-ctv`, llama.cpp's `--cache-type-k` / `--cache-type-v`).
 //!
 //! MLA layers (deepseek2) store only the compressed latent plus the rotary key part per token
-//! (`kv_lora_rank + n_rot` values); their "values" are the first `kv_lora_rank` of those.
+//! (`kv_lora_rank + n_rot` values); their "values" are the first `kv_lora_rank` of those, so
+//! they take the key type and have no value cache (as in llama.cpp).
 
-use half::f16;
+use moxie_quant::GgmlType;
 
 use crate::{Error, Result};
 
@@ -15,27 +17,156 @@ pub struct LayerKvShape {
     pub k_width: usize,
     /// Values stored per position for values; 0 when values are a prefix of the keys (MLA).
     pub v_width: usize,
+    /// Width of one head's key and value: a quantized cache needs whole blocks per head.
+    pub head_k: usize,
+    pub head_v: usize,
+}
+
+/// The element types of a cache's keys and values (`-ctk` / `-ctv`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvTypes {
+    pub k: GgmlType,
+    pub v: GgmlType,
+}
+
+impl Default for KvTypes {
+    /// llama.cpp's default: f16 keys and values.
+    fn default() -> Self {
+        KvTypes {
+            k: GgmlType::F16,
+            v: GgmlType::F16,
+        }
+    }
+}
+
+/// The element types a cache can hold (llama.cpp's names: `f32`, `f16`, `q8_0`).
+pub const KV_TYPES: [GgmlType; 3] = [GgmlType::F32, GgmlType::F16, GgmlType::Q8_0];
+
+/// A `-ctk` / `-ctv` value as a cache type; the error names the supported ones.
+pub fn parse_kv_type(name: &str) -> Result<GgmlType> {
+    GgmlType::from_name(name)
+        .filter(|t| KV_TYPES.contains(t))
+        .ok_or_else(|| {
+            let names: Vec<String> = KV_TYPES
+                .iter()
+                .map(|t| t.name().to_ascii_lowercase())
+                .collect();
+            Error::Model(format!(
+                "unsupported KV cache type '{name}' (supported: {})",
+                names.join(", ")
+            ))
+        })
+}
+
+/// One layer's keys or values: `width` elements per position of type `ty`.
+struct Store {
+    ty: GgmlType,
+    width: usize,
+    row_bytes: usize,
+    data: Vec<u8>,
+}
+
+impl Store {
+    fn new(ty: GgmlType, width: usize) -> Store {
+        let row_bytes = ty.row_bytes(width as u64).unwrap_or(0) as usize;
+        Store {
+            ty,
+            width,
+            row_bytes,
+            data: Vec::new(),
+        }
+    }
+
+    fn append(&mut self, x: &[f32]) {
+        if self.width == 0 {
+            return;
+        }
+        let quantize = moxie_quant::quantize_fn(self.ty).expect("cache types can be quantized");
+        let n = x.len() / self.width;
+        let at = self.data.len();
+        self.data.resize(at + n * self.row_bytes, 0);
+        for (src, dst) in x
+            .chunks_exact(self.width)
+            .zip(self.data[at..].chunks_exact_mut(self.row_bytes))
+        {
+            quantize(src, dst);
+        }
+    }
 }
 
 pub struct KvCache {
     n_ctx: usize,
     len: usize,
     shapes: Vec<LayerKvShape>,
-    k: Vec<Vec<f16>>,
-    v: Vec<Vec<f16>>,
+    k: Vec<Store>,
+    v: Vec<Store>,
+}
+
+/// Cached rows of one layer: `ty` elements, `row_bytes` per position.
+#[derive(Clone, Copy)]
+pub struct CacheRows<'a> {
+    pub ty: GgmlType,
+    pub row_bytes: usize,
+    pub data: &'a [u8],
+}
+
+impl CacheRows<'_> {
+    /// Bytes of `n` elements starting `first` elements into position `pos`'s row (`first`
+    /// and `n` are whole blocks: the cache checked head widths when it was made).
+    pub fn span(&self, pos: usize, first: usize, n: usize) -> &[u8] {
+        let bs = self.ty.block_size();
+        let block_bytes = self.ty.type_size();
+        let at = pos * self.row_bytes + first / bs * block_bytes;
+        &self.data[at..at + n / bs * block_bytes]
+    }
+
+    /// `n` elements of position `pos` from element `first`, as f32.
+    pub fn to_f32(&self, pos: usize, first: usize, out: &mut [f32]) {
+        let src = self.span(pos, first, out.len());
+        moxie_quant::dequantize_row(self.ty, src, out).expect("cache types can be dequantized");
+    }
 }
 
 impl KvCache {
-    /// A cache for `n_ctx` positions. Memory is reserved as positions are written.
+    /// An f16 cache for `n_ctx` positions. Memory is reserved as positions are written.
     pub fn new(shapes: Vec<LayerKvShape>, n_ctx: usize) -> KvCache {
-        let n = shapes.len();
-        KvCache {
+        Self::typed(shapes, n_ctx, KvTypes::default()).expect("f16 holds any head width")
+    }
+
+    /// A cache holding keys and values as `types` (each one of [`KV_TYPES`]). Fails if a
+    /// head's width is not a whole number of the type's blocks.
+    pub fn typed(shapes: Vec<LayerKvShape>, n_ctx: usize, types: KvTypes) -> Result<KvCache> {
+        let (k_ty, v_ty) = (types.k, types.v);
+        for (il, s) in shapes.iter().enumerate() {
+            for (what, ty, head, width) in [
+                ("key", k_ty, s.head_k, s.k_width),
+                ("value", v_ty, s.head_v, s.v_width),
+            ] {
+                if width == 0 {
+                    continue;
+                }
+                if !KV_TYPES.contains(&ty) {
+                    return Err(Error::Model(format!("{ty} is not a KV cache type")));
+                }
+                let bs = ty.block_size();
+                if head == 0 || !head.is_multiple_of(bs) || !width.is_multiple_of(head) {
+                    return Err(Error::Model(format!(
+                        "layer {il}: a {what} head of {head} values is not a whole number of \
+                         {} blocks ({bs} values); use another cache type",
+                        ty.name().to_ascii_lowercase()
+                    )));
+                }
+            }
+        }
+        let k = shapes.iter().map(|s| Store::new(k_ty, s.k_width)).collect();
+        let v = shapes.iter().map(|s| Store::new(v_ty, s.v_width)).collect();
+        Ok(KvCache {
             n_ctx,
             len: 0,
             shapes,
-            k: vec![Vec::new(); n],
-            v: vec![Vec::new(); n],
-        }
+            k,
+            v,
+        })
     }
 
     /// Positions stored.
@@ -55,19 +186,20 @@ impl KvCache {
     pub fn truncate(&mut self, pos: usize) {
         if pos < self.len {
             self.len = pos;
-            for (il, s) in self.shapes.iter().enumerate() {
-                self.k[il].truncate(pos * s.k_width);
-                self.v[il].truncate(pos * s.v_width);
+            for s in self.k.iter_mut().chain(self.v.iter_mut()) {
+                s.data.truncate(pos * s.row_bytes);
             }
         }
     }
 
+    /// Bytes of one position over all layers.
+    pub fn bytes_per_position(&self) -> usize {
+        self.k.iter().chain(&self.v).map(|s| s.row_bytes).sum()
+    }
+
     /// Bytes the cache would take when full.
     pub fn bytes_when_full(&self) -> usize {
-        self.shapes
-            .iter()
-            .map(|s| (s.k_width + s.v_width) * 2 * self.n_ctx)
-            .sum()
+        self.bytes_per_position() * self.n_ctx
     }
 
     /// Check that `n` more positions fit.
@@ -81,11 +213,12 @@ impl KvCache {
         Ok(())
     }
 
-    /// Append keys/values of `n` new positions for layer `il` (rounded to f16). Callers append
-    /// the same number of positions to every layer, then call [`KvCache::commit`].
+    /// Append keys/values of `n` new positions for layer `il` (converted to the cache types).
+    /// Callers append the same number of positions to every layer, then call
+    /// [`KvCache::commit`].
     pub fn append(&mut self, il: usize, k: &[f32], v: &[f32]) {
-        self.k[il].extend(k.iter().map(|&x| f16::from_f32(x)));
-        self.v[il].extend(v.iter().map(|&x| f16::from_f32(x)));
+        self.k[il].append(k);
+        self.v[il].append(v);
     }
 
     /// Mark `n` appended positions as stored.
@@ -93,15 +226,69 @@ impl KvCache {
         self.len += n;
     }
 
-    pub fn keys(&self, il: usize) -> &[f16] {
-        &self.k[il]
+    pub fn keys(&self, il: usize) -> CacheRows<'_> {
+        rows(&self.k[il])
     }
 
-    pub fn values(&self, il: usize) -> &[f16] {
-        &self.v[il]
+    pub fn values(&self, il: usize) -> CacheRows<'_> {
+        rows(&self.v[il])
     }
 
     pub fn shape(&self, il: usize) -> LayerKvShape {
         self.shapes[il]
+    }
+}
+
+fn rows(s: &Store) -> CacheRows<'_> {
+    CacheRows {
+        ty: s.ty,
+        row_bytes: s.row_bytes,
+        data: &s.data,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn types(k: GgmlType, v: GgmlType) -> KvTypes {
+        KvTypes { k, v }
+    }
+
+    fn shape(head: usize) -> LayerKvShape {
+        LayerKvShape {
+            k_width: 2 * head,
+            v_width: 2 * head,
+            head_k: head,
+            head_v: head,
+        }
+    }
+
+    #[test]
+    fn q8_0_rows_round_trip_and_truncate() {
+        let mut c =
+            KvCache::typed(vec![shape(64)], 8, types(GgmlType::Q8_0, GgmlType::F32)).unwrap();
+        let k: Vec<f32> = (0..3 * 128).map(|i| (i as f32 * 0.37).sin()).collect();
+        c.append(0, &k, &k);
+        c.commit(3);
+        assert_eq!(c.bytes_per_position(), 4 * 34 + 128 * 4);
+        let mut row = vec![0f32; 64];
+        c.keys(0).to_f32(2, 64, &mut row);
+        for (a, b) in row.iter().zip(&k[2 * 128 + 64..3 * 128]) {
+            assert!((a - b).abs() <= 1.0 / 127.0, "{a} vs {b}");
+        }
+        c.values(0).to_f32(1, 0, &mut row);
+        assert_eq!(row, k[128..192]);
+        c.truncate(1);
+        assert_eq!(c.keys(0).data.len(), 4 * 34);
+    }
+
+    #[test]
+    fn cache_types_are_checked() {
+        assert!(KvCache::typed(vec![shape(40)], 8, types(GgmlType::Q8_0, GgmlType::F16)).is_err());
+        assert!(KvCache::typed(vec![shape(40)], 8, KvTypes::default()).is_ok());
+        assert_eq!(parse_kv_type("q8_0").unwrap(), GgmlType::Q8_0);
+        let e = parse_kv_type("q4_0").unwrap_err().to_string();
+        assert!(e.contains("q4_0") && e.contains("f32, f16, q8_0"), "{e}");
     }
 }

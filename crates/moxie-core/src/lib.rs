@@ -18,7 +18,7 @@ pub mod synth;
 pub mod tensor;
 
 pub use config::{Arch, Config};
-pub use kv_cache::KvCache;
+pub use kv_cache::{KvCache, KvTypes};
 pub use model::{Logits, Model};
 pub use parallel::{Numerics, Parallel};
 pub use sampling::{Sampler, SamplerConfig};

@@ -7,9 +7,10 @@
 use std::sync::Arc;
 
 use moxie_gguf::GgufFile;
+use moxie_quant::GgmlType;
 
 use crate::config::{Arch, Config, Gating};
-use crate::kv_cache::{KvCache, LayerKvShape};
+use crate::kv_cache::{CacheRows, KvCache, KvTypes, LayerKvShape};
 use crate::ops::{self, f16_round};
 use crate::parallel::{Numerics, Parallel};
 use crate::tensor::{ChunkedLayout, QuantizedActs, Tensor};
@@ -212,18 +213,30 @@ impl Model {
                 Attention::Gqa(_) => LayerKvShape {
                     k_width: c.n_head_kv * c.head_dim_k,
                     v_width: c.n_head_kv * c.head_dim_v,
+                    head_k: c.head_dim_k,
+                    head_v: c.head_dim_v,
                 },
+                // One latent "head"; values are its first kv_lora_rank elements.
                 Attention::Mla(_) => LayerKvShape {
                     k_width: c.kv_lora_rank + c.n_rot,
                     v_width: 0,
+                    head_k: c.kv_lora_rank + c.n_rot,
+                    head_v: c.kv_lora_rank,
                 },
             })
             .collect()
     }
 
-    /// A KV cache for `n_ctx` positions (the model's training context when `None`).
+    /// An f16 KV cache for `n_ctx` positions (the model's training context when `None`).
     pub fn new_cache(&self, n_ctx: Option<usize>) -> KvCache {
         KvCache::new(self.kv_shapes(), n_ctx.unwrap_or(self.config.n_ctx_train))
+    }
+
+    /// A KV cache of `types` (llama.cpp's `-ctk` / `-ctv`; MLA layers keep only keys) for
+    /// `n_ctx` positions. Fails if the heads do not fit the types' blocks.
+    pub fn new_cache_typed(&self, n_ctx: Option<usize>, types: KvTypes) -> Result<KvCache> {
+        let n_ctx = n_ctx.unwrap_or(self.config.n_ctx_train);
+        KvCache::typed(self.kv_shapes(), n_ctx, types)
     }
 
     /// A prompt after what `cache` holds, in micro-batches of `ubatch` tokens; returns the
@@ -371,8 +384,6 @@ impl Model {
                 n_head_kv: n_kv,
                 dk: hd,
                 dv: c.head_dim_v,
-                k_stride: n_kv * hd,
-                v_stride: n_kv * c.head_dim_v,
                 kq_scale: c.kq_scale(),
                 pos0,
             },
@@ -453,8 +464,6 @@ impl Model {
                 n_head_kv: 1,
                 dk: qw,
                 dv: rank,
-                k_stride: kw,
-                v_stride: kw,
                 kq_scale: c.kq_scale(),
                 pos0,
             },
@@ -644,27 +653,26 @@ struct AttnGeom {
     dk: usize,
     /// Value width per head.
     dv: usize,
-    /// Cache row widths (one position, all kv heads).
-    k_stride: usize,
-    v_stride: usize,
     kq_scale: f32,
     /// Position of the first query.
     pos0: usize,
 }
 
-/// Causal softmax attention of `q` (`n` tokens × n_head × dk) against the f16 cache, the way
-/// ggml's non-flash path computes it: queries rounded to f16 for the KQ product, probabilities
-/// rounded to f16 for the product with V, and both products summed in llama.cpp's order
-/// (tinyBLAS for a batch, `vec_dot_f16` for one token; docs/architecture.md "Numerics").
+/// Causal softmax attention of `q` (`n` tokens × n_head × dk) against the cache, the way
+/// ggml's non-flash path computes it: queries converted to the key type's dot-product partner
+/// (f16 for the default cache, q8_0 for a q8_0 one) for the KQ product, probabilities rounded
+/// to f16 for the product with f16 values, and both products summed in llama.cpp's order
+/// (tinyBLAS for a batch, `vec_dot` for one token; docs/architecture.md "Numerics"). A
+/// quantized value cache is converted to f32 rows (llama.cpp runs those through its
+/// flash-attention kernel only, so they are not bit-matched).
 fn attend(
     g: AttnGeom,
     q: &[f32],
-    keys: &[half::f16],
-    values: &[half::f16],
+    keys: CacheRows,
+    values: CacheRows,
     out: &mut [f32],
     par: &Parallel,
 ) {
-    use moxie_quant::GgmlType;
     let n = q.len() / (g.n_head * g.dk);
     if n > 1 && par.numerics() == Numerics::Fast {
         return attend_batch_f32(g, q, keys, values, out, par);
@@ -673,18 +681,21 @@ fn attend(
     let n_rows = n * g.n_head;
     let work = (g.pos0 + n) * (g.dk + g.dv);
     let batched = n > 1;
-    let key_bytes: &[u8] = bytemuck::cast_slice(keys);
-    let kq_dot = match moxie_quant::tinyblas_dot_fn(GgmlType::F16, g.dk) {
+    let kq_dot = match moxie_quant::tinyblas_dot_fn(keys.ty, g.dk) {
         Some(f) if batched => f,
-        _ => moxie_quant::vec_dot_fn(GgmlType::F16).expect("f16 dot product exists"),
+        _ => moxie_quant::vec_dot_fn(keys.ty).expect("cache types have a dot product"),
     };
+    let q_ty = moxie_quant::vec_dot_type(keys.ty).expect("cache types have a dot partner");
+    let q_conv = moxie_quant::quantize_fn(q_ty).expect("dot partners can be converted to");
+    let q_bytes_len = q_ty.row_bytes(g.dk as u64).expect("heads are whole blocks") as usize;
+    let round_p = values.ty == GgmlType::F16;
     // V product accumulators: tinyBLAS keeps 16 lanes per output, vec_dot_f16 four groups of
     // 16; lane of position j = j % 16, group = (j % 64) / 16. Laid out [slot][d] so the inner
     // loop runs over contiguous d.
     let slots = if batched { 16 } else { 64 };
     par.for_each_range(n_rows, work, out, g.dv, |rows, o| {
         let mut scores = Vec::new();
-        let mut qh = vec![half::f16::ZERO; g.dk];
+        let mut q_bytes = vec![0u8; q_bytes_len];
         let mut vrow = vec![0f32; g.dv];
         let mut acc = vec![0f32; slots * g.dv];
         let mut lanes = vec![0f32; 16 * g.dv];
@@ -692,14 +703,10 @@ fn attend(
             let (t, hh) = (row / g.n_head, row % g.n_head);
             let kvh = hh / group;
             let n_kv = g.pos0 + t + 1;
-            for (d, s) in qh.iter_mut().zip(&q[row * g.dk..(row + 1) * g.dk]) {
-                *d = half::f16::from_f32(*s);
-            }
-            let q_bytes: &[u8] = bytemuck::cast_slice(&qh);
+            q_conv(&q[row * g.dk..(row + 1) * g.dk], &mut q_bytes);
             scores.clear();
             for j in 0..n_kv {
-                let k0 = (j * g.k_stride + kvh * g.dk) * 2;
-                let s = kq_dot(g.dk, &key_bytes[k0..k0 + g.dk * 2], q_bytes);
+                let s = kq_dot(g.dk, keys.span(j, kvh * g.dk, g.dk), &q_bytes);
                 scores.push(s * g.kq_scale);
             }
             // llama.cpp's kq rows span the padded cache (a multiple of 256) with masked
@@ -711,15 +718,11 @@ fn attend(
             let used = slots.min(n_kv);
             acc[..used * g.dv].iter_mut().for_each(|v| *v = 0.0);
             for (j, &p) in scores.iter().take(n_kv).enumerate() {
-                let p = f16_round(p);
+                let p = if round_p { f16_round(p) } else { p };
                 if p == 0.0 {
                     continue; // fma(v, 0, acc) leaves acc unchanged
                 }
-                let v0 = j * g.v_stride + kvh * g.dv;
-                half::slice::HalfFloatSliceExt::convert_to_f32_slice(
-                    &values[v0..v0 + g.dv],
-                    &mut vrow,
-                );
+                values.to_f32(j, kvh * g.dv, &mut vrow);
                 let slot = j % slots;
                 let a = &mut acc[slot * g.dv..(slot + 1) * g.dv];
                 for (x, &v) in a.iter_mut().zip(&vrow) {
@@ -780,8 +783,8 @@ fn reduce_v_slots(
 fn attend_batch_f32(
     g: AttnGeom,
     q: &[f32],
-    keys: &[half::f16],
-    values: &[half::f16],
+    keys: CacheRows,
+    values: CacheRows,
     out: &mut [f32],
     par: &Parallel,
 ) {
@@ -790,29 +793,30 @@ fn attend_batch_f32(
     let n = q.len() / (g.n_head * g.dk);
     let n_kv = g.pos0 + n;
     let group = g.n_head / g.n_head_kv;
-    let to_f32 = |src: &[half::f16], stride: usize, width: usize| {
+    let to_f32 = |src: CacheRows, width: usize| {
         let mut dst = vec![0f32; g.n_head_kv * n_kv * width];
         for (kvh, head) in dst.chunks_exact_mut(n_kv * width).enumerate() {
             for (j, row) in head.chunks_exact_mut(width).enumerate() {
-                let s = j * stride + kvh * width;
-                half::slice::HalfFloatSliceExt::convert_to_f32_slice(&src[s..s + width], row);
+                src.to_f32(j, kvh * width, row);
             }
         }
         dst
     };
-    let k32 = to_f32(keys, g.k_stride, g.dk);
+    let k32 = to_f32(keys, g.dk);
     // MLA's values are the first `dv` elements of its (single) key rows: no second copy.
-    let mla_values = std::ptr::eq(keys.as_ptr(), values.as_ptr())
-        && g.n_head_kv == 1
-        && g.v_stride == g.k_stride
-        && g.dv <= g.dk;
+    let mla_values = std::ptr::eq(keys.data, values.data) && g.n_head_kv == 1 && g.dv <= g.dk;
     let v32_own;
     let (v32, ldv) = if mla_values {
         (&k32, g.dk)
     } else {
-        v32_own = to_f32(values, g.v_stride, g.dv);
+        v32_own = to_f32(values, g.dv);
         (&v32_own, g.dv)
     };
+    // Queries take the rounding of the key type's dot partner, probabilities f16's when the
+    // values are f16, as ggml converts the other operand to them: the fixtures' quantized
+    // models amplify that rounding, so skipping it would not be "float rounding" only.
+    let q_ty = moxie_quant::vec_dot_type(keys.ty).expect("cache types have a dot partner");
+    let round_p = values.ty == GgmlType::F16;
     // Token t attends to pos0 + t + 1 positions: threads get runs of equal total work, not
     // equal token counts (with two threads the second would otherwise do ~3/4 of it).
     let head_work = g.n_head * (g.dk + g.dv);
@@ -825,6 +829,7 @@ fn attend_batch_f32(
         |t| t * out_row,
         |toks, o| {
             let mut qbuf = Vec::new();
+            let mut qtmp = Vec::new();
             let mut scores = Vec::new();
             let mut obuf = Vec::new();
             let mut t0 = toks.start;
@@ -834,13 +839,11 @@ fn attend_batch_f32(
                 let kv_len = g.pos0 + t1;
                 for kvh in 0..g.n_head_kv {
                     qbuf.clear();
-                    // Queries and probabilities are rounded to f16 as ggml does (the cache is f16
-                    // and ggml converts the other operand to it): the fixtures' quantized models
-                    // amplify that rounding, so skipping it would not be "float rounding" only.
                     for t in t0..t1 {
                         let first = (t * g.n_head + kvh * group) * g.dk;
-                        qbuf.extend(q[first..first + group * g.dk].iter().map(|&v| f16_round(v)));
+                        qbuf.extend_from_slice(&q[first..first + group * g.dk]);
                     }
+                    round_through(q_ty, g.dk, &mut qbuf, &mut qtmp);
                     scores.resize(rows * kv_len, 0.0);
                     let kh = &k32[kvh * n_kv * g.dk..];
                     moxie_quant::gemm_f32_abt(
@@ -858,7 +861,9 @@ fn attend_batch_f32(
                         let len = g.pos0 + t0 + r / group + 1;
                         srow[..len].iter_mut().for_each(|s| *s *= g.kq_scale);
                         ops::softmax(&mut srow[..len]);
-                        srow[..len].iter_mut().for_each(|p| *p = f16_round(*p));
+                        if round_p {
+                            srow[..len].iter_mut().for_each(|p| *p = f16_round(*p));
+                        }
                         srow[len..].fill(0.0);
                     }
                     obuf.resize(rows * g.dv, 0.0);
@@ -876,6 +881,23 @@ fn attend_batch_f32(
             }
         },
     );
+}
+
+/// Round `x` (rows of `width`) as converting it to `ty` and back does; f32 is left alone.
+fn round_through(ty: GgmlType, width: usize, x: &mut [f32], tmp: &mut Vec<u8>) {
+    match ty {
+        GgmlType::F32 => {}
+        GgmlType::F16 => x.iter_mut().for_each(|v| *v = f16_round(*v)),
+        _ => {
+            let conv = moxie_quant::quantize_fn(ty).expect("dot partners can be converted to");
+            let rb = ty.row_bytes(width as u64).expect("heads are whole blocks") as usize;
+            tmp.resize(rb, 0);
+            for row in x.chunks_exact_mut(width) {
+                conv(row, tmp);
+                moxie_quant::dequantize_row(ty, tmp, row).expect("dot partners dequantize");
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -452,7 +452,7 @@ fn decode_bytes_count_every_dense_weight_and_the_selected_experts_share() {
     let file = Arc::new(GgufFile::open(&path).unwrap());
     let model = Model::load(Arc::clone(&file)).unwrap();
     let c = &model.config;
-    let b = moxie_core::bench::decode_bytes(&model, 10);
+    let b = moxie_core::bench::decode_bytes(&model, 10, moxie_core::KvTypes::default()).unwrap();
     let bytes = |pred: &dyn Fn(&str) -> bool| -> u64 {
         file.tensors()
             .iter()
