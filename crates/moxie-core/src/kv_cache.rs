@@ -120,6 +120,28 @@ impl CacheRows<'_> {
         &self.data[at..at + n / bs * block_bytes]
     }
 
+    /// Positions `pos..pos + n_pos`, `width` elements of each from element `first`, as f32
+    /// rows of `width` in `out`: one conversion call when those are whole rows (contiguous).
+    pub fn block_to_f32(
+        &self,
+        pos: usize,
+        n_pos: usize,
+        first: usize,
+        width: usize,
+        out: &mut [f32],
+    ) {
+        let f = moxie_quant::dequantize_fn(self.ty).expect("cache types can be dequantized");
+        let row_elems = self.row_bytes / self.ty.type_size() * self.ty.block_size();
+        if first == 0 && width == row_elems {
+            let bytes = &self.data[pos * self.row_bytes..(pos + n_pos) * self.row_bytes];
+            f(bytes, &mut out[..n_pos * width]);
+            return;
+        }
+        for (i, row) in out.chunks_exact_mut(width).take(n_pos).enumerate() {
+            f(self.span(pos + i, first, width), row);
+        }
+    }
+
     /// `n` elements of position `pos` from element `first`, as f32.
     pub fn to_f32(&self, pos: usize, first: usize, out: &mut [f32]) {
         let src = self.span(pos, first, out.len());

@@ -674,8 +674,12 @@ fn attend(
     par: &Parallel,
 ) {
     let n = q.len() / (g.n_head * g.dk);
-    if n > 1 && par.numerics() == Numerics::Fast {
-        return attend_batch_f32(g, q, keys, values, out, par);
+    if par.numerics() == Numerics::Fast {
+        return if n > 1 {
+            attend_batch_f32(g, q, keys, values, out, par)
+        } else {
+            attend_one_token(g, q, keys, values, out, par)
+        };
     }
     let group = g.n_head / g.n_head_kv;
     let n_rows = n * g.n_head;
@@ -730,6 +734,116 @@ fn attend(
                 }
             }
             reduce_v_slots(&acc, used, batched, g.dv, &mut lanes, orow);
+        }
+    });
+}
+
+/// [`Numerics::Fast`] attention for one query token (decode), flash-style: the query heads that
+/// share a kv head (a GQA group, or all heads of MLA's single latent) go through the cache
+/// together in blocks of positions. Each block's keys and values are converted to f32 once for
+/// all those heads, scores and the weighted values are small f32 matrix products, and the
+/// softmax is the running (online) one, so the cache is read once. The exact path instead
+/// walks the cache once per query head in ggml's summation order. Queries take the rounding
+/// of the key type's dot partner as there; probabilities are not rounded (rounding the
+/// running, unnormalised ones to f16 moved the fixtures' decode further from exact decode).
+fn attend_one_token(
+    g: AttnGeom,
+    q: &[f32],
+    keys: CacheRows,
+    values: CacheRows,
+    out: &mut [f32],
+    par: &Parallel,
+) {
+    /// Positions per block: a block of MLA's 576-wide keys is 144 KiB of f32.
+    const BLOCK: usize = 64;
+    debug_assert_eq!(q.len(), g.n_head * g.dk, "one query token");
+    let group = g.n_head / g.n_head_kv;
+    let n_kv = g.pos0 + 1;
+    let work = n_kv * (g.dk + g.dv) / group.max(1);
+    let q_ty = moxie_quant::vec_dot_type(keys.ty).expect("cache types have a dot partner");
+    // MLA's values are the first `dv` elements of its (single) key rows: one conversion.
+    let mla_values = std::ptr::eq(keys.data, values.data) && g.n_head_kv == 1 && g.dv <= g.dk;
+    par.for_each_range(g.n_head, work, out, g.dv, |rows, o| {
+        // This thread's query heads read kv heads kv.start..kv.end: per block, their keys
+        // (and values) of all positions are converted in one go.
+        let kv = rows.start / group..(rows.end - 1) / group + 1;
+        let (k_width, v_width) = (kv.len() * g.dk, kv.len() * g.dv);
+        let mut qh = q[rows.start * g.dk..rows.end * g.dk].to_vec();
+        round_through(q_ty, g.dk, &mut qh, &mut Vec::new());
+        let mut kbuf = vec![0f32; BLOCK * k_width];
+        let mut vbuf = vec![0f32; if mla_values { 0 } else { BLOCK * v_width }];
+        let mut scores = Vec::new();
+        let mut part = Vec::new();
+        // Per head: running max and sum of exp(score - max).
+        let mut max = vec![f32::NEG_INFINITY; rows.len()];
+        let mut sum = vec![0f32; rows.len()];
+        o.fill(0.0);
+        for j0 in (0..n_kv).step_by(BLOCK) {
+            let b = BLOCK.min(n_kv - j0);
+            keys.block_to_f32(j0, b, kv.start * g.dk, k_width, &mut kbuf);
+            let (v, ldv) = if mla_values {
+                (&kbuf[..], k_width)
+            } else {
+                values.block_to_f32(j0, b, kv.start * g.dv, v_width, &mut vbuf);
+                (&vbuf[..], v_width)
+            };
+            for kvh in kv.clone() {
+                // This thread's heads reading kv head `kvh`, as indices into `rows`.
+                let hs = rows.start.max(kvh * group) - rows.start
+                    ..rows.end.min((kvh + 1) * group) - rows.start;
+                let kk = (kvh - kv.start) * g.dk;
+                scores.resize(hs.len() * b, 0.0);
+                moxie_quant::gemm_f32_abt(
+                    hs.len(),
+                    b,
+                    g.dk,
+                    &qh[hs.start * g.dk..hs.end * g.dk],
+                    g.dk,
+                    &kbuf[kk..(b - 1) * k_width + kk + g.dk],
+                    k_width,
+                    &mut scores,
+                    b,
+                );
+                for (h, srow) in hs.clone().zip(scores.chunks_exact_mut(b)) {
+                    let block_max = srow
+                        .iter()
+                        .fold(f32::NEG_INFINITY, |m, &x| m.max(x * g.kq_scale));
+                    let new_max = max[h].max(block_max);
+                    let rescale = (max[h] - new_max).exp();
+                    max[h] = new_max;
+                    let mut s = 0f32;
+                    for x in srow.iter_mut() {
+                        *x = (*x * g.kq_scale - new_max).exp();
+                        s += *x;
+                    }
+                    sum[h] = sum[h] * rescale + s;
+                    if rescale != 1.0 {
+                        o[h * g.dv..(h + 1) * g.dv]
+                            .iter_mut()
+                            .for_each(|x| *x *= rescale);
+                    }
+                }
+                let vv = (kvh - kv.start) * g.dv;
+                part.resize(hs.len() * g.dv, 0.0);
+                moxie_quant::gemm_f32_ab(
+                    hs.len(),
+                    b,
+                    g.dv,
+                    &scores,
+                    b,
+                    &v[vv..(b - 1) * ldv + vv + g.dv],
+                    ldv,
+                    &mut part,
+                    g.dv,
+                );
+                for (x, &y) in o[hs.start * g.dv..hs.end * g.dv].iter_mut().zip(&part) {
+                    *x += y;
+                }
+            }
+        }
+        for (oh, &s) in o.chunks_exact_mut(g.dv).zip(&sum) {
+            let inv = 1.0 / s;
+            oh.iter_mut().for_each(|x| *x *= inv);
         }
     });
 }

@@ -64,6 +64,19 @@ fn per_position_ok(klds: &[f64], bound: f64) -> bool {
     median <= bound && outliers * 20 <= klds.len()
 }
 
+/// KL(F32 master golden || this file's golden) for sequence `seq`: how far the file's own
+/// weight quantization moves llama.cpp's logits, the scale of the quantized files' bounds.
+fn master_kld(fx: &std::path::Path, index: &Value, case: &Case, seq: &str, n_vocab: usize) -> f64 {
+    let logits = |stem: &str| {
+        let f = index["models"][stem]["sequences"][seq]["logits_file"]
+            .as_str()
+            .unwrap();
+        moxie_core::npy::read_f32(&fx.join(f)).unwrap().1
+    };
+    let master = format!("{}-tiny-F32", case.arch);
+    mean_kld(&logits(&master), &logits(&case.stem), n_vocab)
+}
+
 fn argmax(x: &[f32]) -> usize {
     moxie_core::sampling::argmax(x) as usize
 }
@@ -160,12 +173,8 @@ fn check_all_fixtures(numerics: Numerics) {
             let (bound, top1_min) = if case.is_f32 {
                 (1e-5, 0.99)
             } else {
-                let master = format!("{}-tiny-F32", case.arch);
-                let mfile = index["models"][&master]["sequences"][seq]["logits_file"]
-                    .as_str()
-                    .unwrap();
-                let (_, mgold) = moxie_core::npy::read_f32(&fx.join(mfile)).unwrap();
-                ((mean_kld(&mgold, &golden, n_vocab) / 10.0).max(1e-3), 0.95)
+                let m = master_kld(&fx, &index, case, seq, n_vocab);
+                ((m / 10.0).max(1e-3), 0.95)
             };
 
             // Greedy: prompt in one batch, then one token per step.
@@ -255,15 +264,7 @@ fn q8_0_kv_cache_stays_close_to_f16() {
             let bound = 0.05f64.max(if case.is_f32 {
                 0.0
             } else {
-                let master = format!("{}-tiny-F32", case.arch);
-                let mfile = index["models"][&master]["sequences"][seq]["logits_file"]
-                    .as_str()
-                    .unwrap();
-                let (_, mgold) = moxie_core::npy::read_f32(&fx.join(mfile)).unwrap();
-                let (_, golden) =
-                    moxie_core::npy::read_f32(&fx.join(s["logits_file"].as_str().unwrap()))
-                        .unwrap();
-                mean_kld(&mgold, &golden, n_vocab)
+                master_kld(&fx, &index, case, seq, n_vocab)
             });
             for numerics in [Numerics::Exact, Numerics::Fast] {
                 let par = Parallel::new(2).with_numerics(numerics);
@@ -295,5 +296,77 @@ fn q8_0_kv_cache_stays_close_to_f16() {
         }
     }
     println!("{table}");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Fast decode (one token against a filled cache: flash-style attention, in position order)
+/// stays within the golden bounds around exact decode: the prompt but its last 20 tokens in one
+/// exact batch, then those one at a time in each numerics. F32 files: at most 1e-5 per
+/// position. Quantized files, over each model's ~45 decoded positions: the median inside the
+/// golden bound and at most 1 position in 10 beyond 10x it. That is looser than the batch
+/// rule's 1 in 20 because decode compounds: a routing flip at one step changes the cache every
+/// later step reads (measured: 0-3 such positions per model, at 14-146x the bound).
+#[test]
+fn fast_decode_matches_exact_decode() {
+    let fx = fixtures();
+    let index: Value =
+        serde_json::from_slice(&std::fs::read(fx.join("golden/index.json")).unwrap()).unwrap();
+    let mut failures = Vec::new();
+    for case in &cases(&index) {
+        let path = fx.join("models").join(format!("{}.gguf", case.stem));
+        let file = Arc::new(GgufFile::open(&path).unwrap_or_else(|e| panic!("{e}")));
+        let model = Model::load(file).unwrap_or_else(|e| panic!("{}: {e}", case.stem));
+        let n_vocab = model.config.n_vocab;
+        // (KLD, bound) of every decoded position of this model.
+        let mut positions = Vec::new();
+        for (seq, s) in case.entry["sequences"].as_object().unwrap() {
+            let tokens: Vec<u32> = s["token_ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap() as u32)
+                .collect();
+            let split = tokens.len().saturating_sub(20).max(1);
+            let decode = |numerics: Numerics| {
+                let par = Parallel::new(2).with_numerics(numerics);
+                let mut cache = model.new_cache(Some(512));
+                // The prompt part in exact numerics for both, so only decode differs.
+                let exact = Parallel::new(2).with_numerics(Numerics::Exact);
+                model
+                    .forward(&tokens[..split], &mut cache, &exact, Logits::None)
+                    .unwrap();
+                let mut all = Vec::new();
+                for &t in &tokens[split..] {
+                    all.extend(model.forward(&[t], &mut cache, &par, Logits::All).unwrap());
+                }
+                all
+            };
+            let (exact, fast) = (decode(Numerics::Exact), decode(Numerics::Fast));
+            let bound = if case.is_f32 {
+                1e-5
+            } else {
+                (master_kld(&fx, &index, case, seq, n_vocab) / 10.0).max(1e-3)
+            };
+            for k in kld_per_row(&exact, &fast, n_vocab) {
+                positions.push((k, bound));
+            }
+        }
+        // The rule with each sequence's bound: scale every KLD by it, bound 1.
+        let scaled: Vec<f64> = positions.iter().map(|(k, b)| k / b).collect();
+        let mut sorted = scaled.clone();
+        sorted.sort_by(f64::total_cmp);
+        let outliers = scaled.iter().filter(|&&k| k > 10.0).count();
+        let ok = if case.is_f32 {
+            scaled.iter().all(|&k| k <= 1.0)
+        } else {
+            sorted[sorted.len() / 2] <= 1.0 && outliers * 10 <= scaled.len()
+        };
+        if !ok {
+            failures.push(format!(
+                "{}: KLD / bound per position {scaled:.2?}",
+                case.stem
+            ));
+        }
+    }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
