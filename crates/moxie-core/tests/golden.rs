@@ -64,6 +64,23 @@ fn per_position_ok(klds: &[f64], bound: f64) -> bool {
     median <= bound && outliers * 20 <= klds.len()
 }
 
+/// The fixture model of `case`.
+fn load_model(fx: &std::path::Path, case: &Case) -> Model {
+    let path = fx.join("models").join(format!("{}.gguf", case.stem));
+    let file = Arc::new(GgufFile::open(&path).unwrap_or_else(|e| panic!("{e}")));
+    Model::load(file).unwrap_or_else(|e| panic!("{}: {e}", case.stem))
+}
+
+/// A golden sequence's token ids.
+fn token_ids(seq: &Value) -> Vec<u32> {
+    seq["token_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect()
+}
+
 /// KL(F32 master golden || this file's golden) for sequence `seq`: how far the file's own
 /// weight quantization moves llama.cpp's logits, the scale of the quantized files' bounds.
 fn master_kld(fx: &std::path::Path, index: &Value, case: &Case, seq: &str, n_vocab: usize) -> f64 {
@@ -149,17 +166,10 @@ fn check_all_fixtures(numerics: Numerics) {
         "model | seq | mean KLD | bound | top-1 | greedy to first near-tie | greedy, all steps\n",
     );
     for case in &cases {
-        let path = fx.join("models").join(format!("{}.gguf", case.stem));
-        let file = Arc::new(GgufFile::open(&path).unwrap_or_else(|e| panic!("{e}")));
-        let model = Model::load(file).unwrap_or_else(|e| panic!("{}: {e}", case.stem));
+        let model = load_model(&fx, case);
         let n_vocab = model.config.n_vocab;
         for (seq, s) in case.entry["sequences"].as_object().unwrap() {
-            let tokens: Vec<u32> = s["token_ids"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_u64().unwrap() as u32)
-                .collect();
+            let tokens = token_ids(s);
             let (_, golden) =
                 moxie_core::npy::read_f32(&fx.join(s["logits_file"].as_str().unwrap())).unwrap();
             let mut cache = model.new_cache(Some(512));
@@ -250,17 +260,10 @@ fn q8_0_kv_cache_stays_close_to_f16() {
     let mut failures = Vec::new();
     let mut table = String::from("model | seq | numerics | mean KLD | bound\n");
     for case in &cases(&index) {
-        let path = fx.join("models").join(format!("{}.gguf", case.stem));
-        let file = Arc::new(GgufFile::open(&path).unwrap_or_else(|e| panic!("{e}")));
-        let model = Model::load(file).unwrap_or_else(|e| panic!("{}: {e}", case.stem));
+        let model = load_model(&fx, case);
         let n_vocab = model.config.n_vocab;
         for (seq, s) in case.entry["sequences"].as_object().unwrap() {
-            let tokens: Vec<u32> = s["token_ids"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_u64().unwrap() as u32)
-                .collect();
+            let tokens = token_ids(s);
             let bound = 0.05f64.max(if case.is_f32 {
                 0.0
             } else {
@@ -313,19 +316,12 @@ fn fast_decode_matches_exact_decode() {
         serde_json::from_slice(&std::fs::read(fx.join("golden/index.json")).unwrap()).unwrap();
     let mut failures = Vec::new();
     for case in &cases(&index) {
-        let path = fx.join("models").join(format!("{}.gguf", case.stem));
-        let file = Arc::new(GgufFile::open(&path).unwrap_or_else(|e| panic!("{e}")));
-        let model = Model::load(file).unwrap_or_else(|e| panic!("{}: {e}", case.stem));
+        let model = load_model(&fx, case);
         let n_vocab = model.config.n_vocab;
         // (KLD, bound) of every decoded position of this model.
         let mut positions = Vec::new();
         for (seq, s) in case.entry["sequences"].as_object().unwrap() {
-            let tokens: Vec<u32> = s["token_ids"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_u64().unwrap() as u32)
-                .collect();
+            let tokens = token_ids(s);
             let split = tokens.len().saturating_sub(20).max(1);
             let decode = |numerics: Numerics| {
                 let par = Parallel::new(2).with_numerics(numerics);
