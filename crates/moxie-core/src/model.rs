@@ -389,7 +389,7 @@ impl Model {
             },
             &q,
             cache.keys(il),
-            cache.values(il),
+            Some(cache.values(il)),
             &mut out,
             par,
         );
@@ -469,7 +469,7 @@ impl Model {
             },
             &qfull,
             cache.keys(il),
-            cache.keys(il),
+            None,
             &mut latent_out,
             par,
         );
@@ -664,12 +664,13 @@ struct AttnGeom {
 /// to f16 for the product with f16 values, and both products summed in llama.cpp's order
 /// (tinyBLAS for a batch, `vec_dot` for one token; docs/architecture.md "Numerics"). A
 /// quantized value cache is converted to f32 rows (llama.cpp runs those through its
-/// flash-attention kernel only, so they are not bit-matched).
+/// flash-attention kernel only, so they are not bit-matched). `values` `None`: the values are
+/// the first `dv` elements of each key row (MLA's latent, one kv head).
 fn attend(
     g: AttnGeom,
     q: &[f32],
     keys: CacheRows,
-    values: CacheRows,
+    values: Option<CacheRows>,
     out: &mut [f32],
     par: &Parallel,
 ) {
@@ -685,6 +686,7 @@ fn attend(
     let n_rows = n * g.n_head;
     let work = (g.pos0 + n) * (g.dk + g.dv);
     let batched = n > 1;
+    let values = values.unwrap_or(keys);
     let kq_dot = match moxie_quant::tinyblas_dot_fn(keys.ty, g.dk) {
         Some(f) if batched => f,
         _ => moxie_quant::vec_dot_fn(keys.ty).expect("cache types have a dot product"),
@@ -750,7 +752,7 @@ fn attend_one_token(
     g: AttnGeom,
     q: &[f32],
     keys: CacheRows,
-    values: CacheRows,
+    values: Option<CacheRows>,
     out: &mut [f32],
     par: &Parallel,
 ) {
@@ -761,8 +763,6 @@ fn attend_one_token(
     let n_kv = g.pos0 + 1;
     let work = n_kv * (g.dk + g.dv) / group.max(1);
     let q_ty = moxie_quant::vec_dot_type(keys.ty).expect("cache types have a dot partner");
-    // MLA's values are the first `dv` elements of its (single) key rows: one conversion.
-    let mla_values = std::ptr::eq(keys.data, values.data) && g.n_head_kv == 1 && g.dv <= g.dk;
     par.for_each_range(g.n_head, work, out, g.dv, |rows, o| {
         // This thread's query heads read kv heads kv.start..kv.end: per block, their keys
         // (and values) of all positions are converted in one go.
@@ -771,7 +771,7 @@ fn attend_one_token(
         let mut qh = q[rows.start * g.dk..rows.end * g.dk].to_vec();
         round_through(q_ty, g.dk, &mut qh, &mut Vec::new());
         let mut kbuf = vec![0f32; BLOCK * k_width];
-        let mut vbuf = vec![0f32; if mla_values { 0 } else { BLOCK * v_width }];
+        let mut vbuf = vec![0f32; if values.is_some() { BLOCK * v_width } else { 0 }];
         let mut scores = Vec::new();
         let mut part = Vec::new();
         // Per head: running max and sum of exp(score - max).
@@ -781,11 +781,13 @@ fn attend_one_token(
         for j0 in (0..n_kv).step_by(BLOCK) {
             let b = BLOCK.min(n_kv - j0);
             keys.block_to_f32(j0, b, kv.start * g.dk, k_width, &mut kbuf);
-            let (v, ldv) = if mla_values {
-                (&kbuf[..], k_width)
-            } else {
-                values.block_to_f32(j0, b, kv.start * g.dv, v_width, &mut vbuf);
-                (&vbuf[..], v_width)
+            // MLA's values are part of the converted keys.
+            let (v, ldv) = match values {
+                Some(values) => {
+                    values.block_to_f32(j0, b, kv.start * g.dv, v_width, &mut vbuf);
+                    (&vbuf[..], v_width)
+                }
+                None => (&kbuf[..], k_width),
             };
             for kvh in kv.clone() {
                 // This thread's heads reading kv head `kvh`, as indices into `rows`.
@@ -898,7 +900,7 @@ fn attend_batch_f32(
     g: AttnGeom,
     q: &[f32],
     keys: CacheRows,
-    values: CacheRows,
+    values: Option<CacheRows>,
     out: &mut [f32],
     par: &Parallel,
 ) {
@@ -907,30 +909,29 @@ fn attend_batch_f32(
     let n = q.len() / (g.n_head * g.dk);
     let n_kv = g.pos0 + n;
     let group = g.n_head / g.n_head_kv;
+    // Per kv head, all positions' `width` elements as f32 rows.
     let to_f32 = |src: CacheRows, width: usize| {
         let mut dst = vec![0f32; g.n_head_kv * n_kv * width];
         for (kvh, head) in dst.chunks_exact_mut(n_kv * width).enumerate() {
-            for (j, row) in head.chunks_exact_mut(width).enumerate() {
-                src.to_f32(j, kvh * width, row);
-            }
+            src.block_to_f32(0, n_kv, kvh * width, width, head);
         }
         dst
     };
     let k32 = to_f32(keys, g.dk);
     // MLA's values are the first `dv` elements of its (single) key rows: no second copy.
-    let mla_values = std::ptr::eq(keys.data, values.data) && g.n_head_kv == 1 && g.dv <= g.dk;
     let v32_own;
-    let (v32, ldv) = if mla_values {
-        (&k32, g.dk)
-    } else {
-        v32_own = to_f32(values, g.dv);
-        (&v32_own, g.dv)
+    let (v32, ldv) = match values {
+        Some(values) => {
+            v32_own = to_f32(values, g.dv);
+            (&v32_own, g.dv)
+        }
+        None => (&k32, g.dk),
     };
     // Queries take the rounding of the key type's dot partner, probabilities f16's when the
     // values are f16, as ggml converts the other operand to them: the fixtures' quantized
     // models amplify that rounding, so skipping it would not be "float rounding" only.
     let q_ty = moxie_quant::vec_dot_type(keys.ty).expect("cache types have a dot partner");
-    let round_p = values.ty == GgmlType::F16;
+    let round_p = values.unwrap_or(keys).ty == GgmlType::F16;
     // Token t attends to pos0 + t + 1 positions: threads get runs of equal total work, not
     // equal token counts (with two threads the second would otherwise do ~3/4 of it).
     let head_work = g.n_head * (g.dk + g.dv);
