@@ -6,7 +6,7 @@
 //! (`kv_lora_rank + n_rot` values); their "values" are the first `kv_lora_rank` of those, so
 //! they take the key type and have no value cache (as in llama.cpp).
 
-use moxie_quant::GgmlType;
+use moxie_quant::{DequantizeFn, GgmlType, QuantizeFn};
 
 use crate::{Error, Result};
 
@@ -64,9 +64,13 @@ struct Store {
     width: usize,
     row_bytes: usize,
     data: Vec<u8>,
+    // The type's conversions, looked up once (attention converts rows on every token).
+    quantize: QuantizeFn,
+    dequantize: DequantizeFn,
 }
 
 impl Store {
+    /// `ty` is one of [`KV_TYPES`].
     fn new(ty: GgmlType, width: usize) -> Store {
         let row_bytes = ty.row_bytes(width as u64).unwrap_or(0) as usize;
         Store {
@@ -74,6 +78,8 @@ impl Store {
             width,
             row_bytes,
             data: Vec::new(),
+            quantize: moxie_quant::quantize_fn(ty).expect("cache types can be quantized"),
+            dequantize: moxie_quant::dequantize_fn(ty).expect("cache types can be dequantized"),
         }
     }
 
@@ -81,7 +87,7 @@ impl Store {
         if self.width == 0 {
             return;
         }
-        let quantize = moxie_quant::quantize_fn(self.ty).expect("cache types can be quantized");
+        let quantize = self.quantize;
         let n = x.len() / self.width;
         let at = self.data.len();
         self.data.resize(at + n * self.row_bytes, 0);
@@ -102,12 +108,14 @@ pub struct KvCache {
     v: Vec<Store>,
 }
 
-/// Cached rows of one layer: `ty` elements, `row_bytes` per position.
+/// Cached rows of one layer: `width` elements of type `ty`, `row_bytes`, per position.
 #[derive(Clone, Copy)]
 pub struct CacheRows<'a> {
     pub ty: GgmlType,
+    pub width: usize,
     pub row_bytes: usize,
     pub data: &'a [u8],
+    dequantize: DequantizeFn,
 }
 
 impl CacheRows<'_> {
@@ -130,22 +138,19 @@ impl CacheRows<'_> {
         width: usize,
         out: &mut [f32],
     ) {
-        let f = moxie_quant::dequantize_fn(self.ty).expect("cache types can be dequantized");
-        let row_elems = self.row_bytes / self.ty.type_size() * self.ty.block_size();
-        if first == 0 && width == row_elems {
+        if first == 0 && width == self.width {
             let bytes = &self.data[pos * self.row_bytes..(pos + n_pos) * self.row_bytes];
-            f(bytes, &mut out[..n_pos * width]);
+            (self.dequantize)(bytes, &mut out[..n_pos * width]);
             return;
         }
         for (i, row) in out.chunks_exact_mut(width).take(n_pos).enumerate() {
-            f(self.span(pos + i, first, width), row);
+            (self.dequantize)(self.span(pos + i, first, width), row);
         }
     }
 
     /// `n` elements of position `pos` from element `first`, as f32.
     pub fn to_f32(&self, pos: usize, first: usize, out: &mut [f32]) {
-        let src = self.span(pos, first, out.len());
-        moxie_quant::dequantize_row(self.ty, src, out).expect("cache types can be dequantized");
+        (self.dequantize)(self.span(pos, first, out.len()), out);
     }
 }
 
@@ -264,8 +269,10 @@ impl KvCache {
 fn rows(s: &Store) -> CacheRows<'_> {
     CacheRows {
         ty: s.ty,
+        width: s.width,
         row_bytes: s.row_bytes,
         data: &s.data,
+        dequantize: s.dequantize,
     }
 }
 
