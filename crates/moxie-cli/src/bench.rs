@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use moxie_core::bench::{decode_bytes, mean_std, read_bandwidth, run_once, BenchTest};
+use moxie_core::kv_cache::kv_type_name;
 use moxie_core::{KvTypes, Model, Parallel};
 use moxie_quant::GgmlType;
 use serde_json::json;
@@ -279,8 +280,8 @@ pub fn main(a: Args) -> Result<()> {
                     r.threads,
                     r.batch,
                     r.ubatch,
-                    kv_name(r.kv.k),
-                    kv_name(r.kv.v),
+                    kv_type_name(r.kv.k),
+                    kv_type_name(r.kv.v),
                     r.test.n_prompt,
                     r.test.n_gen,
                     r.test.depth,
@@ -319,11 +320,6 @@ fn bandwidth_line(model: &Model, par: &Parallel, r: &Row, mib: usize) -> Result<
     ))
 }
 
-/// A cache type as llama-bench prints it (`f16`, `q8_0`).
-fn kv_name(t: GgmlType) -> String {
-    t.name().to_ascii_lowercase()
-}
-
 fn md_header(show_kv: bool) -> String {
     let (kv, kv_align) = if show_kv {
         (" type_k | type_v |", " ---: | ---: |")
@@ -343,7 +339,7 @@ fn md_row(r: &Row, show_kv: bool) -> String {
         format!("{:.2} MiB", r.size as f64 / (1u64 << 20) as f64)
     };
     let kv = if show_kv {
-        format!(" {} | {} |", kv_name(r.kv.k), kv_name(r.kv.v))
+        format!(" {} | {} |", kv_type_name(r.kv.k), kv_type_name(r.kv.v))
     } else {
         String::new()
     };
@@ -367,8 +363,8 @@ fn row_json(r: &Row) -> serde_json::Value {
         "n_threads": r.threads,
         "n_batch": r.batch,
         "n_ubatch": r.ubatch,
-        "type_k": kv_name(r.kv.k),
-        "type_v": kv_name(r.kv.v),
+        "type_k": kv_type_name(r.kv.k),
+        "type_v": kv_type_name(r.kv.v),
         "n_prompt": r.test.n_prompt,
         "n_gen": r.test.n_gen,
         "n_depth": r.test.depth,

@@ -23,13 +23,29 @@ pub struct ModelArgs {
     /// instead of the fast batched kernels.
     #[arg(long)]
     pub exact: bool,
+    #[command(flatten)]
+    pub cache_types: CacheTypeArgs,
+}
+
+/// `-ctk` / `-ctv`, one value each (`bench` takes lists instead).
+#[derive(clap::Args)]
+pub struct CacheTypeArgs {
     /// KV cache type for keys (also `-ctk`): f16, f32 or q8_0.
     #[arg(long = "cache-type-k", default_value = "f16", value_parser = kv_type)]
-    pub cache_type_k: GgmlType,
+    cache_type_k: GgmlType,
     /// KV cache type for values (also `-ctv`): f16, f32 or q8_0. MLA models keep no value
     /// cache (values are part of the latent keys).
     #[arg(long = "cache-type-v", default_value = "f16", value_parser = kv_type)]
-    pub cache_type_v: GgmlType,
+    cache_type_v: GgmlType,
+}
+
+impl CacheTypeArgs {
+    pub fn types(&self) -> moxie_core::KvTypes {
+        moxie_core::KvTypes {
+            k: self.cache_type_k,
+            v: self.cache_type_v,
+        }
+    }
 }
 
 /// A `-ctk` / `-ctv` value.
@@ -48,11 +64,7 @@ impl ModelArgs {
 
     /// A cache of the requested types for `n_ctx` positions.
     fn cache(&self, model: &Model, n_ctx: usize) -> Result<moxie_core::KvCache> {
-        let types = moxie_core::KvTypes {
-            k: self.cache_type_k,
-            v: self.cache_type_v,
-        };
-        Ok(model.new_cache_typed(Some(n_ctx), types)?)
+        Ok(model.new_cache_typed(Some(n_ctx), self.cache_types.types())?)
     }
 }
 

@@ -56,12 +56,8 @@ pub struct Args {
     /// first-touch page faults of the mapped weights.
     #[arg(long = "warmup-batch")]
     warmup_batch: bool,
-    /// KV cache type for keys (`-ctk`): f16, f32 or q8_0.
-    #[arg(long = "cache-type-k", default_value = "f16", value_parser = crate::run::kv_type)]
-    cache_type_k: moxie_quant::GgmlType,
-    /// KV cache type for values (`-ctv`): f16, f32 or q8_0.
-    #[arg(long = "cache-type-v", default_value = "f16", value_parser = crate::run::kv_type)]
-    cache_type_v: moxie_quant::GgmlType,
+    #[command(flatten)]
+    cache_types: crate::run::CacheTypeArgs,
 }
 
 /// Seed of the token stream (fixed, so runs are comparable).
@@ -199,11 +195,7 @@ pub fn main(a: Args) -> Result<()> {
         );
     }
 
-    let kv = moxie_core::KvTypes {
-        k: a.cache_type_k,
-        v: a.cache_type_v,
-    };
-    let mut cache = model.new_cache_typed(Some(s.n_kv_max), kv)?;
+    let mut cache = model.new_cache_typed(Some(s.n_kv_max), a.cache_types.types())?;
     let mut tokens = Tokens {
         rng: Xoshiro256::new(TOKEN_SEED),
         n_vocab: model.config.n_vocab as u64,

@@ -42,15 +42,17 @@ impl Default for KvTypes {
 /// The element types a cache can hold (llama.cpp's names: `f32`, `f16`, `q8_0`).
 pub const KV_TYPES: [GgmlType; 3] = [GgmlType::F32, GgmlType::F16, GgmlType::Q8_0];
 
+/// A cache type as llama.cpp spells it (`f16`, `q8_0`).
+pub fn kv_type_name(ty: GgmlType) -> String {
+    ty.name().to_ascii_lowercase()
+}
+
 /// A `-ctk` / `-ctv` value as a cache type; the error names the supported ones.
 pub fn parse_kv_type(name: &str) -> Result<GgmlType> {
     GgmlType::from_name(name)
         .filter(|t| KV_TYPES.contains(t))
         .ok_or_else(|| {
-            let names: Vec<String> = KV_TYPES
-                .iter()
-                .map(|t| t.name().to_ascii_lowercase())
-                .collect();
+            let names: Vec<String> = KV_TYPES.iter().map(|&t| kv_type_name(t)).collect();
             Error::Model(format!(
                 "unsupported KV cache type '{name}' (supported: {})",
                 names.join(", ")
@@ -180,7 +182,7 @@ impl KvCache {
                     return Err(Error::Model(format!(
                         "layer {il}: a {what} head of {head} values is not a whole number of \
                          {} blocks ({bs} values); use another cache type",
-                        ty.name().to_ascii_lowercase()
+                        kv_type_name(ty)
                     )));
                 }
             }
