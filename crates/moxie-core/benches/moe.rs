@@ -114,11 +114,12 @@ fn run(bencher: Bencher, threads: usize, n_tok: usize) {
     let sets: Vec<Vec<f32>> = (0..16).map(|i| inputs(n_tok, i)).collect();
     let bytes = layer_bytes(layers[0], n_tok > 1);
     let mut i = 0usize;
+    let mut scratch = moxie_core::moe::MoeScratch::default();
     bencher.counter(BytesCount::new(bytes)).bench_local(|| {
         i += 1;
         let m = layers[i % layers.len()];
         let h = &sets[i % sets.len()];
-        black_box(moxie_core::moe::forward(c, m, h, n_tok, &par).unwrap())
+        black_box(moxie_core::moe::forward(c, m, h, n_tok, &par, &mut scratch).unwrap());
     });
 }
 

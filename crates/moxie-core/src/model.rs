@@ -4,13 +4,14 @@
 //! forward pass below reads like the model card: norm → attention → residual → norm → FFN →
 //! residual.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use moxie_gguf::GgufFile;
 use moxie_quant::GgmlType;
 
 use crate::config::{Arch, Config, Gating};
 use crate::kv_cache::{CacheRows, KvCache, KvTypes, LayerKvShape};
+use crate::moe::MoeScratch;
 use crate::ops::{self, f16_round};
 use crate::parallel::{Numerics, Parallel};
 use crate::tensor::{ChunkedLayout, QuantizedActs, Tensor};
@@ -103,6 +104,24 @@ pub struct Model {
     pub output_norm: Vec<f32>,
     pub output: Tensor,
     pub layers: Vec<Layer>,
+    /// Buffers forward passes reuse, so decode does not allocate them per token.
+    scratch: ScratchPool,
+}
+
+/// MoE buffers for forward passes: each pass takes a set and gives it back, so concurrent
+/// passes (several sequences) never share one and a pass after the first allocates nothing.
+#[derive(Default)]
+struct ScratchPool(Mutex<Vec<MoeScratch>>);
+
+impl ScratchPool {
+    fn take(&self) -> MoeScratch {
+        let mut pool = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        pool.pop().unwrap_or_default()
+    }
+
+    fn give(&self, s: MoeScratch) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).push(s);
+    }
 }
 
 /// Tensor lookup with the architecture's expected shapes.
@@ -163,6 +182,7 @@ impl Model {
             output_norm,
             output,
             layers,
+            scratch: ScratchPool::default(),
         };
         model.check_types()?;
         Ok(model)
@@ -298,6 +318,7 @@ impl Model {
             })
             .collect();
         let mut h = vec![0f32; n * n_embd];
+        let mut moe_scratch = self.scratch.take();
         for (il, layer) in self.layers.iter().enumerate() {
             h.copy_from_slice(&x);
             ops::rms_norm_mul(&mut h, &layer.attn_norm, c.rms_eps);
@@ -308,12 +329,15 @@ impl Model {
             ops::add_assign(&mut x, &attn_out);
             h.copy_from_slice(&x);
             ops::rms_norm_mul(&mut h, &layer.ffn_norm, c.rms_eps);
-            let ffn_out = match &layer.ffn {
-                Ffn::Dense(f) => dense_ffn(f, &h, n, None, par)?,
-                Ffn::Moe(m) => crate::moe::forward(c, m, &h, n, par)?,
-            };
-            ops::add_assign(&mut x, &ffn_out);
+            match &layer.ffn {
+                Ffn::Dense(f) => ops::add_assign(&mut x, &dense_ffn(f, &h, n, None, par)?),
+                Ffn::Moe(m) => {
+                    let out = crate::moe::forward(c, m, &h, n, par, &mut moe_scratch)?;
+                    ops::add_assign(&mut x, out);
+                }
+            }
         }
+        self.scratch.give(moe_scratch);
         cache.commit(n);
 
         let rows = match which {
@@ -587,38 +611,70 @@ pub(crate) fn dense_ffn(
 /// model uses group-limited routing), then weights = the unbiased probabilities, normalised
 /// and scaled as configured. Returns (expert, weight) in selection order.
 pub fn route_top_k(c: &Config, logits: &[f32], bias: Option<&[f32]>) -> Vec<(usize, f32)> {
-    let mut probs = logits.to_vec();
+    let mut out = Vec::new();
+    route_top_k_into(c, logits, bias, &mut RouteScratch::default(), &mut out);
+    out
+}
+
+/// The working buffers of [`route_top_k_into`], kept between tokens so decode routes without
+/// allocating.
+#[derive(Default)]
+pub struct RouteScratch {
+    probs: Vec<f32>,
+    sel: Vec<f32>,
+    groups: Vec<(usize, f32)>,
+    keep: Vec<bool>,
+    idx: Vec<usize>,
+}
+
+/// [`route_top_k`] into `out` (cleared first), with reusable buffers.
+pub fn route_top_k_into(
+    c: &Config,
+    logits: &[f32],
+    bias: Option<&[f32]>,
+    s: &mut RouteScratch,
+    out: &mut Vec<(usize, f32)>,
+) {
+    let RouteScratch {
+        probs,
+        sel,
+        groups,
+        keep,
+        idx,
+    } = s;
+    probs.clear();
+    probs.extend_from_slice(logits);
     match c.gating {
-        Gating::Softmax => ops::softmax(&mut probs),
+        Gating::Softmax => ops::softmax(probs),
         Gating::Sigmoid => probs.iter_mut().for_each(|p| *p = ops::sigmoid(*p)),
     }
-    let mut sel: Vec<f32> = match bias {
-        Some(b) => probs.iter().zip(b).map(|(p, b)| p + b).collect(),
-        None => probs.clone(),
-    };
+    sel.clear();
+    match bias {
+        Some(b) => sel.extend(probs.iter().zip(b).map(|(p, b)| p + b)),
+        None => sel.extend_from_slice(probs),
+    }
     if c.n_expert_groups > 1 {
         let per = c.n_expert / c.n_expert_groups;
         // Group score: sum of the group's two best selection scores.
-        let mut scores: Vec<(usize, f32)> = sel
-            .chunks_exact(per)
-            .enumerate()
-            .map(|(g, s)| {
-                let mut best = [f32::NEG_INFINITY; 2];
-                for &v in s {
-                    if v > best[0] {
-                        best[1] = best[0];
-                        best[0] = v;
-                    } else if v > best[1] {
-                        best[1] = v;
-                    }
+        groups.clear();
+        groups.extend(sel.chunks_exact(per).enumerate().map(|(g, s)| {
+            let mut best = [f32::NEG_INFINITY; 2];
+            for &v in s {
+                if v > best[0] {
+                    best[1] = best[0];
+                    best[0] = v;
+                } else if v > best[1] {
+                    best[1] = v;
                 }
-                let second = if per > 1 { best[1] } else { 0.0 };
-                (g, best[0] + second)
-            })
-            .collect();
-        scores.sort_by(|a, b| b.1.total_cmp(&a.1));
-        let mut keep = vec![false; c.n_expert_groups];
-        for &(g, _) in scores.iter().take(c.n_group_used) {
+            }
+            let second = if per > 1 { best[1] } else { 0.0 };
+            (g, best[0] + second)
+        }));
+        // Best first, ties to the lower group (a stable sort's order, without its buffer).
+        groups.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        keep.clear();
+        keep.resize(c.n_expert_groups, false);
+        for &(g, _) in groups.iter().take(c.n_group_used) {
             keep[g] = true;
         }
         for (g, s) in sel.chunks_exact_mut(per).enumerate() {
@@ -627,10 +683,19 @@ pub fn route_top_k(c: &Config, logits: &[f32], bias: Option<&[f32]>) -> Vec<(usi
             }
         }
     }
-    let mut idx: Vec<usize> = (0..sel.len()).collect();
-    idx.sort_by(|&a, &b| sel[b].total_cmp(&sel[a]).then(a.cmp(&b)));
-    idx.truncate(c.n_expert_used);
-    let mut out: Vec<(usize, f32)> = idx.iter().map(|&e| (e, probs[e])).collect();
+    // Best first, ties to the lower expert: a total order, so selecting the k best and then
+    // sorting only those gives the full sort's first k.
+    let order = |a: &usize, b: &usize| sel[*b].total_cmp(&sel[*a]).then(a.cmp(b));
+    idx.clear();
+    idx.extend(0..sel.len());
+    let k = c.n_expert_used.min(idx.len());
+    if k > 0 && k < idx.len() {
+        idx.select_nth_unstable_by(k - 1, order);
+    }
+    idx.truncate(k);
+    idx.sort_unstable_by(order);
+    out.clear();
+    out.extend(idx.iter().map(|&e| (e, probs[e])));
     if c.expert_weights_norm {
         // ggml_sum_rows accumulates in f64.
         let sum = out.iter().map(|x| x.1 as f64).sum::<f64>() as f32;
@@ -641,7 +706,6 @@ pub fn route_top_k(c: &Config, logits: &[f32], bias: Option<&[f32]>) -> Vec<(usi
     if s != 0.0 && s != 1.0 {
         out.iter_mut().for_each(|x| x.1 *= s);
     }
-    out
 }
 
 /// Shapes of one attention call over the cache.

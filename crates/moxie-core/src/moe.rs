@@ -17,94 +17,139 @@
 use moxie_quant::GgmlType;
 
 use crate::config::Config;
-use crate::model::{dense_ffn, route_top_k, Moe};
+use crate::model::{dense_ffn, route_top_k, route_top_k_into, Moe, RouteScratch};
 use crate::ops;
 use crate::parallel::Parallel;
-use crate::tensor::{gemv_many, ChunkedLayout, Mat, QuantizedActs, Tensor, TILE};
+use crate::tensor::{gemv_many, ChunkedLayout, Mat, QuantizedActs, TILE};
 use crate::Result;
 
 /// The MoE layer for `n` rows of `h` (each `n_embd` long, already normed), as the forward pass
-/// runs it; public for the micro-benchmarks.
-pub fn forward(c: &Config, m: &Moe, h: &[f32], n: usize, par: &Parallel) -> Result<Vec<f32>> {
+/// runs it; public for the micro-benchmarks. The result (`n * n_embd` values) lives in
+/// `scratch` until its next use.
+pub fn forward<'s>(
+    c: &Config,
+    m: &Moe,
+    h: &[f32],
+    n: usize,
+    par: &Parallel,
+    scratch: &'s mut MoeScratch,
+) -> Result<&'s [f32]> {
     if n == 1 {
-        one_token(c, m, h, par)
+        one_token(c, m, h, par, scratch)?;
     } else {
-        batch(c, m, h, n, par)
+        scratch.out = batch(c, m, h, n, par)?;
     }
+    Ok(&scratch.out)
+}
+
+/// Everything the one-token path writes, kept from token to token so that decode allocates
+/// nothing once the first token has sized the buffers (checked by `tests/decode_alloc.rs`).
+#[derive(Default)]
+pub struct MoeScratch {
+    router_in: QuantizedActs,
+    logits: Vec<f32>,
+    routing: RouteScratch,
+    route: Vec<(usize, f32)>,
+    /// The layer input, once per activation type the gate/up matrices consume.
+    inputs: ActsByType,
+    /// Gate, up and shared gate, up results, then SiLU·mul in the gate part.
+    gate_up: Vec<f32>,
+    down_in: QuantizedActs,
+    shared_down_in: QuantizedActs,
+    down: Vec<f32>,
+    /// (matrix, activation row) lists for [`gemv_many`]; empty between uses, only the
+    /// allocation is kept (see [`recycle`]).
+    products: Vec<(Mat<'static>, &'static [u8])>,
+    out: Vec<f32>,
+}
+
+/// An empty vector for items of other lifetimes that keeps `v`'s allocation: std collects a
+/// `vec::IntoIter` adapter in place when the item layouts match, as they do here, so per-token
+/// lists of borrowed items reuse one buffer without `unsafe`.
+fn recycle<'a, 'b>(mut v: Vec<(Mat<'a>, &'a [u8])>) -> Vec<(Mat<'b>, &'b [u8])> {
+    v.clear();
+    v.into_iter()
+        .map(|_| unreachable!("the vector is empty"))
+        .collect()
 }
 
 /// One token (decode): the selected experts' gate and up projections and the shared expert's in
 /// one parallel region, SiLU·mul, then every down projection in a second region, and the
-/// routing-weighted sum.
-fn one_token(c: &Config, m: &Moe, h: &[f32], par: &Parallel) -> Result<Vec<f32>> {
+/// routing-weighted sum into `s.out`.
+fn one_token(c: &Config, m: &Moe, h: &[f32], par: &Parallel, s: &mut MoeScratch) -> Result<()> {
+    let MoeScratch {
+        router_in,
+        logits,
+        routing,
+        route,
+        inputs,
+        gate_up,
+        down_in,
+        shared_down_in,
+        down,
+        products,
+        out,
+    } = s;
     let n_embd = c.n_embd;
-    let mut logits = vec![0f32; c.n_expert];
-    m.router.matrix()?.matmul(par, h, &mut logits);
-    let route = route_top_k(c, &logits, m.probs_bias.as_deref());
+    let router = m.router.matrix()?;
+    router_in.refill(router.act_type(), n_embd, h);
+    logits.resize(c.n_expert, 0.0);
+    router.matmul_q(par, router_in, logits);
+    route_top_k_into(c, logits, m.probs_bias.as_deref(), routing, route);
     let k = route.len();
     let n_ff = m.gate_exps.ne[1];
-    let (gates, ups, downs) = (
-        route_slices(&route, &m.gate_exps)?,
-        route_slices(&route, &m.up_exps)?,
-        route_slices(&route, &m.down_exps)?,
-    );
     let shared = match &m.shared {
-        Some(s) => Some([s.gate.matrix()?, s.up.matrix()?, s.down.matrix()?]),
+        Some(sh) => Some([sh.gate.matrix()?, sh.up.matrix()?, sh.down.matrix()?]),
         None => None,
     };
-    let in_mats: Vec<Mat> = gates
+    let n_ff_sh = shared.as_ref().map_or(0, |sh| sh[0].n_out);
+    let gate_ty = m.gate_exps.slice(0)?.act_type();
+    let up_ty = m.up_exps.slice(0)?.act_type();
+    let shared_types = shared
         .iter()
-        .chain(&ups)
-        .chain(shared.iter().flat_map(|s| &s[..2]))
-        .copied()
-        .collect();
-    // The layer input converted once per activation type the gate/up matrices consume.
-    let inputs = ActsByType::new(in_mats.iter().map(|w| w.act_type()), n_embd, h);
-    let n_ff_sh = shared.as_ref().map_or(0, |s| s[0].n_out);
-    let products: Vec<_> = in_mats
-        .iter()
-        .map(|w| (*w, inputs.get(w.act_type()).row(0)))
-        .collect();
-    let mut gu = vec![0f32; 2 * k * n_ff + 2 * n_ff_sh];
-    gemv_many(par, &products, &mut gu);
-    let (g, rest) = gu.split_at_mut(k * n_ff);
+        .flat_map(|sh| [sh[0].act_type(), sh[1].act_type()]);
+    inputs.convert([gate_ty, up_ty].into_iter().chain(shared_types), n_embd, h);
+
+    let mut list = recycle(std::mem::take(products));
+    for (t, ty) in [(&m.gate_exps, gate_ty), (&m.up_exps, up_ty)] {
+        for &(e, _) in route.iter() {
+            list.push((t.slice(e)?, inputs.get(ty).row(0)));
+        }
+    }
+    for w in shared.iter().flat_map(|sh| &sh[..2]) {
+        list.push((*w, inputs.get(w.act_type()).row(0)));
+    }
+    gate_up.resize(2 * k * n_ff + 2 * n_ff_sh, 0.0);
+    gemv_many(par, &list, gate_up);
+    let (g, rest) = gate_up.split_at_mut(k * n_ff);
     let (u, rest) = rest.split_at_mut(k * n_ff);
     ops::swiglu_rows(g, u, n_ff);
     let (sg, su) = rest.split_at_mut(n_ff_sh);
     ops::swiglu_rows(sg, su, n_ff_sh);
 
-    let acts_d = QuantizedActs::new(m.down_exps.slice(0)?.act_type(), n_ff, g);
-    let acts_sd = shared
-        .as_ref()
-        .map(|s| QuantizedActs::new(s[2].act_type(), n_ff_sh, sg));
-    let mut products: Vec<_> = downs
-        .iter()
-        .enumerate()
-        .map(|(i, w)| (*w, acts_d.row(i)))
-        .collect();
-    if let (Some(s), Some(a)) = (&shared, &acts_sd) {
-        products.push((s[2], a.row(0)));
+    down_in.refill(m.down_exps.slice(0)?.act_type(), n_ff, g);
+    if let Some(sh) = &shared {
+        shared_down_in.refill(sh[2].act_type(), n_ff_sh, sg);
     }
-    let mut d = vec![0f32; products.len() * n_embd];
-    gemv_many(par, &products, &mut d);
-    let mut out = vec![0f32; n_embd];
+    let mut list = recycle(list);
+    for (i, &(e, _)) in route.iter().enumerate() {
+        list.push((m.down_exps.slice(e)?, down_in.row(i)));
+    }
+    if let Some(sh) = &shared {
+        list.push((sh[2], shared_down_in.row(0)));
+    }
+    down.resize(list.len() * n_embd, 0.0);
+    gemv_many(par, &list, down);
+    *products = recycle(list);
+    out.resize(n_embd, 0.0);
     for (slot, &(_, w)) in route.iter().enumerate() {
-        add_weighted(
-            &mut out,
-            &d[slot * n_embd..(slot + 1) * n_embd],
-            w,
-            slot == 0,
-        );
+        let v = &down[slot * n_embd..(slot + 1) * n_embd];
+        add_weighted(out, v, w, slot == 0);
     }
     if shared.is_some() {
-        ops::add_assign(&mut out, &d[k * n_embd..]);
+        ops::add_assign(out, &down[k * n_embd..]);
     }
-    Ok(out)
-}
-
-/// The routed experts' matrices of a `*_exps` tensor, in selection order.
-fn route_slices<'a>(route: &[(usize, f32)], t: &'a Tensor) -> Result<Vec<Mat<'a>>> {
-    route.iter().map(|&(e, _)| t.slice(e)).collect()
+    Ok(())
 }
 
 /// `out = v * w` (first expert) or `out += v * w`, the product rounded before the add, as
@@ -121,22 +166,39 @@ fn add_weighted(out: &mut [f32], v: &[f32], w: f32, first: bool) {
     }
 }
 
-/// The same rows converted once per activation type.
-struct ActsByType(Vec<QuantizedActs>);
+/// The same rows converted once per activation type; the buffers are reused by the next
+/// [`ActsByType::convert`].
+#[derive(Default)]
+struct ActsByType {
+    acts: Vec<QuantizedActs>,
+    /// How many of `acts` hold the current rows.
+    n_used: usize,
+}
 
 impl ActsByType {
     fn new(types: impl Iterator<Item = GgmlType>, n: usize, x: &[f32]) -> ActsByType {
-        let mut v: Vec<QuantizedActs> = Vec::new();
+        let mut a = ActsByType::default();
+        a.convert(types, n, x);
+        a
+    }
+
+    /// The rows of `x` (each `n` long) converted to every type in `types` (each once).
+    fn convert(&mut self, types: impl Iterator<Item = GgmlType>, n: usize, x: &[f32]) {
+        self.n_used = 0;
         for ty in types {
-            if !v.iter().any(|a| a.ty == ty) {
-                v.push(QuantizedActs::new(ty, n, x));
+            if self.acts[..self.n_used].iter().any(|a| a.ty == ty) {
+                continue;
             }
+            if self.acts.len() == self.n_used {
+                self.acts.push(QuantizedActs::default());
+            }
+            self.acts[self.n_used].refill(ty, n, x);
+            self.n_used += 1;
         }
-        ActsByType(v)
     }
 
     fn get(&self, ty: GgmlType) -> &QuantizedActs {
-        self.0
+        self.acts[..self.n_used]
             .iter()
             .find(|a| a.ty == ty)
             .expect("every type was converted")

@@ -540,7 +540,8 @@ impl ChunkedLayout {
 /// tile once then costs less than `vec_dot` unpacking it per token.
 const GEMM_MIN_TOKENS: usize = 4;
 
-/// Activation rows converted to a dot-product partner type.
+/// Activation rows converted to a dot-product partner type. The default holds no rows (a
+/// buffer for [`QuantizedActs::refill`]).
 pub struct QuantizedActs {
     pub ty: GgmlType,
     /// Elements per row.
@@ -550,6 +551,12 @@ pub struct QuantizedActs {
     /// The same rows prepared for the int8 GEMM, built by the first matrix that needs them
     /// and shared by the others reading these activations.
     gemm: OnceLock<moxie_quant::GemmActs>,
+}
+
+impl Default for QuantizedActs {
+    fn default() -> QuantizedActs {
+        QuantizedActs::from_bytes(GgmlType::F32, 1, Vec::new())
+    }
 }
 
 impl QuantizedActs {
@@ -574,6 +581,25 @@ impl QuantizedActs {
             q(src, dst);
         }
         QuantizedActs::from_bytes(ty, n, data)
+    }
+
+    /// Convert the rows of `x` (each `n` long) to `ty` in place of what these activations
+    /// held, reusing their buffer (decode converts every layer's input this way without
+    /// allocating).
+    pub fn refill(&mut self, ty: GgmlType, n: usize, x: &[f32]) {
+        let row_bytes = ty
+            .row_bytes(n as u64)
+            .expect("activation row length fits the block size") as usize;
+        let q = moxie_quant::quantize_fn(ty).expect("activation types can always be quantized");
+        self.data.clear();
+        self.data.resize(row_bytes * (x.len() / n), 0);
+        for (src, dst) in x.chunks_exact(n).zip(self.data.chunks_exact_mut(row_bytes)) {
+            q(src, dst);
+        }
+        self.ty = ty;
+        self.n = n;
+        self.row_bytes = row_bytes;
+        self.gemm = OnceLock::new();
     }
 
     /// Rows already converted to `ty` (`n` elements each), back to back in `data`.
