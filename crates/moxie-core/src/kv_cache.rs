@@ -8,6 +8,7 @@
 
 use moxie_quant::{DequantizeFn, GgmlType, QuantizeFn};
 
+use crate::device::Reservation;
 use crate::{Error, Result};
 
 /// Per-layer cache geometry.
@@ -108,6 +109,8 @@ pub struct KvCache {
     shapes: Vec<LayerKvShape>,
     k: Vec<Store>,
     v: Vec<Store>,
+    /// Accelerator memory held for layers cached there.
+    held: Vec<Reservation>,
 }
 
 /// Cached rows of one layer: `width` elements of type `ty`, `row_bytes`, per position.
@@ -195,6 +198,7 @@ impl KvCache {
             shapes,
             k,
             v,
+            held: Vec::new(),
         })
     }
 
@@ -229,6 +233,16 @@ impl KvCache {
     /// Bytes the cache would take when full.
     pub fn bytes_when_full(&self) -> usize {
         self.bytes_per_position() * self.n_ctx
+    }
+
+    /// Bytes layer `il`'s part takes when full.
+    pub fn layer_bytes_when_full(&self, il: usize) -> usize {
+        (self.k[il].row_bytes + self.v[il].row_bytes) * self.n_ctx
+    }
+
+    /// Keep `r` (device memory for a layer's part) as long as the cache lives.
+    pub fn hold(&mut self, r: Reservation) {
+        self.held.push(r);
     }
 
     /// Check that `n` more positions fit.

@@ -4,6 +4,7 @@
 pub mod arch;
 pub mod bench;
 pub mod config;
+pub mod device;
 pub mod generate;
 pub mod inventory;
 pub mod kv_cache;

@@ -4,12 +4,15 @@
 //! forward pass below reads like the model card: norm → attention → residual → norm → FFN →
 //! residual.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use moxie_gguf::GgufFile;
 use moxie_quant::GgmlType;
 
 use crate::config::{Arch, Config, Gating};
+use crate::device::{DeviceId, Devices, Reservation, Resident, CPU};
 use crate::kv_cache::{CacheRows, KvCache, KvTypes, LayerKvShape};
 use crate::moe::MoeScratch;
 use crate::ops::{self, f16_round};
@@ -104,6 +107,14 @@ pub struct Model {
     pub output_norm: Vec<f32>,
     pub output: Tensor,
     pub layers: Vec<Layer>,
+    /// The CPU and any accelerators the model is placed on.
+    pub devices: Devices,
+    /// Where each layer's stages run.
+    pub layer_devices: Vec<LayerDevices>,
+    /// Where the output norm and projection run.
+    pub output_device: DeviceId,
+    /// Device memory of the tensors kept as host vectors (held until the model is dropped).
+    _vectors_memory: Vec<Reservation>,
     /// Buffers forward passes reuse, so decode does not allocate them per token.
     scratch: ScratchPool,
 }
@@ -124,9 +135,16 @@ impl ScratchPool {
     }
 }
 
-/// Tensor lookup with the architecture's expected shapes.
+/// Tensor lookup with the architecture's expected shapes; each tensor goes where the
+/// placement says (copied into an accelerator's memory, or left mapped on the CPU).
 pub(crate) struct TensorSource<'a> {
     pub file: &'a Arc<GgufFile>,
+    placement: &'a Placement,
+    /// Every tensor loaded so far, with its device (to check each layer stage stays on one).
+    loaded: RefCell<Vec<(String, DeviceId)>>,
+    /// Device memory of small tensors kept as host vectors (norms, biases), which a real
+    /// accelerator would hold too.
+    held: RefCell<Vec<Reservation>>,
 }
 
 impl TensorSource<'_> {
@@ -136,29 +154,161 @@ impl TensorSource<'_> {
     }
 
     pub fn opt(&self, name: &str, shape: &[usize]) -> Result<Option<Tensor>> {
+        let Some(t) = self.mapped(name, shape)? else {
+            return Ok(None);
+        };
+        let dev = self.placement.device_of(name);
+        Ok(Some(t.to_device(&self.placement.devices, dev)?))
+    }
+
+    /// Whether the file has a tensor called `name` (nothing is loaded).
+    pub fn has(&self, name: &str) -> bool {
+        self.file.tensors().iter().any(|t| t.name == name)
+    }
+
+    fn mapped(&self, name: &str, shape: &[usize]) -> Result<Option<Tensor>> {
         let Some(index) = self.file.tensors().iter().position(|t| t.name == name) else {
             return Ok(None);
         };
         let t = Tensor::mapped(self.file, index)?;
         t.expect_shape(shape)?;
+        let dev = self.placement.device_of(name);
+        self.loaded.borrow_mut().push((name.to_string(), dev));
         Ok(Some(t))
     }
 
     /// A small tensor (norm weight, bias) as f32.
     pub fn vec(&self, name: &str, len: usize) -> Result<Vec<f32>> {
-        self.get(name, &[len])?.to_f32()
+        self.vec_opt(name, len)?
+            .ok_or_else(|| Error::Model(format!("missing tensor '{name}'")))
     }
 
     pub fn vec_opt(&self, name: &str, len: usize) -> Result<Option<Vec<f32>>> {
-        self.opt(name, &[len])?.map(|t| t.to_f32()).transpose()
+        let Some(t) = self.mapped(name, &[len])? else {
+            return Ok(None);
+        };
+        let dev = self.placement.device_of(name);
+        if dev != CPU {
+            let what = format!("tensor '{name}'");
+            let bytes = t.data().len();
+            let r = self.placement.devices.reserve(dev, bytes as u64, &what)?;
+            self.placement.devices.count_upload(dev, bytes);
+            self.held.borrow_mut().push(r);
+        }
+        t.to_f32().map(Some)
+    }
+
+    /// The device each stage of layer `il` runs on, from where its tensors were placed; every
+    /// tensor of a stage must be on that device.
+    fn layer_devices(&self, il: usize) -> Result<LayerDevices> {
+        let prefix = format!("blk.{il}.");
+        let loaded = self.loaded.borrow();
+        let mut stages: [Option<(&str, DeviceId)>; 3] = [None; 3];
+        for (name, dev) in loaded.iter().filter(|(n, _)| n.starts_with(&prefix)) {
+            let stage = Stage::of(&name[prefix.len()..]);
+            match stages[stage as usize] {
+                None => stages[stage as usize] = Some((name, *dev)),
+                Some((first, d)) if d != *dev => {
+                    let devs = &self.placement.devices;
+                    return Err(Error::Model(format!(
+                        "layer {il}: '{first}' is on {} but '{name}' is on {}; moxie runs a \
+                         layer's {} on one device, so place its tensors together",
+                        devs.get(d).name,
+                        devs.get(*dev).name,
+                        stage.describe()
+                    )));
+                }
+                Some(_) => {}
+            }
+        }
+        let dev = |st: Stage| stages[st as usize].map(|(_, d)| d);
+        let attn = dev(Stage::Attention).unwrap_or(CPU);
+        let ffn = dev(Stage::Ffn).unwrap_or(attn);
+        Ok(LayerDevices {
+            attn,
+            ffn,
+            experts: dev(Stage::Experts).unwrap_or(ffn),
+        })
+    }
+}
+
+/// The parts of a layer that each run on one device.
+#[derive(Clone, Copy)]
+enum Stage {
+    /// Attention norm, projections, q/k norms, biases (and the layer's KV cache).
+    Attention,
+    /// FFN norm, dense FFN or router, selection bias and shared expert.
+    Ffn,
+    /// Routed experts (`*_exps`).
+    Experts,
+}
+
+impl Stage {
+    /// The stage of a tensor named `rest` after its `blk.N.` prefix.
+    fn of(rest: &str) -> Stage {
+        if rest.contains("_exps") {
+            Stage::Experts
+        } else if rest.starts_with("ffn_")
+            || rest.starts_with("exp_probs_b")
+            || rest.starts_with("post_attention_norm")
+        {
+            Stage::Ffn
+        } else {
+            Stage::Attention
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            Stage::Attention => "attention",
+            Stage::Ffn => "FFN norm, router and shared or dense FFN",
+            Stage::Experts => "routed experts",
+        }
+    }
+}
+
+/// Where each stage of a layer runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LayerDevices {
+    /// Attention and the layer's KV cache.
+    pub attn: DeviceId,
+    /// FFN norm, router, shared expert or dense FFN.
+    pub ffn: DeviceId,
+    /// Routed experts (the same as `ffn` for a dense layer).
+    pub experts: DeviceId,
+}
+
+/// Where a model's tensors go: its devices and a device per tensor name (a tensor not listed
+/// stays on the CPU).
+#[derive(Default)]
+pub struct Placement {
+    pub devices: Devices,
+    pub tensors: HashMap<String, DeviceId>,
+}
+
+impl Placement {
+    pub fn device_of(&self, name: &str) -> DeviceId {
+        self.tensors.get(name).copied().unwrap_or(CPU)
     }
 }
 
 impl Model {
-    /// Build the model described by `file` (architecture from `general.architecture`).
+    /// Build the model described by `file` (architecture from `general.architecture`), all on
+    /// the CPU.
     pub fn load(file: Arc<GgufFile>) -> Result<Model> {
+        Model::load_placed(file, &Placement::default())
+    }
+
+    /// Build the model with each tensor on the device `placement` gives it (weights for an
+    /// accelerator are copied into its memory, within its budget).
+    pub fn load_placed(file: Arc<GgufFile>, placement: &Placement) -> Result<Model> {
         let config = Config::from_metadata(file.metadata())?;
-        let src = TensorSource { file: &file };
+        let src = TensorSource {
+            file: &file,
+            placement,
+            loaded: RefCell::new(Vec::new()),
+            held: RefCell::new(Vec::new()),
+        };
         let c = &config;
         let tok_embd = src.get("token_embd.weight", &[c.n_embd, c.n_vocab])?;
         let output_norm = src.vec("output_norm.weight", c.n_embd)?;
@@ -166,7 +316,13 @@ impl Model {
             Some(t) => t,
             None => tok_embd.clone(),
         };
+        if placement.device_of("output_norm.weight") != output.device {
+            return Err(Error::Model(
+                "output_norm.weight and the output projection must be on one device".into(),
+            ));
+        }
         let mut layers = Vec::with_capacity(c.n_layer);
+        let mut layer_devices = Vec::with_capacity(c.n_layer);
         for il in 0..c.n_layer {
             let layer = match c.arch {
                 Arch::Deepseek2 => crate::arch::deepseek2::load_layer(c, &src, il)?,
@@ -174,21 +330,25 @@ impl Model {
                 Arch::Qwen3Moe => crate::arch::qwen3moe::load_layer(c, &src, il)?,
             };
             layers.push(layer);
+            layer_devices.push(src.layer_devices(il)?);
         }
         let model = Model {
             config,
             file: Arc::clone(&file),
+            output_device: output.device,
             tok_embd,
             output_norm,
             output,
             layers,
+            devices: placement.devices.clone(),
+            layer_devices,
+            _vectors_memory: src.held.into_inner(),
             scratch: ScratchPool::default(),
         };
         model.check_types()?;
         Ok(model)
     }
 
-    /// Every matrix must have a dot-product kernel; fail at load, not mid-generation.
     fn check_types(&self) -> Result<()> {
         let mut mats: Vec<&Tensor> = vec![&self.output];
         for l in &self.layers {
@@ -248,15 +408,25 @@ impl Model {
     }
 
     /// An f16 KV cache for `n_ctx` positions (the model's training context when `None`).
-    pub fn new_cache(&self, n_ctx: Option<usize>) -> KvCache {
-        KvCache::new(self.kv_shapes(), n_ctx.unwrap_or(self.config.n_ctx_train))
+    pub fn new_cache(&self, n_ctx: Option<usize>) -> Result<KvCache> {
+        self.new_cache_typed(n_ctx, KvTypes::default())
     }
 
     /// A KV cache of `types` (llama.cpp's `-ctk` / `-ctv`; MLA layers keep only keys) for
-    /// `n_ctx` positions. Fails if the heads do not fit the types' blocks.
+    /// `n_ctx` positions. Each layer's part is held in the memory of the device its attention
+    /// runs on, for the whole context. Fails if the heads do not fit the types' blocks or a
+    /// device's budget cannot hold its layers' part.
     pub fn new_cache_typed(&self, n_ctx: Option<usize>, types: KvTypes) -> Result<KvCache> {
         let n_ctx = n_ctx.unwrap_or(self.config.n_ctx_train);
-        KvCache::typed(self.kv_shapes(), n_ctx, types)
+        let mut cache = KvCache::typed(self.kv_shapes(), n_ctx, types)?;
+        for (il, ld) in self.layer_devices.iter().enumerate() {
+            if ld.attn != CPU {
+                let bytes = cache.layer_bytes_when_full(il) as u64;
+                let what = format!("the KV cache of layer {il} ({n_ctx} positions)");
+                cache.hold(self.devices.reserve(ld.attn, bytes, &what)?);
+            }
+        }
+        Ok(cache)
     }
 
     /// A prompt after what `cache` holds, in micro-batches of `ubatch` tokens; returns the
@@ -298,8 +468,8 @@ impl Model {
         }
         cache.check_room(n)?;
         let n_embd = c.n_embd;
-        let mut x = vec![0f32; n * n_embd];
-        for (&t, row) in tokens.iter().zip(x.chunks_exact_mut(n_embd)) {
+        let mut x0 = vec![0f32; n * n_embd];
+        for (&t, row) in tokens.iter().zip(x0.chunks_exact_mut(n_embd)) {
             if t as usize >= c.n_vocab {
                 return Err(Error::BadToken {
                     id: t,
@@ -317,39 +487,83 @@ impl Model {
                 rc
             })
             .collect();
+        // The residual stream moves to each stage's device; `h` is that stage's normed copy.
+        let mut x = Resident::new(&self.devices, self.tok_embd.device, x0);
         let mut h = vec![0f32; n * n_embd];
         let mut moe_scratch = self.scratch.take();
-        for (il, layer) in self.layers.iter().enumerate() {
-            h.copy_from_slice(&x);
+        for (il, (layer, ld)) in self.layers.iter().zip(&self.layer_devices).enumerate() {
+            let xs = x.on(ld.attn);
+            h.copy_from_slice(xs);
             ops::rms_norm_mul(&mut h, &layer.attn_norm, c.rms_eps);
             let attn_out = match &layer.attn {
                 Attention::Gqa(a) => self.gqa(a, il, &h, &rope, cache, par)?,
                 Attention::Mla(a) => self.mla(a, il, &h, &rope, cache, par)?,
             };
-            ops::add_assign(&mut x, &attn_out);
-            h.copy_from_slice(&x);
+            ops::add_assign(xs, &attn_out);
+            let xs = x.on(ld.ffn);
+            h.copy_from_slice(xs);
             ops::rms_norm_mul(&mut h, &layer.ffn_norm, c.rms_eps);
             match &layer.ffn {
-                Ffn::Dense(f) => ops::add_assign(&mut x, &dense_ffn(f, &h, n, None, par)?),
-                Ffn::Moe(m) => {
+                Ffn::Dense(f) => ops::add_assign(xs, &dense_ffn(f, &h, n, None, par)?),
+                Ffn::Moe(m) if ld.experts == ld.ffn => {
                     let out = crate::moe::forward(c, m, &h, n, par, &mut moe_scratch)?;
-                    ops::add_assign(&mut x, out);
+                    ops::add_assign(xs, out);
+                }
+                Ffn::Moe(m) => {
+                    let out = self.split_moe(m, ld, &h, n, par, &mut moe_scratch)?;
+                    ops::add_assign(xs, &out);
                 }
             }
         }
         self.scratch.give(moe_scratch);
         cache.commit(n);
 
+        let xs = x.on(self.output_device);
         let rows = match which {
-            Logits::All => &mut x[..],
-            Logits::Last => &mut x[(n - 1) * n_embd..],
+            Logits::All => &mut xs[..],
+            Logits::Last => &mut xs[(n - 1) * n_embd..],
             Logits::None => return Ok(Vec::new()),
         };
         ops::rms_norm_mul(rows, &self.output_norm, c.rms_eps);
         let n_out = rows.len() / n_embd;
         let mut logits = vec![0f32; n_out * c.n_vocab];
         self.output.matrix()?.matmul(par, rows, &mut logits);
+        if self.output_device != CPU {
+            // The logits come back to the host for sampling.
+            let mut host = Vec::new();
+            self.devices
+                .copy(self.output_device, &logits, CPU, &mut host);
+            return Ok(host);
+        }
         Ok(logits)
+    }
+
+    /// An MoE layer whose routed experts live on another device than its router and shared
+    /// expert (e.g. `-ot exps=CPU` with the rest on a GPU): route on the layer's device, send
+    /// the normed input and the routes to the experts' device, run them there, bring their
+    /// weighted sum back and add the shared expert — the sum [`crate::moe::forward`] forms.
+    fn split_moe(
+        &self,
+        m: &Moe,
+        ld: &LayerDevices,
+        h: &[f32],
+        n: usize,
+        par: &Parallel,
+        s: &mut crate::moe::MoeScratch,
+    ) -> Result<Vec<f32>> {
+        let c = &self.config;
+        crate::moe::route(c, m, h, n, par, s)?;
+        // The routes cross too: an expert id and a weight per selection.
+        let route_bytes = std::mem::size_of_val(s.routes());
+        self.devices.count_copy(ld.ffn, ld.experts, route_bytes);
+        let mut input = Resident::new(&self.devices, ld.ffn, h.to_vec());
+        let routed = crate::moe::routed_experts(c, m, input.on(ld.experts), n, par, s)?;
+        let mut sum = Resident::new(&self.devices, ld.experts, routed.to_vec());
+        let mut out = std::mem::take(sum.on(ld.ffn));
+        if let Some(sh) = &m.shared {
+            ops::add_assign(&mut out, &dense_ffn(sh, h, n, None, par)?);
+        }
+        Ok(out)
     }
 
     fn gqa(

@@ -17,15 +17,16 @@
 use moxie_quant::GgmlType;
 
 use crate::config::Config;
-use crate::model::{dense_ffn, route_top_k, route_top_k_into, Moe, RouteScratch};
+use crate::model::{dense_ffn, route_top_k_into, DenseFfn, Moe, RouteScratch};
 use crate::ops;
 use crate::parallel::Parallel;
 use crate::tensor::{gemv_many, ChunkedLayout, Mat, QuantizedActs, TILE};
-use crate::Result;
+use crate::{Error, Result};
 
 /// The MoE layer for `n` rows of `h` (each `n_embd` long, already normed), as the forward pass
-/// runs it; public for the micro-benchmarks. The result (`n * n_embd` values) lives in
-/// `scratch` until its next use.
+/// runs it when the routed experts live with the rest of the layer: [`route`], then
+/// [`routed_experts`] with the shared expert fused in. Public for the micro-benchmarks. The
+/// result (`n * n_embd` values) lives in `scratch` until its next use.
 pub fn forward<'s>(
     c: &Config,
     m: &Moe,
@@ -34,12 +35,72 @@ pub fn forward<'s>(
     par: &Parallel,
     scratch: &'s mut MoeScratch,
 ) -> Result<&'s [f32]> {
-    if n == 1 {
-        one_token(c, m, h, par, scratch)?;
-    } else {
-        scratch.out = batch(c, m, h, n, par)?;
-    }
+    route(c, m, h, n, par, scratch)?;
+    experts(c, m, h, n, par, scratch, true)?;
     Ok(&scratch.out)
+}
+
+/// Each of the `n` tokens' top-k experts and weights from the router, into `scratch` (read by
+/// [`routed_experts`], and by [`MoeScratch::routes`] for whoever moves them between devices).
+pub fn route(
+    c: &Config,
+    m: &Moe,
+    h: &[f32],
+    n: usize,
+    par: &Parallel,
+    s: &mut MoeScratch,
+) -> Result<()> {
+    let router = m.router.matrix()?;
+    s.router_in.refill(router.act_type(), c.n_embd, h);
+    s.logits.resize(n * c.n_expert, 0.0);
+    router.matmul_q(par, &s.router_in, &mut s.logits);
+    s.routes.clear();
+    for l in s.logits.chunks_exact(c.n_expert) {
+        route_top_k_into(c, l, m.probs_bias.as_deref(), &mut s.routing, &mut s.route);
+        s.routes.extend_from_slice(&s.route);
+    }
+    Ok(())
+}
+
+/// The routed experts alone (no shared expert) for the routes [`route`] left in `scratch`: the
+/// weighted sum per token, `n * n_embd` values. Used where the routed experts live on another
+/// device than the rest of the layer; the caller adds the shared expert (the same sum as
+/// [`forward`]'s: routed experts in selection order, then the shared expert).
+pub fn routed_experts<'s>(
+    c: &Config,
+    m: &Moe,
+    h: &[f32],
+    n: usize,
+    par: &Parallel,
+    scratch: &'s mut MoeScratch,
+) -> Result<&'s [f32]> {
+    experts(c, m, h, n, par, scratch, false)?;
+    Ok(&scratch.out)
+}
+
+fn experts(
+    c: &Config,
+    m: &Moe,
+    h: &[f32],
+    n: usize,
+    par: &Parallel,
+    s: &mut MoeScratch,
+    with_shared: bool,
+) -> Result<()> {
+    let k = c.n_expert_used;
+    if s.routes.len() != n * k {
+        return Err(Error::Model(format!(
+            "MoE: {} routes for {n} tokens of top-{k}",
+            s.routes.len()
+        )));
+    }
+    let shared = if with_shared { m.shared.as_ref() } else { None };
+    if n == 1 {
+        one_token(c, m, h, par, s, shared)
+    } else {
+        s.out = batch(c, m, h, n, par, &s.routes, shared)?;
+        Ok(())
+    }
 }
 
 /// Everything the one-token path writes, kept from token to token so that decode allocates
@@ -49,7 +110,10 @@ pub struct MoeScratch {
     router_in: QuantizedActs,
     logits: Vec<f32>,
     routing: RouteScratch,
+    /// One token's (expert, weight) list, as [`route_top_k_into`] fills it.
     route: Vec<(usize, f32)>,
+    /// Every token's routes, top-k each, token after token.
+    routes: Vec<(usize, f32)>,
     /// The layer input, once per activation type the gate/up matrices consume.
     inputs: ActsByType,
     /// Gate, up and shared gate, up results, then SiLU·mul in the gate part.
@@ -63,6 +127,13 @@ pub struct MoeScratch {
     out: Vec<f32>,
 }
 
+impl MoeScratch {
+    /// The routes of the last [`route`]: top-k (expert, weight) per token, token after token.
+    pub fn routes(&self) -> &[(usize, f32)] {
+        &self.routes
+    }
+}
+
 /// An empty vector for items of other lifetimes that keeps `v`'s allocation: std collects a
 /// `vec::IntoIter` adapter in place when the item layouts match, as they do here, so per-token
 /// lists of borrowed items reuse one buffer without `unsafe`.
@@ -73,15 +144,18 @@ fn recycle<'a, 'b>(mut v: Vec<(Mat<'a>, &'a [u8])>) -> Vec<(Mat<'b>, &'b [u8])> 
         .collect()
 }
 
-/// One token (decode): the selected experts' gate and up projections and the shared expert's in
-/// one parallel region, SiLU·mul, then every down projection in a second region, and the
-/// routing-weighted sum into `s.out`.
-fn one_token(c: &Config, m: &Moe, h: &[f32], par: &Parallel, s: &mut MoeScratch) -> Result<()> {
+/// One token (decode): the selected experts' gate and up projections and the shared expert's (if
+/// given) in one parallel region, SiLU·mul, then every down projection in a second region, and
+/// the routing-weighted sum into `s.out`.
+fn one_token(
+    c: &Config,
+    m: &Moe,
+    h: &[f32],
+    par: &Parallel,
+    s: &mut MoeScratch,
+    shared: Option<&DenseFfn>,
+) -> Result<()> {
     let MoeScratch {
-        router_in,
-        logits,
-        routing,
-        route,
         inputs,
         gate_up,
         down_in,
@@ -89,16 +163,13 @@ fn one_token(c: &Config, m: &Moe, h: &[f32], par: &Parallel, s: &mut MoeScratch)
         down,
         products,
         out,
+        routes: route,
+        ..
     } = s;
     let n_embd = c.n_embd;
-    let router = m.router.matrix()?;
-    router_in.refill(router.act_type(), n_embd, h);
-    logits.resize(c.n_expert, 0.0);
-    router.matmul_q(par, router_in, logits);
-    route_top_k_into(c, logits, m.probs_bias.as_deref(), routing, route);
     let k = route.len();
     let n_ff = m.gate_exps.ne[1];
-    let shared = match &m.shared {
+    let shared = match shared {
         Some(sh) => Some([sh.gate.matrix()?, sh.up.matrix()?, sh.down.matrix()?]),
         None => None,
     };
@@ -215,15 +286,18 @@ struct Routed<'a> {
 }
 
 /// A batch: tokens grouped by expert; see the module documentation for the five regions.
-fn batch(c: &Config, m: &Moe, h: &[f32], n: usize, par: &Parallel) -> Result<Vec<f32>> {
+fn batch(
+    c: &Config,
+    m: &Moe,
+    h: &[f32],
+    n: usize,
+    par: &Parallel,
+    routes: &[(usize, f32)],
+    shared: Option<&DenseFfn>,
+) -> Result<Vec<f32>> {
     let n_embd = c.n_embd;
     let k_used = c.n_expert_used;
-    let mut logits = vec![0f32; n * c.n_expert];
-    m.router.matrix()?.matmul(par, h, &mut logits);
-    let routes: Vec<Vec<(usize, f32)>> = logits
-        .chunks_exact(c.n_expert)
-        .map(|l| route_top_k(c, l, m.probs_bias.as_deref()))
-        .collect();
+    let routes: Vec<&[(usize, f32)]> = routes.chunks_exact(k_used).collect();
     let mut by_expert: Vec<Vec<(usize, usize)>> = vec![Vec::new(); c.n_expert];
     for (t, r) in routes.iter().enumerate() {
         for (slot, &(e, _)) in r.iter().enumerate() {
@@ -344,7 +418,7 @@ fn batch(c: &Config, m: &Moe, h: &[f32], n: usize, par: &Parallel) -> Result<Vec
             }
         }
     });
-    if let Some(s) = &m.shared {
+    if let Some(s) = shared {
         let sh = dense_ffn(s, h, n, Some(input.get(gate_ty)), par)?;
         ops::add_assign(&mut out, &sh);
     }

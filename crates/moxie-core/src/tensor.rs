@@ -11,6 +11,7 @@ use std::sync::{Arc, OnceLock};
 use moxie_gguf::GgufFile;
 use moxie_quant::{GgmlType, VecDotFn};
 
+use crate::device::{DeviceId, Devices, Reservation, CPU};
 use crate::parallel::{Numerics, Parallel};
 use crate::{Error, Result};
 
@@ -21,6 +22,8 @@ enum Storage {
     Mapped { file: Arc<GgufFile>, index: usize },
     /// Bytes owned by moxie (synthetic or converted tensors).
     Owned(Arc<Vec<u8>>),
+    /// A copy in an accelerator's memory, held against its budget.
+    OnDevice(Arc<(Vec<u8>, Reservation)>),
 }
 
 /// A weight tensor: type, shape in ggml order (`ne[0]` is the row length) and its bytes.
@@ -29,6 +32,8 @@ pub struct Tensor {
     pub name: String,
     pub ty: GgmlType,
     pub ne: [usize; 4],
+    /// Where the bytes live ([`CPU`] unless placed elsewhere).
+    pub device: DeviceId,
     storage: Storage,
 }
 
@@ -62,6 +67,7 @@ impl Tensor {
             name: info.name.clone(),
             ty: info.ty,
             ne,
+            device: CPU,
             storage: Storage::Mapped {
                 file: Arc::clone(file),
                 index,
@@ -85,7 +91,30 @@ impl Tensor {
             name: name.to_string(),
             ty,
             ne,
+            device: CPU,
             storage: Storage::Owned(Arc::new(data)),
+        })
+    }
+
+    /// This tensor copied into device `to`'s memory (an upload, counted; fails if the device's
+    /// budget cannot hold it). Placing it on the CPU keeps the mapped bytes.
+    pub fn to_device(&self, devices: &Devices, to: DeviceId) -> Result<Tensor> {
+        if to == self.device {
+            return Ok(self.clone());
+        }
+        if to == CPU {
+            return Err(Error::Model(format!(
+                "tensor '{}': moving weights back to the host is not supported",
+                self.name
+            )));
+        }
+        let bytes = self.data();
+        let held = devices.reserve(to, bytes.len() as u64, &format!("tensor '{}'", self.name))?;
+        devices.count_upload(to, bytes.len());
+        Ok(Tensor {
+            device: to,
+            storage: Storage::OnDevice(Arc::new((bytes.to_vec(), held))),
+            ..self.clone()
         })
     }
 
@@ -97,6 +126,7 @@ impl Tensor {
                 .and_then(|r| r.ok())
                 .expect("tensor data was checked when the tensor was created"),
             Storage::Owned(v) => v,
+            Storage::OnDevice(d) => &d.0,
         }
     }
 

@@ -172,7 +172,7 @@ fn check_all_fixtures(numerics: Numerics) {
             let tokens = token_ids(s);
             let (_, golden) =
                 moxie_core::npy::read_f32(&fx.join(s["logits_file"].as_str().unwrap())).unwrap();
-            let mut cache = model.new_cache(Some(512));
+            let mut cache = model.new_cache(Some(512)).unwrap();
             let ours = model
                 .forward(&tokens, &mut cache, &par, Logits::All)
                 .unwrap();
@@ -203,7 +203,7 @@ fn check_all_fixtures(numerics: Numerics) {
             let check_n = margins.iter().position(|&m| m < 0.05).unwrap_or(want.len());
             // Generate all golden steps: the bound only covers steps before the first
             // near-tie, the rest is reported (it shows whether decode is bit-exact too).
-            let mut cache = model.new_cache(Some(512));
+            let mut cache = model.new_cache(Some(512)).unwrap();
             let mut logits = model
                 .forward(&tokens, &mut cache, &par, Logits::Last)
                 .unwrap();
@@ -283,7 +283,7 @@ fn q8_0_kv_cache_stays_close_to_f16() {
                     }
                     all
                 };
-                let f16 = run(&mut model.new_cache(Some(512)));
+                let f16 = run(&mut model.new_cache(Some(512)).unwrap());
                 let q8 = moxie_core::KvTypes { k: q8, v: q8 };
                 let mut cache = model.new_cache_typed(Some(512), q8).unwrap();
                 let ours = run(&mut cache);
@@ -325,7 +325,7 @@ fn fast_decode_matches_exact_decode() {
             let split = tokens.len().saturating_sub(20).max(1);
             let decode = |numerics: Numerics| {
                 let par = Parallel::new(2).with_numerics(numerics);
-                let mut cache = model.new_cache(Some(512));
+                let mut cache = model.new_cache(Some(512)).unwrap();
                 // The prompt part in exact numerics for both, so only decode differs.
                 let exact = Parallel::new(2).with_numerics(Numerics::Exact);
                 model

@@ -411,7 +411,7 @@ fn generated_tiny_models_run_with_peaked_logits() {
             let file = Arc::new(GgufFile::open(&path).unwrap());
             let model = Model::load(file).unwrap();
             let n_vocab = model.config.n_vocab;
-            let mut cache = model.new_cache(Some(64));
+            let mut cache = model.new_cache(Some(64)).unwrap();
             let tokens: Vec<u32> = (0..24).map(|i| (i * 37 + 5) % 2000).collect();
             let logits = model
                 .forward(&tokens, &mut cache, &Parallel::new(2), Logits::All)

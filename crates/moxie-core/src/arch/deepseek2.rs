@@ -24,15 +24,7 @@ pub(crate) fn load_layer(c: &Config, src: &TensorSource, il: usize) -> Result<La
         Some(_) => src.get(&blk(il, "attn_q_b.weight"), &[c.q_lora_rank, q_width])?,
         None => src.get(&blk(il, "attn_q.weight"), &[d, q_width])?,
     };
-    if src
-        .opt(&blk(il, "attn_k_b.weight"), &[nope, rank, n_head])?
-        .is_none()
-        && src
-            .file
-            .tensors()
-            .iter()
-            .any(|t| t.name == blk(il, "attn_kv_b.weight"))
-    {
+    if !src.has(&blk(il, "attn_k_b.weight")) && src.has(&blk(il, "attn_kv_b.weight")) {
         return Err(Error::Model(
             "this deepseek2 GGUF has the old fused 'attn_kv_b' layout; re-convert it with a current llama.cpp converter (attn_k_b / attn_v_b)".into(),
         ));

@@ -1,0 +1,326 @@
+//! Where weights, KV cache and activations live, and what crossing between places costs.
+//!
+//! Device 0 is always the CPU (host RAM, mmap'd weights). Others are accelerators with their
+//! own memory budget. A `sim` device behaves like one — weights placed on it are copied into its
+//! memory, which is checked against its budget, and activations reach it only by explicit,
+//! counted copies — but computes with the CPU kernels, so placement, transfers and budgets run
+//! in CI without a GPU and must give the all-CPU logits bit for bit.
+//!
+//! The forward pass runs each stage of a layer (attention; the FFN's norm, router and shared
+//! expert; the routed experts) on the device holding that stage's weights, and moves only the
+//! hidden state (and the routing) between them, as llama.cpp's scheduler splits a graph.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::{Error, Result};
+
+/// Index of a device in a model's [`Devices`]; [`CPU`] is the host.
+pub type DeviceId = usize;
+
+/// The host: RAM and the CPU kernels.
+pub const CPU: DeviceId = 0;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceKind {
+    Cpu,
+    /// A simulated accelerator (own memory, counted transfers, CPU compute).
+    Sim,
+}
+
+/// What one device has seen: bytes resident now and at most, and the copies that crossed its
+/// boundary (host to device and back), in calls and bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeviceStats {
+    pub resident_bytes: u64,
+    pub peak_bytes: u64,
+    pub copies_in: u64,
+    pub bytes_in: u64,
+    pub copies_out: u64,
+    pub bytes_out: u64,
+}
+
+/// One place memory lives.
+#[derive(Debug)]
+pub struct Device {
+    pub name: String,
+    pub kind: DeviceKind,
+    /// Bytes it may hold (`None`: the host, whose limit is the machine's).
+    pub budget: Option<u64>,
+    resident: AtomicU64,
+    peak: AtomicU64,
+    copies_in: AtomicU64,
+    bytes_in: AtomicU64,
+    copies_out: AtomicU64,
+    bytes_out: AtomicU64,
+}
+
+impl Device {
+    fn new(name: &str, kind: DeviceKind, budget: Option<u64>) -> Device {
+        Device {
+            name: name.to_string(),
+            kind,
+            budget,
+            resident: AtomicU64::new(0),
+            peak: AtomicU64::new(0),
+            copies_in: AtomicU64::new(0),
+            bytes_in: AtomicU64::new(0),
+            copies_out: AtomicU64::new(0),
+            bytes_out: AtomicU64::new(0),
+        }
+    }
+
+    pub fn stats(&self) -> DeviceStats {
+        DeviceStats {
+            resident_bytes: self.resident.load(Ordering::Relaxed),
+            peak_bytes: self.peak.load(Ordering::Relaxed),
+            copies_in: self.copies_in.load(Ordering::Relaxed),
+            bytes_in: self.bytes_in.load(Ordering::Relaxed),
+            copies_out: self.copies_out.load(Ordering::Relaxed),
+            bytes_out: self.bytes_out.load(Ordering::Relaxed),
+        }
+    }
+
+    fn count_in(&self, bytes: usize) {
+        self.copies_in.fetch_add(1, Ordering::Relaxed);
+        self.bytes_in.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
+    fn count_out(&self, bytes: usize) {
+        self.copies_out.fetch_add(1, Ordering::Relaxed);
+        self.bytes_out.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+}
+
+/// `bytes` of a device's memory, given back when dropped.
+#[derive(Debug)]
+pub struct Reservation {
+    device: Arc<Device>,
+    bytes: u64,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.device
+            .resident
+            .fetch_sub(self.bytes, Ordering::Relaxed);
+    }
+}
+
+/// The devices a model is placed on: the CPU first, then accelerators in the order their
+/// names were given.
+#[derive(Clone, Debug)]
+pub struct Devices(Vec<Arc<Device>>);
+
+impl Default for Devices {
+    fn default() -> Self {
+        Devices::cpu_only()
+    }
+}
+
+impl Devices {
+    pub fn cpu_only() -> Devices {
+        Devices(vec![Arc::new(Device::new("CPU", DeviceKind::Cpu, None))])
+    }
+
+    /// The CPU plus simulated devices `sim0`, `sim1`, ... with these budgets in bytes.
+    pub fn with_sims(budgets: &[u64]) -> Devices {
+        let mut d = Devices::cpu_only();
+        for (i, &b) in budgets.iter().enumerate() {
+            d.0.push(Arc::new(Device::new(
+                &format!("sim{i}"),
+                DeviceKind::Sim,
+                Some(b),
+            )));
+        }
+        d
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn get(&self, id: DeviceId) -> &Device {
+        &self.0[id]
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Device> {
+        self.0.iter().map(|d| &**d)
+    }
+
+    /// The device called `name` (as placement rules spell it).
+    pub fn by_name(&self, name: &str) -> Result<DeviceId> {
+        self.0.iter().position(|d| d.name == name).ok_or_else(|| {
+            let names: Vec<&str> = self.0.iter().map(|d| d.name.as_str()).collect();
+            Error::Model(format!(
+                "unknown device '{name}'; devices: {}",
+                names.join(", ")
+            ))
+        })
+    }
+
+    /// Take `bytes` of device `id`'s memory for `what`, or fail naming the device, the
+    /// request and what is left. The host is not limited here (its weights are mmap'd).
+    pub fn reserve(&self, id: DeviceId, bytes: u64, what: &str) -> Result<Reservation> {
+        let device = &self.0[id];
+        let now = device.resident.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        if let Some(budget) = device.budget {
+            if now > budget {
+                device.resident.fetch_sub(bytes, Ordering::Relaxed);
+                return Err(Error::Model(format!(
+                    "{}: out of memory placing {what}: {} needed, {} of its {} budget already \
+                     in use (plan with `moxie plan` or place less on it)",
+                    device.name,
+                    human_bytes(bytes),
+                    human_bytes(now - bytes),
+                    human_bytes(budget)
+                )));
+            }
+        }
+        device.peak.fetch_max(now, Ordering::Relaxed);
+        Ok(Reservation {
+            device: Arc::clone(device),
+            bytes,
+        })
+    }
+
+    /// Copy `src` (on device `from`) into `dst` (on device `to`), counting the crossing: out of
+    /// `from` and into `to` (a copy between two accelerators goes through the host, so it
+    /// counts on both).
+    pub fn copy(&self, from: DeviceId, src: &[f32], to: DeviceId, dst: &mut Vec<f32>) {
+        dst.clear();
+        dst.extend_from_slice(src);
+        self.count_copy(from, to, std::mem::size_of_val(src));
+    }
+
+    /// Count `bytes` moved from device `from` to device `to` (nothing when they are the same).
+    pub fn count_copy(&self, from: DeviceId, to: DeviceId, bytes: usize) {
+        if from == to {
+            return;
+        }
+        if from != CPU {
+            self.0[from].count_out(bytes);
+        }
+        if to != CPU {
+            self.0[to].count_in(bytes);
+        }
+    }
+
+    /// Count a host-to-device upload of `bytes` (weights at load).
+    pub(crate) fn count_upload(&self, to: DeviceId, bytes: usize) {
+        if to != CPU {
+            self.0[to].count_in(bytes);
+        }
+    }
+
+    /// Every device's counters.
+    pub fn stats(&self) -> Vec<(String, DeviceStats)> {
+        self.0.iter().map(|d| (d.name.clone(), d.stats())).collect()
+    }
+}
+
+/// `1.50 GiB`-style sizes for messages.
+pub fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.2} {}", UNITS[u])
+    }
+}
+
+/// A row buffer (the hidden state) that lives on one device at a time: reading it on another
+/// device copies it there first, counted, and the copy on the old device is stale from then on.
+/// Every device keeps its own buffer, so a stage that read a stale copy would compute with old
+/// values and the logits would show it.
+pub struct Resident<'d> {
+    devices: &'d Devices,
+    bufs: Vec<Vec<f32>>,
+    on: DeviceId,
+}
+
+impl<'d> Resident<'d> {
+    /// `rows` on device `on`.
+    pub fn new(devices: &'d Devices, on: DeviceId, rows: Vec<f32>) -> Resident<'d> {
+        let mut bufs = vec![Vec::new(); devices.len()];
+        bufs[on] = rows;
+        Resident { devices, bufs, on }
+    }
+
+    /// The rows on device `to` (copied there if they were elsewhere).
+    pub fn on(&mut self, to: DeviceId) -> &mut Vec<f32> {
+        if to != self.on {
+            let (src, dst) = pair_mut(&mut self.bufs, self.on, to);
+            self.devices.copy(self.on, src, to, dst);
+            self.on = to;
+        }
+        &mut self.bufs[to]
+    }
+
+    /// Where the rows are now.
+    pub fn device(&self) -> DeviceId {
+        self.on
+    }
+}
+
+/// Two distinct elements of `v`, the first shared.
+fn pair_mut<T>(v: &mut [T], a: usize, b: usize) -> (&T, &mut T) {
+    assert_ne!(a, b, "pair_mut: same index");
+    if a < b {
+        let (lo, hi) = v.split_at_mut(b);
+        (&lo[a], &mut hi[0])
+    } else {
+        let (lo, hi) = v.split_at_mut(a);
+        (&hi[0], &mut lo[b])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reservations_are_checked_against_the_budget_and_given_back() {
+        let d = Devices::with_sims(&[1000]);
+        let a = d.reserve(1, 600, "a").unwrap();
+        let err = d
+            .reserve(1, 500, "blk.0.attn_q.weight")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("sim0") && err.contains("blk.0.attn_q.weight"),
+            "{err}"
+        );
+        assert_eq!(d.get(1).stats().resident_bytes, 600);
+        drop(a);
+        let _b = d.reserve(1, 1000, "b").unwrap();
+        assert_eq!(d.get(1).stats().peak_bytes, 1000);
+        // The host is not budgeted here.
+        let _c = d.reserve(CPU, u64::MAX / 2, "c").unwrap();
+    }
+
+    #[test]
+    fn resident_rows_move_by_counted_copies() {
+        let d = Devices::with_sims(&[1 << 20, 1 << 20]);
+        let mut x = Resident::new(&d, CPU, vec![1.0, 2.0]);
+        x.on(CPU)[0] = 5.0;
+        assert_eq!(d.get(1).stats().copies_in, 0);
+        x.on(1)[1] = 7.0;
+        assert_eq!(x.on(2), &vec![5.0, 7.0]);
+        assert_eq!(x.on(CPU), &vec![5.0, 7.0]);
+        let (s1, s2) = (d.get(1).stats(), d.get(2).stats());
+        assert_eq!((s1.copies_in, s1.bytes_in, s1.copies_out), (1, 8, 1));
+        assert_eq!((s2.copies_in, s2.copies_out, s2.bytes_out), (1, 1, 8));
+        assert!(d.by_name("sim7").unwrap_err().to_string().contains("sim0"));
+    }
+}

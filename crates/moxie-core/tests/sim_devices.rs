@@ -1,0 +1,208 @@
+//! Placement over simulated devices: every fixture model split across `sim0`, `sim1` and the CPU
+//! (attention, FFN and routed experts of a layer on different devices, experts of some layers
+//! left on the CPU as `-ot exps=CPU` does) gives the all-CPU logits bit for bit, weights and KV
+//! cache are held against each device's budget, and every crossing is a counted copy.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use moxie_core::device::{DeviceId, Devices, CPU};
+use moxie_core::model::Placement;
+use moxie_core::{Logits, Model, Parallel};
+use moxie_gguf::GgufFile;
+
+mod common;
+use common::fixtures;
+
+const SIM0: DeviceId = 1;
+const SIM1: DeviceId = 2;
+
+/// Layer `il` of a tensor named `blk.{il}.…`, and the rest of its name.
+fn block(name: &str) -> Option<(usize, &str)> {
+    let rest = name.strip_prefix("blk.")?;
+    let (il, rest) = rest.split_once('.')?;
+    Some((il.parse().ok()?, rest))
+}
+
+/// Attention of even layers on sim0 and odd ones on sim1, their FFN part on the other sim,
+/// routed experts with the FFN part except in every third layer (left on the CPU); token
+/// embeddings on the CPU, the output on sim1.
+fn spread(file: &GgufFile, devices: Devices) -> Placement {
+    let mut tensors = HashMap::new();
+    for t in file.tensors() {
+        let dev = match block(&t.name) {
+            None if t.name.starts_with("output") => SIM1,
+            None => CPU,
+            Some((il, rest)) => {
+                let (attn, ffn) = if il % 2 == 0 {
+                    (SIM0, SIM1)
+                } else {
+                    (SIM1, SIM0)
+                };
+                if rest.contains("_exps") {
+                    if il % 3 == 0 {
+                        CPU
+                    } else {
+                        ffn
+                    }
+                } else if rest.starts_with("ffn_")
+                    || rest.starts_with("exp_probs_b")
+                    || rest.starts_with("post_attention_norm")
+                {
+                    ffn
+                } else {
+                    attn
+                }
+            }
+        };
+        tensors.insert(t.name.clone(), dev);
+    }
+    Placement { devices, tensors }
+}
+
+/// Prefill of 19 tokens (all logits), then 3 one-token steps (decode paths).
+fn run(model: &Model, par: &Parallel) -> Vec<f32> {
+    let n_vocab = model.config.n_vocab as u32;
+    let tokens: Vec<u32> = (0..22u32).map(|i| (i * 37 + 5) % n_vocab).collect();
+    let mut cache = model.new_cache(Some(64)).unwrap();
+    let mut all = model
+        .forward(&tokens[..19], &mut cache, par, Logits::All)
+        .unwrap();
+    for &t in &tokens[19..] {
+        all.extend(model.forward(&[t], &mut cache, par, Logits::Last).unwrap());
+    }
+    all
+}
+
+fn open(path: &Path) -> Arc<GgufFile> {
+    Arc::new(GgufFile::open(path).unwrap())
+}
+
+#[test]
+fn sim_placement_gives_the_cpu_logits_on_every_fixture() {
+    let dir = fixtures().join("models");
+    let mut paths: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "gguf"))
+        .collect();
+    paths.sort();
+    let par = Parallel::new(2);
+    let mut checked = 0;
+    for path in &paths {
+        let file = open(path);
+        // Models moxie cannot run at all (architectures outside its list) are skipped here;
+        // the golden tests own which ones must load.
+        let Ok(cpu) = Model::load(Arc::clone(&file)) else {
+            continue;
+        };
+        let want = run(&cpu, &par);
+        let placed = Model::load_placed(
+            Arc::clone(&file),
+            &spread(&file, Devices::with_sims(&[1 << 30, 1 << 30])),
+        )
+        .unwrap();
+        let got = run(&placed, &par);
+        let name = path.file_name().unwrap().to_string_lossy();
+        assert!(got == want, "{name}: logits differ from the all-CPU run");
+
+        // Both sims held weights and KV, and the hidden state crossed in and out of each.
+        let stats = placed.devices.stats();
+        for (dev, s) in &stats[1..] {
+            assert!(s.resident_bytes > 0, "{name}: {dev} holds nothing");
+            assert!(s.copies_in > 0 && s.copies_out > 0, "{name}: {dev}: {s:?}");
+        }
+        checked += 1;
+    }
+    assert!(
+        checked >= 17,
+        "expected the fixture models, checked {checked}"
+    );
+}
+
+/// What each device holds is exactly the bytes of the tensors placed on it, plus its layers'
+/// KV cache while a cache lives; a budget too small for them is refused with the device named.
+#[test]
+fn budgets_hold_weights_and_cache_and_refuse_overflow() {
+    let path = fixtures().join("models/deepseek2-tiny-Q4_K_M.gguf");
+    let file = open(&path);
+    let placement = spread(&file, Devices::with_sims(&[1 << 30, 1 << 30]));
+    let mut want = [0u64; 3];
+    for t in file.tensors() {
+        want[placement.device_of(&t.name)] += file.tensor_data(t).unwrap().len() as u64;
+    }
+    let model = Model::load_placed(Arc::clone(&file), &placement).unwrap();
+    let held = |d: DeviceId| model.devices.get(d).stats().resident_bytes;
+    for t in file.tensors() {
+        if placement.device_of(&t.name) == SIM0 {
+            eprintln!("{} {}", t.name, file.tensor_data(t).unwrap().len());
+        }
+    }
+    assert_eq!((held(SIM0), held(SIM1)), (want[SIM0], want[SIM1]));
+    // Weights cross once, at load.
+    assert_eq!(model.devices.get(SIM0).stats().bytes_in, want[SIM0]);
+
+    let cache = model.new_cache(Some(64)).unwrap();
+    let kv: u64 = (0..model.config.n_layer)
+        .filter(|il| model.layer_devices[*il].attn == SIM0)
+        .map(|il| cache.layer_bytes_when_full(il) as u64)
+        .sum();
+    assert!(kv > 0);
+    assert_eq!(held(SIM0), want[SIM0] + kv);
+    drop(cache);
+    assert_eq!(held(SIM0), want[SIM0]);
+    // Everything is given back with the model.
+    let devices = model.devices.clone();
+    drop(model);
+    assert_eq!(devices.get(SIM0).stats().resident_bytes, 0);
+    assert_eq!(devices.get(SIM1).stats().resident_bytes, 0);
+
+    // Weights that do not fit.
+    let small = spread(&file, Devices::with_sims(&[want[SIM0] - 1, 1 << 30]));
+    let err = Model::load_placed(Arc::clone(&file), &small)
+        .err()
+        .expect("over budget")
+        .to_string();
+    assert!(
+        err.contains("sim0") && err.contains("out of memory"),
+        "{err}"
+    );
+
+    // Weights fit, a long context's cache does not.
+    let tight = spread(&file, Devices::with_sims(&[want[SIM0] + kv / 2, 1 << 30]));
+    let model = Model::load_placed(Arc::clone(&file), &tight).unwrap();
+    let err = model
+        .new_cache(Some(64))
+        .err()
+        .expect("cache over budget")
+        .to_string();
+    assert!(err.contains("sim0") && err.contains("KV cache"), "{err}");
+}
+
+/// A layer's attention split over two devices is refused with both tensors named.
+#[test]
+fn a_stage_split_over_devices_is_refused() {
+    let path = fixtures().join("models/qwen3moe-tiny-Q4_K_M.gguf");
+    let file = open(&path);
+    let mut placement = Placement {
+        devices: Devices::with_sims(&[1 << 30, 1 << 30]),
+        tensors: HashMap::new(),
+    };
+    for t in file.tensors() {
+        if t.name.starts_with("blk.1.attn_") {
+            placement.tensors.insert(t.name.clone(), SIM0);
+        }
+    }
+    placement.tensors.insert("blk.1.attn_k.weight".into(), SIM1);
+    let err = Model::load_placed(file, &placement)
+        .err()
+        .expect("split attention")
+        .to_string();
+    assert!(
+        err.contains("layer 1")
+            && err.contains("on sim0")
+            && err.contains("'blk.1.attn_k.weight' is on sim1"),
+        "{err}"
+    );
+}
