@@ -6,8 +6,8 @@
 //!
 //! How a file is put together:
 //! * Blocks: the runnable synthetic layout of the same architecture ([`SynthSpec`], the
-//!   tensor list `moxie gen` writes, see [`super::plan`]) with the real model's shapes; the
-//!   MTP blocks llama.cpp keeps after the main ones are full MoE blocks there too.
+//!   tensor list `moxie gen` writes, `plan.rs`) with the real model's shapes; the MTP blocks
+//!   llama.cpp keeps after the main ones are ordinary MoE blocks in that list.
 //! * What only real checkpoints carry is added here: the MTP blocks' `nextn.*` tensors, the
 //!   DeepSeek sparse attention indexer of GLM-5 (`indexer.*`), expert groups, YaRN betas.
 //! * Order: llama-quantize's (its loader's `weight_name_comparer`): tensors outside blocks
