@@ -1,10 +1,11 @@
-//! `moxie gen`: write a synthetic model with random weights.
+//! `moxie gen`: write a synthetic model with random weights, or (`--header-only`) the tensor
+//! index of a real big model without any weights.
 
 use std::io::Write;
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
-use moxie_core::synth::{self, SynthSpec, SynthType};
+use anyhow::{bail, Context, Result};
+use moxie_core::synth::{self, HeaderSpec, SynthReport, SynthSpec, SynthType};
 use moxie_core::Arch;
 
 #[derive(clap::Args)]
@@ -16,10 +17,14 @@ pub struct Args {
     /// Shape preset (see below); `tiny` picks the fixture-sized model of --arch.
     #[arg(long, default_value = "tiny")]
     preset: String,
+    /// Write only the header (metadata and tensor index, no data) of a real model's GGUF;
+    /// needs a header-only preset (below). For planning tests on models too big to have.
+    #[arg(long)]
+    header_only: bool,
     /// Block type or mix: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K, IQ4_NL,
-    /// IQ4_XS, Q4_K_M, Q5_K_M.
-    #[arg(long = "type", default_value = "F32")]
-    ty: String,
+    /// IQ4_XS, Q4_K_M, Q5_K_M [default: F32; with --header-only: Q4_K_M].
+    #[arg(long = "type")]
+    ty: Option<String>,
     /// RNG seed (same seed and settings = identical file).
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -39,6 +44,10 @@ fn gen_help() -> String {
     for (name, desc) in synth::presets() {
         s.push_str(&format!("  {name:<16} {desc}\n"));
     }
+    s.push_str("\nHeader-only presets (--header-only; llama-quantize's Q4_K_M by default):\n");
+    for (name, desc) in synth::header_presets() {
+        s.push_str(&format!("  {name:<16} {desc}\n"));
+    }
     s.push_str("\nShape fields for --set:\n");
     for (k, desc) in synth::SHAPE_KEYS {
         s.push_str(&format!("  {k:<22} {desc}\n"));
@@ -47,9 +56,12 @@ fn gen_help() -> String {
 }
 
 pub fn main(a: Args) -> Result<()> {
+    if a.header_only {
+        return header_only(&a);
+    }
     let arch = a.arch.as_deref().map(Arch::from_name).transpose()?;
     let mut spec = SynthSpec::preset_for(&a.preset, arch)?;
-    spec.ty = SynthType::parse(&a.ty)?;
+    spec.ty = SynthType::parse(a.ty.as_deref().unwrap_or("F32"))?;
     spec.seed = a.seed;
     for kv in &a.set {
         let (k, v) = kv
@@ -71,19 +83,57 @@ pub fn main(a: Args) -> Result<()> {
         }
     })?;
     eprintln!("\r{:<60}", "");
-    let types: Vec<String> = report
-        .tensor_types
-        .iter()
-        .map(|(t, n)| format!("{t} {n}"))
-        .collect();
     println!(
         "wrote {}: {} bytes, {:.3} M params, {} tensors ({}), {:.1} s",
         report.path.display(),
         report.bytes,
         report.n_params as f64 / 1e6,
         report.n_tensors,
-        types.join(", "),
+        type_counts(&report),
         report.seconds
     );
     Ok(())
+}
+
+/// `moxie gen --header-only`: a real model's header, instantly (no weights to make).
+fn header_only(a: &Args) -> Result<()> {
+    if !a.set.is_empty() {
+        bail!("--set does not apply to --header-only: header-only presets are real models with fixed shapes");
+    }
+    let mut spec = HeaderSpec::preset(&a.preset)?;
+    if let Some(arch) = a.arch.as_deref() {
+        if arch != spec.arch_name {
+            bail!(
+                "header-only preset '{}' is a {} model, not {arch}",
+                a.preset,
+                spec.arch_name
+            );
+        }
+    }
+    if let Some(ty) = a.ty.as_deref() {
+        spec.base.ty = SynthType::parse(ty)?;
+    }
+    let report = spec.write(&a.out)?;
+    println!(
+        "wrote {}: header only, {} bytes: the tensor index of a {} {} file with {} bytes of tensor data, {:.3} B params, {} tensors ({})",
+        report.path.display(),
+        report.bytes,
+        spec.model_name,
+        spec.base.ty.name(),
+        report.tensor_bytes,
+        report.n_params as f64 / 1e9,
+        report.n_tensors,
+        type_counts(&report)
+    );
+    Ok(())
+}
+
+/// "Q4_K 606, Q6_K 58, ...": tensors per block type.
+fn type_counts(report: &SynthReport) -> String {
+    report
+        .tensor_types
+        .iter()
+        .map(|(t, n)| format!("{t} {n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }

@@ -319,6 +319,21 @@ impl GgufWriter {
         out
     }
 
+    /// Writes only the header to `path`: the metadata and the tensor infos with the offsets the
+    /// full file would have, zero-padded to the alignment, so the file ends exactly where the
+    /// data section would start. Returns the file size (= [`data_offset`](GgufWriter::data_offset)).
+    ///
+    /// Such a file carries a model's whole tensor index without its weights (for placement
+    /// planning on models too big to have at hand). [`GgufFile::open_header_only`] reads it;
+    /// a normal open rejects it because the tensor data lies past the end of the file. Mark
+    /// it in the metadata (moxie writes `moxie.header_only = true`) so tools can tell why.
+    pub fn write_header_only(&self, path: &Path) -> Result<u64, GgufError> {
+        let name = path.display().to_string();
+        let header = self.header_bytes();
+        std::fs::write(path, &header).map_err(|e| GgufError::io(&name, "write", e))?;
+        Ok(header.len() as u64)
+    }
+
     /// Starts streaming to `out`: writes the header now; then call
     /// [`GgufStreamWriter::write_tensor`] for every tensor in order and
     /// [`finish`](GgufStreamWriter::finish).

@@ -347,6 +347,34 @@ fn streaming_writer_matches_in_memory_and_checks_order() {
 }
 
 #[test]
+fn header_only_file_is_the_full_files_header() {
+    let mut w = small_writer();
+    w.add("moxie.header_only", true).unwrap();
+    let full = w.write_to_bytes(pattern).unwrap();
+    let dir = TempDir::new("header-only");
+    let path = dir.path().join("h.gguf");
+    let n = w.write_header_only(&path).unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    assert_eq!(n, bytes.len() as u64);
+    assert_eq!(n, w.data_offset());
+    assert_eq!(n % w.alignment(), 0);
+    // Byte for byte the full file up to where its data section starts.
+    assert_eq!(bytes.as_slice(), &full[..n as usize]);
+
+    let f = GgufFile::open_header_only(&path).unwrap();
+    assert!(f.is_header_only());
+    assert_eq!(f.tensors(), w.tensor_infos().as_slice());
+    assert_eq!(f.metadata().get_bool("moxie.header_only"), Some(true));
+    // The data the offsets point at is not there.
+    assert!(f.tensor_data(&f.tensors()[0]).is_err());
+    assert!(GgufFile::open(&path).is_err());
+
+    let missing = dir.path().join("no/such/dir/h.gguf");
+    let e = w.write_header_only(&missing).unwrap_err().to_string();
+    assert!(e.contains("no/such/dir"), "{e}");
+}
+
+#[test]
 fn tensor_data_rejects_foreign_infos() {
     let f = GgufFile::from_bytes("a", small_writer().write_to_bytes(pattern).unwrap()).unwrap();
     let mut t = f.tensors()[0].clone();

@@ -26,6 +26,7 @@
 //! ```
 
 mod corpus;
+mod header;
 mod plan;
 pub mod rng;
 pub mod vocab;
@@ -33,6 +34,7 @@ mod write;
 
 use std::path::PathBuf;
 
+pub use header::{header_presets, write_header_only, HeaderSpec, Indexer, SpecialTokens};
 pub use moxie_quant::GgmlType;
 pub use plan::{metadata, plan, PlannedTensor, TensorInit};
 pub use write::{generate, generate_with, Progress};
@@ -557,14 +559,21 @@ impl SynthSpec {
                 5005,
             ),
             _ => {
+                let hint = if header_presets().iter().any(|(n, _)| *n == name) {
+                    format!(
+                        " ('{name}' is a real model written header-only, without weights: use --header-only / synth::write_header_only)"
+                    )
+                } else {
+                    String::new()
+                };
                 return Err(Error::Model(format!(
-                    "synth: unknown preset '{name}'; presets: {}",
+                    "synth: unknown preset '{name}'; presets: {}{hint}",
                     PRESETS
                         .iter()
                         .map(|(n, _)| *n)
                         .collect::<Vec<_>>()
                         .join(", ")
-                )))
+                )));
             }
         };
         let name = match name {

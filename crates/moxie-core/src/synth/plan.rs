@@ -226,7 +226,7 @@ fn scaled(gain: f32, fan_in: usize) -> TensorInit {
 const NORM: TensorInit = TensorInit::OnePlusNormal { std: NORM_STD };
 
 /// Tensor names, shapes and initialisation, in file order (the fixtures' order).
-fn tensor_list(spec: &SynthSpec) -> Vec<(String, Vec<u64>, TensorInit)> {
+pub(super) fn tensor_list(spec: &SynthSpec) -> Vec<(String, Vec<u64>, TensorInit)> {
     let s = &spec.shape;
     let mut t: Vec<(String, Vec<u64>, TensorInit)> = Vec::new();
     let mut add = |name: String, dims: &[usize], init: TensorInit| {
@@ -374,13 +374,13 @@ fn use_more_bits(i_layer: usize, n_layer: usize) -> bool {
         || (i_layer as i64 - (n_layer / 8) as i64) % 3 == 2
 }
 
-fn layer_of(name: &str) -> Option<usize> {
+pub(super) fn layer_of(name: &str) -> Option<usize> {
     name.strip_prefix("blk.")?.split('.').next()?.parse().ok()
 }
 
 /// Per-tensor types for a llama-quantize-style mix (`llama_tensor_get_type_impl` for the
 /// Q4_K_M / Q5_K_M ftypes, minus architectures moxie does not generate).
-struct MixState {
+pub(super) struct MixState {
     mix: QuantMix,
     n_expert: usize,
     n_layer: usize,
@@ -446,28 +446,67 @@ impl MixState {
     }
 }
 
+/// Picks each tensor's block type as llama-quantize does for a [`SynthType`], tensor by tensor
+/// in the order llama-quantize visits them (the mixes count `attn_v`-like tensors as they go).
+pub(super) enum TypeChooser {
+    Plain(GgmlType),
+    Mix(MixState),
+}
+
+impl TypeChooser {
+    /// A chooser for a file whose tensors are `names` (llama-quantize counts the `attn_v`-like
+    /// ones up front) with `n_expert` routed experts and `n_layer` blocks, MTP blocks included
+    /// (llama.cpp's `n_layer_all`, which its `use_more_bits` layer rule divides).
+    pub(super) fn new<'a>(
+        ty: SynthType,
+        n_expert: usize,
+        n_layer: usize,
+        names: impl Iterator<Item = &'a str>,
+    ) -> TypeChooser {
+        match ty {
+            SynthType::Plain(t) => TypeChooser::Plain(t),
+            SynthType::Mix(mix) => TypeChooser::Mix(MixState {
+                mix,
+                n_expert,
+                n_layer,
+                n_attention_wv: names
+                    .filter(|n| {
+                        n.contains("attn_v.weight")
+                            || n.contains("attn_qkv.weight")
+                            || n.contains("attn_kv_b.weight")
+                    })
+                    .count(),
+                i_attention_wv: 0,
+                i_ffn_down: 0,
+            }),
+        }
+    }
+
+    /// The type of the next tensor: F32 for what llama-quantize leaves alone (1-D tensors,
+    /// norms, the router), else the mix's choice with llama-quantize's fallback for rows that
+    /// are not a whole number of blocks.
+    pub(super) fn choose(&mut self, name: &str, dims: &[u64]) -> GgmlType {
+        if !quantizable(name, dims) {
+            return GgmlType::F32;
+        }
+        let ncols = dims[0];
+        match self {
+            TypeChooser::Plain(t) => fallback(*t, ncols),
+            TypeChooser::Mix(m) => fallback(m.choose(name, ncols), ncols),
+        }
+    }
+}
+
 /// The full tensor plan: names, shapes, initialisation and block types, in file order.
 pub fn plan(spec: &SynthSpec) -> Result<Vec<PlannedTensor>> {
     validate(spec)?;
     let list = tensor_list(spec);
-    let mut mix = match spec.ty {
-        SynthType::Mix(mix) => Some(MixState {
-            mix,
-            n_expert: spec.shape.n_expert,
-            n_layer: spec.shape.n_layer,
-            n_attention_wv: list
-                .iter()
-                .filter(|(n, _, _)| {
-                    n.contains("attn_v.weight")
-                        || n.contains("attn_qkv.weight")
-                        || n.contains("attn_kv_b.weight")
-                })
-                .count(),
-            i_attention_wv: 0,
-            i_ffn_down: 0,
-        }),
-        SynthType::Plain(_) => None,
-    };
+    let mut types = TypeChooser::new(
+        spec.ty,
+        spec.shape.n_expert,
+        spec.shape.n_layer,
+        list.iter().map(|(n, _, _)| n.as_str()),
+    );
     let mut out = Vec::with_capacity(list.len());
     for (name, dims, init) in list {
         if dims.contains(&0) {
@@ -480,15 +519,7 @@ pub fn plan(spec: &SynthSpec) -> Result<Vec<PlannedTensor>> {
             return Err(bad(format!("tensor '{name}' would be too large: {dims:?}")));
         }
         let ncols = dims[0];
-        let ty = if !quantizable(&name, &dims) {
-            GgmlType::F32
-        } else {
-            match (&spec.ty, &mut mix) {
-                (SynthType::Plain(t), _) => fallback(*t, ncols),
-                (SynthType::Mix(_), Some(m)) => fallback(m.choose(&name, ncols), ncols),
-                (SynthType::Mix(_), None) => unreachable!("mix state exists for mixes"),
-            }
-        };
+        let ty = types.choose(&name, &dims);
         if moxie_quant::quantize_weights_fn(ty).is_none() {
             return Err(bad(format!(
                 "tensor '{name}' would be {ty}, which moxie cannot quantize"
@@ -509,21 +540,14 @@ pub fn plan(spec: &SynthSpec) -> Result<Vec<PlannedTensor>> {
     Ok(out)
 }
 
-/// The metadata, in file order: `general.*`, the architecture's keys (exactly the fixtures'
-/// key set), `general.file_type` / `quantization_version`, then the tokenizer.
-pub fn metadata(spec: &SynthSpec) -> Result<Vec<(String, Value)>> {
-    validate(spec)?;
+/// The architecture's hyper-parameter keys (`<arch>.*`) as llama.cpp's converter writes them
+/// for this shape.
+pub(super) fn arch_keys(spec: &SynthSpec) -> Vec<(String, Value)> {
     let s = &spec.shape;
     let a = spec.arch.name();
-    let mut m: Vec<(String, Value)> = Vec::new();
-    let mut put = |k: &str, v: Value| m.push((k.to_owned(), v));
     let u = |x: usize| Value::U32(x as u32);
-    put("general.architecture", a.into());
-    put("general.name", spec.name.as_str().into());
-    put("general.description", spec.description().into());
-
     let ak = |k: &str| format!("{a}.{k}");
-    let mut arch_keys: Vec<(String, Value)> = vec![
+    let mut keys: Vec<(String, Value)> = vec![
         (ak("block_count"), u(s.n_layer)),
         (ak("context_length"), u(s.n_ctx_train)),
         (ak("embedding_length"), u(s.n_embd)),
@@ -545,7 +569,7 @@ pub fn metadata(spec: &SynthSpec) -> Result<Vec<(String, Value)>> {
     });
     match spec.arch {
         Arch::Deepseek2 => {
-            arch_keys.extend([
+            keys.extend([
                 (ak("attention.head_count_kv"), u(1)),
                 (ak("leading_dense_block_count"), u(s.n_dense_lead)),
                 (ak("attention.q_lora_rank"), u(s.q_lora_rank)),
@@ -573,7 +597,7 @@ pub fn metadata(spec: &SynthSpec) -> Result<Vec<(String, Value)>> {
                 (ak("rope.dimension_count"), u(s.qk_rope_dim)),
             ]);
             if let Some(y) = s.yarn {
-                arch_keys.extend([
+                keys.extend([
                     (ak("rope.scaling.type"), "yarn".into()),
                     (ak("rope.scaling.factor"), Value::F32(y.factor)),
                     (ak("rope.scaling.original_context_length"), u(y.orig_ctx)),
@@ -584,12 +608,12 @@ pub fn metadata(spec: &SynthSpec) -> Result<Vec<(String, Value)>> {
                 ]);
             }
         }
-        Arch::Qwen3Moe => arch_keys.extend([
+        Arch::Qwen3Moe => keys.extend([
             (ak("attention.head_count_kv"), u(s.n_head_kv)),
             (ak("attention.key_length"), u(s.head_dim)),
             (ak("attention.value_length"), u(s.head_dim)),
         ]),
-        Arch::Glm4Moe => arch_keys.extend([
+        Arch::Glm4Moe => keys.extend([
             (ak("attention.head_count_kv"), u(s.n_head_kv)),
             (ak("attention.key_length"), u(s.head_dim)),
             (ak("attention.value_length"), u(s.head_dim)),
@@ -607,7 +631,22 @@ pub fn metadata(spec: &SynthSpec) -> Result<Vec<(String, Value)>> {
             ),
         ]),
     }
-    for (k, v) in arch_keys {
+    keys
+}
+
+/// The metadata, in file order: `general.*`, the architecture's keys (exactly the fixtures'
+/// key set), `general.file_type` / `quantization_version`, then the tokenizer.
+pub fn metadata(spec: &SynthSpec) -> Result<Vec<(String, Value)>> {
+    validate(spec)?;
+    let s = &spec.shape;
+    let a = spec.arch.name();
+    let mut m: Vec<(String, Value)> = Vec::new();
+    let mut put = |k: &str, v: Value| m.push((k.to_owned(), v));
+    put("general.architecture", a.into());
+    put("general.name", spec.name.as_str().into());
+    put("general.description", spec.description().into());
+
+    for (k, v) in arch_keys(spec) {
         put(&k, v);
     }
     put("general.file_type", Value::U32(spec.ty.file_type()));
