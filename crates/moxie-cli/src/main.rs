@@ -4,13 +4,15 @@
 mod bench;
 mod gen;
 mod inspect;
+mod placement_args;
+mod plan;
 mod run;
 mod sweep_bench;
 mod tokenize;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(
@@ -40,6 +42,10 @@ enum Cmd {
     /// Prompt processing and generation speed over a growing context (ik_llama.cpp's
     /// llama-sweep-bench: PP, TG, N_KV, T_PP s, S_PP t/s, T_TG s, S_TG t/s).
     SweepBench(sweep_bench::Args),
+    /// Where each tensor and KV cache layer would go (llama.cpp's -ot/--cpu-moe/--n-cpu-moe/
+    /// -ngl/-sm/-ts/-mg, or --fit to the budgets), bytes per device, and whether it fits.
+    /// Reads the header only.
+    Plan(plan::Args),
 }
 
 /// llama.cpp spells some flags with one dash and several letters (`-ub`), which clap cannot
@@ -51,13 +57,23 @@ fn llama_cpp_style_args(args: impl Iterator<Item = std::ffi::OsString>) -> Vec<s
         Some("-wb") => "--warmup-batch".into(),
         Some("-ctk") => "--cache-type-k".into(),
         Some("-ctv") => "--cache-type-v".into(),
+        Some("-ot") => "--override-tensor".into(),
+        Some("-cmoe") => "--cpu-moe".into(),
+        Some("-ncmoe") => "--n-cpu-moe".into(),
+        Some("-ngl") => "--n-gpu-layers".into(),
+        Some("-sm") => "--split-mode".into(),
+        Some("-ts") => "--tensor-split".into(),
+        Some("-mg") => "--main-gpu".into(),
         _ => a,
     })
     .collect()
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse_from(llama_cpp_style_args(std::env::args_os()));
+    // The matches are kept: placement rules apply in command-line order, which only they
+    // record.
+    let matches = Cli::command().get_matches_from(llama_cpp_style_args(std::env::args_os()));
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     moxie_core::keep_freed_memory();
     let res = match cli.cmd {
         Cmd::Inspect(a) => inspect::main(a),
@@ -67,6 +83,10 @@ fn main() -> ExitCode {
         Cmd::Gen(a) => gen::main(a),
         Cmd::Bench(a) => bench::main(a),
         Cmd::SweepBench(a) => sweep_bench::main(a),
+        Cmd::Plan(a) => match matches.subcommand_matches("plan") {
+            Some(m) => plan::main(a, m),
+            None => Err(anyhow::anyhow!("the plan command's arguments are missing")),
+        },
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

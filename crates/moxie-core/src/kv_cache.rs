@@ -12,7 +12,7 @@ use crate::device::Reservation;
 use crate::{Error, Result};
 
 /// Per-layer cache geometry.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LayerKvShape {
     /// Values stored per position for keys (all kv heads together).
     pub k_width: usize,
@@ -21,6 +21,40 @@ pub struct LayerKvShape {
     /// Width of one head's key and value: a quantized cache needs whole blocks per head.
     pub head_k: usize,
     pub head_v: usize,
+}
+
+impl LayerKvShape {
+    /// Check that each head is a whole number of blocks of its cache type (`il` names the
+    /// layer in the error).
+    pub fn check_types(&self, il: usize, types: KvTypes) -> Result<()> {
+        for (what, ty, head, width) in [
+            ("key", types.k, self.head_k, self.k_width),
+            ("value", types.v, self.head_v, self.v_width),
+        ] {
+            if width == 0 {
+                continue;
+            }
+            if !KV_TYPES.contains(&ty) {
+                return Err(Error::Model(format!("{ty} is not a KV cache type")));
+            }
+            let bs = ty.block_size();
+            if head == 0 || !head.is_multiple_of(bs) || !width.is_multiple_of(head) {
+                return Err(Error::Model(format!(
+                    "layer {il}: a {what} head of {head} values is not a whole number of \
+                     {} blocks ({bs} values); use another cache type",
+                    kv_type_name(ty)
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes one position takes in this layer's cache (keys and values) stored as `types`;
+    /// the widths must be whole blocks ([`check_types`](Self::check_types)).
+    pub fn bytes_per_position(&self, types: KvTypes) -> u64 {
+        let row = |ty: GgmlType, width: usize| ty.row_bytes(width as u64).unwrap_or(0);
+        row(types.k, self.k_width) + row(types.v, self.v_width)
+    }
 }
 
 /// The element types of a cache's keys and values (`-ctk` / `-ctv`).
@@ -170,25 +204,7 @@ impl KvCache {
     pub fn typed(shapes: Vec<LayerKvShape>, n_ctx: usize, types: KvTypes) -> Result<KvCache> {
         let (k_ty, v_ty) = (types.k, types.v);
         for (il, s) in shapes.iter().enumerate() {
-            for (what, ty, head, width) in [
-                ("key", k_ty, s.head_k, s.k_width),
-                ("value", v_ty, s.head_v, s.v_width),
-            ] {
-                if width == 0 {
-                    continue;
-                }
-                if !KV_TYPES.contains(&ty) {
-                    return Err(Error::Model(format!("{ty} is not a KV cache type")));
-                }
-                let bs = ty.block_size();
-                if head == 0 || !head.is_multiple_of(bs) || !width.is_multiple_of(head) {
-                    return Err(Error::Model(format!(
-                        "layer {il}: a {what} head of {head} values is not a whole number of \
-                         {} blocks ({bs} values); use another cache type",
-                        kv_type_name(ty)
-                    )));
-                }
-            }
+            s.check_types(il, types)?;
         }
         let k = shapes.iter().map(|s| Store::new(k_ty, s.k_width)).collect();
         let v = shapes.iter().map(|s| Store::new(v_ty, s.v_width)).collect();

@@ -13,6 +13,7 @@ pub mod moe;
 pub mod npy;
 pub mod ops;
 pub mod parallel;
+pub mod placement;
 pub mod sampling;
 mod spin_pool;
 pub mod synth;
@@ -31,6 +32,9 @@ pub enum Error {
     Gguf(#[from] moxie_gguf::GgufError),
     #[error("{0}")]
     Model(String),
+    /// Bad placement input: a rule, device list, split setting or size.
+    #[error("{0}")]
+    Placement(String),
     #[error("token id {id} is outside the vocabulary (n_vocab = {n_vocab})")]
     BadToken { id: u32, n_vocab: usize },
     #[error("context is full: {needed} positions needed, the context holds {n_ctx} (raise -c)")]

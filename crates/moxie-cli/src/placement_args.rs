@@ -1,0 +1,135 @@
+//! The placement flags (llama.cpp's `-ot`, `--cpu-moe`, `--n-cpu-moe`, `-ngl`, `-sm`, `-ts`,
+//! `-mg`, plus the devices and `--fit`), one group any command can flatten.
+
+use anyhow::{bail, Context, Result};
+use clap::parser::ValueSource;
+use clap::ArgMatches;
+use moxie_core::placement::{
+    device_list, parse_size, parse_size_list, system_memory_bytes, DeviceSpec, PlacementArg,
+    PlacementOptions, SplitMode,
+};
+
+#[derive(clap::Args)]
+pub struct PlacementArgs {
+    /// Put tensors whose name matches REGEX on device BUF (also `-ot`): "REGEX=BUF[,...]";
+    /// repeatable; the first matching rule wins, in command-line order with --cpu-moe and
+    /// --n-cpu-moe. BUF: CPU, CUDA0, CUDA1, ..., sim0, sim1, ...
+    #[arg(long = "override-tensor", value_name = "REGEX=BUF,...")]
+    pub override_tensor: Vec<String>,
+    /// Keep every routed expert on the CPU (also `-cmoe`).
+    #[arg(long = "cpu-moe")]
+    pub cpu_moe: bool,
+    /// Keep the routed experts of blocks 0..N on the CPU (also `-ncmoe`).
+    #[arg(long = "n-cpu-moe", value_name = "N")]
+    pub n_cpu_moe: Option<usize>,
+    /// Layer slots on GPUs, counted back from the output layer (also `-ngl`): a number or
+    /// `all` (default: all when a GPU is given).
+    #[arg(long = "n-gpu-layers", value_name = "N|all")]
+    pub n_gpu_layers: Option<String>,
+    /// How layers spread over GPUs (also `-sm`): layer (by -ts or by budget) or none (the
+    /// -mg GPU only).
+    #[arg(long = "split-mode", value_name = "none|layer", default_value = "layer",
+          value_parser = split_mode)]
+    pub split_mode: SplitMode,
+    /// Layer proportions per GPU (also `-ts`), e.g. 3,1 (default: by budget).
+    #[arg(long = "tensor-split", value_name = "A,B,...")]
+    pub tensor_split: Option<String>,
+    /// The GPU -sm none uses (also `-mg`), an index among the GPUs.
+    #[arg(long = "main-gpu", value_name = "I", default_value_t = 0)]
+    pub main_gpu: usize,
+    /// CUDA devices by memory budget, named CUDA0, CUDA1, ... (e.g. 24GiB,24GiB).
+    #[arg(long = "gpu", value_name = "SIZE,...")]
+    pub gpu: Option<String>,
+    /// Simulated GPUs by memory budget, named sim0, sim1, ... (e.g. 8GiB,4GiB).
+    #[arg(long = "sim", value_name = "SIZE,...")]
+    pub sim: Option<String>,
+    /// RAM budget for CPU weights, KV cache and buffers (default: the machine's MemTotal).
+    #[arg(long = "ram", value_name = "SIZE")]
+    pub ram: Option<String>,
+    /// Fill each device's budget around the rules (always-used weights and KV first, then
+    /// whole routed-expert layers) instead of llama.cpp's fixed assignment.
+    #[arg(long)]
+    pub fit: bool,
+}
+
+/// A `-sm` value.
+fn split_mode(s: &str) -> std::result::Result<SplitMode, String> {
+    SplitMode::parse(s).map_err(|e| e.to_string())
+}
+
+impl PlacementArgs {
+    /// The options, with `-ot` / `--cpu-moe` / `--n-cpu-moe` in command-line order, which
+    /// `matches` (this command's) records.
+    pub fn options(&self, matches: &ArgMatches) -> Result<PlacementOptions> {
+        let on_command_line = |id: &str| matches.value_source(id) == Some(ValueSource::CommandLine);
+        let mut args: Vec<(usize, PlacementArg)> = Vec::new();
+        if let Some(indices) = matches.indices_of("override_tensor") {
+            for (index, value) in indices.zip(&self.override_tensor) {
+                args.push((index, PlacementArg::OverrideTensor(value.clone())));
+            }
+        }
+        if self.cpu_moe && on_command_line("cpu_moe") {
+            let index = matches
+                .index_of("cpu_moe")
+                .context("position of --cpu-moe")?;
+            args.push((index, PlacementArg::CpuMoe));
+        }
+        if let Some(n) = self.n_cpu_moe {
+            let index = matches
+                .index_of("n_cpu_moe")
+                .context("position of --n-cpu-moe")?;
+            args.push((index, PlacementArg::NCpuMoe(n)));
+        }
+        args.sort_by_key(|(index, _)| *index);
+
+        let n_gpu_layers = match self.n_gpu_layers.as_deref() {
+            None | Some("all") => None,
+            Some(n) => Some(
+                n.parse::<usize>()
+                    .with_context(|| format!("-ngl '{n}': expected a number of layers or 'all'"))?,
+            ),
+        };
+        let tensor_split = match &self.tensor_split {
+            None => Vec::new(),
+            // llama.cpp splits on runs of ',' and '/'.
+            Some(ts) => ts
+                .split([',', '/'])
+                .filter(|p| !p.is_empty())
+                .map(|p| {
+                    p.trim()
+                        .parse::<f32>()
+                        .with_context(|| format!("-ts '{ts}': '{p}' is not a number"))
+                })
+                .collect::<Result<_>>()?,
+        };
+        Ok(PlacementOptions {
+            args: args.into_iter().map(|(_, a)| a).collect(),
+            n_gpu_layers,
+            split_mode: self.split_mode,
+            tensor_split,
+            main_gpu: self.main_gpu,
+            fit: self.fit,
+            expert_priority: None,
+        })
+    }
+
+    /// CPU (RAM budget), then `--gpu` devices, then `--sim` devices.
+    pub fn devices(&self) -> Result<Vec<DeviceSpec>> {
+        let ram = match &self.ram {
+            Some(s) => parse_size(s)?,
+            None => match system_memory_bytes() {
+                Some(b) => b,
+                None => bail!("cannot read the machine's memory size (/proc/meminfo); pass --ram"),
+            },
+        };
+        let gpus = match &self.gpu {
+            Some(s) => parse_size_list(s)?,
+            None => Vec::new(),
+        };
+        let sims = match &self.sim {
+            Some(s) => parse_size_list(s)?,
+            None => Vec::new(),
+        };
+        Ok(device_list(ram, &gpus, &sims))
+    }
+}

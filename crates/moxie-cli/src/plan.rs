@@ -1,0 +1,53 @@
+//! `moxie plan -m MODEL [placement flags] [--json]`: where every tensor and KV layer would
+//! go, bytes per device, and whether it fits. Reads the header only, never weights.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::ArgMatches;
+use moxie_core::placement::{plan_for_file, RunShape};
+use moxie_gguf::GgufFile;
+
+use crate::placement_args::PlacementArgs;
+use crate::run::CacheTypeArgs;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Model GGUF (the first part of a split model); a header-only file is enough.
+    #[arg(short = 'm', long = "model")]
+    model: PathBuf,
+    #[command(flatten)]
+    placement: PlacementArgs,
+    /// Context size in tokens (default: 4096, capped at the model's training context).
+    #[arg(short = 'c', long = "ctx-size")]
+    ctx_size: Option<usize>,
+    /// Logical batch size.
+    #[arg(short = 'b', long = "batch-size", default_value_t = 2048)]
+    batch_size: usize,
+    /// Physical (micro-)batch size (also `-ub`): compute buffers hold one.
+    #[arg(long = "ubatch-size", default_value_t = 512)]
+    ubatch_size: usize,
+    #[command(flatten)]
+    cache_types: CacheTypeArgs,
+    /// Print the plan as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn main(a: Args, matches: &ArgMatches) -> Result<()> {
+    let options = a.placement.options(matches)?;
+    let devices = a.placement.devices()?;
+    let file = GgufFile::open_header_only(&a.model)?;
+    let run = RunShape {
+        n_ctx: a.ctx_size,
+        n_batch: a.batch_size,
+        n_ubatch: a.ubatch_size,
+        kv_types: a.cache_types.types(),
+    };
+    let plan = plan_for_file(&file, &options, &devices, &run)?;
+    if a.json {
+        crate::emit(&format!("{:#}\n", plan.to_json()))
+    } else {
+        crate::emit(&plan.report())
+    }
+}

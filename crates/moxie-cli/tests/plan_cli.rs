@@ -1,0 +1,226 @@
+//! `moxie plan` end to end on the header-only DeepSeek-V3 file: `--fit` within budgets on one
+//! and on two unequal GPUs, a plan that cannot fit, llama.cpp's flag order recovered from the
+//! command line, and bad input.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+/// `$MOXIE_FIXTURES` or `../shared/fixtures` next to the checkout (the test fails if missing).
+fn header(stem: &str) -> String {
+    let dir = match std::env::var_os("MOXIE_FIXTURES") {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures"),
+    };
+    let path = dir.join("headers").join(format!("{stem}.header.gguf"));
+    assert!(
+        path.is_file(),
+        "{} not found (set MOXIE_FIXTURES)",
+        path.display()
+    );
+    path.to_str().unwrap().to_owned()
+}
+
+fn ds() -> String {
+    header("DeepSeek-V3-671B-Q4_K_M")
+}
+
+fn moxie(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_moxie"))
+        .args(args)
+        .output()
+        .expect("running moxie")
+}
+
+fn plan_json(args: &[&str]) -> Value {
+    let mut all = vec!["plan", "--json"];
+    all.extend_from_slice(args);
+    let o = moxie(&all);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout).expect("JSON on stdout")
+}
+
+fn device<'a>(plan: &'a Value, name: &str) -> &'a Value {
+    plan["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == name)
+        .unwrap_or_else(|| panic!("no device {name}"))
+}
+
+fn assert_within_budgets(plan: &Value) {
+    assert_eq!(plan["fits"], true, "{}", plan["messages"]);
+    for d in plan["devices"].as_array().unwrap() {
+        let total = d["total_bytes"].as_u64().unwrap();
+        let parts: u64 = [
+            "weights_bytes",
+            "kv_bytes",
+            "compute_bytes",
+            "headroom_bytes",
+        ]
+        .iter()
+        .map(|k| d[k].as_u64().unwrap())
+        .sum();
+        assert_eq!(total, parts);
+        assert!(total <= d["budget_bytes"].as_u64().unwrap(), "{d}");
+    }
+}
+
+/// Blocks whose routed experts are (partly) on `device`.
+fn expert_layers_on(plan: &Value, device: &str) -> usize {
+    plan["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| {
+            l["experts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|e| e["device"] == device)
+        })
+        .count()
+}
+
+fn tensor_device(plan: &Value, name: &str) -> String {
+    let t = plan["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == name)
+        .unwrap_or_else(|| panic!("no tensor {name}"));
+    t["device"].as_str().unwrap().to_owned()
+}
+
+#[test]
+fn fit_stays_within_one_gpu_and_the_ram() {
+    let m = ds();
+    let plan = plan_json(&["-m", &m, "--gpu", "24GiB", "--ram", "512GiB", "--fit"]);
+    assert_within_budgets(&plan);
+    assert_eq!(device(&plan, "CUDA0")["budget_bytes"], 24u64 << 30);
+    assert!(expert_layers_on(&plan, "CUDA0") >= 1);
+    // Every tensor is listed with its device and bytes.
+    let tensors = plan["tensors"].as_array().unwrap();
+    assert_eq!(tensors.len(), 1086);
+    let by_tensors: u64 = tensors.iter().map(|t| t["bytes"].as_u64().unwrap()).sum();
+    let by_devices: u64 = plan["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["weights_bytes"].as_u64().unwrap())
+        .sum();
+    assert_eq!(by_tensors, by_devices);
+    assert_eq!(tensor_device(&plan, "token_embd.weight"), "CPU");
+}
+
+#[test]
+fn fit_gives_the_bigger_gpu_more_expert_layers() {
+    let m = ds();
+    let plan = plan_json(&["-m", &m, "--gpu", "24GiB,48GiB", "--ram", "512GiB", "--fit"]);
+    assert_within_budgets(&plan);
+    let small = expert_layers_on(&plan, "CUDA0");
+    let big = expert_layers_on(&plan, "CUDA1");
+    assert!(big > small && small >= 1, "CUDA0 {small}, CUDA1 {big}");
+}
+
+#[test]
+fn a_plan_that_cannot_fit_says_by_how_much() {
+    let m = ds();
+    let plan = plan_json(&["-m", &m, "--gpu", "24GiB", "--ram", "64GiB", "--fit"]);
+    assert_eq!(plan["fits"], false);
+    assert_eq!(device(&plan, "CPU")["fits"], false);
+    assert!(device(&plan, "CPU")["free_bytes"].as_i64().unwrap() < 0);
+    let messages = plan["messages"].as_array().unwrap();
+    assert!(
+        messages
+            .iter()
+            .any(|m| m.as_str().unwrap().starts_with("CPU is over its budget by")),
+        "{messages:?}"
+    );
+}
+
+#[test]
+fn placement_flags_apply_in_command_line_order() {
+    let m = ds();
+    let pin = r"blk\.3\.ffn_up_exps=CUDA0";
+    let common = ["-m", m.as_str(), "--gpu", "24GiB", "--ram", "1TiB"];
+    let mut args = common.to_vec();
+    args.extend(["-cmoe", "-ot", pin]);
+    let plan = plan_json(&args);
+    assert_eq!(tensor_device(&plan, "blk.3.ffn_up_exps.weight"), "CPU");
+    let mut args = common.to_vec();
+    args.extend(["-ot", pin, "--cpu-moe"]);
+    let plan = plan_json(&args);
+    assert_eq!(tensor_device(&plan, "blk.3.ffn_up_exps.weight"), "CUDA0");
+    assert_eq!(tensor_device(&plan, "blk.3.ffn_down_exps.weight"), "CPU");
+    let mut args = common.to_vec();
+    args.extend(["-ncmoe", "4", "-ot", pin, "-ot", "exps=CUDA0"]);
+    let plan = plan_json(&args);
+    assert_eq!(tensor_device(&plan, "blk.3.ffn_up_exps.weight"), "CPU");
+    assert_eq!(tensor_device(&plan, "blk.4.ffn_up_exps.weight"), "CUDA0");
+    assert_eq!(plan["rules"].as_array().unwrap().len(), 6);
+}
+
+#[test]
+fn the_table_names_devices_layers_and_rules() {
+    let m = ds();
+    let o = moxie(&[
+        "plan", "-m", &m, "--gpu", "24GiB", "--sim", "8GiB", "--ram", "512GiB", "-ngl", "10",
+        "-ot", "exps=CPU", "-ts", "3,1",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("-ngl 10, -sm layer"), "{out}");
+    // -ngl 10: slots 52-61 on the GPUs, split 3:1 (slot 52 + 7.5 is the boundary).
+    for line_start in [
+        "CPU ", "CUDA0 ", "sim0 ", "0-2 ", "3-51 ", "52-59 ", "60 ", "output ",
+    ] {
+        assert!(
+            out.lines().any(|l| l.starts_with(line_start)),
+            "no line starting '{line_start}' in\n{out}"
+        );
+    }
+    assert!(out.contains("-ot \"exps=CPU\""), "{out}");
+}
+
+#[test]
+fn bad_input_fails_with_a_clear_error() {
+    let m = ds();
+    for (args, expected) in [
+        (
+            vec!["--gpu", "24GiB", "-ot", "exps=CUDA1"],
+            "unknown buffer 'CUDA1'",
+        ),
+        (
+            vec!["--gpu", "24GiB", "-ot", "blk\\.(3=CPU"],
+            "bad regular expression",
+        ),
+        (vec!["--gpu", "24XB"], "bad size '24XB'"),
+        (vec!["--gpu", "24GiB", "--ram", "lots"], "bad size 'lots'"),
+        (
+            vec!["--gpu", "24GiB", "-sm", "row"],
+            "-sm row splits single weights",
+        ),
+        (vec!["--gpu", "24GiB", "-ngl", "many"], "-ngl 'many'"),
+        (vec!["--gpu", "24GiB", "-ts", "3,x"], "'x' is not a number"),
+        (
+            vec!["--gpu", "24GiB", "-ctk", "q4_0"],
+            "unsupported KV cache type",
+        ),
+    ] {
+        let mut all = vec!["plan", "-m", m.as_str()];
+        if !args.contains(&"--ram") {
+            all.extend(["--ram", "1TiB"]);
+        }
+        all.extend(args);
+        let o = moxie(&all);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{all:?} succeeded");
+        assert!(err.contains(expected), "{all:?}: {err}");
+    }
+    let o = moxie(&["plan", "-m", "/nonexistent.gguf", "--ram", "1TiB"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("nonexistent.gguf"));
+}

@@ -1,0 +1,477 @@
+//! Placement on the header-only DeepSeek-V3 (deepseek2, 61 blocks) and GLM-4.7 (glm4moe, 92
+//! blocks + 1 MTP block) files: llama.cpp's assignment for the common flag combinations,
+//! checked tensor by tensor and against the byte totals in the files' `.header.json`.
+
+mod common;
+
+use moxie_core::kv_cache::KvTypes;
+use moxie_core::placement::{
+    device_list, plan_for_file, DeviceSpec, PlacementArg, PlacementOptions, Plan, RunShape,
+    SplitMode, TensorGroup,
+};
+use moxie_gguf::GgufFile;
+use moxie_quant::GgmlType;
+use serde_json::Value;
+
+const DS: &str = "DeepSeek-V3-671B-Q4_K_M";
+const GLM: &str = "GLM-4.7-355B-Q4_K_M";
+const GIB: u64 = 1 << 30;
+
+struct Model {
+    file: GgufFile,
+    json: Value,
+}
+
+impl Model {
+    fn open(stem: &str) -> Model {
+        let dir = common::fixtures().join("headers");
+        let file = GgufFile::open_header_only(&dir.join(format!("{stem}.header.gguf"))).unwrap();
+        let text = std::fs::read_to_string(dir.join(format!("{stem}.header.json"))).unwrap();
+        Model {
+            file,
+            json: serde_json::from_str(&text).unwrap(),
+        }
+    }
+
+    fn json_u64(&self, key: &str) -> u64 {
+        self.json[key]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{key} in header json"))
+    }
+
+    /// Routed-expert bytes of blocks `blocks` according to the header json.
+    fn expert_bytes(&self, blocks: impl IntoIterator<Item = usize>) -> u64 {
+        blocks
+            .into_iter()
+            .map(|il| self.json["layers"][il]["routed_experts"].as_u64().unwrap())
+            .sum()
+    }
+
+    fn plan(&self, opts: &PlacementOptions, devices: &[DeviceSpec]) -> Plan {
+        self.plan_run(opts, devices, &run(KvTypes::default()))
+    }
+
+    fn plan_run(&self, opts: &PlacementOptions, devices: &[DeviceSpec], run: &RunShape) -> Plan {
+        plan_for_file(&self.file, opts, devices, run).unwrap()
+    }
+
+    fn try_plan(&self, opts: &PlacementOptions, devices: &[DeviceSpec]) -> String {
+        plan_for_file(&self.file, opts, devices, &run(KvTypes::default()))
+            .unwrap_err()
+            .to_string()
+    }
+}
+
+fn run(kv_types: KvTypes) -> RunShape {
+    RunShape {
+        n_ctx: Some(4096),
+        n_batch: 2048,
+        n_ubatch: 512,
+        kv_types,
+    }
+}
+
+fn ot(v: &str) -> PlacementArg {
+    PlacementArg::OverrideTensor(v.to_owned())
+}
+
+fn opts(args: Vec<PlacementArg>, ngl: Option<usize>) -> PlacementOptions {
+    PlacementOptions {
+        args,
+        n_gpu_layers: ngl,
+        ..Default::default()
+    }
+}
+
+fn gpus(budgets: &[u64]) -> Vec<DeviceSpec> {
+    device_list(1024 * GIB, budgets, &[])
+}
+
+fn dev<'a>(p: &'a Plan, tensor: &str) -> &'a str {
+    let t = p
+        .tensor(tensor)
+        .unwrap_or_else(|| panic!("no tensor {tensor}"));
+    t.device
+        .map_or("unused", |d| p.devices[d].spec.name.as_str())
+}
+
+/// Bytes of `group` placed on `device`.
+fn group_bytes(p: &Plan, group: TensorGroup, device: &str) -> u64 {
+    let d = p.device_index(device).unwrap();
+    p.tensors
+        .iter()
+        .filter(|t| t.group == group && t.device == Some(d))
+        .map(|t| t.bytes)
+        .sum()
+}
+
+fn placed_bytes(p: &Plan) -> u64 {
+    p.devices.iter().map(|d| d.weights_bytes).sum()
+}
+
+/// A tensor every block has: DeepSeek's MLA down-projection, GLM's query projection.
+fn attn(stem: &str, il: usize) -> String {
+    if stem == DS {
+        format!("blk.{il}.attn_kv_a_mqa.weight")
+    } else {
+        format!("blk.{il}.attn_q.weight")
+    }
+}
+
+#[test]
+fn ot_rules_pin_experts_per_gpu_and_send_the_rest_to_cpu() {
+    for stem in [DS, GLM] {
+        let m = Model::open(stem);
+        let o = opts(
+            vec![
+                ot(r"blk\.(3|4|5|6|7)\.ffn_(gate|up|down)_exps\.=CUDA0"),
+                ot(r"blk\.(8|9|10|11|12)\.ffn_(gate|up|down)_exps\.=CUDA1"),
+                ot(r"ffn_(gate|up|down)_exps\.=CPU"),
+            ],
+            Some(999),
+        );
+        let p = m.plan(&o, &gpus(&[80 * GIB, 80 * GIB]));
+        assert_eq!(dev(&p, "blk.4.ffn_up_exps.weight"), "CUDA0", "{stem}");
+        assert_eq!(dev(&p, "blk.9.ffn_down_exps.weight"), "CUDA1", "{stem}");
+        assert_eq!(dev(&p, "blk.20.ffn_gate_exps.weight"), "CPU", "{stem}");
+        // Equal budgets: slots below (n_block + 1) / 2 go to CUDA0.
+        assert_eq!(dev(&p, &attn(stem, 20)), "CUDA0", "{stem}");
+        assert_eq!(dev(&p, &attn(stem, 50)), "CUDA1", "{stem}");
+        assert_eq!(dev(&p, "blk.20.ffn_gate_inp.weight"), "CUDA0", "{stem}");
+        assert_eq!(dev(&p, "token_embd.weight"), "CPU", "{stem}");
+        assert_eq!(dev(&p, "output.weight"), "CUDA1", "{stem}");
+        assert_eq!(
+            p.describe(p.tensor("blk.4.ffn_up_exps.weight").unwrap().reason),
+            "user rule 1"
+        );
+        assert_eq!(
+            p.describe(p.tensor("blk.20.ffn_up_exps.weight").unwrap().reason),
+            "user rule 3"
+        );
+        assert_eq!(
+            p.describe(p.tensor(&attn(stem, 20)).unwrap().reason),
+            "-ngl layer split"
+        );
+
+        let main = m.json_u64("routed_expert_bytes_main_graph");
+        let cuda0 = m.expert_bytes(3..8);
+        let cuda1 = m.expert_bytes(8..13);
+        assert_eq!(
+            group_bytes(&p, TensorGroup::RoutedExperts, "CUDA0"),
+            cuda0,
+            "{stem}"
+        );
+        assert_eq!(
+            group_bytes(&p, TensorGroup::RoutedExperts, "CUDA1"),
+            cuda1,
+            "{stem}"
+        );
+        assert_eq!(
+            group_bytes(&p, TensorGroup::RoutedExperts, "CPU"),
+            main - cuda0 - cuda1
+        );
+        // Everything llama.cpp loads is somewhere, the MTP block nowhere.
+        assert_eq!(placed_bytes(&p), m.json_u64("main_graph_bytes"), "{stem}");
+        assert_eq!(p.rules.iter().map(|r| r.tensors).collect::<Vec<_>>(), {
+            let n_moe = p.layers.iter().filter(|l| !l.experts.is_empty()).count();
+            vec![15, 15, 3 * n_moe - 30]
+        });
+    }
+}
+
+#[test]
+fn one_ot_value_holds_several_rules() {
+    for stem in [DS, GLM] {
+        let m = Model::open(stem);
+        let o = opts(
+            vec![ot(
+                r"blk\.(3|4|5)\.ffn_(gate|up|down)_exps\.=CUDA0,exps=CPU",
+            )],
+            Some(999),
+        );
+        let p = m.plan(&o, &gpus(&[24 * GIB]));
+        assert_eq!(dev(&p, "blk.4.ffn_gate_exps.weight"), "CUDA0");
+        assert_eq!(dev(&p, "blk.6.ffn_gate_exps.weight"), "CPU");
+        assert_eq!(dev(&p, "blk.6.ffn_gate_inp.weight"), "CUDA0");
+        assert_eq!(dev(&p, "blk.6.ffn_up_shexp.weight"), "CUDA0");
+        assert_eq!(dev(&p, "output.weight"), "CUDA0");
+        let on_gpu = m.expert_bytes(3..6);
+        assert_eq!(group_bytes(&p, TensorGroup::RoutedExperts, "CUDA0"), on_gpu);
+        assert_eq!(
+            group_bytes(&p, TensorGroup::RoutedExperts, "CPU"),
+            m.json_u64("routed_expert_bytes_main_graph") - on_gpu
+        );
+    }
+}
+
+#[test]
+fn cpu_moe_keeps_every_routed_expert_on_the_cpu() {
+    for stem in [DS, GLM] {
+        let m = Model::open(stem);
+        let p = m.plan(&opts(vec![PlacementArg::CpuMoe], None), &gpus(&[24 * GIB]));
+        assert_eq!(
+            group_bytes(&p, TensorGroup::RoutedExperts, "CPU"),
+            m.json_u64("routed_expert_bytes_main_graph"),
+            "{stem}"
+        );
+        assert_eq!(group_bytes(&p, TensorGroup::RoutedExperts, "CUDA0"), 0);
+        assert_eq!(
+            p.describe(p.tensor("blk.30.ffn_down_exps.weight").unwrap().reason),
+            "--cpu-moe"
+        );
+        // Everything else of the main graph is on the GPU, except the input layer.
+        let cuda0 = &p.devices[1];
+        let input = p.tensor("token_embd.weight").unwrap().bytes;
+        assert_eq!(
+            cuda0.weights_bytes,
+            m.json_u64("main_graph_bytes") - m.json_u64("routed_expert_bytes_main_graph") - input,
+            "{stem}"
+        );
+        assert_eq!(placed_bytes(&p), m.json_u64("main_graph_bytes"));
+    }
+    // DeepSeek-V3 has no MTP block in the file: all routed experts count.
+    let ds = Model::open(DS);
+    assert_eq!(
+        ds.json["bytes_by_role"]["routed_experts"].as_u64(),
+        Some(ds.json_u64("routed_expert_bytes_main_graph"))
+    );
+}
+
+#[test]
+fn the_mtp_block_is_never_loaded() {
+    let m = Model::open(GLM);
+    // Not even when a rule names it.
+    let p = m.plan(
+        &opts(vec![ot(r"blk\.92\.=CUDA0"), PlacementArg::CpuMoe], None),
+        &gpus(&[24 * GIB]),
+    );
+    let block_92: Vec<_> = p.tensors.iter().filter(|t| t.layer == Some(92)).collect();
+    assert!(block_92.len() > 10);
+    assert!(block_92.iter().all(|t| t.device.is_none() && t.bytes == 0));
+    assert_eq!(p.describe(block_92[0].reason), "unused nextn");
+    assert_eq!(p.rules[0].tensors, 0);
+    assert!(p
+        .messages
+        .iter()
+        .any(|m| m.contains("user rule 1") && m.contains("placed no tensor")));
+    assert_eq!(p.layers[92].device, None);
+    assert_eq!(p.layers[92].kv_bytes, 0);
+    let unused: u64 = m.json_u64("tensor_data_bytes") - m.json_u64("main_graph_bytes");
+    assert_eq!(unused, m.json_u64("nextn_block_bytes"));
+    assert_eq!(placed_bytes(&p), m.json_u64("main_graph_bytes"));
+}
+
+#[test]
+fn n_cpu_moe_on_a_layer_split_piles_the_kept_experts_on_the_last_gpu() {
+    let budgets = [24 * GIB, 24 * GIB];
+    let o = PlacementOptions {
+        args: vec![PlacementArg::NCpuMoe(64)],
+        split_mode: SplitMode::Layer,
+        ..Default::default()
+    };
+    // DeepSeek-V3 has 61 blocks: every expert stays on the CPU and the cards hold the rest.
+    let ds = Model::open(DS);
+    let p = ds.plan(&o, &gpus(&budgets));
+    assert_eq!(
+        group_bytes(&p, TensorGroup::RoutedExperts, "CPU"),
+        ds.json_u64("routed_expert_bytes_main_graph")
+    );
+    assert_eq!(
+        p.describe(p.tensor("blk.60.ffn_up_exps.weight").unwrap().reason),
+        "--n-cpu-moe 64"
+    );
+    assert!(p.fits, "{:?}", p.messages);
+
+    // GLM-4.7: blocks 64-91 keep their experts on the card their layer splits to; with equal
+    // budgets that is CUDA1 for blocks 47 and up (94 slots), so CUDA1 overflows.
+    let glm = Model::open(GLM);
+    let p = glm.plan(&o, &gpus(&budgets));
+    assert_eq!(dev(&p, "blk.63.ffn_up_exps.weight"), "CPU");
+    assert_eq!(dev(&p, "blk.64.ffn_up_exps.weight"), "CUDA1");
+    assert_eq!(dev(&p, &attn(GLM, 46)), "CUDA0");
+    assert_eq!(dev(&p, &attn(GLM, 47)), "CUDA1");
+    assert_eq!(
+        group_bytes(&p, TensorGroup::RoutedExperts, "CUDA1"),
+        glm.expert_bytes(64..92)
+    );
+    assert_eq!(group_bytes(&p, TensorGroup::RoutedExperts, "CUDA0"), 0);
+    assert!(!p.fits);
+    let cuda1 = &p.devices[2];
+    assert!(!cuda1.fits() && p.devices[1].fits());
+    let msg = p
+        .messages
+        .iter()
+        .find(|m| m.starts_with("CUDA1 is over its budget by"))
+        .unwrap();
+    assert!(msg.contains("-ot \"blk\\.(64|65|"), "{msg}");
+}
+
+#[test]
+fn rules_apply_in_command_line_order() {
+    let m = Model::open(DS);
+    let pin = ot(r"blk\.3\.ffn_up_exps=CUDA0");
+    let devices = gpus(&[24 * GIB]);
+    let p = m.plan(
+        &opts(vec![PlacementArg::CpuMoe, pin.clone()], None),
+        &devices,
+    );
+    assert_eq!(dev(&p, "blk.3.ffn_up_exps.weight"), "CPU");
+    assert_eq!(p.rules[1].tensors, 0);
+    let p = m.plan(
+        &opts(vec![pin.clone(), PlacementArg::CpuMoe], None),
+        &devices,
+    );
+    assert_eq!(dev(&p, "blk.3.ffn_up_exps.weight"), "CUDA0");
+    assert_eq!(dev(&p, "blk.3.ffn_down_exps.weight"), "CPU");
+    let p = m.plan(
+        &opts(vec![PlacementArg::NCpuMoe(5), pin.clone()], None),
+        &devices,
+    );
+    assert_eq!(dev(&p, "blk.3.ffn_up_exps.weight"), "CPU");
+    let p = m.plan(&opts(vec![pin, PlacementArg::NCpuMoe(5)], None), &devices);
+    assert_eq!(dev(&p, "blk.3.ffn_up_exps.weight"), "CUDA0");
+    assert_eq!(dev(&p, "blk.4.ffn_up_exps.weight"), "CPU");
+    assert_eq!(dev(&p, "blk.5.ffn_up_exps.weight"), "CUDA0");
+}
+
+#[test]
+fn ngl_counts_layer_slots_back_from_the_output_layer() {
+    // llama.cpp 0c1e57098: slots are the blocks then the output layer; -ngl N puts slots
+    // >= n_block + 1 - N on the GPU.
+    let ds = Model::open(DS);
+    let p = ds.plan(&opts(vec![], Some(10)), &gpus(&[80 * GIB]));
+    assert_eq!(dev(&p, &attn(DS, 51)), "CPU");
+    assert_eq!(dev(&p, "blk.51.ffn_up_exps.weight"), "CPU");
+    assert_eq!(dev(&p, &attn(DS, 52)), "CUDA0");
+    assert_eq!(dev(&p, "blk.60.ffn_up_exps.weight"), "CUDA0");
+    assert_eq!(dev(&p, "output.weight"), "CUDA0");
+    assert_eq!(dev(&p, "token_embd.weight"), "CPU");
+    assert_eq!(p.layers[51].device, Some(0));
+    assert_eq!(p.layers[52].device, Some(1));
+    // KV follows the layer: 9 blocks of MLA cache on the GPU.
+    assert_eq!(p.devices[1].kv_bytes, 9 * 4096 * 576 * 2);
+    assert_eq!(p.devices[0].kv_bytes, 52 * 4096 * 576 * 2);
+
+    // GLM-4.7: the MTP block 92 takes a slot, so -ngl 10 offloads blocks 84-91.
+    let glm = Model::open(GLM);
+    let p = glm.plan(&opts(vec![], Some(10)), &gpus(&[80 * GIB]));
+    assert_eq!(dev(&p, &attn(GLM, 83)), "CPU");
+    assert_eq!(dev(&p, &attn(GLM, 84)), "CUDA0");
+    assert_eq!(dev(&p, "output.weight"), "CUDA0");
+    assert_eq!(p.devices[1].kv_bytes, 8 * 4096 * 8 * 128 * 2 * 2);
+    let p = glm.plan(&opts(vec![], Some(1)), &gpus(&[80 * GIB]));
+    assert_eq!(dev(&p, "output.weight"), "CUDA0");
+    assert_eq!(dev(&p, &attn(GLM, 91)), "CPU");
+    let p = glm.plan(&opts(vec![], Some(0)), &gpus(&[80 * GIB]));
+    assert!(p.devices[1].total_bytes() == 0 && p.devices[0].weights_bytes == placed_bytes(&p));
+    // No GPU given: everything on the CPU, whatever -ngl says.
+    let p = glm.plan(&opts(vec![], Some(999)), &gpus(&[]));
+    assert_eq!(p.devices.len(), 1);
+    assert_eq!(p.n_gpu_layers, 0);
+    assert_eq!(p.devices[0].weights_bytes, glm.json_u64("main_graph_bytes"));
+}
+
+#[test]
+fn tensor_split_3_1() {
+    let o = PlacementOptions {
+        tensor_split: vec![3.0, 1.0],
+        ..Default::default()
+    };
+    // Slot il goes to CUDA0 while il / (n_block + 1) < 0.75.
+    for (stem, last_on_0) in [(DS, 46), (GLM, 70)] {
+        let m = Model::open(stem);
+        let p = m.plan(&o, &gpus(&[24 * GIB, 24 * GIB]));
+        assert_eq!(dev(&p, &attn(stem, last_on_0)), "CUDA0", "{stem}");
+        assert_eq!(
+            dev(&p, &format!("blk.{last_on_0}.ffn_up_exps.weight")),
+            "CUDA0"
+        );
+        assert_eq!(dev(&p, &attn(stem, last_on_0 + 1)), "CUDA1", "{stem}");
+        assert_eq!(dev(&p, "output.weight"), "CUDA1");
+    }
+    // Without -ts the budgets decide: 3:1 budgets give the same split.
+    let p = Model::open(DS).plan(&PlacementOptions::default(), &gpus(&[72 * GIB, 24 * GIB]));
+    assert_eq!(dev(&p, &attn(DS, 46)), "CUDA0");
+    assert_eq!(dev(&p, &attn(DS, 47)), "CUDA1");
+}
+
+#[test]
+fn split_mode_none_uses_the_main_gpu_only() {
+    let m = Model::open(DS);
+    let o = PlacementOptions {
+        split_mode: SplitMode::None,
+        main_gpu: 1,
+        args: vec![PlacementArg::CpuMoe],
+        ..Default::default()
+    };
+    let p = m.plan(&o, &gpus(&[24 * GIB, 24 * GIB]));
+    assert!(p.layers.iter().all(|l| l.device == Some(2)));
+    assert_eq!(dev(&p, "output.weight"), "CUDA1");
+    assert_eq!(p.devices[1].total_bytes(), 0);
+    let bad = PlacementOptions { main_gpu: 2, ..o };
+    let e = m.try_plan(&bad, &gpus(&[24 * GIB, 24 * GIB]));
+    assert!(e.contains("-mg 2: there are only 2 GPU(s)"), "{e}");
+}
+
+#[test]
+fn kv_cache_bytes_follow_the_cache_types() {
+    let ds = Model::open(DS);
+    let glm = Model::open(GLM);
+    let devices = gpus(&[]);
+    let f16 = ds.plan_run(
+        &PlacementOptions::default(),
+        &devices,
+        &run(KvTypes::default()),
+    );
+    // MLA caches kv_lora_rank + rope = 576 values per position, keys only.
+    assert_eq!(f16.devices[0].kv_bytes, 61 * 4096 * 576 * 2);
+    let q8 = KvTypes {
+        k: GgmlType::Q8_0,
+        v: GgmlType::Q8_0,
+    };
+    let p = ds.plan_run(&PlacementOptions::default(), &devices, &run(q8));
+    assert_eq!(p.devices[0].kv_bytes, 61 * 4096 * (576 / 32 * 34));
+    // GQA: 8 kv heads x 128 for keys and values, 92 main blocks.
+    let p = glm.plan_run(
+        &PlacementOptions::default(),
+        &devices,
+        &run(KvTypes::default()),
+    );
+    assert_eq!(p.devices[0].kv_bytes, 92 * 4096 * 2 * 8 * 128 * 2);
+    let mixed = KvTypes {
+        k: GgmlType::Q8_0,
+        v: GgmlType::F32,
+    };
+    let p = glm.plan_run(&PlacementOptions::default(), &devices, &run(mixed));
+    assert_eq!(
+        p.devices[0].kv_bytes,
+        92 * 4096 * (8 * 4 * 34 + 8 * 128 * 4)
+    );
+    // The context is padded to 256 positions, as llama.cpp does.
+    let odd = RunShape {
+        n_ctx: Some(1000),
+        ..run(KvTypes::default())
+    };
+    let p = ds.plan_run(&PlacementOptions::default(), &devices, &odd);
+    assert_eq!((p.n_ctx, p.kv_positions), (1000, 1024));
+    assert_eq!(p.devices[0].kv_bytes, 61 * 1024 * 576 * 2);
+}
+
+#[test]
+fn bad_rules_are_clear_errors() {
+    let m = Model::open(DS);
+    let devices = gpus(&[24 * GIB]);
+    let e = m.try_plan(&opts(vec![ot("exps=CUDA1")], None), &devices);
+    assert!(
+        e.contains("unknown buffer 'CUDA1'") && e.contains("devices: CPU, CUDA0"),
+        "{e}"
+    );
+    let e = m.try_plan(&opts(vec![ot(r"blk\.(3=CPU")], None), &devices);
+    assert!(e.contains(r"bad regular expression 'blk\.(3'"), "{e}");
+    let bad_ts = PlacementOptions {
+        tensor_split: vec![1.0, 1.0],
+        ..Default::default()
+    };
+    let e = m.try_plan(&bad_ts, &devices);
+    assert!(e.contains("-ts gives 2 proportions for 1 GPU"), "{e}");
+}
