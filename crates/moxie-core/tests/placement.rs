@@ -475,3 +475,60 @@ fn bad_rules_are_clear_errors() {
     let e = m.try_plan(&bad_ts, &devices);
     assert!(e.contains("-ts gives 2 proportions for 1 GPU"), "{e}");
 }
+
+/// GLM-5.1 (744B, `glm-dsa`, which moxie cannot run) from the header-only generator: its tensor
+/// index plans like the others — `--cpu-moe` keeps every routed expert in RAM and the MTP block
+/// unloaded, and `--fit` on two unequal GPUs fills both within their budgets.
+#[test]
+fn glm_5_1_plans_from_its_generated_header() {
+    let dir = std::env::var_os("CARGO_TARGET_TMPDIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
+    let path = dir.join(format!("glm-5.1-plan-{}.gguf", std::process::id()));
+    moxie_core::synth::write_header_only("glm-5.1-744b", &path).unwrap();
+    let file = GgufFile::open_header_only(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    let routed: u64 = file
+        .tensors()
+        .iter()
+        .filter(|t| t.name.contains("_exps") && !t.name.starts_with("blk.78."))
+        .map(|t| t.file_range().end - t.file_range().start)
+        .sum();
+
+    let cpu_moe = plan_for_file(
+        &file,
+        &opts(vec![PlacementArg::CpuMoe], Some(999)),
+        &gpus(&[96 * GIB]),
+        &run(KvTypes::default()),
+    )
+    .unwrap();
+    assert_eq!(
+        group_bytes(&cpu_moe, TensorGroup::RoutedExperts, "CPU"),
+        routed
+    );
+    assert_eq!(dev(&cpu_moe, "blk.78.ffn_up_exps.weight"), "unused");
+    assert_eq!(dev(&cpu_moe, "blk.40.attn_kv_a_mqa.weight"), "CUDA0");
+    assert!(cpu_moe.fits, "{:?}", cpu_moe.messages);
+
+    let fit = PlacementOptions {
+        fit: true,
+        ..Default::default()
+    };
+    let p = plan_for_file(
+        &file,
+        &fit,
+        &gpus(&[24 * GIB, 48 * GIB]),
+        &run(KvTypes::default()),
+    )
+    .unwrap();
+    assert!(p.fits, "{:?}", p.messages);
+    for d in &p.devices {
+        assert!(
+            d.total_bytes() <= d.spec.budget_bytes,
+            "{} over budget",
+            d.spec.name
+        );
+    }
+    let on = |name: &str| group_bytes(&p, TensorGroup::RoutedExperts, name);
+    assert!(on("CUDA1") > on("CUDA0") && on("CUDA0") > 0);
+}
