@@ -77,16 +77,13 @@ fn main() -> ExitCode {
     moxie_core::keep_freed_memory();
     let res = match cli.cmd {
         Cmd::Inspect(a) => inspect::main(a),
-        Cmd::Run(a) => run::run(a),
-        Cmd::Logits(a) => run::logits(a),
+        Cmd::Run(a) => run::run(a, subcommand(&matches, "run")),
+        Cmd::Logits(a) => run::logits(a, subcommand(&matches, "logits")),
         Cmd::Tokenize(a) => tokenize::main(a),
         Cmd::Gen(a) => gen::main(a),
         Cmd::Bench(a) => bench::main(a),
         Cmd::SweepBench(a) => sweep_bench::main(a),
-        Cmd::Plan(a) => match matches.subcommand_matches("plan") {
-            Some(m) => plan::main(a, m),
-            None => Err(anyhow::anyhow!("the plan command's arguments are missing")),
-        },
+        Cmd::Plan(a) => plan::main(a, subcommand(&matches, "plan")),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,
@@ -95,6 +92,14 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The arguments of subcommand `name`, which clap has just parsed (so they are there).
+fn subcommand<'m>(matches: &'m clap::ArgMatches, name: &str) -> &'m clap::ArgMatches {
+    static EMPTY: std::sync::OnceLock<clap::ArgMatches> = std::sync::OnceLock::new();
+    matches
+        .subcommand_matches(name)
+        .unwrap_or_else(|| EMPTY.get_or_init(clap::ArgMatches::default))
 }
 
 /// The error and its causes, skipping causes whose text the message already includes (the

@@ -4,9 +4,14 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
+use clap::ArgMatches;
 use moxie_core::generate::{generate, GenParams};
+use moxie_core::model::Placement;
+use moxie_core::placement::{plan_for_file, RunShape};
 use moxie_core::{Logits, Model, Numerics, Parallel, Sampler, SamplerConfig};
 use moxie_quant::GgmlType;
+
+use crate::placement_args::PlacementArgs;
 
 #[derive(clap::Args)]
 pub struct ModelArgs {
@@ -25,6 +30,8 @@ pub struct ModelArgs {
     pub exact: bool,
     #[command(flatten)]
     pub cache_types: CacheTypeArgs,
+    #[command(flatten)]
+    pub placement: PlacementArgs,
 }
 
 /// `-ctk` / `-ctv`, one value each (`bench` takes lists instead).
@@ -124,9 +131,39 @@ pub struct RunArgs {
     no_display_prompt: bool,
 }
 
-pub(crate) fn load_model(a: &ModelArgs) -> Result<Model> {
+/// Plan where every tensor goes (the placement flags, over the CPU and any `--sim` devices),
+/// print the plan to stderr, refuse one that does not fit, and load the model that way.
+/// `n_ctx`: the context the command will use (`None`: -c or its default), so the plan counts
+/// the KV cache it will hold; `ubatch`: its prompt micro-batch.
+pub(crate) fn load_model(
+    a: &ModelArgs,
+    matches: &ArgMatches,
+    n_ctx: Option<usize>,
+    ubatch: usize,
+) -> Result<Model> {
     let file = crate::open_gguf(&a.model)?;
-    Model::load(file).with_context(|| format!("loading {}", a.model.display()))
+    let run = RunShape {
+        n_ctx: n_ctx.or(a.ctx_size),
+        n_batch: ubatch,
+        n_ubatch: ubatch,
+        kv_types: a.cache_types.types(),
+    };
+    let plan = plan_for_file(
+        &file,
+        &a.placement.options(matches)?,
+        &a.placement.devices()?,
+        &run,
+    )
+    .context("planning the placement")?;
+    eprint!("{}", plan.report());
+    if !plan.fits {
+        bail!(
+            "the placement does not fit: {} (see the plan above)",
+            plan.messages.join("; ")
+        );
+    }
+    let placement = Placement::from_plan(&plan)?;
+    Model::load_placed(file, &placement).with_context(|| format!("loading {}", a.model.display()))
 }
 
 /// The tokenizer described by a model's metadata.
@@ -162,11 +199,11 @@ impl Utf8Stream {
     }
 }
 
-pub fn run(a: RunArgs) -> Result<()> {
+pub fn run(a: RunArgs, matches: &ArgMatches) -> Result<()> {
     if a.batch_size == 0 || a.ubatch_size == 0 {
         bail!("-b and -ub must be positive");
     }
-    let model = load_model(&a.model)?;
+    let model = load_model(&a.model, matches, None, a.ubatch_size)?;
     let tok = load_tokenizer(model.file.metadata())?;
     let par = a.model.parallel();
     let n_ctx = a
@@ -279,13 +316,12 @@ pub struct LogitsArgs {
     out: PathBuf,
 }
 
-pub fn logits(a: LogitsArgs) -> Result<()> {
-    let model = load_model(&a.model)?;
-    let par = a.model.parallel();
+pub fn logits(a: LogitsArgs, matches: &ArgMatches) -> Result<()> {
     let n = a.tokens.len();
-    let mut cache = a
-        .model
-        .cache(&model, n.max(a.model.ctx_size.unwrap_or(0)))?;
+    let n_ctx = n.max(a.model.ctx_size.unwrap_or(0));
+    let model = load_model(&a.model, matches, Some(n_ctx), n)?;
+    let par = a.model.parallel();
+    let mut cache = a.model.cache(&model, n_ctx)?;
     let logits = model.forward(&a.tokens, &mut cache, &par, Logits::All)?;
     moxie_core::npy::write_f32(&a.out, &[n, model.config.n_vocab], &logits)?;
     eprintln!(

@@ -29,7 +29,7 @@ pub use shape::ModelShape;
 
 use moxie_gguf::GgufFile;
 
-use crate::Result;
+use crate::{Error, Result};
 
 /// Plan an opened GGUF (header-only is enough): reads the shape from its metadata, then
 /// [`plan`]s its tensor index.
@@ -41,4 +41,35 @@ pub fn plan_for_file(
 ) -> Result<Plan> {
     let shape = ModelShape::from_metadata(file.metadata(), file.tensors())?;
     plan(&shape, file.tensors(), opts, devices, run)
+}
+
+impl crate::model::Placement {
+    /// What `plan` decided, for [`crate::Model::load_placed`]: the CPU and the plan's
+    /// simulated devices (with their budgets), and each loaded tensor's device. Fails for a
+    /// plan with CUDA devices: this build has no CUDA backend.
+    pub fn from_plan(plan: &Plan) -> Result<crate::model::Placement> {
+        let mut sims = Vec::new();
+        for d in &plan.devices {
+            match d.spec.kind {
+                DeviceKind::Cpu => {}
+                DeviceKind::Sim => sims.push(d.spec.budget_bytes),
+                DeviceKind::Cuda => {
+                    return Err(Error::Placement(format!(
+                        "{}: this build of moxie has no CUDA backend; plan for it with `moxie \
+                         plan`, or run the same placement on simulated devices with --sim",
+                        d.spec.name
+                    )))
+                }
+            }
+        }
+        let devices = crate::device::Devices::with_sims(&sims);
+        let mut tensors = std::collections::HashMap::new();
+        for t in &plan.tensors {
+            if let Some(d) = t.device {
+                let id = devices.by_name(&plan.devices[d].spec.name)?;
+                tensors.insert(t.name.clone(), id);
+            }
+        }
+        Ok(crate::model::Placement { devices, tensors })
+    }
 }

@@ -1,0 +1,101 @@
+//! `moxie logits` with placement flags: the plan is printed, the model runs placed over
+//! simulated devices with llama.cpp's hybrid rule (`-ot exps=CPU`) and gives the all-CPU logits,
+//! and placements this build cannot run are clear errors, not panics.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn fixture_model(name: &str) -> String {
+    let dir = match std::env::var_os("MOXIE_FIXTURES") {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures"),
+    };
+    let path = dir.join("models").join(name);
+    assert!(
+        path.is_file(),
+        "{} not found (set MOXIE_FIXTURES)",
+        path.display()
+    );
+    path.to_str().unwrap().to_owned()
+}
+
+fn moxie(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_moxie"))
+        .args(args)
+        .output()
+        .expect("running moxie")
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let base = std::env::var_os("CARGO_TARGET_TMPDIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
+    base.join(format!("moxie-placed-{}-{name}", std::process::id()))
+}
+
+#[test]
+fn hybrid_placement_on_sim_devices_gives_the_cpu_logits() {
+    for model in ["deepseek2-tiny-Q4_K_M.gguf", "glm4moe-tiny-Q4_K_M.gguf"] {
+        let m = fixture_model(model);
+        let (cpu, placed) = (tmp("cpu.npy"), tmp("placed.npy"));
+        let tokens = "1,7,42,3,99,5,12,8";
+        let o = moxie(&[
+            "logits",
+            "-m",
+            &m,
+            "--tokens",
+            tokens,
+            "--out",
+            cpu.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let o = moxie(&[
+            "logits",
+            "-m",
+            &m,
+            "--tokens",
+            tokens,
+            "--out",
+            placed.to_str().unwrap(),
+            "--sim",
+            "1GiB,1GiB",
+            "-ngl",
+            "999",
+            "-ot",
+            "exps=CPU",
+        ]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{err}");
+        assert!(err.contains("fits: yes") && err.contains("sim1"), "{err}");
+        assert!(
+            std::fs::read(&cpu).unwrap() == std::fs::read(&placed).unwrap(),
+            "{model}: logits differ"
+        );
+        let _ = std::fs::remove_file(cpu);
+        let _ = std::fs::remove_file(placed);
+    }
+}
+
+#[test]
+fn placements_this_build_cannot_run_are_clear_errors() {
+    let m = fixture_model("qwen3moe-tiny-Q4_K_M.gguf");
+    let out = tmp("never.npy");
+    let out = out.to_str().unwrap();
+    let cases: [(&[&str], &str); 3] = [
+        (&["--gpu", "24GiB"], "no CUDA backend"),
+        (&["-ot", "exps=CUDA0"], "CUDA0"),
+        (&["--sim", "1MiB"], "does not fit"),
+    ];
+    for (flags, want) in cases {
+        let mut args = vec!["logits", "-m", &m, "--tokens", "1,2", "--out", out];
+        args.extend_from_slice(flags);
+        let o = moxie(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{flags:?} succeeded");
+        assert!(
+            err.contains("error:") && err.contains(want),
+            "{flags:?}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{flags:?}: {err}");
+    }
+}
