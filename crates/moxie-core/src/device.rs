@@ -13,6 +13,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use crate::placement::human_bytes;
 use crate::{Error, Result};
 
 /// Index of a device in a model's [`Devices`]; [`CPU`] is the host.
@@ -220,22 +221,6 @@ impl Devices {
     /// Every device's counters.
     pub fn stats(&self) -> Vec<(String, DeviceStats)> {
         self.0.iter().map(|d| (d.name.clone(), d.stats())).collect()
-    }
-}
-
-/// `1.50 GiB`-style sizes for messages.
-pub fn human_bytes(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.2} {}", UNITS[u])
     }
 }
 

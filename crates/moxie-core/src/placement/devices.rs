@@ -153,14 +153,19 @@ pub fn system_memory_bytes() -> Option<u64> {
     kib.checked_mul(1024)
 }
 
-/// Bytes as GiB (or MiB below one GiB) for messages and tables.
+/// Bytes as GiB (MiB below one GiB, KiB below one MiB, bytes below one KiB) for messages and
+/// tables.
 pub fn human_bytes(bytes: u64) -> String {
     const GIB: f64 = (1u64 << 30) as f64;
     const MIB: f64 = (1u64 << 20) as f64;
     if bytes >= 1 << 30 {
         format!("{:.2} GiB", bytes as f64 / GIB)
-    } else {
+    } else if bytes >= 1 << 20 || bytes == 0 {
         format!("{:.1} MiB", bytes as f64 / MIB)
+    } else if bytes >= 1 << 10 {
+        format!("{:.1} KiB", bytes as f64 / 1024.0)
+    } else {
+        format!("{bytes} B")
     }
 }
 
