@@ -61,11 +61,11 @@ use std::path::Path;
 use std::time::Instant;
 
 use moxie_gguf::{Array, GgufWriter, Value};
-use moxie_quant::GgmlType;
 
-use super::plan::{self, arch_keys, layer_of, tensor_list, TypeChooser};
-use super::{QuantMix, SynthReport, SynthShape, SynthSpec, SynthType, Yarn};
+use super::plan::{self, arch_keys, tensor_list, TypeChooser};
+use super::{count_types, QuantMix, SynthReport, SynthShape, SynthSpec, SynthType, Yarn};
 use crate::config::{Arch, Gating};
+use crate::inventory::layer_of;
 use crate::{Error, Result};
 
 /// DeepSeek sparse attention's lightning indexer (GLM-5's `index_*` settings).
@@ -524,14 +524,6 @@ impl HeaderSpec {
         let w = self.writer()?;
         let bytes = w.write_header_only(path)?;
         let infos = w.tensor_infos();
-        let mut types: Vec<(GgmlType, usize)> = Vec::new();
-        for t in &infos {
-            match types.iter_mut().find(|(ty, _)| *ty == t.ty) {
-                Some((_, n)) => *n += 1,
-                None => types.push((t.ty, 1)),
-            }
-        }
-        types.sort_by_key(|(ty, _)| ty.id());
         Ok(SynthReport {
             path: path.to_owned(),
             bytes,
@@ -539,7 +531,7 @@ impl HeaderSpec {
             n_params: infos.iter().map(|t| t.n_elements()).sum(),
             n_tensors: infos.len(),
             file_type: self.base.ty.file_type(),
-            tensor_types: types,
+            tensor_types: count_types(infos.iter().map(|t| t.ty)),
             seconds: start.elapsed().as_secs_f64(),
         })
     }

@@ -677,3 +677,16 @@ pub struct SynthReport {
     pub tensor_types: Vec<(GgmlType, usize)>,
     pub seconds: f64,
 }
+
+/// Tensors per block type, in type-id order (a [`SynthReport`]'s `tensor_types`).
+pub(crate) fn count_types(types: impl Iterator<Item = GgmlType>) -> Vec<(GgmlType, usize)> {
+    let mut counts: Vec<(GgmlType, usize)> = Vec::new();
+    for ty in types {
+        match counts.iter_mut().find(|(t, _)| *t == ty) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((ty, 1)),
+        }
+    }
+    counts.sort_by_key(|(ty, _)| ty.id());
+    counts
+}

@@ -7,6 +7,7 @@ use moxie_quant::GgmlType;
 use super::vocab::{self, TokenizerStyle};
 use super::{QuantMix, SynthSpec, SynthType};
 use crate::config::{Arch, Gating};
+use crate::inventory::layer_of;
 use crate::{Error, Result};
 
 /// How a tensor's values are drawn.
@@ -372,10 +373,6 @@ fn use_more_bits(i_layer: usize, n_layer: usize) -> bool {
     i_layer < n_layer / 8
         || i_layer >= 7 * n_layer / 8
         || (i_layer as i64 - (n_layer / 8) as i64) % 3 == 2
-}
-
-pub(super) fn layer_of(name: &str) -> Option<usize> {
-    name.strip_prefix("blk.")?.split('.').next()?.parse().ok()
 }
 
 /// Per-tensor types for a llama-quantize-style mix (`llama_tensor_get_type_impl` for the

@@ -5,11 +5,10 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use moxie_gguf::GgufWriter;
-use moxie_quant::GgmlType;
 
 use super::plan::{metadata, plan, PlannedTensor, TensorInit};
 use super::rng::{tensor_seed, Xoshiro256};
-use super::{SynthReport, SynthSpec};
+use super::{count_types, SynthReport, SynthSpec};
 use crate::Result;
 
 /// Progress of [`generate_with`], reported after every chunk of rows written.
@@ -81,14 +80,6 @@ pub fn generate_with(
         return Err(e);
     }
 
-    let mut types: Vec<(GgmlType, usize)> = Vec::new();
-    for t in &tensors {
-        match types.iter_mut().find(|(ty, _)| *ty == t.ty) {
-            Some((_, n)) => *n += 1,
-            None => types.push((t.ty, 1)),
-        }
-    }
-    types.sort_by_key(|(ty, _)| ty.id());
     Ok(SynthReport {
         path: path.to_owned(),
         bytes: std::fs::metadata(path)?.len(),
@@ -96,7 +87,7 @@ pub fn generate_with(
         n_params: tensors.iter().map(PlannedTensor::n_elements).sum(),
         n_tensors: tensors.len(),
         file_type: spec.ty.file_type(),
-        tensor_types: types,
+        tensor_types: count_types(tensors.iter().map(|t| t.ty)),
         seconds: start.elapsed().as_secs_f64(),
     })
 }
