@@ -211,13 +211,6 @@ impl Devices {
         }
     }
 
-    /// Count a host-to-device upload of `bytes` (weights at load).
-    pub(crate) fn count_upload(&self, to: DeviceId, bytes: usize) {
-        if to != CPU {
-            self.0[to].count_in(bytes);
-        }
-    }
-
     /// Every device's counters.
     pub fn stats(&self) -> Vec<(String, DeviceStats)> {
         self.0.iter().map(|d| (d.name.clone(), d.stats())).collect()
@@ -240,6 +233,15 @@ impl<'d> Resident<'d> {
         let mut bufs = vec![Vec::new(); devices.len()];
         bufs[on] = rows;
         Resident { devices, bufs, on }
+    }
+
+    /// Replace the rows with `rows`, written on device `on` (no crossing), reusing that
+    /// device's buffer.
+    pub fn load(&mut self, on: DeviceId, rows: &[f32]) {
+        let buf = &mut self.bufs[on];
+        buf.clear();
+        buf.extend_from_slice(rows);
+        self.on = on;
     }
 
     /// The rows on device `to` (copied there if they were elsewhere).

@@ -13,6 +13,7 @@ use moxie_quant::GgmlType;
 
 use crate::config::{Arch, Config, Gating};
 use crate::device::{DeviceId, Devices, Reservation, Resident, CPU};
+use crate::inventory::Role;
 use crate::kv_cache::{CacheRows, KvCache, KvTypes, LayerKvShape};
 use crate::moe::MoeScratch;
 use crate::ops::{self, f16_round};
@@ -111,8 +112,6 @@ pub struct Model {
     pub devices: Devices,
     /// Where each layer's stages run.
     pub layer_devices: Vec<LayerDevices>,
-    /// Where the output norm and projection run.
-    pub output_device: DeviceId,
     /// Device memory of the tensors kept as host vectors (held until the model is dropped).
     _vectors_memory: Vec<Reservation>,
     /// Buffers forward passes reuse, so decode does not allocate them per token.
@@ -192,7 +191,7 @@ impl TensorSource<'_> {
             let what = format!("tensor '{name}'");
             let bytes = t.data().len();
             let r = self.placement.devices.reserve(dev, bytes as u64, &what)?;
-            self.placement.devices.count_upload(dev, bytes);
+            self.placement.devices.count_copy(CPU, dev, bytes);
             self.held.borrow_mut().push(r);
         }
         t.to_f32().map(Some)
@@ -205,7 +204,7 @@ impl TensorSource<'_> {
         let loaded = self.loaded.borrow();
         let mut stages: [Option<(&str, DeviceId)>; 3] = [None; 3];
         for (name, dev) in loaded.iter().filter(|(n, _)| n.starts_with(&prefix)) {
-            let stage = Stage::of(&name[prefix.len()..]);
+            let stage = Stage::of(name, &name[prefix.len()..]);
             match stages[stage as usize] {
                 None => stages[stage as usize] = Some((name, *dev)),
                 Some((first, d)) if d != *dev => {
@@ -232,6 +231,13 @@ impl TensorSource<'_> {
     }
 }
 
+/// The rows an MoE layer with its routed experts on another device sends there (its normed
+/// input) and gets back (their weighted sum), kept for all layers of a forward pass.
+struct SplitMoeBuffers<'d> {
+    input: Resident<'d>,
+    sum: Resident<'d>,
+}
+
 /// The parts of a layer that each run on one device.
 #[derive(Clone, Copy)]
 enum Stage {
@@ -244,17 +250,20 @@ enum Stage {
 }
 
 impl Stage {
-    /// The stage of a tensor named `rest` after its `blk.N.` prefix.
-    fn of(rest: &str) -> Stage {
-        if rest.contains("_exps") {
-            Stage::Experts
-        } else if rest.starts_with("ffn_")
-            || rest.starts_with("exp_probs_b")
-            || rest.starts_with("post_attention_norm")
-        {
-            Stage::Ffn
-        } else {
-            Stage::Attention
+    /// The stage of block tensor `name`, from its role ([`Role::of`]); `local` is the name
+    /// after its `blk.N.` prefix.
+    fn of(name: &str, local: &str) -> Stage {
+        match Role::of(name) {
+            Role::RoutedExperts => Stage::Experts,
+            Role::SharedExperts | Role::Router | Role::DenseFfn => Stage::Ffn,
+            // The FFN's own norm (glm4moe's is `post_attention_norm`); other norms are
+            // attention's.
+            Role::Norms
+                if local.starts_with("ffn_norm") || local.starts_with("post_attention_norm") =>
+            {
+                Stage::Ffn
+            }
+            _ => Stage::Attention,
         }
     }
 
@@ -335,7 +344,6 @@ impl Model {
         let model = Model {
             config,
             file: Arc::clone(&file),
-            output_device: output.device,
             tok_embd,
             output_norm,
             output,
@@ -491,6 +499,10 @@ impl Model {
         let mut x = Resident::new(&self.devices, self.tok_embd.device, x0);
         let mut h = vec![0f32; n * n_embd];
         let mut moe_scratch = self.scratch.take();
+        let mut split = SplitMoeBuffers {
+            input: Resident::new(&self.devices, CPU, Vec::new()),
+            sum: Resident::new(&self.devices, CPU, Vec::new()),
+        };
         for (il, (layer, ld)) in self.layers.iter().zip(&self.layer_devices).enumerate() {
             let xs = x.on(ld.attn);
             h.copy_from_slice(xs);
@@ -510,15 +522,16 @@ impl Model {
                     ops::add_assign(xs, out);
                 }
                 Ffn::Moe(m) => {
-                    let out = self.split_moe(m, ld, &h, n, par, &mut moe_scratch)?;
-                    ops::add_assign(xs, &out);
+                    let out = self.split_moe(m, ld, &h, par, &mut moe_scratch, &mut split)?;
+                    ops::add_assign(xs, out);
                 }
             }
         }
         self.scratch.give(moe_scratch);
         cache.commit(n);
 
-        let xs = x.on(self.output_device);
+        let out_dev = self.output.device;
+        let xs = x.on(out_dev);
         let rows = match which {
             Logits::All => &mut xs[..],
             Logits::Last => &mut xs[(n - 1) * n_embd..],
@@ -528,11 +541,10 @@ impl Model {
         let n_out = rows.len() / n_embd;
         let mut logits = vec![0f32; n_out * c.n_vocab];
         self.output.matrix()?.matmul(par, rows, &mut logits);
-        if self.output_device != CPU {
+        if out_dev != CPU {
             // The logits come back to the host for sampling.
             let mut host = Vec::new();
-            self.devices
-                .copy(self.output_device, &logits, CPU, &mut host);
+            self.devices.copy(out_dev, &logits, CPU, &mut host);
             return Ok(host);
         }
         Ok(logits)
@@ -542,28 +554,29 @@ impl Model {
     /// expert (e.g. `-ot exps=CPU` with the rest on a GPU): route on the layer's device, send
     /// the normed input and the routes to the experts' device, run them there, bring their
     /// weighted sum back and add the shared expert — the sum [`crate::moe::forward`] forms.
-    fn split_moe(
+    fn split_moe<'b>(
         &self,
         m: &Moe,
         ld: &LayerDevices,
         h: &[f32],
-        n: usize,
         par: &Parallel,
         s: &mut crate::moe::MoeScratch,
-    ) -> Result<Vec<f32>> {
+        bufs: &'b mut SplitMoeBuffers<'_>,
+    ) -> Result<&'b [f32]> {
         let c = &self.config;
+        let n = h.len() / c.n_embd;
         crate::moe::route(c, m, h, n, par, s)?;
         // The routes cross too: an expert id and a weight per selection.
         let route_bytes = std::mem::size_of_val(s.routes());
         self.devices.count_copy(ld.ffn, ld.experts, route_bytes);
-        let mut input = Resident::new(&self.devices, ld.ffn, h.to_vec());
-        let routed = crate::moe::routed_experts(c, m, input.on(ld.experts), n, par, s)?;
-        let mut sum = Resident::new(&self.devices, ld.experts, routed.to_vec());
-        let mut out = std::mem::take(sum.on(ld.ffn));
+        bufs.input.load(ld.ffn, h);
+        let routed = crate::moe::routed_experts(c, m, bufs.input.on(ld.experts), n, par, s)?;
+        bufs.sum.load(ld.experts, routed);
+        let sum = bufs.sum.on(ld.ffn);
         if let Some(sh) = &m.shared {
-            ops::add_assign(&mut out, &dense_ffn(sh, h, n, None, par)?);
+            ops::add_assign(sum, &dense_ffn(sh, h, n, None, par)?);
         }
-        Ok(out)
+        Ok(sum)
     }
 
     fn gqa(
@@ -841,7 +854,7 @@ pub struct RouteScratch {
     idx: Vec<usize>,
 }
 
-/// [`route_top_k`] into `out` (cleared first), with reusable buffers.
+/// [`route_top_k`], appended to `out`, with reusable buffers.
 pub fn route_top_k_into(
     c: &Config,
     logits: &[f32],
@@ -908,8 +921,9 @@ pub fn route_top_k_into(
     }
     idx.truncate(k);
     idx.sort_unstable_by(order);
-    out.clear();
+    let first = out.len();
     out.extend(idx.iter().map(|&e| (e, probs[e])));
+    let out = &mut out[first..];
     if c.expert_weights_norm {
         // ggml_sum_rows accumulates in f64.
         let sum = out.iter().map(|x| x.1 as f64).sum::<f64>() as f32;

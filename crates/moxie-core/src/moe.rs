@@ -56,8 +56,7 @@ pub fn route(
     router.matmul_q(par, &s.router_in, &mut s.logits);
     s.routes.clear();
     for l in s.logits.chunks_exact(c.n_expert) {
-        route_top_k_into(c, l, m.probs_bias.as_deref(), &mut s.routing, &mut s.route);
-        s.routes.extend_from_slice(&s.route);
+        route_top_k_into(c, l, m.probs_bias.as_deref(), &mut s.routing, &mut s.routes);
     }
     Ok(())
 }
@@ -110,8 +109,6 @@ pub struct MoeScratch {
     router_in: QuantizedActs,
     logits: Vec<f32>,
     routing: RouteScratch,
-    /// One token's (expert, weight) list, as [`route_top_k_into`] fills it.
-    route: Vec<(usize, f32)>,
     /// Every token's routes, top-k each, token after token.
     routes: Vec<(usize, f32)>,
     /// The layer input, once per activation type the gate/up matrices consume.

@@ -110,7 +110,7 @@ impl Tensor {
         }
         let bytes = self.data();
         let held = devices.reserve(to, bytes.len() as u64, &format!("tensor '{}'", self.name))?;
-        devices.count_upload(to, bytes.len());
+        devices.count_copy(CPU, to, bytes.len());
         Ok(Tensor {
             device: to,
             storage: Storage::OnDevice(Arc::new((bytes.to_vec(), held))),
