@@ -1,0 +1,232 @@
+//! GPU execution for moxie: the kernels (CUDA C in `kernels/`, compiled at run time by NVRTC)
+//! and the backends that run them.
+//!
+//! - [`emu::EmuGpu`]: the same kernel source compiled for the host and run by a CPU emulator
+//!   of CUDA's execution model (blocks of threads as fibers, `__syncthreads`, warp shuffles,
+//!   shared memory). Always built; the tests use it to check every kernel, and a whole model
+//!   placed on an emulated GPU, against the CPU backend on machines without a GPU.
+//! - `cuda::CudaGpu` (feature `cuda`): an NVIDIA GPU through cudarc with dynamic loading, so
+//!   the binary starts (and says why) on a machine without a driver.
+//!
+//! Both implement [`GpuBackend`]: device memory, host<->device copies, and kernel launches by
+//! name with an argument list. [`Gpu`] wraps a backend with typed launches of the kernels.
+
+use std::sync::Arc;
+
+pub mod emu;
+mod matmul;
+pub mod ops;
+
+#[cfg(feature = "cuda")]
+pub mod cuda;
+
+pub use matmul::Weight;
+pub use ops::Gpu;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{device}: {msg}")]
+    Device { device: String, msg: String },
+    #[error("kernel {kernel}: {msg}")]
+    Kernel { kernel: String, msg: String },
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// A device address (what a kernel's pointer argument holds).
+pub type DevPtr = u64;
+
+/// One kernel argument, passed by value; it must have the exact type of the kernel's
+/// parameter in that position (pointers are 64-bit device addresses).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Arg {
+    Ptr(DevPtr),
+    I32(i32),
+    U32(u32),
+    I64(i64),
+    U64(u64),
+    F32(f32),
+}
+
+impl Arg {
+    /// The argument's bytes, as the kernel reads its parameter.
+    pub fn bytes(&self) -> [u8; 8] {
+        let mut b = [0u8; 8];
+        match *self {
+            Arg::Ptr(v) | Arg::U64(v) => b.copy_from_slice(&v.to_ne_bytes()),
+            Arg::I64(v) => b.copy_from_slice(&v.to_ne_bytes()),
+            Arg::I32(v) => b[..4].copy_from_slice(&v.to_ne_bytes()),
+            Arg::U32(v) => b[..4].copy_from_slice(&v.to_ne_bytes()),
+            Arg::F32(v) => b[..4].copy_from_slice(&v.to_ne_bytes()),
+        }
+        b
+    }
+
+    /// Size of the parameter in bytes.
+    pub fn size(&self) -> usize {
+        match self {
+            Arg::Ptr(_) | Arg::I64(_) | Arg::U64(_) => 8,
+            Arg::I32(_) | Arg::U32(_) | Arg::F32(_) => 4,
+        }
+    }
+}
+
+/// Grid and block shape of a launch, and its dynamic shared memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchConfig {
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub shared_bytes: u32,
+}
+
+impl LaunchConfig {
+    /// `grid` blocks of `block` threads along x.
+    pub fn linear(grid: u32, block: u32) -> LaunchConfig {
+        LaunchConfig {
+            grid: [grid, 1, 1],
+            block: [block, 1, 1],
+            shared_bytes: 0,
+        }
+    }
+}
+
+/// What a GPU does for moxie. Launches are queued in order on one stream; copies to the host
+/// wait for everything queued before them, so results are read after the kernels that made
+/// them. Implementations are shared between threads.
+pub trait GpuBackend: Send + Sync + std::fmt::Debug {
+    /// The device's name in placement rules and messages (`CUDA0`, ...).
+    fn name(&self) -> &str;
+    /// Total and free device memory in bytes.
+    fn memory(&self) -> Result<(u64, u64)>;
+    /// `bytes` of device memory (contents undefined).
+    fn alloc(&self, bytes: usize) -> Result<DevPtr>;
+    /// Give back memory from [`GpuBackend::alloc`].
+    fn free(&self, ptr: DevPtr);
+    /// Copy `src` to device memory at `dst` (queued after earlier work; `src` may be reused
+    /// when this returns).
+    fn upload(&self, dst: DevPtr, src: &[u8]) -> Result<()>;
+    /// Copy device memory at `src` into `dst`, after all queued work.
+    fn download(&self, src: DevPtr, dst: &mut [u8]) -> Result<()>;
+    /// Set `bytes` of device memory at `dst` to zero.
+    fn zero(&self, dst: DevPtr, bytes: usize) -> Result<()>;
+    /// Queue kernel `name` with `args`.
+    fn launch(&self, name: &str, cfg: LaunchConfig, args: &[Arg]) -> Result<()>;
+    /// Wait for all queued work.
+    fn synchronize(&self) -> Result<()>;
+}
+
+/// Device memory, freed when dropped.
+#[derive(Debug)]
+pub struct Buffer {
+    ptr: DevPtr,
+    bytes: usize,
+    backend: Arc<dyn GpuBackend>,
+}
+
+impl Buffer {
+    pub fn new(backend: &Arc<dyn GpuBackend>, bytes: usize) -> Result<Buffer> {
+        // A zero-byte allocation still gets an address, so kernels never see a null pointer.
+        let ptr = backend.alloc(bytes.max(4))?;
+        Ok(Buffer {
+            ptr,
+            bytes,
+            backend: Arc::clone(backend),
+        })
+    }
+
+    /// A buffer holding a copy of `data`.
+    pub fn from_bytes(backend: &Arc<dyn GpuBackend>, data: &[u8]) -> Result<Buffer> {
+        let b = Buffer::new(backend, data.len())?;
+        backend.upload(b.ptr, data)?;
+        Ok(b)
+    }
+
+    pub fn from_f32(backend: &Arc<dyn GpuBackend>, data: &[f32]) -> Result<Buffer> {
+        Buffer::from_bytes(backend, f32_bytes(data))
+    }
+
+    pub fn ptr(&self) -> DevPtr {
+        self.ptr
+    }
+
+    /// The address `offset` bytes in.
+    pub fn at(&self, offset: usize) -> DevPtr {
+        debug_assert!(offset <= self.bytes);
+        self.ptr + offset as u64
+    }
+
+    pub fn len(&self) -> usize {
+        self.bytes
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bytes == 0
+    }
+
+    pub fn backend(&self) -> &Arc<dyn GpuBackend> {
+        &self.backend
+    }
+
+    /// Copy `src` in at byte `offset`.
+    pub fn write(&self, offset: usize, src: &[u8]) -> Result<()> {
+        self.check(offset, src.len())?;
+        self.backend.upload(self.at(offset), src)
+    }
+
+    pub fn write_f32(&self, offset_elems: usize, src: &[f32]) -> Result<()> {
+        self.write(offset_elems * 4, f32_bytes(src))
+    }
+
+    /// Copy out `dst.len()` bytes from byte `offset`.
+    pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        self.check(offset, dst.len())?;
+        self.backend.download(self.at(offset), dst)
+    }
+
+    pub fn read_f32(&self, offset_elems: usize, dst: &mut [f32]) -> Result<()> {
+        let raw: &mut [u8] = bytemuck::cast_slice_mut(dst);
+        self.check(offset_elems * 4, raw.len())?;
+        self.backend.download(self.at(offset_elems * 4), raw)
+    }
+
+    fn check(&self, offset: usize, len: usize) -> Result<()> {
+        if offset.checked_add(len).is_none_or(|end| end > self.bytes) {
+            return Err(Error::Device {
+                device: self.backend.name().to_string(),
+                msg: format!(
+                    "copy of {len} bytes at offset {offset} outside a buffer of {} bytes",
+                    self.bytes
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        self.backend.free(self.ptr);
+    }
+}
+
+/// `data` as bytes (native endianness, what the device reads).
+pub fn f32_bytes(data: &[f32]) -> &[u8] {
+    bytemuck::cast_slice(data)
+}
+
+/// The kernel source NVRTC compiles: the kernel files in the order the emulator includes
+/// them (see `emu/emu.cpp`).
+pub fn kernel_source() -> String {
+    [
+        include_str!("../kernels/common.cuh"),
+        include_str!("../kernels/quant.cuh"),
+        include_str!("../kernels/matmul.cu"),
+        include_str!("../kernels/ops.cu"),
+    ]
+    .iter()
+    .map(|s| s.replace("#pragma once", ""))
+    .collect::<Vec<_>>()
+    .join("\n")
+}
