@@ -1,1 +1,13 @@
 // Kernels of ops.cu.
+K(rms_norm_f32)
+K(add_f32)
+K(add_bias_f32)
+K(swiglu_f32)
+K(copy_rows_f32)
+K(rope_f32)
+K(kv_store_f16)
+K(kv_store_f32)
+K(attention_f16)
+K(attention_f32)
+K(route_f32)
+K(moe_sum_f32)

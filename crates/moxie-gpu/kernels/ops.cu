@@ -1,0 +1,302 @@
+// The forward pass's kernels other than the weight products: norms, elementwise ops, RoPE,
+// KV-cache stores, attention over the cache, MoE routing and the weighted expert sum.
+// Sizes are in elements; a "row" is one token's vector. All activations are f32.
+
+// y = x / sqrt(mean(x^2) + eps) * w, one block per row.
+extern "C" __global__ void rms_norm_f32(const float* x, const float* w, float* y, int ncols,
+                                        int x_stride, int y_stride, float eps) {
+    __shared__ float scratch[32];
+    const float* xr = x + (int64_t)blockIdx.x * x_stride;
+    float* yr = y + (int64_t)blockIdx.x * y_stride;
+    float sum = 0.0f;
+    for (int i = threadIdx.x; i < ncols; i += blockDim.x) {
+        float v = xr[i];
+        sum += v * v;
+    }
+    sum = mx_block_sum(sum, scratch);
+    float scale = 1.0f / sqrtf(sum / (float)ncols + eps);
+    for (int i = threadIdx.x; i < ncols; i += blockDim.x) {
+        yr[i] = xr[i] * scale * w[i];
+    }
+}
+
+// y += x
+extern "C" __global__ void add_f32(float* y, const float* x, int n) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        y[i] += x[i];
+    }
+}
+
+// y[i] += b[i % ncols]
+extern "C" __global__ void add_bias_f32(float* y, const float* b, int n, int ncols) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        y[i] += b[i % ncols];
+    }
+}
+
+// g = silu(g) * u (SwiGLU)
+extern "C" __global__ void swiglu_f32(float* g, const float* u, int n) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        float v = g[i];
+        g[i] = v / (1.0f + expf(-v)) * u[i];
+    }
+}
+
+// Copy n_cols values of each of n_rows rows between strided layouts.
+extern "C" __global__ void copy_rows_f32(float* dst, int dst_stride, const float* src,
+                                         int src_stride, int n_rows, int n_cols) {
+    for (int r = blockIdx.x; r < n_rows; r += gridDim.x) {
+        for (int i = threadIdx.x; i < n_cols; i += blockDim.x) {
+            dst[(int64_t)r * dst_stride + i] = src[(int64_t)r * src_stride + i];
+        }
+    }
+}
+
+// Rotate pairs of dimensions of every head: block (token, head); `cs` holds (cos, sin) per
+// token and pair, as the host computed them (YaRN included). Pairs are (2i, 2i+1) (normal)
+// or (i, i + n_pairs) (NEOX), starting `offset` into each head.
+extern "C" __global__ void rope_f32(float* x, const float* cs, int n_head, int head_stride,
+                                    int tok_stride, int offset, int n_pairs, int neox) {
+    int t = blockIdx.y;
+    int h = blockIdx.x;
+    float* hx = x + (int64_t)t * tok_stride + (int64_t)h * head_stride + offset;
+    const float* c = cs + (int64_t)t * n_pairs * 2;
+    for (int i = threadIdx.x; i < n_pairs; i += blockDim.x) {
+        int a = neox ? i : 2 * i;
+        int b = neox ? i + n_pairs : 2 * i + 1;
+        float co = c[2 * i];
+        float si = c[2 * i + 1];
+        float x0 = hx[a];
+        float x1 = hx[b];
+        hx[a] = fmaf(x0, co, -(x1 * si));
+        hx[b] = fmaf(x0, si, x1 * co);
+    }
+}
+
+// Store n_rows rows of `width` values (source rows `src_stride` apart) into consecutive
+// cache rows (f16 or f32).
+extern "C" __global__ void kv_store_f16(uint16_t* cache, const float* src, int n_rows,
+                                        int width, int src_stride) {
+    for (int r = blockIdx.x; r < n_rows; r += gridDim.x) {
+        for (int i = threadIdx.x; i < width; i += blockDim.x) {
+            cache[(int64_t)r * width + i] = mx_f32_to_f16(src[(int64_t)r * src_stride + i]);
+        }
+    }
+}
+
+extern "C" __global__ void kv_store_f32(float* cache, const float* src, int n_rows, int width,
+                                        int src_stride) {
+    for (int r = blockIdx.x; r < n_rows; r += gridDim.x) {
+        for (int i = threadIdx.x; i < width; i += blockDim.x) {
+            cache[(int64_t)r * width + i] = src[(int64_t)r * src_stride + i];
+        }
+    }
+}
+
+__device__ __forceinline__ float mx_load(const float* p) { return *p; }
+__device__ __forceinline__ float mx_load(const uint16_t* p) { return mx_f16_to_f32(*p); }
+
+#define MX_ATTN_THREADS 128
+#define MX_ATTN_MAX_DK 1152
+#define MX_ATTN_MAX_DV_PER_THREAD 8
+
+// Causal softmax attention of one query row (token t, head h; block (h, t)) against the
+// cache: positions 0 ..= pos0 + t. Keys of kv head h / (n_head / n_head_kv) start at
+// kvh * dk in each cache row of `k_row` elements; values at kvh * dv in rows of `v_row`
+// (MLA: v is the key cache itself, values its first dv elements). Online softmax over
+// tiles of MX_ATTN_THREADS positions, so no score buffer grows with the context.
+template <typename T>
+__device__ void attention_impl(const float* q, const T* k, const T* v, float* out, int n_head,
+                               int n_head_kv, int dk, int dv, int k_row, int v_row, int pos0,
+                               float scale) {
+    __shared__ float qs[MX_ATTN_MAX_DK];
+    __shared__ float probs[MX_ATTN_THREADS];
+    __shared__ float scratch[32];
+    int h = blockIdx.x;
+    int t = blockIdx.y;
+    int kvh = h / (n_head / n_head_kv);
+    const float* qr = q + ((int64_t)t * n_head + h) * dk;
+    for (int i = threadIdx.x; i < dk; i += blockDim.x) {
+        qs[i] = qr[i];
+    }
+    __syncthreads();
+    float acc[MX_ATTN_MAX_DV_PER_THREAD];
+    for (int j = 0; j < MX_ATTN_MAX_DV_PER_THREAD; j++) {
+        acc[j] = 0.0f;
+    }
+    float m = MX_NEG_INF;
+    float l = 0.0f;
+    int n_pos = pos0 + t + 1;
+    for (int p0 = 0; p0 < n_pos; p0 += blockDim.x) {
+        int p = p0 + threadIdx.x;
+        float s = MX_NEG_INF;
+        if (p < n_pos) {
+            const T* kr = k + (int64_t)p * k_row + (int64_t)kvh * dk;
+            float dot = 0.0f;
+            for (int i = 0; i < dk; i++) {
+                dot += qs[i] * mx_load(kr + i);
+            }
+            s = dot * scale;
+        }
+        float tile_max = mx_block_max(s, scratch);
+        float m_new = fmaxf(m, tile_max);
+        float correction = expf(m - m_new);
+        float e = p < n_pos ? expf(s - m_new) : 0.0f;
+        probs[threadIdx.x] = e;
+        float tile_sum = mx_block_sum(e, scratch);
+        l = l * correction + tile_sum;
+        m = m_new;
+        int n_tile = min(n_pos - p0, (int)blockDim.x);
+        for (int j = 0; j < MX_ATTN_MAX_DV_PER_THREAD; j++) {
+            int d = threadIdx.x + j * blockDim.x;
+            if (d < dv) {
+                float a = acc[j] * correction;
+                const T* vc = v + (int64_t)p0 * v_row + (int64_t)kvh * dv + d;
+                for (int pp = 0; pp < n_tile; pp++) {
+                    a += probs[pp] * mx_load(vc + (int64_t)pp * v_row);
+                }
+                acc[j] = a;
+            }
+        }
+        // The next tile overwrites probs.
+        __syncthreads();
+    }
+    float* o = out + ((int64_t)t * n_head + h) * dv;
+    for (int j = 0; j < MX_ATTN_MAX_DV_PER_THREAD; j++) {
+        int d = threadIdx.x + j * blockDim.x;
+        if (d < dv) {
+            o[d] = acc[j] / l;
+        }
+    }
+}
+
+extern "C" __global__ void attention_f16(const float* q, const uint16_t* k, const uint16_t* v,
+                                         float* out, int n_head, int n_head_kv, int dk, int dv,
+                                         int k_row, int v_row, int pos0, float scale) {
+    attention_impl(q, k, v, out, n_head, n_head_kv, dk, dv, k_row, v_row, pos0, scale);
+}
+
+extern "C" __global__ void attention_f32(const float* q, const float* k, const float* v,
+                                         float* out, int n_head, int n_head_kv, int dk, int dv,
+                                         int k_row, int v_row, int pos0, float scale) {
+    attention_impl(q, k, v, out, n_head, n_head_kv, dk, dv, k_row, v_row, pos0, scale);
+}
+
+#define MX_ROUTE_MAX_EXPERTS 1024
+#define MX_ROUTE_MAX_GROUPS 64
+
+// Expert choice per token (one thread per token), as moxie's CPU `route_top_k`: gating
+// (softmax or sigmoid), top-k on probability + selection bias within the best groups (group
+// score = its two best), ties to the lower index; weights = unbiased probabilities,
+// normalised and scaled as configured.
+extern "C" __global__ void route_f32(const float* logits, const float* bias, int has_bias,
+                                     int* ids, float* weights, int n_tok, int n_expert, int k,
+                                     int sigmoid, int n_groups, int n_group_used, int norm,
+                                     float w_scale) {
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= n_tok) {
+        return;
+    }
+    float probs[MX_ROUTE_MAX_EXPERTS];
+    float sel[MX_ROUTE_MAX_EXPERTS];
+    const float* lg = logits + (int64_t)t * n_expert;
+    if (sigmoid) {
+        for (int e = 0; e < n_expert; e++) {
+            probs[e] = 1.0f / (1.0f + expf(-lg[e]));
+        }
+    } else {
+        float mx = MX_NEG_INF;
+        for (int e = 0; e < n_expert; e++) {
+            mx = fmaxf(mx, lg[e]);
+        }
+        float sum = 0.0f;
+        for (int e = 0; e < n_expert; e++) {
+            probs[e] = expf(lg[e] - mx);
+            sum += probs[e];
+        }
+        for (int e = 0; e < n_expert; e++) {
+            probs[e] /= sum;
+        }
+    }
+    for (int e = 0; e < n_expert; e++) {
+        sel[e] = probs[e] + (has_bias ? bias[e] : 0.0f);
+    }
+    if (n_groups > 1) {
+        int per = n_expert / n_groups;
+        float gscore[MX_ROUTE_MAX_GROUPS];
+        for (int g = 0; g < n_groups; g++) {
+            float b0 = MX_NEG_INF;
+            float b1 = MX_NEG_INF;
+            for (int e = g * per; e < (g + 1) * per; e++) {
+                float v = sel[e];
+                if (v > b0) {
+                    b1 = b0;
+                    b0 = v;
+                } else if (v > b1) {
+                    b1 = v;
+                }
+            }
+            gscore[g] = b0 + (per > 1 ? b1 : 0.0f);
+        }
+        unsigned long long keep = 0;
+        for (int r = 0; r < n_group_used && r < n_groups; r++) {
+            int best = -1;
+            for (int g = 0; g < n_groups; g++) {
+                if (!((keep >> g) & 1ull) && (best < 0 || gscore[g] > gscore[best])) {
+                    best = g;
+                }
+            }
+            keep |= 1ull << best;
+        }
+        for (int g = 0; g < n_groups; g++) {
+            if (!((keep >> g) & 1ull)) {
+                for (int e = g * per; e < (g + 1) * per; e++) {
+                    sel[e] = MX_NEG_INF;
+                }
+            }
+        }
+    }
+    int* out_ids = ids + (int64_t)t * k;
+    float* out_w = weights + (int64_t)t * k;
+    float sum = 0.0f;
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < n_expert; e++) {
+            bool taken = false;
+            for (int i = 0; i < j; i++) {
+                taken = taken || out_ids[i] == e;
+            }
+            if (!taken && (best < 0 || sel[e] > sel[best])) {
+                best = e;
+            }
+        }
+        out_ids[j] = best;
+        out_w[j] = probs[best];
+        sum += probs[best];
+    }
+    if (norm) {
+        sum = fmaxf(sum, 6.103515625e-5f);
+        for (int j = 0; j < k; j++) {
+            out_w[j] /= sum;
+        }
+    }
+    if (w_scale != 0.0f && w_scale != 1.0f) {
+        for (int j = 0; j < k; j++) {
+            out_w[j] *= w_scale;
+        }
+    }
+}
+
+// out[t] (+)= sum_j weights[t, j] * rows[t * k + j]: the routed experts' weighted sum.
+extern "C" __global__ void moe_sum_f32(const float* rows, const float* weights, float* out,
+                                       int n_tok, int k, int n_embd, int accumulate) {
+    int t = blockIdx.y;
+    for (int d = blockIdx.x * blockDim.x + threadIdx.x; d < n_embd; d += gridDim.x * blockDim.x) {
+        float s = 0.0f;
+        for (int j = 0; j < k; j++) {
+            s += weights[(int64_t)t * k + j] * rows[((int64_t)t * k + j) * n_embd + d];
+        }
+        float* o = out + (int64_t)t * n_embd + d;
+        *o = accumulate ? *o + s : s;
+    }
+}

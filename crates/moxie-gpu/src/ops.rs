@@ -4,12 +4,76 @@
 
 use std::sync::Arc;
 
-use crate::{GpuBackend, Result};
+use crate::{Arg, DevPtr, Error, GpuBackend, LaunchConfig, Result};
 
 /// A GPU with typed kernel launches.
 #[derive(Clone, Debug)]
 pub struct Gpu {
     backend: Arc<dyn GpuBackend>,
+}
+
+/// Threads per block of the elementwise kernels, and the most blocks they launch (they loop).
+const EW_THREADS: u32 = 256;
+const EW_MAX_BLOCKS: u32 = 4096;
+/// Limits fixed in ops.cu.
+const ATTN_THREADS: u32 = 128;
+const ATTN_MAX_DK: usize = 1152;
+const ATTN_MAX_DV: usize = 8 * ATTN_THREADS as usize;
+const ROUTE_MAX_EXPERTS: usize = 1024;
+const ROUTE_MAX_GROUPS: usize = 64;
+/// CUDA's limit on gridDim.y and gridDim.z.
+const MAX_GRID_YZ: usize = 65535;
+
+fn int(what: &str, v: usize) -> Result<Arg> {
+    i32::try_from(v)
+        .map(Arg::I32)
+        .map_err(|_| Error::Unsupported(format!("{what} = {v} is too large for a GPU kernel")))
+}
+
+fn ew_grid(n: usize) -> u32 {
+    (n.div_ceil(EW_THREADS as usize) as u32).clamp(1, EW_MAX_BLOCKS)
+}
+
+/// Rows go along grid x (at most 2^31 - 1).
+fn row_grid(n: usize) -> Result<u32> {
+    u32::try_from(n.min(i32::MAX as usize))
+        .map_err(|_| Error::Unsupported(format!("{n} rows for one launch")))
+}
+
+/// Where the cached keys and values of one layer live, and their element type.
+#[derive(Clone, Copy, Debug)]
+pub struct KvView {
+    pub k: DevPtr,
+    pub v: DevPtr,
+    /// Elements per position of a key row and a value row.
+    pub k_row: usize,
+    pub v_row: usize,
+    /// f16 (true) or f32.
+    pub f16: bool,
+}
+
+/// Head shapes of one attention call.
+#[derive(Clone, Copy, Debug)]
+pub struct AttnShape {
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub dk: usize,
+    pub dv: usize,
+    /// Position of the first query token.
+    pub pos0: usize,
+    pub scale: f32,
+}
+
+/// How router logits become experts and weights (see `route_f32` in ops.cu).
+#[derive(Clone, Copy, Debug)]
+pub struct RouteSpec {
+    pub n_expert: usize,
+    pub k: usize,
+    pub sigmoid: bool,
+    pub n_groups: usize,
+    pub n_group_used: usize,
+    pub norm: bool,
+    pub scale: f32,
 }
 
 impl Gpu {
@@ -27,5 +91,303 @@ impl Gpu {
 
     pub fn synchronize(&self) -> Result<()> {
         self.backend.synchronize()
+    }
+
+    /// `y` rows = RMS-normed `x` rows times `w` (`n_rows` rows of `ncols`; may be in place).
+    #[allow(clippy::too_many_arguments)]
+    pub fn rms_norm(
+        &self,
+        x: DevPtr,
+        x_stride: usize,
+        w: DevPtr,
+        y: DevPtr,
+        y_stride: usize,
+        n_rows: usize,
+        ncols: usize,
+        eps: f32,
+    ) -> Result<()> {
+        if n_rows == 0 {
+            return Ok(());
+        }
+        let threads = (ncols.next_multiple_of(32) as u32).clamp(32, 1024);
+        self.backend.launch(
+            "rms_norm_f32",
+            LaunchConfig::linear(row_grid(n_rows)?, threads),
+            &[
+                Arg::Ptr(x),
+                Arg::Ptr(w),
+                Arg::Ptr(y),
+                int("ncols", ncols)?,
+                int("x_stride", x_stride)?,
+                int("y_stride", y_stride)?,
+                Arg::F32(eps),
+            ],
+        )
+    }
+
+    fn elementwise(&self, kernel: &str, n: usize, args: &[Arg]) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        self.backend
+            .launch(kernel, LaunchConfig::linear(ew_grid(n), EW_THREADS), args)
+    }
+
+    /// `y += x` over `n` values.
+    pub fn add(&self, y: DevPtr, x: DevPtr, n: usize) -> Result<()> {
+        self.elementwise("add_f32", n, &[Arg::Ptr(y), Arg::Ptr(x), int("n", n)?])
+    }
+
+    /// `y[i] += b[i % ncols]` over `n` values.
+    pub fn add_bias(&self, y: DevPtr, b: DevPtr, n: usize, ncols: usize) -> Result<()> {
+        self.elementwise(
+            "add_bias_f32",
+            n,
+            &[Arg::Ptr(y), Arg::Ptr(b), int("n", n)?, int("ncols", ncols)?],
+        )
+    }
+
+    /// `g = silu(g) * u` over `n` values.
+    pub fn swiglu(&self, g: DevPtr, u: DevPtr, n: usize) -> Result<()> {
+        self.elementwise("swiglu_f32", n, &[Arg::Ptr(g), Arg::Ptr(u), int("n", n)?])
+    }
+
+    /// Copy `n_cols` values of `n_rows` rows between strided layouts.
+    pub fn copy_rows(
+        &self,
+        dst: DevPtr,
+        dst_stride: usize,
+        src: DevPtr,
+        src_stride: usize,
+        n_rows: usize,
+        n_cols: usize,
+    ) -> Result<()> {
+        if n_rows == 0 || n_cols == 0 {
+            return Ok(());
+        }
+        self.backend.launch(
+            "copy_rows_f32",
+            LaunchConfig::linear(row_grid(n_rows)?.min(EW_MAX_BLOCKS * 16), 128),
+            &[
+                Arg::Ptr(dst),
+                int("dst_stride", dst_stride)?,
+                Arg::Ptr(src),
+                int("src_stride", src_stride)?,
+                int("n_rows", n_rows)?,
+                int("n_cols", n_cols)?,
+            ],
+        )
+    }
+
+    /// Rotary embedding of `n_tok` tokens × `n_head` heads in `x` (head `h` of token `t` at
+    /// `t * tok_stride + h * head_stride`, rotating from `offset`), with `cs` holding
+    /// (cos, sin) for each token and pair (`n_pairs` per token).
+    #[allow(clippy::too_many_arguments)]
+    pub fn rope(
+        &self,
+        x: DevPtr,
+        cs: DevPtr,
+        n_tok: usize,
+        n_head: usize,
+        head_stride: usize,
+        tok_stride: usize,
+        offset: usize,
+        n_pairs: usize,
+        neox: bool,
+    ) -> Result<()> {
+        if n_tok == 0 || n_head == 0 || n_pairs == 0 {
+            return Ok(());
+        }
+        for t0 in (0..n_tok).step_by(MAX_GRID_YZ) {
+            let nt = (n_tok - t0).min(MAX_GRID_YZ);
+            self.backend.launch(
+                "rope_f32",
+                LaunchConfig {
+                    grid: [row_grid(n_head)?, nt as u32, 1],
+                    block: [(n_pairs.next_multiple_of(32) as u32).min(256), 1, 1],
+                    shared_bytes: 0,
+                },
+                &[
+                    Arg::Ptr(x + (t0 * tok_stride * 4) as u64),
+                    Arg::Ptr(cs + (t0 * n_pairs * 2 * 4) as u64),
+                    int("n_head", n_head)?,
+                    int("head_stride", head_stride)?,
+                    int("tok_stride", tok_stride)?,
+                    int("offset", offset)?,
+                    int("n_pairs", n_pairs)?,
+                    Arg::I32(neox as i32),
+                ],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Store `n_rows` rows of `width` values of `src` (rows `src_stride` apart) as
+    /// consecutive cache rows from `cache` (f16 or f32).
+    pub fn kv_store(
+        &self,
+        cache: DevPtr,
+        f16: bool,
+        src: DevPtr,
+        n_rows: usize,
+        width: usize,
+        src_stride: usize,
+    ) -> Result<()> {
+        if n_rows == 0 || width == 0 {
+            return Ok(());
+        }
+        let kernel = if f16 { "kv_store_f16" } else { "kv_store_f32" };
+        self.backend.launch(
+            kernel,
+            LaunchConfig::linear(row_grid(n_rows)?.min(EW_MAX_BLOCKS * 16), 128),
+            &[
+                Arg::Ptr(cache),
+                Arg::Ptr(src),
+                int("n_rows", n_rows)?,
+                int("width", width)?,
+                int("src_stride", src_stride)?,
+            ],
+        )
+    }
+
+    /// Causal attention of `n_tok` query tokens (`q`: token-major, `n_head × dk` each) over
+    /// the cache, which already holds their own positions; `out` gets `n_head × dv` per token.
+    pub fn attention(
+        &self,
+        s: AttnShape,
+        q: DevPtr,
+        kv: KvView,
+        out: DevPtr,
+        n_tok: usize,
+    ) -> Result<()> {
+        if n_tok == 0 {
+            return Ok(());
+        }
+        if s.dk > ATTN_MAX_DK || s.dv > ATTN_MAX_DV {
+            return Err(Error::Unsupported(format!(
+                "attention heads of {} x {} (the GPU kernel takes keys up to {ATTN_MAX_DK} and \
+                 values up to {ATTN_MAX_DV} wide)",
+                s.dk, s.dv
+            )));
+        }
+        if s.n_head_kv == 0 || s.n_head % s.n_head_kv != 0 {
+            return Err(Error::Unsupported(format!(
+                "{} query heads over {} kv heads",
+                s.n_head, s.n_head_kv
+            )));
+        }
+        let kernel = if kv.f16 {
+            "attention_f16"
+        } else {
+            "attention_f32"
+        };
+        for t0 in (0..n_tok).step_by(MAX_GRID_YZ) {
+            let nt = (n_tok - t0).min(MAX_GRID_YZ);
+            let qo = (t0 * s.n_head * s.dk * 4) as u64;
+            let oo = (t0 * s.n_head * s.dv * 4) as u64;
+            self.backend.launch(
+                kernel,
+                LaunchConfig {
+                    grid: [row_grid(s.n_head)?, nt as u32, 1],
+                    block: [ATTN_THREADS, 1, 1],
+                    shared_bytes: 0,
+                },
+                &[
+                    Arg::Ptr(q + qo),
+                    Arg::Ptr(kv.k),
+                    Arg::Ptr(kv.v),
+                    Arg::Ptr(out + oo),
+                    int("n_head", s.n_head)?,
+                    int("n_head_kv", s.n_head_kv)?,
+                    int("dk", s.dk)?,
+                    int("dv", s.dv)?,
+                    int("k_row", kv.k_row)?,
+                    int("v_row", kv.v_row)?,
+                    int("pos0", s.pos0 + t0)?,
+                    Arg::F32(s.scale),
+                ],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Choose experts for `n_tok` tokens from their router `logits` (`n_expert` each):
+    /// `ids` (i32) and `weights` (f32) get `k` per token.
+    pub fn route(
+        &self,
+        r: RouteSpec,
+        logits: DevPtr,
+        bias: Option<DevPtr>,
+        ids: DevPtr,
+        weights: DevPtr,
+        n_tok: usize,
+    ) -> Result<()> {
+        if n_tok == 0 {
+            return Ok(());
+        }
+        if r.n_expert > ROUTE_MAX_EXPERTS || r.n_groups > ROUTE_MAX_GROUPS || r.k > r.n_expert {
+            return Err(Error::Unsupported(format!(
+                "routing {} of {} experts in {} groups on the GPU (at most {ROUTE_MAX_EXPERTS} \
+                 experts and {ROUTE_MAX_GROUPS} groups)",
+                r.k, r.n_expert, r.n_groups
+            )));
+        }
+        let threads = 64u32;
+        self.backend.launch(
+            "route_f32",
+            LaunchConfig::linear(n_tok.div_ceil(threads as usize) as u32, threads),
+            &[
+                Arg::Ptr(logits),
+                Arg::Ptr(bias.unwrap_or(logits)),
+                Arg::I32(bias.is_some() as i32),
+                Arg::Ptr(ids),
+                Arg::Ptr(weights),
+                int("n_tok", n_tok)?,
+                int("n_expert", r.n_expert)?,
+                int("k", r.k)?,
+                Arg::I32(r.sigmoid as i32),
+                int("n_groups", r.n_groups)?,
+                int("n_group_used", r.n_group_used)?,
+                Arg::I32(r.norm as i32),
+                Arg::F32(r.scale),
+            ],
+        )
+    }
+
+    /// `out[t] (+)= Σ_j weights[t, j] · rows[t·k + j]` for `n_tok` tokens of `n_embd`.
+    pub fn moe_sum(
+        &self,
+        rows: DevPtr,
+        weights: DevPtr,
+        out: DevPtr,
+        n_tok: usize,
+        k: usize,
+        n_embd: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        if n_tok == 0 || n_embd == 0 {
+            return Ok(());
+        }
+        for t0 in (0..n_tok).step_by(MAX_GRID_YZ) {
+            let nt = (n_tok - t0).min(MAX_GRID_YZ);
+            self.backend.launch(
+                "moe_sum_f32",
+                LaunchConfig {
+                    grid: [n_embd.div_ceil(256) as u32, nt as u32, 1],
+                    block: [256, 1, 1],
+                    shared_bytes: 0,
+                },
+                &[
+                    Arg::Ptr(rows + (t0 * k * n_embd * 4) as u64),
+                    Arg::Ptr(weights + (t0 * k * 4) as u64),
+                    Arg::Ptr(out + (t0 * n_embd * 4) as u64),
+                    int("n_tok", nt)?,
+                    int("k", k)?,
+                    int("n_embd", n_embd)?,
+                    Arg::I32(accumulate as i32),
+                ],
+            )?;
+        }
+        Ok(())
     }
 }
