@@ -82,6 +82,8 @@ pub struct Args {
     /// Buffer the bandwidth measurement reads (MiB); keep it well above the last-level cache.
     #[arg(long, default_value = "2048", value_name = "MIB")]
     bandwidth_mib: usize,
+    #[command(flatten)]
+    placement: crate::placement_args::PlacementArgs,
 }
 
 /// llama.cpp's `llama_ftype` names for `general.file_type`.
@@ -168,7 +170,7 @@ fn tests(a: &Args) -> Result<Vec<BenchTest>> {
     Ok(out)
 }
 
-pub fn main(a: Args) -> Result<()> {
+pub fn main(a: Args, matches: &clap::ArgMatches) -> Result<()> {
     if !["md", "json", "jsonl", "csv"].contains(&a.output.as_str()) {
         bail!("-o must be md, json, jsonl or csv, not '{}'", a.output);
     }
@@ -198,7 +200,14 @@ pub fn main(a: Args) -> Result<()> {
         let size = file.total_tensor_bytes();
         let params: u64 = file.tensors().iter().map(|t| t.n_elements()).sum();
         let ftype = file.metadata().get_u64("general.file_type");
-        let model = Model::load(file).with_context(|| format!("loading {}", path.display()))?;
+        // The plan covers the largest test: its context and batch sizes.
+        let run = moxie_core::placement::RunShape {
+            n_ctx: tests.iter().map(|t| t.depth + t.n_tokens() + 1).max(),
+            n_batch: a.batch.iter().copied().max().unwrap_or(512),
+            n_ubatch: a.ubatch.iter().copied().max().unwrap_or(512),
+            kv_types: kv_types.first().copied().unwrap_or_default(),
+        };
+        let model = crate::run::plan_and_load(file, path, &a.placement, matches, &run)?;
         let desc = format!(
             "{} {} {}",
             model.config.arch.name(),

@@ -81,7 +81,7 @@ fn main() -> ExitCode {
         Cmd::Logits(a) => run::logits(a, subcommand(&matches, "logits")),
         Cmd::Tokenize(a) => tokenize::main(a),
         Cmd::Gen(a) => gen::main(a),
-        Cmd::Bench(a) => bench::main(a),
+        Cmd::Bench(a) => bench::main(a, subcommand(&matches, "bench")),
         Cmd::SweepBench(a) => sweep_bench::main(a),
         Cmd::Plan(a) => plan::main(a, subcommand(&matches, "plan")),
     };

@@ -113,7 +113,8 @@ impl PlacementArgs {
         })
     }
 
-    /// CPU (RAM budget), then `--gpu` devices, then `--sim` devices.
+    /// CPU (RAM budget), then `--gpu` devices (without `--gpu`: the CUDA GPUs found, each
+    /// with its free memory), then `--sim` devices.
     pub fn devices(&self) -> Result<Vec<DeviceSpec>> {
         let ram = match &self.ram {
             Some(s) => parse_size(s)?,
@@ -124,7 +125,7 @@ impl PlacementArgs {
         };
         let gpus = match &self.gpu {
             Some(s) => parse_size_list(s)?,
-            None => Vec::new(),
+            None => moxie_core::placement::detected_cuda_budgets(),
         };
         let sims = match &self.sim {
             Some(s) => parse_size_list(s)?,

@@ -148,11 +148,23 @@ pub(crate) fn load_model(
         n_ubatch: ubatch,
         kv_types: a.cache_types.types(),
     };
+    plan_and_load(file, &a.model, &a.placement, matches, &run)
+}
+
+/// The plan for `file` under the placement flags and `run`'s shape, printed to stderr; a plan
+/// that does not fit is refused before any weight is read; otherwise the model loaded that way.
+pub(crate) fn plan_and_load(
+    file: std::sync::Arc<moxie_gguf::GgufFile>,
+    path: &std::path::Path,
+    placement: &PlacementArgs,
+    matches: &ArgMatches,
+    run: &RunShape,
+) -> Result<Model> {
     let plan = plan_for_file(
         &file,
-        &a.placement.options(matches)?,
-        &a.placement.devices()?,
-        &run,
+        &placement.options(matches)?,
+        &placement.devices()?,
+        run,
     )
     .context("planning the placement")?;
     eprint!("{}", plan.report());
@@ -163,7 +175,7 @@ pub(crate) fn load_model(
         );
     }
     let placement = Placement::from_plan(&plan)?;
-    Model::load_placed(file, &placement).with_context(|| format!("loading {}", a.model.display()))
+    Model::load_placed(file, &placement).with_context(|| format!("loading {}", path.display()))
 }
 
 /// The tokenizer described by a model's metadata.

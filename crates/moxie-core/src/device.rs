@@ -9,9 +9,15 @@
 //! The forward pass runs each stage of a layer (attention; the FFN's norm, router and shared
 //! expert; the routed experts) on the device holding that stage's weights, and moves only the
 //! hidden state (and the routing) between them, as llama.cpp's scheduler splits a graph.
+//!
+//! A GPU device (a CUDA GPU, or the CPU emulator of one that tests use) holds its weights,
+//! KV cache and activations in device memory and runs its stages with the kernels of
+//! `moxie-gpu`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+
+use moxie_gpu::{Buffer, DevPtr, Gpu};
 
 use crate::placement::human_bytes;
 use crate::{Error, Result};
@@ -27,6 +33,8 @@ pub enum DeviceKind {
     Cpu,
     /// A simulated accelerator (own memory, counted transfers, CPU compute).
     Sim,
+    /// A GPU: device memory and GPU kernels.
+    Gpu,
 }
 
 /// What one device has seen: bytes resident now and at most, and the copies that crossed its
@@ -48,6 +56,8 @@ pub struct Device {
     pub kind: DeviceKind,
     /// Bytes it may hold (`None`: the host, whose limit is the machine's).
     pub budget: Option<u64>,
+    /// The GPU, for [`DeviceKind::Gpu`].
+    pub gpu: Option<Gpu>,
     resident: AtomicU64,
     peak: AtomicU64,
     copies_in: AtomicU64,
@@ -62,6 +72,7 @@ impl Device {
             name: name.to_string(),
             kind,
             budget,
+            gpu: None,
             resident: AtomicU64::new(0),
             peak: AtomicU64::new(0),
             copies_in: AtomicU64::new(0),
@@ -127,14 +138,32 @@ impl Devices {
     /// The CPU plus simulated devices `sim0`, `sim1`, ... with these budgets in bytes.
     pub fn with_sims(budgets: &[u64]) -> Devices {
         let mut d = Devices::cpu_only();
+        d.push_sims(budgets);
+        d
+    }
+
+    /// Add simulated devices `sim0`, `sim1`, ... with these budgets in bytes.
+    pub fn push_sims(&mut self, budgets: &[u64]) {
         for (i, &b) in budgets.iter().enumerate() {
-            d.0.push(Arc::new(Device::new(
+            self.0.push(Arc::new(Device::new(
                 &format!("sim{i}"),
                 DeviceKind::Sim,
                 Some(b),
             )));
         }
-        d
+    }
+
+    /// Add a GPU with a memory budget (its name is the GPU's: `CUDA0`, ...).
+    pub fn push_gpu(&mut self, gpu: Gpu, budget: u64) -> DeviceId {
+        let mut d = Device::new(gpu.name(), DeviceKind::Gpu, Some(budget));
+        d.gpu = Some(gpu);
+        self.0.push(Arc::new(d));
+        self.0.len() - 1
+    }
+
+    /// The GPU of device `id`, if it is one.
+    pub fn gpu(&self, id: DeviceId) -> Option<&Gpu> {
+        self.0[id].gpu.as_ref()
     }
 
     pub fn len(&self) -> usize {
@@ -219,39 +248,112 @@ impl Devices {
 
 /// A row buffer (the hidden state) that lives on one device at a time: reading it on another
 /// device copies it there first, counted, and the copy on the old device is stale from then on.
-/// Every device keeps its own buffer, so a stage that read a stale copy would compute with old
-/// values and the logits would show it.
+/// Every device keeps its own buffer (host vectors for the CPU and sims, device memory for
+/// GPUs), so a stage that read a stale copy would compute with old values and the logits
+/// would show it.
 pub struct Resident<'d> {
     devices: &'d Devices,
     bufs: Vec<Vec<f32>>,
+    gpu_bufs: Vec<Option<Buffer>>,
+    /// Values held (on whichever device).
+    len: usize,
     on: DeviceId,
 }
 
 impl<'d> Resident<'d> {
-    /// `rows` on device `on`.
+    /// `rows` on device `on` (a host-side device).
     pub fn new(devices: &'d Devices, on: DeviceId, rows: Vec<f32>) -> Resident<'d> {
         let mut bufs = vec![Vec::new(); devices.len()];
+        let len = rows.len();
         bufs[on] = rows;
-        Resident { devices, bufs, on }
+        Resident {
+            devices,
+            bufs,
+            gpu_bufs: (0..devices.len()).map(|_| None).collect(),
+            len,
+            on,
+        }
     }
 
-    /// Replace the rows with `rows`, written on device `on` (no crossing), reusing that
-    /// device's buffer.
+    /// Replace the rows with `rows`, written on host-side device `on` (no crossing), reusing
+    /// that device's buffer.
     pub fn load(&mut self, on: DeviceId, rows: &[f32]) {
         let buf = &mut self.bufs[on];
         buf.clear();
         buf.extend_from_slice(rows);
+        self.len = rows.len();
         self.on = on;
     }
 
-    /// The rows on device `to` (copied there if they were elsewhere).
-    pub fn on(&mut self, to: DeviceId) -> &mut Vec<f32> {
-        if to != self.on {
-            let (src, dst) = pair_mut(&mut self.bufs, self.on, to);
-            self.devices.copy(self.on, src, to, dst);
-            self.on = to;
+    /// Mark the rows as now written in GPU `on`'s buffer (by kernels), `len` values.
+    pub fn loaded_on_gpu(&mut self, on: DeviceId, len: usize) -> Result<DevPtr> {
+        self.len = len;
+        self.on = on;
+        self.gpu_buffer(on)
+    }
+
+    /// GPU `id`'s buffer, grown to hold the rows.
+    fn gpu_buffer(&mut self, id: DeviceId) -> Result<DevPtr> {
+        let bytes = self.len * 4;
+        let slot = &mut self.gpu_bufs[id];
+        if slot.as_ref().is_none_or(|b| b.len() < bytes) {
+            let gpu = self.devices.gpu(id).expect("a GPU device");
+            *slot = Some(Buffer::new(gpu.backend(), bytes)?);
         }
-        &mut self.bufs[to]
+        Ok(slot.as_ref().expect("allocated above").ptr())
+    }
+
+    fn is_gpu(&self, id: DeviceId) -> bool {
+        self.devices.get(id).kind == DeviceKind::Gpu
+    }
+
+    /// Bring the rows to device `to` (a copy, counted, if they were elsewhere; between two
+    /// GPUs through the host).
+    fn move_to(&mut self, to: DeviceId) -> Result<()> {
+        let from = self.on;
+        if to == from {
+            return Ok(());
+        }
+        let bytes = self.len * 4;
+        // To the host side first (the source itself if it is one).
+        let host = if self.is_gpu(from) {
+            let mut staged = std::mem::take(&mut self.bufs[CPU]);
+            staged.resize(self.len, 0.0);
+            let buf = self.gpu_bufs[from]
+                .as_ref()
+                .expect("rows on a GPU have its buffer");
+            buf.read_f32(0, &mut staged)?;
+            self.bufs[CPU] = staged;
+            CPU
+        } else {
+            from
+        };
+        if self.is_gpu(to) {
+            self.gpu_buffer(to)?;
+            let buf = self.gpu_bufs[to].as_ref().expect("allocated above");
+            buf.write_f32(0, &self.bufs[host][..self.len])?;
+        } else if host != to {
+            let (src, dst) = pair_mut(&mut self.bufs, host, to);
+            dst.clear();
+            dst.extend_from_slice(&src[..self.len]);
+        }
+        self.devices.count_copy(from, to, bytes);
+        self.on = to;
+        Ok(())
+    }
+
+    /// The rows on host-side device `to` (copied there if they were elsewhere).
+    pub fn on(&mut self, to: DeviceId) -> Result<&mut Vec<f32>> {
+        debug_assert!(!self.is_gpu(to), "host rows asked of a GPU");
+        self.move_to(to)?;
+        Ok(&mut self.bufs[to])
+    }
+
+    /// The rows' address on GPU `to` (copied there if they were elsewhere).
+    pub fn on_gpu(&mut self, to: DeviceId) -> Result<DevPtr> {
+        debug_assert!(self.is_gpu(to), "device rows asked of a host-side device");
+        self.move_to(to)?;
+        self.gpu_buffer(to)
     }
 
     /// Where the rows are now.
@@ -300,11 +402,11 @@ mod tests {
     fn resident_rows_move_by_counted_copies() {
         let d = Devices::with_sims(&[1 << 20, 1 << 20]);
         let mut x = Resident::new(&d, CPU, vec![1.0, 2.0]);
-        x.on(CPU)[0] = 5.0;
+        x.on(CPU).unwrap()[0] = 5.0;
         assert_eq!(d.get(1).stats().copies_in, 0);
-        x.on(1)[1] = 7.0;
-        assert_eq!(x.on(2), &vec![5.0, 7.0]);
-        assert_eq!(x.on(CPU), &vec![5.0, 7.0]);
+        x.on(1).unwrap()[1] = 7.0;
+        assert_eq!(x.on(2).unwrap(), &vec![5.0, 7.0]);
+        assert_eq!(x.on(CPU).unwrap(), &vec![5.0, 7.0]);
         let (s1, s2) = (d.get(1).stats(), d.get(2).stats());
         assert_eq!((s1.copies_in, s1.bytes_in, s1.copies_out), (1, 8, 1));
         assert_eq!((s2.copies_in, s2.copies_out, s2.bytes_out), (1, 1, 8));

@@ -145,6 +145,16 @@ pub struct KvCache {
     v: Vec<Store>,
     /// Accelerator memory held for layers cached there.
     held: Vec<Reservation>,
+    /// Layers whose attention runs on a GPU keep their rows in its memory instead.
+    gpu: Vec<Option<GpuKv>>,
+}
+
+/// One layer's cache in a GPU's memory: `n_ctx` rows of keys and of values (none for MLA),
+/// f16 or f32, written and read by the GPU's kernels.
+pub struct GpuKv {
+    pub k: moxie_gpu::Buffer,
+    pub v: moxie_gpu::Buffer,
+    pub f16: bool,
 }
 
 /// Cached rows of one layer: `width` elements of type `ty`, `row_bytes`, per position.
@@ -211,6 +221,7 @@ impl KvCache {
         Ok(KvCache {
             n_ctx,
             len: 0,
+            gpu: shapes.iter().map(|_| None).collect(),
             shapes,
             k,
             v,
@@ -259,6 +270,16 @@ impl KvCache {
     /// Keep `r` (device memory for a layer's part) as long as the cache lives.
     pub fn hold(&mut self, r: Reservation) {
         self.held.push(r);
+    }
+
+    /// Keep layer `il`'s rows in GPU memory (its host store stays empty).
+    pub fn set_gpu(&mut self, il: usize, kv: GpuKv) {
+        self.gpu[il] = Some(kv);
+    }
+
+    /// Layer `il`'s rows in GPU memory, if they live there.
+    pub fn gpu(&self, il: usize) -> Option<&GpuKv> {
+        self.gpu[il].as_ref()
     }
 
     /// Check that `n` more positions fit.

@@ -6,6 +6,7 @@ pub mod bench;
 pub mod config;
 pub mod device;
 pub mod generate;
+mod gpu_forward;
 pub mod inventory;
 pub mod kv_cache;
 pub mod model;
@@ -41,6 +42,8 @@ pub enum Error {
     ContextFull { n_ctx: usize, needed: usize },
     #[error("{0}")]
     Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Gpu(#[from] moxie_gpu::Error),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;

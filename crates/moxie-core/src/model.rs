@@ -116,6 +116,11 @@ pub struct Model {
     _vectors_memory: Vec<Reservation>,
     /// Buffers forward passes reuse, so decode does not allocate them per token.
     scratch: ScratchPool,
+    /// Each layer's vectors in the memory of the GPUs its stages run on (empty off GPUs).
+    pub(crate) gpu_vectors: Vec<crate::gpu_forward::LayerVectors>,
+    pub(crate) gpu_output_norm: Option<moxie_gpu::Buffer>,
+    /// GPU work buffers kept between forward passes.
+    pub(crate) gpu_scratch: crate::gpu_forward::GpuScratchPool,
 }
 
 /// MoE buffers for forward passes: each pass takes a set and gives it back, so concurrent
@@ -341,6 +346,16 @@ impl Model {
             layers.push(layer);
             layer_devices.push(src.layer_devices(il)?);
         }
+        let devices = placement.devices.clone();
+        let gpu_vectors = layers
+            .iter()
+            .zip(&layer_devices)
+            .map(|(l, ld)| crate::gpu_forward::LayerVectors::new(&devices, l, ld))
+            .collect::<Result<Vec<_>>>()?;
+        let gpu_output_norm = match devices.gpu(output.device) {
+            Some(g) => Some(moxie_gpu::Buffer::from_f32(g.backend(), &output_norm)?),
+            None => None,
+        };
         let model = Model {
             config,
             file: Arc::clone(&file),
@@ -348,10 +363,13 @@ impl Model {
             output_norm,
             output,
             layers,
-            devices: placement.devices.clone(),
+            devices,
             layer_devices,
             _vectors_memory: src.held.into_inner(),
             scratch: ScratchPool::default(),
+            gpu_vectors,
+            gpu_output_norm,
+            gpu_scratch: Default::default(),
         };
         model.check_types()?;
         Ok(model)
@@ -433,6 +451,13 @@ impl Model {
                 let what = format!("the KV cache of layer {il} ({n_ctx} positions)");
                 cache.hold(self.devices.reserve(ld.attn, bytes, &what)?);
             }
+            if let Some(gpu) = self.devices.gpu(ld.attn) {
+                let kv = crate::gpu_forward::new_layer_cache(gpu, cache.shape(il), n_ctx, types)
+                    .map_err(|e| {
+                        Error::Model(format!("the KV cache of layer {il} on {}: {e}", gpu.name()))
+                    })?;
+                cache.set_gpu(il, kv);
+            }
         }
         Ok(cache)
     }
@@ -475,16 +500,13 @@ impl Model {
             return Ok(Vec::new());
         }
         cache.check_room(n)?;
-        let n_embd = c.n_embd;
-        let mut x0 = vec![0f32; n * n_embd];
-        for (&t, row) in tokens.iter().zip(x0.chunks_exact_mut(n_embd)) {
+        for &t in tokens {
             if t as usize >= c.n_vocab {
                 return Err(Error::BadToken {
                     id: t,
                     n_vocab: c.n_vocab,
                 });
             }
-            self.tok_embd.row_to_f32(t as usize, row)?;
         }
         let pos0 = cache.len();
         // RoPE's (cos, sin) per token: the same for every layer, so computed once.
@@ -495,8 +517,41 @@ impl Model {
                 rc
             })
             .collect();
+        let mut gpu = crate::gpu_forward::GpuPass::new(self, &rope, pos0);
+        let result = self.layers_and_output(tokens, &rope, cache, par, which, &mut gpu);
+        let finished = gpu.finish();
+        let logits = result?;
+        finished?;
+        cache.commit(n);
+        Ok(logits)
+    }
+
+    /// The forward pass proper: embeddings, every layer's stages on their devices, the head.
+    fn layers_and_output(
+        &self,
+        tokens: &[u32],
+        rope: &[Vec<(f32, f32)>],
+        cache: &mut KvCache,
+        par: &Parallel,
+        which: Logits,
+        gpu: &mut crate::gpu_forward::GpuPass<'_>,
+    ) -> Result<Vec<f32>> {
+        let c = &self.config;
+        let n = tokens.len();
+        let n_embd = c.n_embd;
+        let is_gpu = |d: DeviceId| self.devices.gpu(d).is_some();
         // The residual stream moves to each stage's device; `h` is that stage's normed copy.
-        let mut x = Resident::new(&self.devices, self.tok_embd.device, x0);
+        let mut x = if is_gpu(self.tok_embd.device) {
+            let mut x = Resident::new(&self.devices, CPU, Vec::new());
+            gpu.embed(tokens, &mut x)?;
+            x
+        } else {
+            let mut x0 = vec![0f32; n * n_embd];
+            for (&t, row) in tokens.iter().zip(x0.chunks_exact_mut(n_embd)) {
+                self.tok_embd.row_to_f32(t as usize, row)?;
+            }
+            Resident::new(&self.devices, self.tok_embd.device, x0)
+        };
         let mut h = vec![0f32; n * n_embd];
         let mut moe_scratch = self.scratch.take();
         let mut split = SplitMoeBuffers {
@@ -504,15 +559,25 @@ impl Model {
             sum: Resident::new(&self.devices, CPU, Vec::new()),
         };
         for (il, (layer, ld)) in self.layers.iter().zip(&self.layer_devices).enumerate() {
-            let xs = x.on(ld.attn);
-            h.copy_from_slice(xs);
-            ops::rms_norm_mul(&mut h, &layer.attn_norm, c.rms_eps);
-            let attn_out = match &layer.attn {
-                Attention::Gqa(a) => self.gqa(a, il, &h, &rope, cache, par)?,
-                Attention::Mla(a) => self.mla(a, il, &h, &rope, cache, par)?,
-            };
-            ops::add_assign(xs, &attn_out);
-            let xs = x.on(ld.ffn);
+            if is_gpu(ld.attn) {
+                let xp = x.on_gpu(ld.attn)?;
+                gpu.attention(il, ld.attn, xp, cache)?;
+            } else {
+                let xs = x.on(ld.attn)?;
+                h.copy_from_slice(xs);
+                ops::rms_norm_mul(&mut h, &layer.attn_norm, c.rms_eps);
+                let attn_out = match &layer.attn {
+                    Attention::Gqa(a) => self.gqa(a, il, &h, rope, cache, par)?,
+                    Attention::Mla(a) => self.mla(a, il, &h, rope, cache, par)?,
+                };
+                ops::add_assign(xs, &attn_out);
+            }
+            if is_gpu(ld.ffn) {
+                let xp = x.on_gpu(ld.ffn)?;
+                gpu.ffn(il, ld, xp, par, &mut moe_scratch, &mut h)?;
+                continue;
+            }
+            let xs = x.on(ld.ffn)?;
             h.copy_from_slice(xs);
             ops::rms_norm_mul(&mut h, &layer.ffn_norm, c.rms_eps);
             match &layer.ffn {
@@ -522,21 +587,25 @@ impl Model {
                     ops::add_assign(xs, out);
                 }
                 Ffn::Moe(m) => {
-                    let out = self.split_moe(m, ld, &h, par, &mut moe_scratch, &mut split)?;
+                    let out = self.split_moe(m, ld, &h, par, &mut moe_scratch, &mut split, gpu)?;
                     ops::add_assign(xs, out);
                 }
             }
         }
         self.scratch.give(moe_scratch);
-        cache.commit(n);
 
         let out_dev = self.output.device;
-        let xs = x.on(out_dev);
         let rows = match which {
-            Logits::All => &mut xs[..],
-            Logits::Last => &mut xs[(n - 1) * n_embd..],
+            Logits::All => 0..n,
+            Logits::Last => n - 1..n,
             Logits::None => return Ok(Vec::new()),
         };
+        if is_gpu(out_dev) {
+            let xp = x.on_gpu(out_dev)?;
+            return gpu.output(out_dev, xp, rows);
+        }
+        let xs = x.on(out_dev)?;
+        let rows = &mut xs[rows.start * n_embd..rows.end * n_embd];
         ops::rms_norm_mul(rows, &self.output_norm, c.rms_eps);
         let n_out = rows.len() / n_embd;
         let mut logits = vec![0f32; n_out * c.n_vocab];
@@ -554,6 +623,7 @@ impl Model {
     /// expert (e.g. `-ot exps=CPU` with the rest on a GPU): route on the layer's device, send
     /// the normed input and the routes to the experts' device, run them there, bring their
     /// weighted sum back and add the shared expert — the sum [`crate::moe::forward`] forms.
+    #[allow(clippy::too_many_arguments)]
     fn split_moe<'b>(
         &self,
         m: &Moe,
@@ -562,6 +632,7 @@ impl Model {
         par: &Parallel,
         s: &mut crate::moe::MoeScratch,
         bufs: &'b mut SplitMoeBuffers<'_>,
+        gpu: &mut crate::gpu_forward::GpuPass<'_>,
     ) -> Result<&'b [f32]> {
         let c = &self.config;
         let n = h.len() / c.n_embd;
@@ -569,10 +640,20 @@ impl Model {
         // The routes cross too: an expert id and a weight per selection.
         let route_bytes = std::mem::size_of_val(s.routes());
         self.devices.count_copy(ld.ffn, ld.experts, route_bytes);
-        bufs.input.load(ld.ffn, h);
-        let routed = crate::moe::routed_experts(c, m, bufs.input.on(ld.experts), n, par, s)?;
-        bufs.sum.load(ld.experts, routed);
-        let sum = bufs.sum.on(ld.ffn);
+        if let Some(g) = self.devices.gpu(ld.experts) {
+            let g = g.clone();
+            self.devices
+                .count_copy(ld.ffn, ld.experts, std::mem::size_of_val(h));
+            let routed = gpu.experts_on_gpu_from_host(&g, ld.experts, m, h, s)?;
+            self.devices
+                .count_copy(ld.experts, ld.ffn, std::mem::size_of_val(&routed[..]));
+            bufs.sum.load(ld.ffn, &routed);
+        } else {
+            bufs.input.load(ld.ffn, h);
+            let routed = crate::moe::routed_experts(c, m, bufs.input.on(ld.experts)?, n, par, s)?;
+            bufs.sum.load(ld.experts, routed);
+        }
+        let sum = bufs.sum.on(ld.ffn)?;
         if let Some(sh) = &m.shared {
             ops::add_assign(sum, &dense_ffn(sh, h, n, None, par)?);
         }

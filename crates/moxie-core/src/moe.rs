@@ -129,6 +129,20 @@ impl MoeScratch {
     pub fn routes(&self) -> &[(usize, f32)] {
         &self.routes
     }
+
+    /// Routes chosen elsewhere (by a GPU's router): `ids[i]` with `weights[i]`, top-k per
+    /// token, token after token. Fails on an expert id outside `0..n_expert`.
+    pub fn set_routes(&mut self, ids: &[i32], weights: &[f32], n_expert: usize) -> Result<()> {
+        self.routes.clear();
+        for (&e, &w) in ids.iter().zip(weights) {
+            let e = usize::try_from(e)
+                .ok()
+                .filter(|&e| e < n_expert)
+                .ok_or_else(|| Error::Model(format!("MoE: routed to expert {e} of {n_expert}")))?;
+            self.routes.push((e, w));
+        }
+        Ok(())
+    }
 }
 
 /// An empty vector for items of other lifetimes that keeps `v`'s allocation: std collects a

@@ -24,6 +24,15 @@ enum Storage {
     Owned(Arc<Vec<u8>>),
     /// A copy in an accelerator's memory, held against its budget.
     OnDevice(Arc<(Vec<u8>, Reservation)>),
+    /// A copy in a GPU's memory; the host bytes it came from stay readable (a mapping costs
+    /// no RAM of its own).
+    OnGpu(Arc<GpuCopy>),
+}
+
+struct GpuCopy {
+    host: Storage,
+    buf: moxie_gpu::Buffer,
+    _held: Reservation,
 }
 
 /// A weight tensor: type, shape in ggml order (`ne[0]` is the row length) and its bytes.
@@ -111,6 +120,27 @@ impl Tensor {
         let bytes = self.data();
         let held = devices.reserve(to, bytes.len() as u64, &format!("tensor '{}'", self.name))?;
         devices.count_copy(CPU, to, bytes.len());
+        if let Some(gpu) = devices.gpu(to) {
+            if !moxie_gpu::Gpu::supports(self.ty) {
+                return Err(Error::Model(format!(
+                    "tensor '{}': {} weights cannot go on {} (no GPU kernels for that type); \
+                     keep it on the CPU with -ot",
+                    self.name,
+                    self.ty,
+                    gpu.name()
+                )));
+            }
+            let buf = moxie_gpu::Buffer::from_bytes(gpu.backend(), bytes)?;
+            return Ok(Tensor {
+                device: to,
+                storage: Storage::OnGpu(Arc::new(GpuCopy {
+                    host: self.storage.clone(),
+                    buf,
+                    _held: held,
+                })),
+                ..self.clone()
+            });
+        }
         Ok(Tensor {
             device: to,
             storage: Storage::OnDevice(Arc::new((bytes.to_vec(), held))),
@@ -118,15 +148,34 @@ impl Tensor {
         })
     }
 
-    /// The tensor's bytes.
+    /// The tensor's bytes (on the host: for a GPU tensor, the bytes it was uploaded from).
     pub fn data(&self) -> &[u8] {
-        match &self.storage {
+        Self::bytes_of(&self.storage)
+    }
+
+    fn bytes_of(storage: &Storage) -> &[u8] {
+        match storage {
             Storage::Mapped { file, index } => file
                 .tensor_data_at(*index)
                 .and_then(|r| r.ok())
                 .expect("tensor data was checked when the tensor was created"),
             Storage::Owned(v) => v,
             Storage::OnDevice(d) => &d.0,
+            Storage::OnGpu(g) => Self::bytes_of(&g.host),
+        }
+    }
+
+    /// The tensor as a GPU kernel's weight operand, if it is in a GPU's memory.
+    pub fn gpu_weight(&self) -> Option<moxie_gpu::Weight> {
+        match &self.storage {
+            Storage::OnGpu(g) => Some(moxie_gpu::Weight {
+                ptr: g.buf.ptr(),
+                ty: self.ty,
+                n_in: self.ne[0],
+                n_out: self.ne[1],
+                n_mat: self.ne[2] * self.ne[3],
+            }),
+            _ => None,
         }
     }
 

@@ -1,1 +1,1 @@
-
+//! PLACEHOLDER until the gpu-emu branch lands.

@@ -270,7 +270,7 @@ impl Gpu {
                 s.dk, s.dv
             )));
         }
-        if s.n_head_kv == 0 || s.n_head % s.n_head_kv != 0 {
+        if s.n_head_kv == 0 || !s.n_head.is_multiple_of(s.n_head_kv) {
             return Err(Error::Unsupported(format!(
                 "{} query heads over {} kv heads",
                 s.n_head, s.n_head_kv
@@ -355,6 +355,7 @@ impl Gpu {
     }
 
     /// `out[t] (+)= Σ_j weights[t, j] · rows[t·k + j]` for `n_tok` tokens of `n_embd`.
+    #[allow(clippy::too_many_arguments)]
     pub fn moe_sum(
         &self,
         rows: DevPtr,

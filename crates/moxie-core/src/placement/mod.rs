@@ -44,25 +44,24 @@ pub fn plan_for_file(
 }
 
 impl crate::model::Placement {
-    /// What `plan` decided, for [`crate::Model::load_placed`]: the CPU and the plan's
-    /// simulated devices (with their budgets), and each loaded tensor's device. Fails for a
-    /// plan with CUDA devices: this build has no CUDA backend.
+    /// What `plan` decided, for [`crate::Model::load_placed`]: the CPU, the plan's GPUs and
+    /// simulated devices (with their budgets), and each loaded tensor's device. CUDA devices
+    /// are opened here: without the `cuda` feature, or without a driver, that is an error
+    /// naming the device.
     pub fn from_plan(plan: &Plan) -> Result<crate::model::Placement> {
+        let mut devices = crate::device::Devices::cpu_only();
         let mut sims = Vec::new();
         for d in &plan.devices {
             match d.spec.kind {
                 DeviceKind::Cpu => {}
                 DeviceKind::Sim => sims.push(d.spec.budget_bytes),
                 DeviceKind::Cuda => {
-                    return Err(Error::Placement(format!(
-                        "{}: this build of moxie has no CUDA backend; plan for it with `moxie \
-                         plan`, or run the same placement on simulated devices with --sim",
-                        d.spec.name
-                    )))
+                    let gpu = open_cuda(&d.spec.name)?;
+                    devices.push_gpu(gpu, d.spec.budget_bytes);
                 }
             }
         }
-        let devices = crate::device::Devices::with_sims(&sims);
+        devices.push_sims(&sims);
         let mut tensors = std::collections::HashMap::new();
         for t in &plan.tensors {
             if let Some(d) = t.device {
@@ -72,4 +71,41 @@ impl crate::model::Placement {
         }
         Ok(crate::model::Placement { devices, tensors })
     }
+}
+
+/// The CUDA GPU called `name` (`CUDA0`, ...).
+#[cfg(feature = "cuda")]
+fn open_cuda(name: &str) -> Result<moxie_gpu::Gpu> {
+    let ordinal: usize = name
+        .strip_prefix("CUDA")
+        .and_then(|i| i.parse().ok())
+        .ok_or_else(|| Error::Placement(format!("'{name}' is not a CUDA device name")))?;
+    let gpu =
+        moxie_gpu::cuda::CudaGpu::open(ordinal).map_err(|e| Error::Placement(e.to_string()))?;
+    Ok(moxie_gpu::Gpu::new(gpu))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn open_cuda(name: &str) -> Result<moxie_gpu::Gpu> {
+    Err(Error::Placement(format!(
+        "{name}: this build of moxie has no CUDA backend (build with `--features cuda`); plan \
+         for it with `moxie plan`, or run the same placement on simulated devices with --sim"
+    )))
+}
+
+/// The free memory of each CUDA GPU this machine has, in device order: what placement
+/// budgets when the user states no `--gpu` sizes. Empty without the `cuda` feature or a
+/// driver.
+pub fn detected_cuda_budgets() -> Vec<u64> {
+    #[cfg(feature = "cuda")]
+    {
+        let n = moxie_gpu::cuda::CudaGpu::device_count().unwrap_or(0);
+        (0..n)
+            .filter_map(|i| moxie_gpu::cuda::CudaGpu::open(i).ok())
+            .filter_map(|g| moxie_gpu::GpuBackend::memory(&*g).ok())
+            .map(|(_total, free)| free)
+            .collect()
+    }
+    #[cfg(not(feature = "cuda"))]
+    Vec::new()
 }

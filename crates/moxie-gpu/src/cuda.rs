@@ -1,0 +1,1 @@
+//! PLACEHOLDER until the gpu-cuda branch lands.
