@@ -1,0 +1,310 @@
+//! The kernels of `kernels/ops.cu`, run on the CPU emulator, against plain Rust references.
+//! (Routing is checked against moxie-core's `route_top_k` in moxie-core's tests.)
+
+use std::sync::Arc;
+
+use moxie_gpu::emu::EmuGpu;
+use moxie_gpu::ops::{AttnShape, KvView};
+use moxie_gpu::{Buffer, GpuBackend, Gpu};
+
+/// Deterministic values in [-1, 1).
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn gpu() -> Gpu {
+    let backend: Arc<dyn GpuBackend> = EmuGpu::new("CUDA0", 1 << 28);
+    Gpu::new(backend)
+}
+
+fn upload(g: &Gpu, v: &[f32]) -> Buffer {
+    Buffer::from_f32(g.backend(), v).unwrap()
+}
+
+fn read(b: &Buffer, n: usize) -> Vec<f32> {
+    let mut out = vec![0f32; n];
+    b.read_f32(0, &mut out).unwrap();
+    out
+}
+
+fn close(got: &[f32], want: &[f32], tol: f32, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= tol * (1.0 + w.abs()),
+            "{what}[{i}]: {g} vs {w}"
+        );
+    }
+}
+
+#[test]
+fn rms_norm_rows_with_strides_and_in_place() {
+    let g = gpu();
+    for (rows, cols) in [(1, 7), (3, 64), (2, 1500)] {
+        let x = values(rows * cols, 1);
+        let w = values(cols, 2);
+        let xb = upload(&g, &x);
+        let wb = upload(&g, &w);
+        g.rms_norm(xb.ptr(), cols, wb.ptr(), xb.ptr(), cols, rows, cols, 1e-6)
+            .unwrap();
+        let got = read(&xb, rows * cols);
+        let mut want = x.clone();
+        for r in want.chunks_exact_mut(cols) {
+            let ms = r.iter().map(|v| (v * v) as f64).sum::<f64>() / cols as f64;
+            let s = 1.0 / (ms + 1e-6).sqrt();
+            for (v, w) in r.iter_mut().zip(&w) {
+                *v = (*v as f64 * s) as f32 * w;
+            }
+        }
+        close(&got, &want, 1e-5, &format!("rms_norm {rows}x{cols}"));
+    }
+}
+
+#[test]
+fn elementwise_ops() {
+    let g = gpu();
+    let n = 1000;
+    let (a, b) = (values(n, 3), values(n, 4));
+    let (ab, bb) = (upload(&g, &a), upload(&g, &b));
+    g.add(ab.ptr(), bb.ptr(), n).unwrap();
+    let sum: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+    assert_eq!(read(&ab, n), sum);
+    let bias = values(10, 5);
+    let biasb = upload(&g, &bias);
+    g.add_bias(ab.ptr(), biasb.ptr(), n, 10).unwrap();
+    let biased: Vec<f32> = sum.iter().enumerate().map(|(i, v)| v + bias[i % 10]).collect();
+    assert_eq!(read(&ab, n), biased);
+    g.swiglu(ab.ptr(), bb.ptr(), n).unwrap();
+    let want: Vec<f32> = biased
+        .iter()
+        .zip(&b)
+        .map(|(x, u)| x / (1.0 + (-x).exp()) * u)
+        .collect();
+    close(&read(&ab, n), &want, 1e-6, "swiglu");
+    // Strided copy: 3 rows of 4 values from a 7-wide layout into a 5-wide one, offset 1.
+    let src = values(21, 6);
+    let sb = upload(&g, &src);
+    let db = upload(&g, &[0.0; 15]);
+    g.copy_rows(db.ptr() + 4, 5, sb.ptr(), 7, 3, 4).unwrap();
+    let got = read(&db, 15);
+    for r in 0..3 {
+        assert_eq!(got[r * 5], 0.0);
+        assert_eq!(&got[r * 5 + 1..r * 5 + 5], &src[r * 7..r * 7 + 4]);
+    }
+}
+
+#[test]
+fn rope_normal_and_neox_with_offset() {
+    let g = gpu();
+    let (n_tok, n_head, hd, offset, n_pairs) = (3, 2, 12, 4, 4);
+    let x = values(n_tok * n_head * hd, 7);
+    let cs: Vec<f32> = (0..n_tok * n_pairs)
+        .flat_map(|i| {
+            let t = i as f32 * 0.37;
+            [t.cos(), t.sin()]
+        })
+        .collect();
+    for neox in [false, true] {
+        let xb = upload(&g, &x);
+        let cb = upload(&g, &cs);
+        g.rope(xb.ptr(), cb.ptr(), n_tok, n_head, hd, n_head * hd, offset, n_pairs, neox)
+            .unwrap();
+        let mut want = x.clone();
+        for t in 0..n_tok {
+            for h in 0..n_head {
+                let base = t * n_head * hd + h * hd + offset;
+                for i in 0..n_pairs {
+                    let (a, b) = if neox { (i, i + n_pairs) } else { (2 * i, 2 * i + 1) };
+                    let (c, s) = (cs[(t * n_pairs + i) * 2], cs[(t * n_pairs + i) * 2 + 1]);
+                    let (x0, x1) = (want[base + a], want[base + b]);
+                    want[base + a] = x0.mul_add(c, -(x1 * s));
+                    want[base + b] = x0.mul_add(s, x1 * c);
+                }
+            }
+        }
+        assert_eq!(read(&xb, x.len()), want, "neox {neox}");
+    }
+}
+
+#[test]
+fn kv_store_rounds_to_f16_like_half() {
+    let g = gpu();
+    let src: Vec<f32> = values(2 * 9, 8)
+        .iter()
+        .map(|v| v * 70000.0)
+        .chain([1e-7, -3e-5, 65519.0, 65520.0, f32::INFINITY, f32::NAN])
+        .collect();
+    let rows = src.len() / 6;
+    let sb = upload(&g, &src);
+    let cache = Buffer::new(g.backend(), src.len() * 2).unwrap();
+    g.kv_store(cache.ptr(), true, sb.ptr(), rows, 6, 6).unwrap();
+    let mut raw = vec![0u8; src.len() * 2];
+    cache.read(0, &mut raw).unwrap();
+    for (i, v) in src.iter().enumerate() {
+        let got = u16::from_ne_bytes([raw[2 * i], raw[2 * i + 1]]);
+        let want = half::f16::from_f32(*v);
+        if v.is_nan() {
+            assert!(half::f16::from_bits(got).is_nan());
+        } else {
+            assert_eq!(got, want.to_bits(), "{v}");
+        }
+    }
+}
+
+/// Causal attention reference: query t (at position pos0 + t) over positions 0..=pos0 + t.
+#[allow(clippy::too_many_arguments)]
+fn attention_ref(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    s: AttnShape,
+    k_row: usize,
+    v_row: usize,
+    n_tok: usize,
+) -> Vec<f32> {
+    let group = s.n_head / s.n_head_kv;
+    let mut out = vec![0f32; n_tok * s.n_head * s.dv];
+    for t in 0..n_tok {
+        for h in 0..s.n_head {
+            let kvh = h / group;
+            let qr = &q[(t * s.n_head + h) * s.dk..][..s.dk];
+            let n_pos = s.pos0 + t + 1;
+            let scores: Vec<f64> = (0..n_pos)
+                .map(|p| {
+                    let kr = &k[p * k_row + kvh * s.dk..][..s.dk];
+                    qr.iter().zip(kr).map(|(a, b)| (a * b) as f64).sum::<f64>() * s.scale as f64
+                })
+                .collect();
+            let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = scores.iter().map(|x| (x - m).exp()).collect();
+            let l: f64 = e.iter().sum();
+            for d in 0..s.dv {
+                let acc: f64 = (0..n_pos)
+                    .map(|p| e[p] * v[p * v_row + kvh * s.dv + d] as f64)
+                    .sum();
+                out[(t * s.n_head + h) * s.dv + d] = (acc / l) as f32;
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn attention_gqa_and_mla_shapes_over_several_tiles() {
+    let g = gpu();
+    // (n_head, n_head_kv, dk, dv, pos0, n_tok, mla)
+    for (nh, nkv, dk, dv, pos0, n_tok, mla) in [
+        (4, 2, 64, 64, 0, 5, false),
+        (4, 2, 64, 64, 300, 1, false),
+        (4, 1, 72, 64, 130, 3, true),
+        (2, 2, 32, 48, 7, 2, false),
+    ] {
+        for f16 in [false, true] {
+            let n_pos = pos0 + n_tok;
+            let k_row = nkv * dk;
+            let v_row = if mla { k_row } else { nkv * dv };
+            let q = values(n_tok * nh * dk, 9);
+            let mut k = values(n_pos * k_row, 10);
+            let mut v = if mla { k.clone() } else { values(n_pos * v_row, 11) };
+            if f16 {
+                for x in k.iter_mut().chain(v.iter_mut()) {
+                    *x = half::f16::from_f32(*x).to_f32();
+                }
+            }
+            let store = |data: &[f32]| -> Buffer {
+                let src = upload(&g, data);
+                let elem = if f16 { 2 } else { 4 };
+                let b = Buffer::new(g.backend(), data.len() * elem).unwrap();
+                g.kv_store(b.ptr(), f16, src.ptr(), 1, data.len(), data.len())
+                    .unwrap();
+                g.synchronize().unwrap();
+                b
+            };
+            let kb = store(&k);
+            let vb = if mla { None } else { Some(store(&v)) };
+            let qb = upload(&g, &q);
+            let ob = Buffer::new(g.backend(), n_tok * nh * dv * 4).unwrap();
+            let s = AttnShape {
+                n_head: nh,
+                n_head_kv: nkv,
+                dk,
+                dv,
+                pos0,
+                scale: 1.0 / (dk as f32).sqrt(),
+            };
+            let view = KvView {
+                k: kb.ptr(),
+                v: vb.as_ref().map_or(kb.ptr(), Buffer::ptr),
+                k_row,
+                v_row,
+                f16,
+            };
+            g.attention(s, qb.ptr(), view, ob.ptr(), n_tok).unwrap();
+            let want = attention_ref(&q, &k, &v, s, k_row, v_row, n_tok);
+            close(
+                &read(&ob, want.len()),
+                &want,
+                2e-5,
+                &format!("attention h{nh}/{nkv} dk{dk} dv{dv} pos0 {pos0} n{n_tok} f16 {f16}"),
+            );
+        }
+    }
+}
+
+#[test]
+fn moe_sum_weights_each_tokens_rows() {
+    let g = gpu();
+    let (n_tok, k, e) = (3, 4, 300);
+    let rows = values(n_tok * k * e, 12);
+    let w = values(n_tok * k, 13);
+    let base = values(n_tok * e, 14);
+    let (rb, wb) = (upload(&g, &rows), upload(&g, &w));
+    for accumulate in [false, true] {
+        let ob = upload(&g, &base);
+        g.moe_sum(rb.ptr(), wb.ptr(), ob.ptr(), n_tok, k, e, accumulate)
+            .unwrap();
+        let want: Vec<f32> = (0..n_tok * e)
+            .map(|i| {
+                let (t, d) = (i / e, i % e);
+                let s: f32 = (0..k).map(|j| w[t * k + j] * rows[(t * k + j) * e + d]).sum();
+                if accumulate {
+                    base[i] + s
+                } else {
+                    s
+                }
+            })
+            .collect();
+        close(&read(&ob, n_tok * e), &want, 1e-6, "moe_sum");
+    }
+}
+
+#[test]
+fn oversized_shapes_are_errors_not_launches() {
+    let g = gpu();
+    let b = Buffer::new(g.backend(), 64).unwrap();
+    let s = AttnShape {
+        n_head: 2,
+        n_head_kv: 1,
+        dk: 4096,
+        dv: 64,
+        pos0: 0,
+        scale: 1.0,
+    };
+    let view = KvView {
+        k: b.ptr(),
+        v: b.ptr(),
+        k_row: 4096,
+        v_row: 4096,
+        f16: true,
+    };
+    let err = g.attention(s, b.ptr(), view, b.ptr(), 1).unwrap_err();
+    assert!(err.to_string().contains("4096"), "{err}");
+}
