@@ -50,6 +50,11 @@ pub struct PlacementArgs {
     /// whole routed-expert layers) instead of llama.cpp's fixed assignment.
     #[arg(long)]
     pub fit: bool,
+    /// Stream RAM-resident routed experts to the GPU running their layer's router for prompt
+    /// batches of at least N tokens (llama.cpp's op offload): `auto` measures the threshold
+    /// after loading (copy rate vs the CPU's expert time), `off`, or a token count.
+    #[arg(long = "op-offload", value_name = "auto|off|N", default_value = "auto")]
+    pub op_offload: String,
 }
 
 /// A `-sm` value.

@@ -174,8 +174,27 @@ pub(crate) fn plan_and_load(
             plan.messages.join("; ")
         );
     }
-    let placement = Placement::from_plan(&plan)?;
-    Model::load_placed(file, &placement).with_context(|| format!("loading {}", path.display()))
+    let devices = Placement::from_plan(&plan)?;
+    let model = Model::load_placed(file, &devices)
+        .with_context(|| format!("loading {}", path.display()))?;
+    match placement.op_offload.as_str() {
+        "off" => model.set_op_offload_min_batch(None),
+        "auto" => {
+            let par = Parallel::available();
+            if let Some(cal) = model.calibrate_op_offload(&par)? {
+                eprintln!("{cal}");
+            }
+        }
+        n => {
+            let n: usize = n
+                .parse()
+                .ok()
+                .filter(|&n| n > 0)
+                .with_context(|| format!("--op-offload takes auto, off or a token count, not '{n}'"))?;
+            model.set_op_offload_min_batch(Some(n));
+        }
+    }
+    Ok(model)
 }
 
 /// The tokenizer described by a model's metadata.

@@ -471,14 +471,14 @@ impl<'m> GpuPass<'m> {
         Ok(o)
     }
 
-    /// The routed experts of `m` on GPU `id` for routes `ids`/`weights` already there:
-    /// `out (+)=` their weighted sum.
+    /// The routed experts (`[gate, up, down]` weights in this GPU's memory) on GPU `id` for
+    /// routes `ids`/`weights` already there: `out (+)=` their weighted sum.
     #[allow(clippy::too_many_arguments)]
     fn routed_experts(
         &mut self,
         gpu: &Gpu,
         id: DeviceId,
-        m: &Moe,
+        [gate, up, down]: [Weight; 3],
         h: DevPtr,
         ids: DevPtr,
         weights: DevPtr,
@@ -487,17 +487,50 @@ impl<'m> GpuPass<'m> {
     ) -> Result<()> {
         let c = &self.model.config;
         let (n, k) = (self.n, c.n_expert_used);
-        let gate = weight(&m.gate_exps)?;
         let n_ff = gate.n_out;
         let g = self.buf(id, "exp_gate", n * k * n_ff)?;
         let u = self.buf(id, "exp_up", n * k * n_ff)?;
         gpu.mul_mat_id(&gate, ids, n * k, h, c.n_embd, k, g, n_ff)?;
-        gpu.mul_mat_id(&weight(&m.up_exps)?, ids, n * k, h, c.n_embd, k, u, n_ff)?;
+        gpu.mul_mat_id(&up, ids, n * k, h, c.n_embd, k, u, n_ff)?;
         gpu.swiglu(g, u, n * k * n_ff)?;
         let d = self.buf(id, "exp_down", n * k * c.n_embd)?;
-        gpu.mul_mat_id(&weight(&m.down_exps)?, ids, n * k, g, n_ff, 1, d, c.n_embd)?;
+        gpu.mul_mat_id(&down, ids, n * k, g, n_ff, 1, d, c.n_embd)?;
         gpu.moe_sum(d, weights, out, n, k, c.n_embd, accumulate)?;
         Ok(())
+    }
+
+    /// The expert weights of `m` as they sit in GPU memory.
+    fn resident_experts(m: &Moe) -> Result<[Weight; 3]> {
+        Ok([
+            weight(&m.gate_exps)?,
+            weight(&m.up_exps)?,
+            weight(&m.down_exps)?,
+        ])
+    }
+
+    /// llama.cpp's op offload: copy a host-resident layer's expert weights into work buffers
+    /// of GPU `id` for one large batch (when streaming them over PCIe beats the CPU).
+    fn streamed_experts(&mut self, id: DeviceId, m: &Moe) -> Result<[Weight; 3]> {
+        let gpu = self.dev(id)?.gpu.clone();
+        let mut out = Vec::with_capacity(3);
+        for (name, t) in [
+            ("offload_gate", &m.gate_exps),
+            ("offload_up", &m.up_exps),
+            ("offload_down", &m.down_exps),
+        ] {
+            let bytes = t.data();
+            let p = self.buf(id, name, bytes.len().div_ceil(F32))?;
+            gpu.backend().upload(p, bytes)?;
+            self.model.devices.count_copy(CPU, id, bytes.len());
+            out.push(Weight {
+                ptr: p,
+                ty: t.ty,
+                n_in: t.ne[0],
+                n_out: t.ne[1],
+                n_mat: t.ne[2] * t.ne[3],
+            });
+        }
+        Ok([out[0], out[1], out[2]])
     }
 
     /// `x += ffn(norm(x))` for layer `il` with its FFN part on GPU `ld.ffn` (`x` there). Routed
@@ -548,8 +581,18 @@ impl<'m> GpuPass<'m> {
         let weights = self.buf(id, "expert_weights", n * k)?;
         let bias = vecs.probs_bias.as_ref().map(Buffer::ptr);
         gpu.route(route_spec(c), logits, bias, ids, weights, n)?;
-        if ld.experts == id {
-            self.routed_experts(&gpu, id, moe_layer, h, ids, weights, x, true)?;
+        let offload = ld.experts == CPU && n >= m.op_offload_min_batch().unwrap_or(usize::MAX);
+        if ld.experts == id || offload {
+            let experts = if offload {
+                self.streamed_experts(id, moe_layer)?
+            } else {
+                Self::resident_experts(moe_layer)?
+            };
+            self.routed_experts(&gpu, id, experts, h, ids, weights, x, true)?;
+            if let Some(sh) = &moe_layer.shared {
+                let o = self.dense(&gpu, id, sh, h)?;
+                gpu.add(x, o, n * e)?;
+            }
         } else {
             // The normed input and the routes go to the experts' device.
             host_h.resize(n * e, 0.0);
@@ -609,7 +652,7 @@ impl<'m> GpuPass<'m> {
         gpu.backend()
             .upload(weights, bytemuck::cast_slice(&w_host))?;
         let out = self.buf(id, "exp_out", n * e)?;
-        self.routed_experts(gpu, id, m, hd, ids, weights, out, false)?;
+        self.routed_experts(gpu, id, Self::resident_experts(m)?, hd, ids, weights, out, false)?;
         let mut sum = vec![0f32; n * e];
         gpu.backend()
             .download(out, bytemuck::cast_slice_mut(&mut sum))?;
@@ -661,5 +704,124 @@ fn route_spec(c: &Config) -> RouteSpec {
         n_group_used: c.n_group_used,
         norm: c.expert_weights_norm,
         scale: c.expert_weights_scale,
+    }
+}
+
+/// What [`Model::calibrate_op_offload`] measured, and the threshold it chose.
+#[derive(Clone, Debug)]
+pub struct OpOffloadCalibration {
+    /// The GPU the experts would be streamed to.
+    pub device: String,
+    /// Bytes of the largest host-resident expert layer whose router is on that GPU.
+    pub layer_bytes: u64,
+    /// Host-to-GPU copy rate measured on those weights, bytes per second.
+    pub upload_bytes_per_s: f64,
+    /// CPU time of that layer's routed experts per token (measured on a batch).
+    pub cpu_s_per_token: f64,
+    /// Batches of at least this many tokens stream (`None`: the GPU has no room for a layer).
+    pub min_batch: Option<usize>,
+}
+
+impl std::fmt::Display for OpOffloadCalibration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "op offload to {}: experts layer {}, upload {:.2} GB/s = {:.1} ms, CPU experts \
+             {:.3} ms per token: ",
+            self.device,
+            crate::placement::human_bytes(self.layer_bytes),
+            self.upload_bytes_per_s / 1e9,
+            self.layer_bytes as f64 / self.upload_bytes_per_s * 1e3,
+            self.cpu_s_per_token * 1e3
+        )?;
+        match self.min_batch {
+            Some(b) => write!(f, "batches of {b}+ tokens stream the experts to the GPU"),
+            None => write!(f, "off (no room on the GPU for a layer's experts)"),
+        }
+    }
+}
+
+impl Model {
+    /// Measure when streaming a layer's host-resident routed experts to the GPU that runs
+    /// its router beats computing them on the CPU (llama.cpp's op offload, whose threshold
+    /// is a fixed 32 tokens): the copy rate of those weights to that GPU, and the CPU's time
+    /// per token for that layer's experts on a batch; streaming pays from
+    /// `upload time / CPU time per token` tokens on (the GPU's own expert time is small next
+    /// to the copy and is not counted). Sets and returns the threshold; `None` when no layer
+    /// has its router on a GPU and its experts in RAM.
+    pub fn calibrate_op_offload(&self, par: &Parallel) -> Result<Option<OpOffloadCalibration>> {
+        let mut pick: Option<(usize, DeviceId, u64)> = None;
+        for (il, (layer, ld)) in self.layers.iter().zip(&self.layer_devices).enumerate() {
+            let Ffn::Moe(m) = &layer.ffn else { continue };
+            if ld.experts != CPU || self.devices.gpu(ld.ffn).is_none() {
+                continue;
+            }
+            let bytes = [&m.gate_exps, &m.up_exps, &m.down_exps]
+                .iter()
+                .map(|t| t.data().len() as u64)
+                .sum::<u64>();
+            if pick.is_none_or(|(_, _, b)| bytes > b) {
+                pick = Some((il, ld.ffn, bytes));
+            }
+        }
+        let Some((il, dev, layer_bytes)) = pick else {
+            self.set_op_offload_min_batch(None);
+            return Ok(None);
+        };
+        let Ffn::Moe(m) = &self.layers[il].ffn else {
+            unreachable!("picked an MoE layer")
+        };
+        let device = self.devices.get(dev);
+        let gpu = self.devices.gpu(dev).expect("picked a GPU").clone();
+
+        // The copy rate, on the layer's own weights (best of three).
+        let src = m.gate_exps.data();
+        let n = src.len().min(64 << 20);
+        let buf = Buffer::new(gpu.backend(), n)?;
+        let mut best = f64::INFINITY;
+        for _ in 0..3 {
+            let t0 = std::time::Instant::now();
+            gpu.backend().upload(buf.ptr(), &src[..n])?;
+            gpu.synchronize()?;
+            best = best.min(t0.elapsed().as_secs_f64());
+        }
+        let upload_bytes_per_s = n as f64 / best.max(1e-9);
+
+        // The CPU's experts on a batch with routes spread over all experts (best of two).
+        let c = &self.config;
+        let n_tok = 32;
+        let h: Vec<f32> = (0..n_tok * c.n_embd)
+            .map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 0.5)
+            .collect();
+        let k = c.n_expert_used;
+        let ids: Vec<i32> = (0..n_tok * k)
+            .map(|i| ((i * 37 + i / k) % c.n_expert) as i32)
+            .collect();
+        let w = vec![1.0 / k as f32; n_tok * k];
+        let mut s = MoeScratch::default();
+        s.set_routes(&ids, &w, c.n_expert)?;
+        let mut cpu = f64::INFINITY;
+        for _ in 0..2 {
+            let t0 = std::time::Instant::now();
+            crate::moe::routed_experts(c, m, &h, n_tok, par, &mut s)?;
+            cpu = cpu.min(t0.elapsed().as_secs_f64());
+        }
+        let cpu_s_per_token = cpu / n_tok as f64;
+
+        let free = device
+            .budget
+            .map_or(u64::MAX, |b| b.saturating_sub(device.stats().resident_bytes));
+        let min_batch = (free >= layer_bytes).then(|| {
+            let upload_s = layer_bytes as f64 / upload_bytes_per_s;
+            ((upload_s / cpu_s_per_token.max(1e-12)).ceil() as usize).max(2)
+        });
+        self.set_op_offload_min_batch(min_batch);
+        Ok(Some(OpOffloadCalibration {
+            device: device.name.clone(),
+            layer_bytes,
+            upload_bytes_per_s,
+            cpu_s_per_token,
+            min_batch,
+        }))
     }
 }

@@ -6,7 +6,7 @@ pub mod bench;
 pub mod config;
 pub mod device;
 pub mod generate;
-mod gpu_forward;
+pub mod gpu_forward;
 pub mod inventory;
 pub mod kv_cache;
 pub mod model;

@@ -121,6 +121,9 @@ pub struct Model {
     pub(crate) gpu_output_norm: Option<moxie_gpu::Buffer>,
     /// GPU work buffers kept between forward passes.
     pub(crate) gpu_scratch: crate::gpu_forward::GpuScratchPool,
+    /// Batches of at least this many tokens stream host-resident routed experts to the GPU
+    /// running their layer's FFN part (`usize::MAX`: never). See [`Model::calibrate_op_offload`].
+    op_offload_min_batch: std::sync::atomic::AtomicUsize,
 }
 
 /// MoE buffers for forward passes: each pass takes a set and gives it back, so concurrent
@@ -370,9 +373,27 @@ impl Model {
             gpu_vectors,
             gpu_output_norm,
             gpu_scratch: Default::default(),
+            op_offload_min_batch: std::sync::atomic::AtomicUsize::new(usize::MAX),
         };
         model.check_types()?;
         Ok(model)
+    }
+
+    /// The batch size from which host-resident routed experts are streamed to the GPU that
+    /// runs their layer's router (llama.cpp's op offload), `None` when never.
+    pub fn op_offload_min_batch(&self) -> Option<usize> {
+        let v = self
+            .op_offload_min_batch
+            .load(std::sync::atomic::Ordering::Relaxed);
+        (v != usize::MAX).then_some(v)
+    }
+
+    /// Set (or turn off, `None`) op offload's batch threshold.
+    pub fn set_op_offload_min_batch(&self, min_batch: Option<usize>) {
+        self.op_offload_min_batch.store(
+            min_batch.unwrap_or(usize::MAX).max(1),
+            std::sync::atomic::Ordering::Relaxed,
+        );
     }
 
     fn check_types(&self) -> Result<()> {
