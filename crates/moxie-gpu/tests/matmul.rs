@@ -110,11 +110,12 @@ const SENTINEL: f32 = -12345.0;
 
 fn dense(gpu: &Gpu, ty: GgmlType, rng: &mut Rng) {
     let block = ty.block_size().max(32);
-    for n_in in [block, 768] {
+    // 768 leaves lanes idle; 2304 (72 chunks) has lanes take two or three chunks.
+    for n_in in [block, 768, 2304] {
         for n_out in [1, 5, 67] {
             let t = Tensor::new(gpu, ty, n_in, n_out, 1, rng);
-            for n_tok in [1, 3, 9] {
-                // Padded strides: tokens 1 value apart more than a row.
+            for n_tok in [1, 3, 9, 17] {
+                // Padded strides: x rows one value longer than n_in, y rows three longer than n_out.
                 let (ldx, ldy) = (n_in + 1, n_out + 3);
                 let x = rng.vec(ldx * n_tok);
                 let xb = Buffer::from_f32(gpu.backend(), &x).unwrap();
@@ -354,4 +355,44 @@ fn bad_arguments_are_errors() {
     gpu.mul_mat_id(&w, p, 0, p, 256, 1, p, 4).unwrap();
     gpu.get_rows(&w, p, 0, p).unwrap();
     gpu.synchronize().unwrap();
+}
+
+/// More routed rows and looked-up rows than CUDA allows in grid y: the launches spread them
+/// over grid y and z.
+#[test]
+fn counts_past_the_grid_y_limit() {
+    let gpu = gpu();
+    let mut rng = Rng(7);
+    let t = Tensor::new(&gpu, GgmlType::Q8_0, 32, 1, 3, &mut rng);
+    let n: usize = 70_000;
+    let ids: Vec<i32> = (0..n as i32).map(|j| j % 4).collect();
+    let idb = Buffer::from_bytes(gpu.backend(), bytemuck::cast_slice(&ids)).unwrap();
+    let x_div = 3;
+    let x = rng.vec(32 * n.div_ceil(x_div));
+    let xb = Buffer::from_f32(gpu.backend(), &x).unwrap();
+    let yb = Buffer::from_f32(gpu.backend(), &vec![SENTINEL; n]).unwrap();
+    gpu.mul_mat_id(&t.w, idb.ptr(), n, xb.ptr(), 32, x_div, yb.ptr(), 1)
+        .unwrap();
+    let y = download(&yb, n);
+    for (j, &e) in ids.iter().enumerate() {
+        if e == 3 {
+            assert_eq!(y[j].to_bits(), 0, "row {j}");
+        } else {
+            let xo = (j / x_div) * 32;
+            assert_close(y[j], t.row(e as usize, 0), &x[xo..xo + 32], &|| {
+                format!("row {j}")
+            });
+        }
+    }
+    let out = Buffer::from_f32(gpu.backend(), &vec![SENTINEL; 32 * n]).unwrap();
+    gpu.get_rows(&t.w, idb.ptr(), n, out.ptr()).unwrap();
+    let got = download(&out, 32 * n);
+    for (j, &e) in ids.iter().enumerate() {
+        let row = &got[32 * j..32 * j + 32];
+        if e == 3 {
+            assert!(row.iter().all(|v| v.to_bits() == 0), "row {j}");
+        } else {
+            assert_eq!(row, &t.rows[e as usize][..], "row {j}");
+        }
+    }
 }
