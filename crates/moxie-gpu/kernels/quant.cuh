@@ -1,0 +1,434 @@
+// Dequantization of every weight type the GPU kernels read, one 32-value chunk at a time.
+//
+// Every type's block is either 32 values (Q4_0 .. Q8_0, IQ4_NL) or a 256-value super-block
+// of eight 32-value chunks (the K-quants, IQ4_XS); F32/F16/BF16 rows are cut into chunks of
+// 32. So `mx_dequant_chunk<TY>(row, c, out)` — chunk c of a row, elements 32c .. 32c+31 —
+// is all a kernel needs to read any type, and the kernels in matmul.cu are generic over TY.
+//
+// The values equal moxie-quant's `dequantize_row_*` (ggml's) bit for bit: the same f32
+// operations in the same order. On the GPU the multiplies and adds go through __fmul_rn /
+// __fadd_rn, which NVRTC never contracts into an FMA (a plain `d * q - m` may become one).
+//
+// Loads: the kernels require the weight's base address to be aligned to mx_type_align
+// (matmul.rs checks it; device allocations are 256-aligned). Since every row and matrix
+// starts a whole number of blocks in, a block's alignment is then the largest power of two
+// (at most 16) dividing its size, and each type loads its fields with the widest accesses
+// that alignment allows (mx_load_words).
+#pragma once
+
+// Type tags (template arguments of the generic kernels).
+#define MX_T_F32 0
+#define MX_T_F16 1
+#define MX_T_BF16 2
+#define MX_T_Q4_0 3
+#define MX_T_Q4_1 4
+#define MX_T_Q5_0 5
+#define MX_T_Q5_1 6
+#define MX_T_Q8_0 7
+#define MX_T_Q2_K 8
+#define MX_T_Q3_K 9
+#define MX_T_Q4_K 10
+#define MX_T_Q5_K 11
+#define MX_T_Q6_K 12
+#define MX_T_IQ4_NL 13
+#define MX_T_IQ4_XS 14
+
+#ifdef __CUDACC_RTC__
+#define MX_FMUL(a, b) __fmul_rn((a), (b))
+#define MX_FADD(a, b) __fadd_rn((a), (b))
+#define MX_FSUB(a, b) __fadd_rn((a), -(b))
+#define MX_UNROLL _Pragma("unroll")
+#else
+#define MX_FMUL(a, b) ((a) * (b))
+#define MX_FADD(a, b) ((a) + (b))
+#define MX_FSUB(a, b) ((a) - (b))
+#define MX_UNROLL
+#endif
+
+struct alignas(16) MxU32x4 {
+    uint32_t a, b, c, d;
+};
+struct alignas(8) MxU32x2 {
+    uint32_t a, b;
+};
+
+// N little-endian 32-bit words from p, read with accesses of ALIGN bytes (p aligned to it).
+template <int ALIGN, int N>
+__device__ __forceinline__ void mx_load_words(const uint8_t* p, uint32_t* w) {
+    if (ALIGN >= 16 && N % 4 == 0) {
+        const MxU32x4* q = (const MxU32x4*)p;
+        MX_UNROLL
+        for (int i = 0; i < N / 4; ++i) {
+            MxU32x4 v = q[i];
+            w[4 * i] = v.a;
+            w[4 * i + 1] = v.b;
+            w[4 * i + 2] = v.c;
+            w[4 * i + 3] = v.d;
+        }
+    } else if (ALIGN >= 8 && N % 2 == 0) {
+        const MxU32x2* q = (const MxU32x2*)p;
+        MX_UNROLL
+        for (int i = 0; i < N / 2; ++i) {
+            MxU32x2 v = q[i];
+            w[2 * i] = v.a;
+            w[2 * i + 1] = v.b;
+        }
+    } else if (ALIGN >= 4) {
+        const uint32_t* q = (const uint32_t*)p;
+        MX_UNROLL
+        for (int i = 0; i < N; ++i) {
+            w[i] = q[i];
+        }
+    } else {
+        const uint16_t* q = (const uint16_t*)p;
+        MX_UNROLL
+        for (int i = 0; i < N; ++i) {
+            w[i] = (uint32_t)q[2 * i] | ((uint32_t)q[2 * i + 1] << 16);
+        }
+    }
+}
+
+// Byte k of the words loaded by mx_load_words.
+__device__ __forceinline__ uint32_t mx_byte(const uint32_t* w, int k) {
+    return (w[k >> 2] >> ((k & 3) * 8)) & 0xffu;
+}
+
+__device__ __forceinline__ uint32_t mx_ld_u16(const uint8_t* p) {
+    return *(const uint16_t*)p;
+}
+
+__device__ __forceinline__ float mx_ld_f16(const uint8_t* p) {
+    return mx_f16_to_f32(*(const uint16_t*)p);
+}
+
+// kvalues_iq4nl, the IQ4_NL / IQ4_XS code book, as packed bytes (no table in memory).
+__device__ __forceinline__ float mx_iq4nl_value(uint32_t q) {
+    const uint64_t lo = 0xF6EADDCFBFAD9881ull; // -127 -104 -83 -65 -49 -35 -22 -10
+    const uint64_t hi = 0x7159453526190D01ull; //    1   13  25  38  53  69  89 113
+    uint64_t w = q < 8u ? lo : hi;
+    return (float)(int8_t)(uint8_t)(w >> ((q & 7u) * 8u));
+}
+
+// ---- float rows -------------------------------------------------------------------------
+
+__device__ __forceinline__ void mx_deq_f32(const uint8_t* row, int c, float* out) {
+    uint32_t w[32];
+    mx_load_words<16, 32>(row + (uint64_t)c * 128u, w);
+    MX_UNROLL
+    for (int i = 0; i < 32; ++i) {
+        out[i] = __uint_as_float(w[i]);
+    }
+}
+
+__device__ __forceinline__ void mx_deq_f16(const uint8_t* row, int c, float* out) {
+    uint32_t w[16];
+    mx_load_words<16, 16>(row + (uint64_t)c * 64u, w);
+    MX_UNROLL
+    for (int i = 0; i < 16; ++i) {
+        out[2 * i] = mx_f16_to_f32((uint16_t)(w[i] & 0xffffu));
+        out[2 * i + 1] = mx_f16_to_f32((uint16_t)(w[i] >> 16));
+    }
+}
+
+__device__ __forceinline__ void mx_deq_bf16(const uint8_t* row, int c, float* out) {
+    uint32_t w[16];
+    mx_load_words<16, 16>(row + (uint64_t)c * 64u, w);
+    MX_UNROLL
+    for (int i = 0; i < 16; ++i) {
+        out[2 * i] = mx_bf16_to_f32((uint16_t)(w[i] & 0xffffu));
+        out[2 * i + 1] = mx_bf16_to_f32((uint16_t)(w[i] >> 16));
+    }
+}
+
+// ---- 32-value blocks (one chunk = one block) ---------------------------------------------
+
+// Q4_0, 18 bytes: d, qs[16]; byte j holds element j (low nibble) and j+16; (q - 8) * d.
+__device__ __forceinline__ void mx_deq_q4_0(const uint8_t* row, int c, float* out) {
+    const uint8_t* b = row + (uint64_t)c * 18u;
+    float d = mx_ld_f16(b);
+    uint32_t q[4];
+    mx_load_words<2, 4>(b + 2, q);
+    MX_UNROLL
+    for (int j = 0; j < 16; ++j) {
+        uint32_t v = mx_byte(q, j);
+        out[j] = MX_FMUL((float)((int)(v & 15u) - 8), d);
+        out[j + 16] = MX_FMUL((float)((int)(v >> 4) - 8), d);
+    }
+}
+
+// Q4_1, 20 bytes: d, m, qs[16]; q * d + m.
+__device__ __forceinline__ void mx_deq_q4_1(const uint8_t* row, int c, float* out) {
+    const uint8_t* b = row + (uint64_t)c * 20u;
+    float d = mx_ld_f16(b);
+    float m = mx_ld_f16(b + 2);
+    uint32_t q[4];
+    mx_load_words<4, 4>(b + 4, q);
+    MX_UNROLL
+    for (int j = 0; j < 16; ++j) {
+        uint32_t v = mx_byte(q, j);
+        out[j] = MX_FADD(MX_FMUL((float)(v & 15u), d), m);
+        out[j + 16] = MX_FADD(MX_FMUL((float)(v >> 4), d), m);
+    }
+}
+
+// Q5_0, 22 bytes: d, qh[4] (bit j: fifth bit of element j), qs[16]; (q - 16) * d.
+__device__ __forceinline__ void mx_deq_q5_0(const uint8_t* row, int c, float* out) {
+    const uint8_t* b = row + (uint64_t)c * 22u;
+    float d = mx_ld_f16(b);
+    uint32_t qh = mx_ld_u16(b + 2) | (mx_ld_u16(b + 4) << 16);
+    uint32_t q[4];
+    mx_load_words<2, 4>(b + 6, q);
+    MX_UNROLL
+    for (int j = 0; j < 16; ++j) {
+        uint32_t v = mx_byte(q, j);
+        uint32_t lo = (v & 15u) | (((qh >> j) << 4) & 0x10u);
+        uint32_t hi = (v >> 4) | ((qh >> (j + 12)) & 0x10u);
+        out[j] = MX_FMUL((float)((int)lo - 16), d);
+        out[j + 16] = MX_FMUL((float)((int)hi - 16), d);
+    }
+}
+
+// Q5_1, 24 bytes: d, m, qh[4], qs[16]; q * d + m.
+__device__ __forceinline__ void mx_deq_q5_1(const uint8_t* row, int c, float* out) {
+    const uint8_t* b = row + (uint64_t)c * 24u;
+    float d = mx_ld_f16(b);
+    float m = mx_ld_f16(b + 2);
+    uint32_t qh = *(const uint32_t*)(b + 4);
+    uint32_t q[4];
+    mx_load_words<8, 4>(b + 8, q);
+    MX_UNROLL
+    for (int j = 0; j < 16; ++j) {
+        uint32_t v = mx_byte(q, j);
+        uint32_t lo = (v & 15u) | (((qh >> j) << 4) & 0x10u);
+        uint32_t hi = (v >> 4) | ((qh >> (j + 12)) & 0x10u);
+        out[j] = MX_FADD(MX_FMUL((float)lo, d), m);
+        out[j + 16] = MX_FADD(MX_FMUL((float)hi, d), m);
+    }
+}
+
+// Q8_0, 34 bytes: d, qs[32] (int8); q * d.
+__device__ __forceinline__ void mx_deq_q8_0(const uint8_t* row, int c, float* out) {
+    const uint8_t* b = row + (uint64_t)c * 34u;
+    float d = mx_ld_f16(b);
+    uint32_t q[8];
+    mx_load_words<2, 8>(b + 2, q);
+    MX_UNROLL
+    for (int j = 0; j < 32; ++j) {
+        out[j] = MX_FMUL((float)(int8_t)(uint8_t)mx_byte(q, j), d);
+    }
+}
+
+// IQ4_NL, 18 bytes: d, qs[16] (nibbles as Q4_0); d * kvalues[q].
+__device__ __forceinline__ void mx_deq_iq4_nl(const uint8_t* row, int c, float* out) {
+    const uint8_t* b = row + (uint64_t)c * 18u;
+    float d = mx_ld_f16(b);
+    uint32_t q[4];
+    mx_load_words<2, 4>(b + 2, q);
+    MX_UNROLL
+    for (int j = 0; j < 16; ++j) {
+        uint32_t v = mx_byte(q, j);
+        out[j] = MX_FMUL(d, mx_iq4nl_value(v & 15u));
+        out[j + 16] = MX_FMUL(d, mx_iq4nl_value(v >> 4));
+    }
+}
+
+// ---- 256-value super-blocks (chunk c = sub-block c % 8 of super-block c / 8) -------------
+
+// Q2_K, 84 bytes: scales[16] (low nibble scale, high nibble min, one per 16 values),
+// qs[64], d, dmin. Sub-block s (0..7) reads the 2-bit field 2*(s%4) of qs[32*(s/4) ..][32]
+// with scales 2s (first 16 values) and 2s+1; value d*sc * q - dmin*m.
+__device__ __forceinline__ void mx_deq_q2_k(const uint8_t* row, int c, float* out) {
+    const uint8_t* b = row + (uint64_t)(c >> 3) * 84u;
+    int s = c & 7;
+    uint32_t sc = mx_ld_u16(b + 2 * s);
+    uint32_t q[8];
+    mx_load_words<4, 8>(b + 16 + 32 * (s >> 2), q);
+    float d = mx_ld_f16(b + 80);
+    float dmin = mx_ld_f16(b + 82);
+    int shift = 2 * (s & 3);
+    MX_UNROLL
+    for (int part = 0; part < 2; ++part) {
+        uint32_t scp = (sc >> (8 * part)) & 0xffu;
+        float dl = MX_FMUL(d, (float)(scp & 0xfu));
+        float ml = MX_FMUL(dmin, (float)(scp >> 4));
+        MX_UNROLL
+        for (int l = 0; l < 16; ++l) {
+            float qv = (float)((mx_byte(q, 16 * part + l) >> shift) & 3u);
+            out[16 * part + l] = MX_FSUB(MX_FMUL(dl, qv), ml);
+        }
+    }
+}
+
+// Q3_K, 110 bytes: hmask[32], qs[64], scales[12] (16 six-bit scales), d. Sub-block s reads
+// the 2-bit field 2*(s%4) of qs[32*(s/4) ..][32] and bit s of hmask (clear: subtract 4),
+// scales 2s and 2s+1; value d*(scale - 32) * q.
+__device__ __forceinline__ int mx_q3_k_scale(const uint8_t* sc, int is) {
+    uint32_t lo = ((uint32_t)sc[is & 7] >> (4 * (is >> 3))) & 0xfu;
+    uint32_t hi = ((uint32_t)sc[8 + (is & 3)] >> (2 * (is >> 2))) & 3u;
+    return (int)(lo | (hi << 4)) - 32;
+}
+
+__device__ __forceinline__ void mx_deq_q3_k(const uint8_t* row, int c, float* out) {
+    const uint8_t* b = row + (uint64_t)(c >> 3) * 110u;
+    int s = c & 7;
+    uint32_t hm[8];
+    uint32_t q[8];
+    mx_load_words<2, 8>(b, hm);
+    mx_load_words<2, 8>(b + 32 + 32 * (s >> 2), q);
+    float d_all = mx_ld_f16(b + 108);
+    int shift = 2 * (s & 3);
+    uint32_t m = 1u << s;
+    MX_UNROLL
+    for (int part = 0; part < 2; ++part) {
+        float dl = MX_FMUL(d_all, (float)mx_q3_k_scale(b + 96, 2 * s + part));
+        MX_UNROLL
+        for (int l = 16 * part; l < 16 * part + 16; ++l) {
+            int v = (int)((mx_byte(q, l) >> shift) & 3u) - ((mx_byte(hm, l) & m) ? 0 : 4);
+            out[l] = MX_FMUL(dl, (float)v);
+        }
+    }
+}
+
+// The 6-bit scale and min of sub-block j of Q4_K / Q5_K (get_scale_min_k4) from the 12
+// scale bytes at `s` (byte loads: j is not a compile-time constant).
+__device__ __forceinline__ void mx_scale_min_k4(const uint8_t* s, int j, uint32_t* sc,
+                                                uint32_t* mn) {
+    if (j < 4) {
+        *sc = (uint32_t)s[j] & 63u;
+        *mn = (uint32_t)s[j + 4] & 63u;
+    } else {
+        *sc = ((uint32_t)s[j + 4] & 0xfu) | (((uint32_t)s[j - 4] >> 6) << 4);
+        *mn = ((uint32_t)s[j + 4] >> 4) | (((uint32_t)s[j] >> 6) << 4);
+    }
+}
+
+// Q4_K, 144 bytes: d, dmin, scales[12], qs[128]. Sub-block s: nibble s%2 of
+// qs[32*(s/2) ..][32]; value d*sc * q - dmin*m.
+__device__ __forceinline__ void mx_deq_q4_k(const uint8_t* row, int c, float* out) {
+    const uint8_t* b = row + (uint64_t)(c >> 3) * 144u;
+    int s = c & 7;
+    float d = mx_ld_f16(b);
+    float dmin = mx_ld_f16(b + 2);
+    uint32_t sc, mn;
+    mx_scale_min_k4(b + 4, s, &sc, &mn);
+    float d1 = MX_FMUL(d, (float)sc);
+    float m1 = MX_FMUL(dmin, (float)mn);
+    uint32_t q[8];
+    mx_load_words<16, 8>(b + 16 + 32 * (s >> 1), q);
+    int shift = 4 * (s & 1);
+    MX_UNROLL
+    for (int l = 0; l < 32; ++l) {
+        float qv = (float)((mx_byte(q, l) >> shift) & 0xfu);
+        out[l] = MX_FSUB(MX_FMUL(d1, qv), m1);
+    }
+}
+
+// Q5_K, 176 bytes: d, dmin, scales[12], qh[32], qs[128]. As Q4_K, plus bit s of qh[l] as
+// the fifth bit (16).
+__device__ __forceinline__ void mx_deq_q5_k(const uint8_t* row, int c, float* out) {
+    const uint8_t* b = row + (uint64_t)(c >> 3) * 176u;
+    int s = c & 7;
+    float d = mx_ld_f16(b);
+    float dmin = mx_ld_f16(b + 2);
+    uint32_t sc, mn;
+    mx_scale_min_k4(b + 4, s, &sc, &mn);
+    float d1 = MX_FMUL(d, (float)sc);
+    float m1 = MX_FMUL(dmin, (float)mn);
+    uint32_t qh[8];
+    uint32_t q[8];
+    mx_load_words<16, 8>(b + 16, qh);
+    mx_load_words<16, 8>(b + 48 + 32 * (s >> 1), q);
+    int shift = 4 * (s & 1);
+    MX_UNROLL
+    for (int l = 0; l < 32; ++l) {
+        uint32_t v = ((mx_byte(q, l) >> shift) & 0xfu) + (((mx_byte(qh, l) >> s) & 1u) << 4);
+        out[l] = MX_FSUB(MX_FMUL(d1, (float)v), m1);
+    }
+}
+
+// Q6_K, 210 bytes: ql[128], qh[64], scales[16] (int8, one per 16 values), d. Sub-block s of
+// half h = s/4, k = s%4: low 4 bits are nibble k/2 of ql[64h + 32(k%2) ..][32], high 2 bits
+// are field 2k of qh[32h ..][32]; value d*scale * (q - 32).
+__device__ __forceinline__ void mx_deq_q6_k(const uint8_t* row, int c, float* out) {
+    const uint8_t* b = row + (uint64_t)(c >> 3) * 210u;
+    int s = c & 7;
+    int h = s >> 2;
+    int k = s & 3;
+    uint32_t ql[8];
+    uint32_t qh[8];
+    mx_load_words<2, 8>(b + 64 * h + 32 * (k & 1), ql);
+    mx_load_words<2, 8>(b + 128 + 32 * h, qh);
+    uint32_t sc = mx_ld_u16(b + 192 + 2 * s);
+    float d = mx_ld_f16(b + 208);
+    int lshift = 4 * (k >> 1);
+    int hshift = 2 * k;
+    MX_UNROLL
+    for (int part = 0; part < 2; ++part) {
+        float dl = MX_FMUL(d, (float)(int8_t)(uint8_t)((sc >> (8 * part)) & 0xffu));
+        MX_UNROLL
+        for (int l = 16 * part; l < 16 * part + 16; ++l) {
+            uint32_t v = ((mx_byte(ql, l) >> lshift) & 0xfu) | (((mx_byte(qh, l) >> hshift) & 3u) << 4);
+            out[l] = MX_FMUL(dl, (float)((int)v - 32));
+        }
+    }
+}
+
+// IQ4_XS, 136 bytes: d, scales_h (u16), scales_l[4], qs[128]. Sub-block s: 6-bit scale
+// ls = nibble s%2 of scales_l[s/2] | bits 2s..2s+1 of scales_h << 4, qs[16s ..][16] as
+// IQ4_NL; value d*(ls - 32) * kvalues[q].
+__device__ __forceinline__ void mx_deq_iq4_xs(const uint8_t* row, int c, float* out) {
+    const uint8_t* b = row + (uint64_t)(c >> 3) * 136u;
+    int s = c & 7;
+    float d = mx_ld_f16(b);
+    uint32_t sh = mx_ld_u16(b + 2);
+    uint32_t sl = b[4 + (s >> 1)];
+    int ls = (int)(((sl >> (4 * (s & 1))) & 0xfu) | (((sh >> (2 * s)) & 3u) << 4));
+    float dl = MX_FMUL(d, (float)(ls - 32));
+    uint32_t q[4];
+    mx_load_words<8, 4>(b + 8 + 16 * s, q);
+    MX_UNROLL
+    for (int j = 0; j < 16; ++j) {
+        uint32_t v = mx_byte(q, j);
+        out[j] = MX_FMUL(dl, mx_iq4nl_value(v & 15u));
+        out[j + 16] = MX_FMUL(dl, mx_iq4nl_value(v >> 4));
+    }
+}
+
+// ---- dispatch --------------------------------------------------------------------------
+
+// Chunk c of a row (elements 32c .. 32c+31) of type TY into out[32]; TY is a constant, so
+// the branches fold away.
+template <int TY>
+__device__ __forceinline__ void mx_dequant_chunk(const uint8_t* row, int c, float* out) {
+    if (TY == MX_T_F32) {
+        mx_deq_f32(row, c, out);
+    } else if (TY == MX_T_F16) {
+        mx_deq_f16(row, c, out);
+    } else if (TY == MX_T_BF16) {
+        mx_deq_bf16(row, c, out);
+    } else if (TY == MX_T_Q4_0) {
+        mx_deq_q4_0(row, c, out);
+    } else if (TY == MX_T_Q4_1) {
+        mx_deq_q4_1(row, c, out);
+    } else if (TY == MX_T_Q5_0) {
+        mx_deq_q5_0(row, c, out);
+    } else if (TY == MX_T_Q5_1) {
+        mx_deq_q5_1(row, c, out);
+    } else if (TY == MX_T_Q8_0) {
+        mx_deq_q8_0(row, c, out);
+    } else if (TY == MX_T_Q2_K) {
+        mx_deq_q2_k(row, c, out);
+    } else if (TY == MX_T_Q3_K) {
+        mx_deq_q3_k(row, c, out);
+    } else if (TY == MX_T_Q4_K) {
+        mx_deq_q4_k(row, c, out);
+    } else if (TY == MX_T_Q5_K) {
+        mx_deq_q5_k(row, c, out);
+    } else if (TY == MX_T_Q6_K) {
+        mx_deq_q6_k(row, c, out);
+    } else if (TY == MX_T_IQ4_NL) {
+        mx_deq_iq4_nl(row, c, out);
+    } else if (TY == MX_T_IQ4_XS) {
+        mx_deq_iq4_xs(row, c, out);
+    }
+}

@@ -1,9 +1,17 @@
-//! PLACEHOLDER until the gpu-quant branch lands (same API).
+//! Products with weight matrices of every ggml block type moxie reads: `mul_mat` (dense and
+//! batched per head), `mul_mat_id` (routed experts picked per token) and `get_rows`
+//! (embedding rows), launching the per-type kernels of `kernels/matmul.cu`.
+//!
+//! The kernels dequantize 32-value chunks exactly as moxie-quant does (`kernels/quant.cuh`)
+//! and accumulate the products in f32: one warp per output row, lanes over the row's chunks,
+//! up to eight tokens per pass over the row.
+
 use moxie_quant::GgmlType;
 
-use crate::{DevPtr, Error, Gpu, Result};
+use crate::{Arg, DevPtr, Error, Gpu, LaunchConfig, Result};
 
-/// A weight tensor in device memory.
+/// A weight tensor in device memory: `n_mat` matrices (ggml ne\[2\]) of `n_out` rows (ne\[1\])
+/// of `n_in` values (ne\[0\]) of type `ty`, rows contiguous, matrices contiguous.
 #[derive(Clone, Copy, Debug)]
 pub struct Weight {
     pub ptr: DevPtr,
@@ -13,11 +21,146 @@ pub struct Weight {
     pub n_mat: usize,
 }
 
-#[allow(clippy::too_many_arguments, unused_variables)]
-impl Gpu {
-    pub fn supports(ty: GgmlType) -> bool {
-        false
+impl Weight {
+    /// Bytes of one row (whole blocks; `n_in` is a multiple of the block size for every
+    /// weight the kernels accept).
+    pub fn row_bytes(&self) -> usize {
+        self.n_in / self.ty.block_size() * self.ty.type_size()
     }
+
+    /// Bytes of one matrix.
+    pub fn mat_bytes(&self) -> usize {
+        self.row_bytes() * self.n_out
+    }
+}
+
+/// The kernels of one weight type, and the alignment their loads need of the weight's base
+/// address (the widest access `quant.cuh` makes: the largest power of two, at most 16,
+/// dividing the block size, for whole-row types that of a 32-value chunk).
+struct Kernels {
+    mul_mat: &'static str,
+    mul_mat_id: &'static str,
+    get_rows: &'static str,
+    align: u64,
+}
+
+fn kernels(ty: GgmlType) -> Option<&'static Kernels> {
+    macro_rules! k {
+        ($name:literal, $align:expr) => {
+            &Kernels {
+                mul_mat: concat!("mul_mat_", $name),
+                mul_mat_id: concat!("mul_mat_id_", $name),
+                get_rows: concat!("get_rows_", $name),
+                align: $align,
+            }
+        };
+    }
+    use GgmlType::*;
+    Some(match ty {
+        F32 => k!("f32", 16),
+        F16 => k!("f16", 16),
+        BF16 => k!("bf16", 16),
+        Q4_0 => k!("q4_0", 2),
+        Q4_1 => k!("q4_1", 4),
+        Q5_0 => k!("q5_0", 2),
+        Q5_1 => k!("q5_1", 8),
+        Q8_0 => k!("q8_0", 2),
+        Q2_K => k!("q2_k", 4),
+        Q3_K => k!("q3_k", 2),
+        Q4_K => k!("q4_k", 16),
+        Q5_K => k!("q5_k", 16),
+        Q6_K => k!("q6_k", 2),
+        IQ4_NL => k!("iq4_nl", 2),
+        IQ4_XS => k!("iq4_xs", 8),
+        _ => return None,
+    })
+}
+
+/// Output rows per block of `mul_mat` / `mul_mat_id` (one warp each).
+const ROWS_PER_BLOCK: usize = 4;
+/// Threads per block of `get_rows` (one 32-value chunk each).
+const GET_ROWS_THREADS: usize = 64;
+/// CUDA's limit on grid y and z.
+const GRID_YZ_MAX: usize = 65535;
+
+/// Grid y and z covering `n` (the kernels index `blockIdx.z * gridDim.y + blockIdx.y` and
+/// skip indices from `n` on). `n` is at most `i32::MAX`, well within 65535².
+fn grid_yz(n: usize) -> [u32; 2] {
+    if n <= GRID_YZ_MAX {
+        [n as u32, 1]
+    } else {
+        [GRID_YZ_MAX as u32, n.div_ceil(GRID_YZ_MAX) as u32]
+    }
+}
+
+fn arg_error(kernel: &str, msg: String) -> Error {
+    Error::Kernel {
+        kernel: kernel.to_string(),
+        msg,
+    }
+}
+
+/// `v` as a kernel's `int`, or an error naming `what`.
+fn int(kernel: &str, what: &str, v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| arg_error(kernel, format!("{what} = {v} exceeds i32::MAX")))
+}
+
+/// The kernel `pick` chooses for `w`'s type, after checking what every launch needs of the
+/// weight.
+fn check_weight(w: &Weight, pick: fn(&Kernels) -> &'static str) -> Result<&'static str> {
+    let k = kernels(w.ty).ok_or_else(|| {
+        Error::Unsupported(format!("{} weights are not supported on the GPU", w.ty))
+    })?;
+    let name = pick(k);
+    let block = w.ty.block_size().max(32);
+    if !w.n_in.is_multiple_of(block) {
+        return Err(arg_error(
+            name,
+            format!(
+                "n_in = {} is not a multiple of {block} ({} weights)",
+                w.n_in, w.ty
+            ),
+        ));
+    }
+    if !w.ptr.is_multiple_of(k.align) {
+        return Err(arg_error(
+            name,
+            format!(
+                "weight address {:#x} is not aligned to {} bytes",
+                w.ptr, k.align
+            ),
+        ));
+    }
+    int(name, "n_in", w.n_in)?;
+    int(name, "n_out", w.n_out)?;
+    int(name, "n_mat", w.n_mat)?;
+    w.n_out
+        .checked_mul(w.n_mat)
+        .and_then(|rows| rows.checked_mul(w.row_bytes()))
+        .ok_or_else(|| arg_error(name, "weight size overflows".to_string()))?;
+    Ok(name)
+}
+
+fn check_align4(kernel: &str, what: &str, p: DevPtr) -> Result<()> {
+    if !p.is_multiple_of(4) {
+        return Err(arg_error(
+            kernel,
+            format!("{what} address {p:#x} is not aligned to 4 bytes"),
+        ));
+    }
+    Ok(())
+}
+
+impl Gpu {
+    /// Whether the GPU kernels handle weights of type `ty`.
+    pub fn supports(ty: GgmlType) -> bool {
+        kernels(ty).is_some()
+    }
+
+    /// `y[t*ldy + b*y_batch + r] = Σ_i W_b[r][i] · x[t*ldx + b*x_batch + i]` for rows
+    /// `r < w.n_out`, tokens `t < n_tok` and matrices `b < n_batch` (matrix `b` of `w`; a
+    /// dense product is `n_batch = 1`). Strides are in f32 elements.
+    #[allow(clippy::too_many_arguments)]
     pub fn mul_mat(
         &self,
         w: &Weight,
@@ -30,8 +173,56 @@ impl Gpu {
         y_batch: usize,
         n_tok: usize,
     ) -> Result<()> {
-        Err(Error::Unsupported("placeholder".into()))
+        let name = check_weight(w, |k| k.mul_mat)?;
+        if n_batch > w.n_mat {
+            return Err(arg_error(
+                name,
+                format!(
+                    "n_batch = {n_batch} exceeds the weight's {} matrices",
+                    w.n_mat
+                ),
+            ));
+        }
+        if n_tok > 1 && ldy < w.n_out {
+            return Err(arg_error(
+                name,
+                format!("ldy = {ldy} is less than n_out = {}", w.n_out),
+            ));
+        }
+        check_align4(name, "x", x)?;
+        check_align4(name, "y", y)?;
+        if n_batch == 0 || n_tok == 0 || w.n_out == 0 {
+            return Ok(());
+        }
+        let args = [
+            Arg::Ptr(w.ptr),
+            Arg::U64(w.row_bytes() as u64),
+            Arg::U64(w.mat_bytes() as u64),
+            Arg::I32(int(name, "n_in", w.n_in)?),
+            Arg::I32(int(name, "n_out", w.n_out)?),
+            Arg::I32(int(name, "n_batch", n_batch)?),
+            Arg::Ptr(x),
+            Arg::I32(int(name, "ldx", ldx)?),
+            Arg::I32(int(name, "x_batch", x_batch)?),
+            Arg::Ptr(y),
+            Arg::I32(int(name, "ldy", ldy)?),
+            Arg::I32(int(name, "y_batch", y_batch)?),
+            Arg::I32(int(name, "n_tok", n_tok)?),
+        ];
+        let [gy, gz] = grid_yz(n_batch);
+        let cfg = LaunchConfig {
+            grid: [w.n_out.div_ceil(ROWS_PER_BLOCK) as u32, gy, gz],
+            block: [32, ROWS_PER_BLOCK as u32, 1],
+            shared_bytes: 0,
+        };
+        self.backend().launch(name, cfg, &args)
     }
+
+    /// Routed experts: for `j < n_ids`, with `e = ids[j]` (device `i32`s),
+    /// `y[j*ldy + r] = Σ_i W_e[r][i] · x[(j / x_div)*ldx + i]` — gate and up projections
+    /// read their token's row (`x_div` = experts per token), down projections their own row
+    /// (`x_div = 1`). An id outside `0..w.n_mat` gives a row of zeros.
+    #[allow(clippy::too_many_arguments)]
     pub fn mul_mat_id(
         &self,
         w: &Weight,
@@ -43,9 +234,112 @@ impl Gpu {
         y: DevPtr,
         ldy: usize,
     ) -> Result<()> {
-        Err(Error::Unsupported("placeholder".into()))
+        let name = check_weight(w, |k| k.mul_mat_id)?;
+        if x_div == 0 {
+            return Err(arg_error(name, "x_div = 0".to_string()));
+        }
+        if n_ids > 1 && ldy < w.n_out {
+            return Err(arg_error(
+                name,
+                format!("ldy = {ldy} is less than n_out = {}", w.n_out),
+            ));
+        }
+        check_align4(name, "x", x)?;
+        check_align4(name, "y", y)?;
+        check_align4(name, "ids", ids)?;
+        if n_ids == 0 || w.n_out == 0 {
+            return Ok(());
+        }
+        let args = [
+            Arg::Ptr(w.ptr),
+            Arg::U64(w.row_bytes() as u64),
+            Arg::U64(w.mat_bytes() as u64),
+            Arg::I32(int(name, "n_in", w.n_in)?),
+            Arg::I32(int(name, "n_out", w.n_out)?),
+            Arg::I32(int(name, "n_mat", w.n_mat)?),
+            Arg::Ptr(ids),
+            Arg::I32(int(name, "n_ids", n_ids)?),
+            Arg::Ptr(x),
+            Arg::I32(int(name, "ldx", ldx)?),
+            Arg::I32(int(name, "x_div", x_div)?),
+            Arg::Ptr(y),
+            Arg::I32(int(name, "ldy", ldy)?),
+        ];
+        let [gy, gz] = grid_yz(n_ids);
+        let cfg = LaunchConfig {
+            grid: [w.n_out.div_ceil(ROWS_PER_BLOCK) as u32, gy, gz],
+            block: [32, ROWS_PER_BLOCK as u32, 1],
+            shared_bytes: 0,
+        };
+        self.backend().launch(name, cfg, &args)
     }
+
+    /// Embedding lookup: `out[j*n_in + i] = W[rows[j]][i]` as f32 for `j < n`, with `rows`
+    /// device `i32`s counting through all `n_out · n_mat` rows of `w`, matrix after matrix.
+    /// An id outside that range gives zeros. The values are exactly moxie-quant's
+    /// dequantization.
     pub fn get_rows(&self, w: &Weight, rows: DevPtr, n: usize, out: DevPtr) -> Result<()> {
-        Err(Error::Unsupported("placeholder".into()))
+        let name = check_weight(w, |k| k.get_rows)?;
+        check_align4(name, "rows", rows)?;
+        check_align4(name, "out", out)?;
+        let n_chunks = w.n_in / 32;
+        if n == 0 || n_chunks == 0 {
+            return Ok(());
+        }
+        // `n_out * n_mat` does not overflow: check_weight checked it times row_bytes.
+        let n_rows = int(name, "n_out * n_mat", w.n_out * w.n_mat)?;
+        let args = [
+            Arg::Ptr(w.ptr),
+            Arg::U64(w.row_bytes() as u64),
+            Arg::I32(int(name, "n_in", w.n_in)?),
+            Arg::I32(n_rows),
+            Arg::Ptr(rows),
+            Arg::I32(int(name, "n", n)?),
+            Arg::Ptr(out),
+        ];
+        let [gy, gz] = grid_yz(n);
+        let cfg = LaunchConfig {
+            grid: [n_chunks.div_ceil(GET_ROWS_THREADS) as u32, gy, gz],
+            block: [GET_ROWS_THREADS as u32, 1, 1],
+            shared_bytes: 0,
+        };
+        self.backend().launch(name, cfg, &args)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grid_yz_covers_large_counts() {
+        assert_eq!(grid_yz(1), [1, 1]);
+        assert_eq!(grid_yz(65535), [65535, 1]);
+        assert_eq!(grid_yz(65536), [65535, 2]);
+        let n = i32::MAX as usize;
+        let [y, z] = grid_yz(n);
+        assert!(z as usize <= GRID_YZ_MAX);
+        assert!(y as usize * z as usize >= n);
+    }
+
+    #[test]
+    fn every_dequantizable_weight_type_has_kernels() {
+        for ty in GgmlType::ALL {
+            let deq = moxie_quant::dequantize_fn(ty).is_some();
+            // Q8_1 and Q8_K are activation formats, never weights.
+            let activation = matches!(ty, GgmlType::Q8_1 | GgmlType::Q8_K);
+            assert_eq!(Gpu::supports(ty), deq && !activation, "{ty}");
+        }
+        for ty in GgmlType::ALL.into_iter().filter(|t| Gpu::supports(*t)) {
+            let k = kernels(ty).unwrap();
+            // Blocks (and 32-value chunks of float rows) keep the base alignment.
+            let unit = if ty.block_size() == 1 {
+                32 * ty.type_size()
+            } else {
+                ty.type_size()
+            } as u64;
+            assert_eq!(unit % k.align, 0, "{ty}");
+            assert!(k.align.is_power_of_two() && k.align <= 16);
+        }
     }
 }

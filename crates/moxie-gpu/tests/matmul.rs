@@ -1,0 +1,398 @@
+//! The weight kernels of `kernels/matmul.cu` on the emulated GPU, for every weight type:
+//! `mul_mat` (dense and batched per head), `mul_mat_id` (routed experts) and `get_rows`,
+//! against moxie-quant's dequantization (`dequantize_fn`) with f64 dot products.
+
+use std::sync::Arc;
+
+use moxie_gpu::emu::EmuGpu;
+use moxie_gpu::{Buffer, Error, Gpu, GpuBackend, Weight};
+use moxie_quant::GgmlType;
+
+/// xorshift64*: reproducible test data without a dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// Uniform in [-1, 1).
+    fn unit(&mut self) -> f32 {
+        ((self.next() >> 40) as f32 / (1u64 << 23) as f32) - 1.0
+    }
+
+    fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.unit()).collect()
+    }
+}
+
+fn gpu() -> Gpu {
+    let backend: Arc<dyn GpuBackend> = EmuGpu::new("EMU0", 256 << 20);
+    Gpu::new(backend)
+}
+
+/// A quantized weight tensor on the device, with its rows dequantized on the host.
+struct Tensor {
+    _buf: Buffer,
+    w: Weight,
+    /// `n_mat * n_out` rows of `n_in` values, as moxie-quant dequantizes them.
+    rows: Vec<Vec<f32>>,
+}
+
+impl Tensor {
+    fn new(
+        gpu: &Gpu,
+        ty: GgmlType,
+        n_in: usize,
+        n_out: usize,
+        n_mat: usize,
+        rng: &mut Rng,
+    ) -> Tensor {
+        let quantize = moxie_quant::quantize_weights_fn(ty).unwrap();
+        let dequantize = moxie_quant::dequantize_fn(ty).unwrap();
+        let row_bytes = ty.row_bytes(n_in as u64).unwrap() as usize;
+        let mut bytes = vec![0u8; row_bytes * n_out * n_mat];
+        let mut rows = Vec::with_capacity(n_out * n_mat);
+        for (i, dst) in bytes.chunks_exact_mut(row_bytes).enumerate() {
+            // Rows of different magnitudes, so that scales vary.
+            let scale = 0.05 + (i % 7) as f32 * 0.4;
+            let src: Vec<f32> = rng.vec(n_in).iter().map(|v| v * scale).collect();
+            quantize(&src, dst);
+            let mut row = vec![0f32; n_in];
+            dequantize(dst, &mut row);
+            rows.push(row);
+        }
+        let buf = Buffer::from_bytes(gpu.backend(), &bytes).unwrap();
+        let w = Weight {
+            ptr: buf.ptr(),
+            ty,
+            n_in,
+            n_out,
+            n_mat,
+        };
+        assert_eq!(w.row_bytes(), row_bytes);
+        Tensor { _buf: buf, w, rows }
+    }
+
+    fn row(&self, mat: usize, r: usize) -> &[f32] {
+        &self.rows[mat * self.w.n_out + r]
+    }
+}
+
+/// `Σ w·x` in f64, and `Σ |w·x|` (the scale of f32 rounding errors in the sum).
+fn dot(w: &[f32], x: &[f32]) -> (f64, f64) {
+    w.iter().zip(x).fold((0.0, 0.0), |(s, a), (&w, &x)| {
+        let p = w as f64 * x as f64;
+        (s + p, a + p.abs())
+    })
+}
+
+fn assert_close(got: f32, w: &[f32], x: &[f32], what: &dyn Fn() -> String) {
+    let (want, mag) = dot(w, x);
+    let err = (got as f64 - want).abs();
+    assert!(
+        err <= 1e-5 * mag + 1e-30,
+        "{}: got {got}, want {want} (err {err:e}, Σ|w·x| {mag:e})",
+        what()
+    );
+}
+
+fn download(buf: &Buffer, n: usize) -> Vec<f32> {
+    let mut v = vec![0f32; n];
+    buf.read_f32(0, &mut v).unwrap();
+    v
+}
+
+const SENTINEL: f32 = -12345.0;
+
+fn dense(gpu: &Gpu, ty: GgmlType, rng: &mut Rng) {
+    let block = ty.block_size().max(32);
+    // 768 leaves lanes idle; 2304 (72 chunks) has lanes take two or three chunks.
+    for n_in in [block, 768, 2304] {
+        for n_out in [1, 5, 67] {
+            let t = Tensor::new(gpu, ty, n_in, n_out, 1, rng);
+            for n_tok in [1, 3, 9, 17] {
+                // Padded strides: x rows one value longer than n_in, y rows three longer than n_out.
+                let (ldx, ldy) = (n_in + 1, n_out + 3);
+                let x = rng.vec(ldx * n_tok);
+                let xb = Buffer::from_f32(gpu.backend(), &x).unwrap();
+                let yb = Buffer::from_f32(gpu.backend(), &vec![SENTINEL; ldy * n_tok]).unwrap();
+                gpu.mul_mat(&t.w, 1, xb.ptr(), ldx, 0, yb.ptr(), ldy, 0, n_tok)
+                    .unwrap();
+                let y = download(&yb, ldy * n_tok);
+                for tok in 0..n_tok {
+                    for r in 0..ldy {
+                        let got = y[tok * ldy + r];
+                        if r >= n_out {
+                            assert_eq!(got, SENTINEL, "{ty} wrote past n_out");
+                            continue;
+                        }
+                        let xt = &x[tok * ldx..tok * ldx + n_in];
+                        assert_close(got, t.row(0, r), xt, &|| {
+                            format!(
+                                "{ty} n_in {n_in} n_out {n_out} n_tok {n_tok}: tok {tok} row {r}"
+                            )
+                        });
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Per-head products: matrix b of the weight with head b of each token's row
+/// (x[t*ldx + b*x_batch + i], y[t*ldy + b*y_batch + r]).
+fn batched(gpu: &Gpu, ty: GgmlType, rng: &mut Rng) {
+    let block = ty.block_size().max(32);
+    let (n_in, n_out, n_mat, n_batch, n_tok) = (2 * block, 6, 4, 3, 5);
+    let t = Tensor::new(gpu, ty, n_in, n_out, n_mat, rng);
+    let (x_batch, ldx) = (n_in + 2, n_batch * (n_in + 2) + 4);
+    let (y_batch, ldy) = (n_out, n_batch * n_out + 1);
+    let x = rng.vec(ldx * n_tok);
+    let xb = Buffer::from_f32(gpu.backend(), &x).unwrap();
+    let yb = Buffer::from_f32(gpu.backend(), &vec![SENTINEL; ldy * n_tok]).unwrap();
+    gpu.mul_mat(
+        &t.w,
+        n_batch,
+        xb.ptr(),
+        ldx,
+        x_batch,
+        yb.ptr(),
+        ldy,
+        y_batch,
+        n_tok,
+    )
+    .unwrap();
+    let y = download(&yb, ldy * n_tok);
+    for tok in 0..n_tok {
+        for b in 0..n_batch {
+            for r in 0..n_out {
+                let xo = tok * ldx + b * x_batch;
+                assert_close(
+                    y[tok * ldy + b * y_batch + r],
+                    t.row(b, r),
+                    &x[xo..xo + n_in],
+                    &|| format!("{ty} batched: tok {tok} batch {b} row {r}"),
+                );
+            }
+        }
+        assert_eq!(
+            y[tok * ldy + ldy - 1],
+            SENTINEL,
+            "{ty} batched wrote padding"
+        );
+    }
+}
+
+/// Routed experts with repeated and out-of-range ids, for gate/up (x_div 2) and down
+/// (x_div 1) layouts.
+fn routed(gpu: &Gpu, ty: GgmlType, rng: &mut Rng) {
+    let block = ty.block_size().max(32);
+    let (n_in, n_out, n_mat) = (2 * block, 7, 4);
+    let t = Tensor::new(gpu, ty, n_in, n_out, n_mat, rng);
+    let ids: Vec<i32> = vec![2, 0, 2, 9, 3, -1, 1, 2];
+    let idb = Buffer::from_bytes(gpu.backend(), bytemuck::cast_slice(&ids)).unwrap();
+    for x_div in [1, 2] {
+        let n_x = ids.len().div_ceil(x_div);
+        let ldx = n_in + 5;
+        let ldy = n_out + 1;
+        let x = rng.vec(ldx * n_x);
+        let xb = Buffer::from_f32(gpu.backend(), &x).unwrap();
+        let yb = Buffer::from_f32(gpu.backend(), &vec![SENTINEL; ldy * ids.len()]).unwrap();
+        gpu.mul_mat_id(
+            &t.w,
+            idb.ptr(),
+            ids.len(),
+            xb.ptr(),
+            ldx,
+            x_div,
+            yb.ptr(),
+            ldy,
+        )
+        .unwrap();
+        let y = download(&yb, ldy * ids.len());
+        for (j, &e) in ids.iter().enumerate() {
+            for r in 0..n_out {
+                let got = y[j * ldy + r];
+                if !(0..n_mat as i32).contains(&e) {
+                    assert_eq!(
+                        got.to_bits(),
+                        0,
+                        "{ty} id {e} out of range: row {r} = {got}"
+                    );
+                    continue;
+                }
+                let xo = (j / x_div) * ldx;
+                assert_close(got, t.row(e as usize, r), &x[xo..xo + n_in], &|| {
+                    format!("{ty} routed x_div {x_div}: j {j} expert {e} row {r}")
+                });
+            }
+            assert_eq!(y[j * ldy + n_out], SENTINEL, "{ty} routed wrote padding");
+        }
+    }
+}
+
+/// Embedding rows: exactly moxie-quant's values; ids count through all matrices; bad ids
+/// give zeros.
+fn get_rows(gpu: &Gpu, ty: GgmlType, rng: &mut Rng) {
+    // 3 chunks per 256 block row and more than one get_rows block of chunks (64 per block).
+    let n_in = if ty.block_size() == 256 { 2304 } else { 2080 };
+    let (n_out, n_mat) = (5, 2);
+    let t = Tensor::new(gpu, ty, n_in, n_out, n_mat, rng);
+    let n_rows = (n_out * n_mat) as i32;
+    let ids: Vec<i32> = vec![3, 0, n_rows - 1, -1, n_rows, 7, 3, i32::MAX];
+    let idb = Buffer::from_bytes(gpu.backend(), bytemuck::cast_slice(&ids)).unwrap();
+    let out = Buffer::from_f32(gpu.backend(), &vec![SENTINEL; n_in * ids.len()]).unwrap();
+    gpu.get_rows(&t.w, idb.ptr(), ids.len(), out.ptr()).unwrap();
+    let got = download(&out, n_in * ids.len());
+    for (j, &id) in ids.iter().enumerate() {
+        let row = &got[j * n_in..(j + 1) * n_in];
+        if (0..n_rows).contains(&id) {
+            let want = &t.rows[id as usize];
+            for (i, (g, w)) in row.iter().zip(want).enumerate() {
+                assert_eq!(
+                    g.to_bits(),
+                    w.to_bits(),
+                    "{ty} get_rows id {id} value {i}: {g} != {w}"
+                );
+            }
+        } else {
+            assert!(
+                row.iter().all(|v| v.to_bits() == 0),
+                "{ty} get_rows id {id} not zeros"
+            );
+        }
+    }
+}
+
+fn check_type(ty: GgmlType) {
+    assert!(Gpu::supports(ty));
+    let gpu = gpu();
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ ty.id() as u64);
+    dense(&gpu, ty, &mut rng);
+    batched(&gpu, ty, &mut rng);
+    routed(&gpu, ty, &mut rng);
+    get_rows(&gpu, ty, &mut rng);
+}
+
+macro_rules! type_tests {
+    ($($name:ident: $ty:ident,)*) => {
+        $(
+            #[test]
+            fn $name() {
+                check_type(GgmlType::$ty);
+            }
+        )*
+    };
+}
+
+type_tests! {
+    f32: F32,
+    f16: F16,
+    bf16: BF16,
+    q4_0: Q4_0,
+    q4_1: Q4_1,
+    q5_0: Q5_0,
+    q5_1: Q5_1,
+    q8_0: Q8_0,
+    q2_k: Q2_K,
+    q3_k: Q3_K,
+    q4_k: Q4_K,
+    q5_k: Q5_K,
+    q6_k: Q6_K,
+    iq4_nl: IQ4_NL,
+    iq4_xs: IQ4_XS,
+}
+
+#[test]
+fn bad_arguments_are_errors() {
+    let gpu = gpu();
+    let buf = Buffer::new(gpu.backend(), 1 << 16).unwrap();
+    let w = Weight {
+        ptr: buf.ptr(),
+        ty: GgmlType::Q4_K,
+        n_in: 256,
+        n_out: 4,
+        n_mat: 2,
+    };
+    let p = buf.ptr();
+    // Unsupported types.
+    for ty in [GgmlType::IQ2_XXS, GgmlType::Q8_K, GgmlType::I32] {
+        let w = Weight { ty, ..w };
+        match gpu.mul_mat(&w, 1, p, 256, 0, p, 4, 0, 1) {
+            Err(Error::Unsupported(msg)) => {
+                assert_eq!(msg, format!("{ty} weights are not supported on the GPU"))
+            }
+            other => panic!("{ty}: {other:?}"),
+        }
+        assert!(matches!(
+            gpu.get_rows(&w, p, 1, p),
+            Err(Error::Unsupported(_))
+        ));
+    }
+    // n_in not a whole number of blocks.
+    let odd = Weight { n_in: 288, ..w };
+    assert!(gpu.mul_mat(&odd, 1, p, 288, 0, p, 4, 0, 1).is_err());
+    let odd = Weight {
+        ty: GgmlType::F16,
+        n_in: 48,
+        ..w
+    };
+    assert!(gpu.get_rows(&odd, p, 1, p).is_err());
+    // More batches than matrices, overlapping outputs, misaligned pointers, x_div 0.
+    assert!(gpu.mul_mat(&w, 3, p, 256, 256, p, 4, 4, 1).is_err());
+    assert!(gpu.mul_mat(&w, 1, p, 256, 0, p, 3, 0, 2).is_err());
+    assert!(gpu.mul_mat(&w, 1, p + 2, 256, 0, p, 4, 0, 1).is_err());
+    let shifted = Weight { ptr: p + 8, ..w };
+    assert!(gpu.mul_mat(&shifted, 1, p, 256, 0, p, 4, 0, 1).is_err());
+    assert!(gpu.mul_mat_id(&w, p, 1, p, 256, 0, p, 4).is_err());
+    // Zero sizes launch nothing and succeed.
+    gpu.mul_mat(&w, 0, p, 256, 0, p, 4, 0, 1).unwrap();
+    gpu.mul_mat(&w, 1, p, 256, 0, p, 4, 0, 0).unwrap();
+    gpu.mul_mat_id(&w, p, 0, p, 256, 1, p, 4).unwrap();
+    gpu.get_rows(&w, p, 0, p).unwrap();
+    gpu.synchronize().unwrap();
+}
+
+/// More routed rows and looked-up rows than CUDA allows in grid y: the launches spread them
+/// over grid y and z.
+#[test]
+fn counts_past_the_grid_y_limit() {
+    let gpu = gpu();
+    let mut rng = Rng(7);
+    let t = Tensor::new(&gpu, GgmlType::Q8_0, 32, 1, 3, &mut rng);
+    let n: usize = 70_000;
+    let ids: Vec<i32> = (0..n as i32).map(|j| j % 4).collect();
+    let idb = Buffer::from_bytes(gpu.backend(), bytemuck::cast_slice(&ids)).unwrap();
+    let x_div = 3;
+    let x = rng.vec(32 * n.div_ceil(x_div));
+    let xb = Buffer::from_f32(gpu.backend(), &x).unwrap();
+    let yb = Buffer::from_f32(gpu.backend(), &vec![SENTINEL; n]).unwrap();
+    gpu.mul_mat_id(&t.w, idb.ptr(), n, xb.ptr(), 32, x_div, yb.ptr(), 1)
+        .unwrap();
+    let y = download(&yb, n);
+    for (j, &e) in ids.iter().enumerate() {
+        if e == 3 {
+            assert_eq!(y[j].to_bits(), 0, "row {j}");
+        } else {
+            let xo = (j / x_div) * 32;
+            assert_close(y[j], t.row(e as usize, 0), &x[xo..xo + 32], &|| {
+                format!("row {j}")
+            });
+        }
+    }
+    let out = Buffer::from_f32(gpu.backend(), &vec![SENTINEL; 32 * n]).unwrap();
+    gpu.get_rows(&t.w, idb.ptr(), n, out.ptr()).unwrap();
+    let got = download(&out, 32 * n);
+    for (j, &e) in ids.iter().enumerate() {
+        let row = &got[32 * j..32 * j + 32];
+        if e == 3 {
+            assert!(row.iter().all(|v| v.to_bits() == 0), "row {j}");
+        } else {
+            assert_eq!(row, &t.rows[e as usize][..], "row {j}");
+        }
+    }
+}
