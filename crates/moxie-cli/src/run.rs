@@ -186,11 +186,9 @@ pub(crate) fn plan_and_load(
             }
         }
         n => {
-            let n: usize = n
-                .parse()
-                .ok()
-                .filter(|&n| n > 0)
-                .with_context(|| format!("--op-offload takes auto, off or a token count, not '{n}'"))?;
+            let n: usize = n.parse().ok().filter(|&n| n > 0).with_context(|| {
+                format!("--op-offload takes auto, off or a token count, not '{n}'")
+            })?;
             model.set_op_offload_min_batch(Some(n));
         }
     }

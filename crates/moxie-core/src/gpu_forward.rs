@@ -652,7 +652,16 @@ impl<'m> GpuPass<'m> {
         gpu.backend()
             .upload(weights, bytemuck::cast_slice(&w_host))?;
         let out = self.buf(id, "exp_out", n * e)?;
-        self.routed_experts(gpu, id, Self::resident_experts(m)?, hd, ids, weights, out, false)?;
+        self.routed_experts(
+            gpu,
+            id,
+            Self::resident_experts(m)?,
+            hd,
+            ids,
+            weights,
+            out,
+            false,
+        )?;
         let mut sum = vec![0f32; n * e];
         gpu.backend()
             .download(out, bytemuck::cast_slice_mut(&mut sum))?;
@@ -808,9 +817,9 @@ impl Model {
         }
         let cpu_s_per_token = cpu / n_tok as f64;
 
-        let free = device
-            .budget
-            .map_or(u64::MAX, |b| b.saturating_sub(device.stats().resident_bytes));
+        let free = device.budget.map_or(u64::MAX, |b| {
+            b.saturating_sub(device.stats().resident_bytes)
+        });
         let min_batch = (free >= layer_bytes).then(|| {
             let upload_s = layer_bytes as f64 / upload_bytes_per_s;
             ((upload_s / cpu_s_per_token.max(1e-12)).ceil() as usize).max(2)

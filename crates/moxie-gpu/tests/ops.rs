@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use moxie_gpu::emu::EmuGpu;
 use moxie_gpu::ops::{AttnShape, KvView};
-use moxie_gpu::{Buffer, GpuBackend, Gpu};
+use moxie_gpu::{Buffer, Gpu, GpuBackend};
 
 /// Deterministic values in [-1, 1).
 fn values(n: usize, seed: u64) -> Vec<f32> {
@@ -80,7 +80,11 @@ fn elementwise_ops() {
     let bias = values(10, 5);
     let biasb = upload(&g, &bias);
     g.add_bias(ab.ptr(), biasb.ptr(), n, 10).unwrap();
-    let biased: Vec<f32> = sum.iter().enumerate().map(|(i, v)| v + bias[i % 10]).collect();
+    let biased: Vec<f32> = sum
+        .iter()
+        .enumerate()
+        .map(|(i, v)| v + bias[i % 10])
+        .collect();
     assert_eq!(read(&ab, n), biased);
     g.swiglu(ab.ptr(), bb.ptr(), n).unwrap();
     let want: Vec<f32> = biased
@@ -115,14 +119,28 @@ fn rope_normal_and_neox_with_offset() {
     for neox in [false, true] {
         let xb = upload(&g, &x);
         let cb = upload(&g, &cs);
-        g.rope(xb.ptr(), cb.ptr(), n_tok, n_head, hd, n_head * hd, offset, n_pairs, neox)
-            .unwrap();
+        g.rope(
+            xb.ptr(),
+            cb.ptr(),
+            n_tok,
+            n_head,
+            hd,
+            n_head * hd,
+            offset,
+            n_pairs,
+            neox,
+        )
+        .unwrap();
         let mut want = x.clone();
         for t in 0..n_tok {
             for h in 0..n_head {
                 let base = t * n_head * hd + h * hd + offset;
                 for i in 0..n_pairs {
-                    let (a, b) = if neox { (i, i + n_pairs) } else { (2 * i, 2 * i + 1) };
+                    let (a, b) = if neox {
+                        (i, i + n_pairs)
+                    } else {
+                        (2 * i, 2 * i + 1)
+                    };
                     let (c, s) = (cs[(t * n_pairs + i) * 2], cs[(t * n_pairs + i) * 2 + 1]);
                     let (x0, x1) = (want[base + a], want[base + b]);
                     want[base + a] = x0.mul_add(c, -(x1 * s));
@@ -213,7 +231,11 @@ fn attention_gqa_and_mla_shapes_over_several_tiles() {
             let v_row = if mla { k_row } else { nkv * dv };
             let q = values(n_tok * nh * dk, 9);
             let mut k = values(n_pos * k_row, 10);
-            let mut v = if mla { k.clone() } else { values(n_pos * v_row, 11) };
+            let mut v = if mla {
+                k.clone()
+            } else {
+                values(n_pos * v_row, 11)
+            };
             if f16 {
                 for x in k.iter_mut().chain(v.iter_mut()) {
                     *x = half::f16::from_f32(*x).to_f32();
@@ -274,7 +296,9 @@ fn moe_sum_weights_each_tokens_rows() {
         let want: Vec<f32> = (0..n_tok * e)
             .map(|i| {
                 let (t, d) = (i / e, i % e);
-                let s: f32 = (0..k).map(|j| w[t * k + j] * rows[(t * k + j) * e + d]).sum();
+                let s: f32 = (0..k)
+                    .map(|j| w[t * k + j] * rows[(t * k + j) * e + d])
+                    .sum();
                 if accumulate {
                     base[i] + s
                 } else {

@@ -1,0 +1,515 @@
+//! The GPU forward pass, run by the CPU emulator of the CUDA kernels (`moxie_gpu::emu`):
+//! every fixture model all on one GPU, on the hybrid split users run (`-ngl 999 --cpu-moe`:
+//! routed experts in RAM, the rest on the GPU), and on a mixed split over two GPUs and the
+//! CPU (attention, FFN part and routed experts of a layer on different devices, both
+//! directions of the experts' crossing), against the all-CPU logits.
+//!
+//! The GPU computes with f32 activations where ggml's CPU path converts them to 8-bit blocks
+//! for quantized weights, so the logits agree within the core issue's KLD bounds, not bit for
+//! bit: F32 files mean KLD ≤ 1e-5 and top-1 ≥ 99%. For a quantized file the bound is
+//! max(2e-3, KLD(file ‖ its F32 master) / 10), both run here on the CPU, applied per position
+//! as the golden tests do for runs whose summation order differs from llama.cpp's (median
+//! position within the bound, at most one position in 20 beyond 10× it: MoE routing flips on
+//! near-tied experts), and top-1 ≥ 90%. Top-1 is compared only where the CPU's top-1 leads by
+//! more than 0.1 (the tiny models have near-ties, as the fixtures' README notes). The floor is 2e-3, not the core issue's 1e-3: that
+//! is the size of the activation-quantization gap itself (the fixtures' README,
+//! `dequant_f32_check`: an engine multiplying exactly with dequantized weights differs from
+//! llama.cpp's quantized runs by up to 0.012 mean KLD on these files; measured here, the
+//! median position of Q8_0 files sits at 1.1-1.3e-3).
+//!
+//! On a machine with an NVIDIA GPU the same comparison runs on the real device:
+//! `cargo test -p moxie-core --features cuda --test gpu_emu -- --ignored`.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use moxie_core::device::{DeviceId, Devices, CPU};
+use moxie_core::model::Placement;
+use moxie_core::{Logits, Model, Parallel};
+use moxie_gguf::GgufFile;
+use moxie_gpu::emu::EmuGpu;
+use moxie_gpu::Gpu;
+
+mod common;
+use common::fixtures;
+
+const GPU0: DeviceId = 1;
+const GPU1: DeviceId = 2;
+
+/// The CPU and two emulated GPUs.
+fn two_gpus() -> Devices {
+    let mut d = Devices::cpu_only();
+    for name in ["CUDA0", "CUDA1"] {
+        d.push_gpu(Gpu::new(EmuGpu::new(name, 1 << 30)), 1 << 30);
+    }
+    d
+}
+
+/// The CPU and the machine's first CUDA GPU, twice (as "two" GPUs sharing its memory).
+#[cfg(feature = "cuda")]
+fn cuda_gpus() -> Devices {
+    let gpu = moxie_gpu::cuda::CudaGpu::open(0).expect("a CUDA GPU");
+    let mut d = Devices::cpu_only();
+    for _ in 0..2 {
+        d.push_gpu(Gpu::new(gpu.clone()), 4 << 30);
+    }
+    d
+}
+
+fn block(name: &str) -> Option<(usize, &str)> {
+    let rest = name.strip_prefix("blk.")?;
+    let (il, rest) = rest.split_once('.')?;
+    Some((il.parse().ok()?, rest))
+}
+
+/// Which stage of its layer a tensor belongs to.
+enum Part {
+    Attn,
+    Ffn,
+    Experts,
+}
+
+fn part(rest: &str) -> Part {
+    if rest.contains("_exps") {
+        Part::Experts
+    } else if rest.starts_with("ffn_")
+        || rest.starts_with("exp_probs_b")
+        || rest.starts_with("post_attention_norm")
+    {
+        Part::Ffn
+    } else {
+        Part::Attn
+    }
+}
+
+/// Place each tensor by `f(layer, part)`; tensors outside blocks by `outside(name)`.
+fn placement(
+    file: &GgufFile,
+    devices: Devices,
+    f: impl Fn(usize, Part) -> DeviceId,
+    outside: impl Fn(&str) -> DeviceId,
+) -> Placement {
+    let mut tensors = HashMap::new();
+    for t in file.tensors() {
+        let dev = match block(&t.name) {
+            None => outside(&t.name),
+            Some((il, rest)) => f(il, part(rest)),
+        };
+        tensors.insert(t.name.clone(), dev);
+    }
+    Placement { devices, tensors }
+}
+
+/// Everything on GPU0, the token embeddings included.
+fn all_gpu(file: &GgufFile, devices: Devices) -> Placement {
+    placement(file, devices, |_, _| GPU0, |_| GPU0)
+}
+
+/// `-ngl 999 --cpu-moe`: routed experts and token embeddings in RAM, the rest on GPU0.
+fn hybrid(file: &GgufFile, devices: Devices) -> Placement {
+    placement(
+        file,
+        devices,
+        |_, p| match p {
+            Part::Experts => CPU,
+            _ => GPU0,
+        },
+        |name| {
+            if name.starts_with("token_embd") {
+                CPU
+            } else {
+                GPU0
+            }
+        },
+    )
+}
+
+/// Layer 0: attention on the CPU, FFN and experts on GPU0. Layer 1: attention on GPU1, FFN
+/// on GPU0, experts on the CPU. Layer 2: attention on GPU0, FFN on the CPU, experts on GPU1.
+/// Output on GPU1.
+fn mixed(file: &GgufFile, devices: Devices) -> Placement {
+    placement(
+        file,
+        devices,
+        |il, p| match (il % 3, p) {
+            (0, Part::Attn) => CPU,
+            (0, _) => GPU0,
+            (1, Part::Attn) => GPU1,
+            (1, Part::Ffn) => GPU0,
+            (1, Part::Experts) => CPU,
+            (_, Part::Attn) => GPU0,
+            (_, Part::Ffn) => CPU,
+            (_, Part::Experts) => GPU1,
+        },
+        |name| {
+            if name.starts_with("token_embd") {
+                CPU
+            } else {
+                GPU1
+            }
+        },
+    )
+}
+
+/// Prefill of 19 tokens (all logits), then 3 one-token steps (decode paths).
+fn run(model: &Model, par: &Parallel) -> Vec<f32> {
+    let n_vocab = model.config.n_vocab as u32;
+    let tokens: Vec<u32> = (0..22u32).map(|i| (i * 37 + 5) % n_vocab).collect();
+    let mut cache = model.new_cache(Some(64)).unwrap();
+    let mut all = model
+        .forward(&tokens[..19], &mut cache, par, Logits::All)
+        .unwrap();
+    for &t in &tokens[19..] {
+        all.extend(model.forward(&[t], &mut cache, par, Logits::Last).unwrap());
+    }
+    all
+}
+
+fn log_softmax(x: &[f32]) -> Vec<f64> {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let lse = x.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln() + max;
+    x.iter().map(|&v| v as f64 - lse).collect()
+}
+
+fn kld_per_row(a: &[f32], b: &[f32], n_vocab: usize) -> Vec<f64> {
+    (0..a.len() / n_vocab)
+        .map(|r| {
+            let lp = log_softmax(&a[r * n_vocab..(r + 1) * n_vocab]);
+            let lq = log_softmax(&b[r * n_vocab..(r + 1) * n_vocab]);
+            lp.iter().zip(&lq).map(|(p, q)| p.exp() * (p - q)).sum()
+        })
+        .collect()
+}
+
+fn argmax(x: &[f32]) -> usize {
+    x.iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1))
+        .map_or(0, |(i, _)| i)
+}
+
+/// Check `got` against the CPU's `want` within the bounds of the module doc (`bound`: the
+/// quantized file's, `None` for an F32 file).
+fn agree(name: &str, how: &str, bound: Option<f64>, want: &[f32], got: &[f32], n_vocab: usize) {
+    assert_eq!(want.len(), got.len(), "{name} {how}: logits length");
+    assert!(
+        got.iter().all(|v| v.is_finite()),
+        "{name} {how}: non-finite logits"
+    );
+    let klds = kld_per_row(want, got, n_vocab);
+    let mean = klds.iter().sum::<f64>() / klds.len() as f64;
+    let mut sorted = klds.clone();
+    sorted.sort_by(f64::total_cmp);
+    let median = sorted[sorted.len() / 2];
+    let outliers = klds
+        .iter()
+        .filter(|&&k| k > 10.0 * bound.unwrap_or(1e-5))
+        .count();
+    let rows = klds.len();
+    // Top-1 must agree where the CPU's top-1 is not near-tied (the fixtures' greedy
+    // continuations have top1-top2 margins down to 0.000).
+    let clear = |r: usize| {
+        let row = &want[r * n_vocab..(r + 1) * n_vocab];
+        let top = argmax(row);
+        let second = row
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| i != top)
+            .map(|(_, v)| *v)
+            .fold(f32::NEG_INFINITY, f32::max);
+        row[top] - second > 0.1
+    };
+    let same_top1 = (0..rows)
+        .filter(|&r| {
+            !clear(r)
+                || argmax(&want[r * n_vocab..(r + 1) * n_vocab])
+                    == argmax(&got[r * n_vocab..(r + 1) * n_vocab])
+        })
+        .count();
+    eprintln!(
+        "{name} {how}: mean KLD {mean:.2e}, median {median:.2e}, bound {:.1e}, {outliers} of \
+         {rows} over 10x, top-1 {same_top1}/{rows}",
+        bound.unwrap_or(1e-5)
+    );
+    match bound {
+        None => {
+            assert!(mean <= 1e-5, "{name} {how}: mean KLD {mean:.3e} > 1e-5");
+            assert!(
+                same_top1 * 100 >= rows * 99,
+                "{name} {how}: top-1 agrees on {same_top1} of {rows}"
+            );
+        }
+        Some(b) => {
+            assert!(
+                median <= b && outliers * 20 <= rows,
+                "{name} {how}: median KLD {median:.3e} (bound {b:.1e}), {outliers} of {rows} \
+                 positions beyond 10x"
+            );
+            assert!(
+                same_top1 * 100 >= rows * 90,
+                "{name} {how}: top-1 agrees on {same_top1} of {rows}"
+            );
+        }
+    }
+}
+
+fn open(path: &Path) -> Arc<GgufFile> {
+    Arc::new(GgufFile::open(path).unwrap())
+}
+
+fn check_file(path: &Path, par: &Parallel, devices: fn() -> Devices) -> bool {
+    let file = open(path);
+    let Ok(cpu) = Model::load(Arc::clone(&file)) else {
+        return false;
+    };
+    let name = path.file_name().unwrap().to_string_lossy().to_string();
+    let n_vocab = cpu.config.n_vocab;
+    let want = run(&cpu, par);
+    let bound = if name.contains("-F32") {
+        None
+    } else {
+        // The file's own quantization error, against its F32 master on the same tokens.
+        let arch = name.split("-tiny-").next().unwrap();
+        let master = fixtures()
+            .join("models")
+            .join(format!("{arch}-tiny-F32.gguf"));
+        let master = run(&Model::load(open(&master)).unwrap(), par);
+        let k = kld_per_row(&master, &want, n_vocab);
+        Some((k.iter().sum::<f64>() / k.len() as f64 / 10.0).max(2e-3))
+    };
+    for (how, place) in [
+        ("all-GPU", all_gpu as fn(&GgufFile, Devices) -> Placement),
+        ("hybrid --cpu-moe", hybrid),
+        ("mixed over 2 GPUs + CPU", mixed),
+    ] {
+        let model = Model::load_placed(Arc::clone(&file), &place(&file, devices()))
+            .unwrap_or_else(|e| panic!("{name} {how}: {e}"));
+        let got = run(&model, par);
+        agree(&name, how, bound, &want, &got, n_vocab);
+        // The GPUs that hold something were crossed into and out of.
+        for (dev, s) in &model.devices.stats()[1..] {
+            if s.resident_bytes > 0 {
+                assert!(s.copies_in > 0, "{name} {how}: {dev}: {s:?}");
+            }
+        }
+    }
+    true
+}
+
+fn fixture_models() -> Vec<PathBuf> {
+    let dir = fixtures().join("models");
+    let mut paths: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "gguf"))
+        .collect();
+    paths.sort();
+    paths
+}
+
+#[test]
+fn emulated_gpu_matches_cpu_on_every_fixture() {
+    let par = Parallel::new(2);
+    let checked = fixture_models()
+        .iter()
+        .filter(|p| check_file(p, &par, two_gpus))
+        .count();
+    assert!(
+        checked >= 17,
+        "expected the fixture models, checked {checked}"
+    );
+}
+
+/// The same on a real GPU (CUDA0): `cargo test -p moxie-core --features cuda --test gpu_emu
+/// -- --ignored`.
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn cuda_gpu_matches_cpu_on_every_fixture() {
+    let par = Parallel::new(2);
+    let checked = fixture_models()
+        .iter()
+        .filter(|p| check_file(p, &par, cuda_gpus))
+        .count();
+    assert!(
+        checked >= 17,
+        "expected the fixture models, checked {checked}"
+    );
+}
+
+#[test]
+fn budgets_and_unsupported_caches_are_clear_errors() {
+    let path = fixtures().join("models/qwen3moe-tiny-Q4_K_M.gguf");
+    let file = open(&path);
+    // A GPU too small for the weights: refused naming the device.
+    let mut small = Devices::cpu_only();
+    small.push_gpu(Gpu::new(EmuGpu::new("CUDA0", 1 << 30)), 64 << 10);
+    let p = all_gpu(&file, small);
+    let err = Model::load_placed(Arc::clone(&file), &p)
+        .err()
+        .expect("over budget")
+        .to_string();
+    assert!(
+        err.contains("CUDA0") && err.contains("out of memory"),
+        "{err}"
+    );
+    // A q8_0 cache for GPU attention is refused with what to use instead.
+    let model = Model::load_placed(Arc::clone(&file), &hybrid(&file, two_gpus())).unwrap();
+    let types = moxie_core::kv_cache::KvTypes {
+        k: moxie_quant::GgmlType::Q8_0,
+        v: moxie_quant::GgmlType::Q8_0,
+    };
+    let err = model
+        .new_cache_typed(Some(64), types)
+        .err()
+        .expect("q8_0 on the GPU")
+        .to_string();
+    assert!(err.contains("CUDA0") && err.contains("-ctk"), "{err}");
+    // GPU memory is given back with the model.
+    let devices = model.devices.clone();
+    assert!(devices.get(GPU0).stats().resident_bytes > 0);
+    drop(model);
+    assert_eq!(devices.get(GPU0).stats().resident_bytes, 0);
+}
+
+/// The GPU's routing kernel picks the experts and weights `route_top_k` does: softmax and
+/// sigmoid gating, selection bias, group-limited selection, normalisation and scale.
+#[test]
+fn gpu_routing_matches_route_top_k() {
+    use moxie_core::config::Gating;
+    use moxie_gpu::ops::RouteSpec;
+    use moxie_gpu::Buffer;
+    let path = fixtures().join("models/deepseek2-tiny-F32.gguf");
+    let base = Model::load(open(&path)).unwrap().config;
+    let gpu = Gpu::new(EmuGpu::new("CUDA0", 1 << 26));
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed >> 40) as f32 / (1u64 << 24) as f32 * 4.0 - 2.0
+    };
+    for (gating, groups, used, norm, scale, with_bias) in [
+        (Gating::Sigmoid, 1, 1, true, 2.5, true),
+        (Gating::Softmax, 1, 1, true, 1.0, false),
+        (Gating::Softmax, 1, 1, false, 1.0, false),
+        (Gating::Sigmoid, 4, 2, true, 2.5, true),
+    ] {
+        let mut c = base.clone();
+        c.gating = gating;
+        c.n_expert_groups = groups;
+        c.n_group_used = used;
+        c.expert_weights_norm = norm;
+        c.expert_weights_scale = scale;
+        let (n_tok, ne, k) = (7, c.n_expert, c.n_expert_used);
+        let logits: Vec<f32> = (0..n_tok * ne).map(|_| next()).collect();
+        let bias: Vec<f32> = (0..ne).map(|_| next() * 0.05).collect();
+        let lb = Buffer::from_f32(gpu.backend(), &logits).unwrap();
+        let bb = Buffer::from_f32(gpu.backend(), &bias).unwrap();
+        let ids = Buffer::new(gpu.backend(), n_tok * k * 4).unwrap();
+        let w = Buffer::new(gpu.backend(), n_tok * k * 4).unwrap();
+        let spec = RouteSpec {
+            n_expert: ne,
+            k,
+            sigmoid: gating == Gating::Sigmoid,
+            n_groups: groups,
+            n_group_used: used,
+            norm,
+            scale,
+        };
+        let bias_ptr = with_bias.then(|| bb.ptr());
+        gpu.route(spec, lb.ptr(), bias_ptr, ids.ptr(), w.ptr(), n_tok)
+            .unwrap();
+        let mut got_ids = vec![0u8; n_tok * k * 4];
+        ids.read(0, &mut got_ids).unwrap();
+        let mut got_w = vec![0f32; n_tok * k];
+        w.read_f32(0, &mut got_w).unwrap();
+        for t in 0..n_tok {
+            let want = moxie_core::model::route_top_k(
+                &c,
+                &logits[t * ne..(t + 1) * ne],
+                with_bias.then_some(&bias[..]),
+            );
+            for (j, &(e, wt)) in want.iter().enumerate() {
+                let i = t * k + j;
+                let got_e = i32::from_ne_bytes(got_ids[4 * i..4 * i + 4].try_into().unwrap());
+                assert_eq!(
+                    got_e as usize, e,
+                    "{gating:?} groups {groups}: token {t} slot {j}"
+                );
+                assert!(
+                    (got_w[i] - wt).abs() <= 1e-5 * wt.abs().max(1.0),
+                    "{gating:?}: weight {} vs {wt}",
+                    got_w[i]
+                );
+            }
+        }
+    }
+}
+
+/// Op offload: with the threshold at 8 tokens, the 19-token prefill of the hybrid split streams
+/// each layer's RAM-resident experts to the GPU (counted uploads of their bytes) and the
+/// one-token steps do not; the logits stay within the bounds. Calibration measures a
+/// threshold (at least 2 tokens, so decode never streams).
+#[test]
+fn op_offload_streams_ram_experts_for_large_batches() {
+    let path = fixtures().join("models/deepseek2-tiny-F32.gguf");
+    let file = open(&path);
+    let par = Parallel::new(2);
+    let cpu = Model::load(Arc::clone(&file)).unwrap();
+    let want = run(&cpu, &par);
+    let model = Model::load_placed(Arc::clone(&file), &hybrid(&file, two_gpus())).unwrap();
+    let cal = model
+        .calibrate_op_offload(&par)
+        .unwrap()
+        .expect("a hybrid split");
+    assert!(cal.min_batch.is_some_and(|b| b >= 2), "{cal}");
+    assert!(
+        cal.upload_bytes_per_s > 0.0 && cal.cpu_s_per_token > 0.0,
+        "{cal}"
+    );
+    eprintln!("{cal}");
+
+    let expert_bytes: u64 = file
+        .tensors()
+        .iter()
+        .filter(|t| t.name.contains("_exps"))
+        .map(|t| t.n_bytes)
+        .sum();
+    let bytes_in = |m: &Model| m.devices.get(GPU0).stats().bytes_in;
+    model.set_op_offload_min_batch(None);
+    let before = bytes_in(&model);
+    let plain = run(&model, &par);
+    let plain_in = bytes_in(&model) - before;
+    model.set_op_offload_min_batch(Some(8));
+    let before = bytes_in(&model);
+    let streamed = run(&model, &par);
+    let streamed_in = bytes_in(&model) - before;
+    // The prefill uploads every MoE layer's experts once instead of its experts' weighted sum
+    // (19 rows per MoE layer); decode crosses as before.
+    let moe_layers = (0..cpu.config.n_layer)
+        .filter(|il| {
+            file.tensor(&format!("blk.{il}.ffn_up_exps.weight"))
+                .is_some()
+        })
+        .count() as u64;
+    let sums = moe_layers * 19 * cpu.config.n_embd as u64 * 4;
+    assert_eq!(streamed_in + sums - plain_in, expert_bytes);
+    agree(
+        "deepseek2-tiny-F32",
+        "op offload",
+        None,
+        &want,
+        &streamed,
+        cpu.config.n_vocab,
+    );
+    agree(
+        "deepseek2-tiny-F32",
+        "no offload",
+        None,
+        &want,
+        &plain,
+        cpu.config.n_vocab,
+    );
+}
