@@ -285,6 +285,20 @@ impl<'d> Resident<'d> {
         self.on = on;
     }
 
+    /// Replace the rows with what `write` puts into host-side device `on`'s buffer (no
+    /// crossing; the buffer's allocation is reused).
+    pub fn fill(
+        &mut self,
+        on: DeviceId,
+        write: impl FnOnce(&mut Vec<f32>) -> Result<()>,
+    ) -> Result<()> {
+        let buf = &mut self.bufs[on];
+        write(buf)?;
+        self.len = buf.len();
+        self.on = on;
+        Ok(())
+    }
+
     /// Mark the rows as now written in GPU `on`'s buffer (by kernels), `len` values.
     pub fn loaded_on_gpu(&mut self, on: DeviceId, len: usize) -> Result<DevPtr> {
         self.len = len;

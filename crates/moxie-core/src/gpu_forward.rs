@@ -102,10 +102,16 @@ impl LayerVectors {
 }
 
 /// Named work buffers of one GPU, grown on demand and kept between forward passes (held
-/// against the device's budget).
+/// against the device's budget), and the host-side buffers of its transfers, so decode
+/// allocates neither.
 #[derive(Default)]
 pub(crate) struct GpuScratch {
     bufs: HashMap<&'static str, (Buffer, Reservation)>,
+    /// Expert ids and weights crossing with the host.
+    host_ids: Vec<i32>,
+    host_w: Vec<f32>,
+    /// The RoPE table flattened for upload; routed experts' sums from the host.
+    host_rows: Vec<f32>,
 }
 
 impl GpuScratch {
@@ -167,36 +173,33 @@ fn ptr(b: &Option<Buffer>, what: &str) -> Result<DevPtr> {
 
 const F32: usize = 4;
 
-/// One forward pass's GPU state: per GPU, the RoPE table of this batch and work buffers.
+/// One forward pass's GPU state: per GPU used, the RoPE table of this batch and work buffers
+/// (nothing is done for a pass that touches no GPU).
 pub(crate) struct GpuPass<'m> {
     model: &'m Model,
     n: usize,
     pos0: usize,
     /// (cos, sin) per token and rotated pair, as the CPU path computes them.
-    rope_host: Vec<f32>,
+    rope: &'m [Vec<(f32, f32)>],
     n_pairs: usize,
     devs: Vec<Option<DevPass>>,
 }
 
 struct DevPass {
     gpu: Gpu,
-    rope: Option<Buffer>,
+    /// This batch's RoPE table in the work buffer "rope" (none without rotated pairs).
+    rope: Option<DevPtr>,
     scratch: GpuScratch,
 }
 
 impl<'m> GpuPass<'m> {
-    pub(crate) fn new(model: &'m Model, rope: &[Vec<(f32, f32)>], pos0: usize) -> GpuPass<'m> {
-        let n_pairs = rope.first().map_or(0, Vec::len);
-        let rope_host = rope
-            .iter()
-            .flat_map(|r| r.iter().flat_map(|&(c, s)| [c, s]))
-            .collect();
+    pub(crate) fn new(model: &'m Model, rope: &'m [Vec<(f32, f32)>], pos0: usize) -> GpuPass<'m> {
         GpuPass {
             model,
             n: rope.len(),
             pos0,
-            rope_host,
-            n_pairs,
+            rope,
+            n_pairs: rope.first().map_or(0, Vec::len),
             devs: (0..model.devices.len()).map(|_| None).collect(),
         }
     }
@@ -214,20 +217,23 @@ impl<'m> GpuPass<'m> {
 
     fn dev(&mut self, id: DeviceId) -> Result<&mut DevPass> {
         if self.devs[id].is_none() {
-            let gpu = self.model.devices.gpu(id).expect("a GPU stage").clone();
-            let rope = if self.rope_host.is_empty() {
+            let devices = &self.model.devices;
+            let gpu = devices.gpu(id).expect("a GPU stage").clone();
+            let mut scratch = self.model.gpu_scratch.take(id);
+            let rope = if self.n_pairs == 0 {
                 None
             } else {
-                let b = Buffer::from_f32(gpu.backend(), &self.rope_host)?;
-                let bytes = self.rope_host.len() * F32;
-                self.model.devices.count_copy(CPU, id, bytes);
-                Some(b)
+                let table = &mut scratch.host_rows;
+                table.clear();
+                table.extend(self.rope.iter().flatten().flat_map(|&(c, s)| [c, s]));
+                let bytes = table.len() * F32;
+                let p = scratch.get(devices, id, "rope", bytes)?;
+                gpu.backend()
+                    .upload(p, bytemuck::cast_slice(&scratch.host_rows))?;
+                devices.count_copy(CPU, id, scratch.host_rows.len() * F32);
+                Some(p)
             };
-            self.devs[id] = Some(DevPass {
-                gpu,
-                rope,
-                scratch: self.model.gpu_scratch.take(id),
-            });
+            self.devs[id] = Some(DevPass { gpu, rope, scratch });
         }
         Ok(self.devs[id].as_mut().expect("set above"))
     }
@@ -241,7 +247,24 @@ impl<'m> GpuPass<'m> {
 
     fn rope_table(&self, id: DeviceId) -> Result<DevPtr> {
         let d = self.devs[id].as_ref().expect("dev() first");
-        ptr(&d.rope, "the RoPE table")
+        d.rope
+            .ok_or_else(|| Error::Model("the model has no RoPE table".into()))
+    }
+
+    /// GPU `id`'s host transfer buffers, taken out (give them back with
+    /// [`GpuPass::give_host`]) so work buffers can be asked for meanwhile.
+    fn take_host(&mut self, id: DeviceId) -> (Vec<i32>, Vec<f32>, Vec<f32>) {
+        let s = &mut self.devs[id].as_mut().expect("dev() first").scratch;
+        (
+            std::mem::take(&mut s.host_ids),
+            std::mem::take(&mut s.host_w),
+            std::mem::take(&mut s.host_rows),
+        )
+    }
+
+    fn give_host(&mut self, id: DeviceId, (ids, w, rows): (Vec<i32>, Vec<f32>, Vec<f32>)) {
+        let s = &mut self.devs[id].as_mut().expect("dev() first").scratch;
+        (s.host_ids, s.host_w, s.host_rows) = (ids, w, rows);
     }
 
     /// The token embeddings of `tokens` from a GPU-resident table into `x` on that GPU.
@@ -511,26 +534,20 @@ impl<'m> GpuPass<'m> {
     /// llama.cpp's op offload: copy a host-resident layer's expert weights into work buffers
     /// of GPU `id` for one large batch (when streaming them over PCIe beats the CPU).
     fn streamed_experts(&mut self, id: DeviceId, m: &Moe) -> Result<[Weight; 3]> {
-        let gpu = self.dev(id)?.gpu.clone();
-        let mut out = Vec::with_capacity(3);
-        for (name, t) in [
-            ("offload_gate", &m.gate_exps),
-            ("offload_up", &m.up_exps),
-            ("offload_down", &m.down_exps),
-        ] {
-            let bytes = t.data();
-            let p = self.buf(id, name, bytes.len().div_ceil(F32))?;
-            gpu.backend().upload(p, bytes)?;
-            self.model.devices.count_copy(CPU, id, bytes.len());
-            out.push(Weight {
-                ptr: p,
-                ty: t.ty,
-                n_in: t.ne[0],
-                n_out: t.ne[1],
-                n_mat: t.ne[2] * t.ne[3],
-            });
-        }
-        Ok([out[0], out[1], out[2]])
+        Ok([
+            self.stream_weight(id, "offload_gate", &m.gate_exps)?,
+            self.stream_weight(id, "offload_up", &m.up_exps)?,
+            self.stream_weight(id, "offload_down", &m.down_exps)?,
+        ])
+    }
+
+    /// Host tensor `t` copied into work buffer `name` of GPU `id`.
+    fn stream_weight(&mut self, id: DeviceId, name: &'static str, t: &Tensor) -> Result<Weight> {
+        let bytes = t.data();
+        let p = self.buf(id, name, bytes.len().div_ceil(F32))?;
+        self.dev(id)?.gpu.backend().upload(p, bytes)?;
+        self.model.devices.count_copy(CPU, id, bytes.len());
+        Ok(t.weight_at(p))
     }
 
     /// `x += ffn(norm(x))` for layer `il` with its FFN part on GPU `ld.ffn` (`x` there). Routed
@@ -595,11 +612,12 @@ impl<'m> GpuPass<'m> {
             }
         } else {
             // The normed input and the routes go to the experts' device.
+            let (mut route_ids, mut route_w, mut sum) = self.take_host(id);
             host_h.resize(n * e, 0.0);
+            route_ids.resize(n * k, 0);
+            route_w.resize(n * k, 0.0);
             gpu.backend()
                 .download(h, bytemuck::cast_slice_mut(host_h))?;
-            let mut route_ids = vec![0i32; n * k];
-            let mut route_w = vec![0f32; n * k];
             gpu.backend()
                 .download(ids, bytemuck::cast_slice_mut(&mut route_ids))?;
             gpu.backend()
@@ -612,24 +630,25 @@ impl<'m> GpuPass<'m> {
                 gpu.add(x, o, n * e)?;
             }
             moe.set_routes(&route_ids, &route_w, c.n_expert)?;
-            let sum = if let Some(egpu) = m.devices.gpu(ld.experts) {
+            let s = self.buf(id, "expert_sum", n * e)?;
+            if let Some(egpu) = m.devices.gpu(ld.experts) {
                 // Experts on another GPU: through the host.
                 let egpu = egpu.clone();
-                self.dev(ld.experts)?;
-                self.experts_on_gpu_from_host(&egpu, ld.experts, moe_layer, host_h, moe)?
+                self.experts_on_gpu_from_host(&egpu, ld.experts, moe_layer, host_h, moe, &mut sum)?;
+                gpu.backend().upload(s, bytemuck::cast_slice(&sum))?;
             } else {
-                crate::moe::routed_experts(c, moe_layer, host_h, n, par, moe)?.to_vec()
-            };
-            m.devices.count_copy(ld.experts, id, sum.len() * F32);
-            let s = self.buf(id, "expert_sum", n * e)?;
-            gpu.backend().upload(s, bytemuck::cast_slice(&sum))?;
+                let routed = crate::moe::routed_experts(c, moe_layer, host_h, n, par, moe)?;
+                gpu.backend().upload(s, bytemuck::cast_slice(routed))?;
+            }
+            m.devices.count_copy(ld.experts, id, n * e * F32);
             gpu.add(x, s, n * e)?;
+            self.give_host(id, (route_ids, route_w, sum));
         }
         Ok(())
     }
 
     /// Routed experts on GPU `id` for a layer whose router ran elsewhere: the normed input
-    /// and the routes (in `moe`) are uploaded, the weighted sum comes back.
+    /// and the routes (in `moe`) are uploaded, the weighted sum comes back into `sum`.
     pub(crate) fn experts_on_gpu_from_host(
         &mut self,
         gpu: &Gpu,
@@ -637,13 +656,16 @@ impl<'m> GpuPass<'m> {
         m: &Moe,
         h: &[f32],
         moe: &MoeScratch,
-    ) -> Result<Vec<f32>> {
+        sum: &mut Vec<f32>,
+    ) -> Result<()> {
         self.dev(id)?;
         let c = &self.model.config;
         let (n, k, e) = (self.n, c.n_expert_used, c.n_embd);
-        let routes = moe.routes();
-        let ids_host: Vec<i32> = routes.iter().map(|r| r.0 as i32).collect();
-        let w_host: Vec<f32> = routes.iter().map(|r| r.1).collect();
+        let (mut ids_host, mut w_host, rows) = self.take_host(id);
+        ids_host.clear();
+        ids_host.extend(moe.routes().iter().map(|r| r.0 as i32));
+        w_host.clear();
+        w_host.extend(moe.routes().iter().map(|r| r.1));
         let hd = self.buf(id, "exp_in", n * e)?;
         let ids = self.buf(id, "exp_ids_in", n * k)?;
         let weights = self.buf(id, "exp_w_in", n * k)?;
@@ -651,6 +673,7 @@ impl<'m> GpuPass<'m> {
         gpu.backend().upload(ids, bytemuck::cast_slice(&ids_host))?;
         gpu.backend()
             .upload(weights, bytemuck::cast_slice(&w_host))?;
+        self.give_host(id, (ids_host, w_host, rows));
         let out = self.buf(id, "exp_out", n * e)?;
         self.routed_experts(
             gpu,
@@ -662,10 +685,9 @@ impl<'m> GpuPass<'m> {
             out,
             false,
         )?;
-        let mut sum = vec![0f32; n * e];
-        gpu.backend()
-            .download(out, bytemuck::cast_slice_mut(&mut sum))?;
-        Ok(sum)
+        sum.resize(n * e, 0.0);
+        gpu.backend().download(out, bytemuck::cast_slice_mut(sum))?;
+        Ok(())
     }
 
     /// The output head on GPU `id`: norm and project the rows `which` asks for, logits back

@@ -665,10 +665,11 @@ impl Model {
             let g = g.clone();
             self.devices
                 .count_copy(ld.ffn, ld.experts, std::mem::size_of_val(h));
-            let routed = gpu.experts_on_gpu_from_host(&g, ld.experts, m, h, s)?;
+            bufs.sum.fill(ld.ffn, |sum| {
+                gpu.experts_on_gpu_from_host(&g, ld.experts, m, h, s, sum)
+            })?;
             self.devices
-                .count_copy(ld.experts, ld.ffn, std::mem::size_of_val(&routed[..]));
-            bufs.sum.load(ld.ffn, &routed);
+                .count_copy(ld.experts, ld.ffn, std::mem::size_of_val(h));
         } else {
             bufs.input.load(ld.ffn, h);
             let routed = crate::moe::routed_experts(c, m, bufs.input.on(ld.experts)?, n, par, s)?;

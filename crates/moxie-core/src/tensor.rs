@@ -168,14 +168,20 @@ impl Tensor {
     /// The tensor as a GPU kernel's weight operand, if it is in a GPU's memory.
     pub fn gpu_weight(&self) -> Option<moxie_gpu::Weight> {
         match &self.storage {
-            Storage::OnGpu(g) => Some(moxie_gpu::Weight {
-                ptr: g.buf.ptr(),
-                ty: self.ty,
-                n_in: self.ne[0],
-                n_out: self.ne[1],
-                n_mat: self.ne[2] * self.ne[3],
-            }),
+            Storage::OnGpu(g) => Some(self.weight_at(g.buf.ptr())),
             _ => None,
+        }
+    }
+
+    /// This tensor's shape and type as a GPU weight operand whose bytes are at `ptr` (its own
+    /// copy, or one streamed into a work buffer).
+    pub fn weight_at(&self, ptr: moxie_gpu::DevPtr) -> moxie_gpu::Weight {
+        moxie_gpu::Weight {
+            ptr,
+            ty: self.ty,
+            n_in: self.ne[0],
+            n_out: self.ne[1],
+            n_mat: self.ne[2] * self.ne[3],
         }
     }
 
