@@ -17,34 +17,13 @@ use moxie_gguf::GgufFile;
 use serde_json::Value;
 
 mod common;
-use common::fixtures;
+use common::{fixtures, kld_per_row};
 
 const ARCHS: [&str; 3] = ["deepseek2", "glm4moe", "qwen3moe"];
 const SUPPORTED_TYPES: [&str; 17] = [
     "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
     "Q6_K", "IQ4_NL", "IQ4_XS", "Q8_1", "Q8_K",
 ];
-
-fn log_softmax(x: &[f32]) -> Vec<f64> {
-    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let lse = x.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln() + max;
-    x.iter().map(|&v| v as f64 - lse).collect()
-}
-
-/// KL(p ‖ q) per row, with p, q the softmaxes of the rows of `a`, `b`.
-fn kld_per_row(a: &[f32], b: &[f32], n_vocab: usize) -> Vec<f64> {
-    let rows = a.len() / n_vocab;
-    (0..rows)
-        .map(|r| {
-            let lp = log_softmax(&a[r * n_vocab..(r + 1) * n_vocab]);
-            let lq = log_softmax(&b[r * n_vocab..(r + 1) * n_vocab]);
-            lp.iter()
-                .zip(&lq)
-                .map(|(p, q)| p.exp() * (p - q))
-                .sum::<f64>()
-        })
-        .collect()
-}
 
 /// Mean over rows of KL(p ‖ q).
 fn mean_kld(a: &[f32], b: &[f32], n_vocab: usize) -> f64 {

@@ -26,13 +26,13 @@ use std::sync::Arc;
 
 use moxie_core::device::{DeviceId, Devices, CPU};
 use moxie_core::model::Placement;
-use moxie_core::{Logits, Model, Parallel};
+use moxie_core::{Model, Parallel};
 use moxie_gguf::GgufFile;
 use moxie_gpu::emu::EmuGpu;
 use moxie_gpu::Gpu;
 
 mod common;
-use common::fixtures;
+use common::{block, fixtures, kld_per_row, prefill_and_decode as run};
 
 const GPU0: DeviceId = 1;
 const GPU1: DeviceId = 2;
@@ -55,12 +55,6 @@ fn cuda_gpus() -> Devices {
         d.push_gpu(Gpu::new(gpu.clone()), 4 << 30);
     }
     d
-}
-
-fn block(name: &str) -> Option<(usize, &str)> {
-    let rest = name.strip_prefix("blk.")?;
-    let (il, rest) = rest.split_once('.')?;
-    Some((il.parse().ok()?, rest))
 }
 
 /// Which stage of its layer a tensor belongs to.
@@ -150,36 +144,6 @@ fn mixed(file: &GgufFile, devices: Devices) -> Placement {
             }
         },
     )
-}
-
-/// Prefill of 19 tokens (all logits), then 3 one-token steps (decode paths).
-fn run(model: &Model, par: &Parallel) -> Vec<f32> {
-    let n_vocab = model.config.n_vocab as u32;
-    let tokens: Vec<u32> = (0..22u32).map(|i| (i * 37 + 5) % n_vocab).collect();
-    let mut cache = model.new_cache(Some(64)).unwrap();
-    let mut all = model
-        .forward(&tokens[..19], &mut cache, par, Logits::All)
-        .unwrap();
-    for &t in &tokens[19..] {
-        all.extend(model.forward(&[t], &mut cache, par, Logits::Last).unwrap());
-    }
-    all
-}
-
-fn log_softmax(x: &[f32]) -> Vec<f64> {
-    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let lse = x.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln() + max;
-    x.iter().map(|&v| v as f64 - lse).collect()
-}
-
-fn kld_per_row(a: &[f32], b: &[f32], n_vocab: usize) -> Vec<f64> {
-    (0..a.len() / n_vocab)
-        .map(|r| {
-            let lp = log_softmax(&a[r * n_vocab..(r + 1) * n_vocab]);
-            let lq = log_softmax(&b[r * n_vocab..(r + 1) * n_vocab]);
-            lp.iter().zip(&lq).map(|(p, q)| p.exp() * (p - q)).sum()
-        })
-        .collect()
 }
 
 fn argmax(x: &[f32]) -> usize {

@@ -9,21 +9,14 @@ use std::sync::Arc;
 
 use moxie_core::device::{DeviceId, Devices, CPU};
 use moxie_core::model::Placement;
-use moxie_core::{Logits, Model, Parallel};
+use moxie_core::{Model, Parallel};
 use moxie_gguf::GgufFile;
 
 mod common;
-use common::fixtures;
+use common::{block, fixtures, prefill_and_decode as run};
 
 const SIM0: DeviceId = 1;
 const SIM1: DeviceId = 2;
-
-/// Layer `il` of a tensor named `blk.{il}.…`, and the rest of its name.
-fn block(name: &str) -> Option<(usize, &str)> {
-    let rest = name.strip_prefix("blk.")?;
-    let (il, rest) = rest.split_once('.')?;
-    Some((il.parse().ok()?, rest))
-}
 
 /// Attention of even layers on sim0 and odd ones on sim1, their FFN part on the other sim,
 /// routed experts with the FFN part except in every third layer (left on the CPU); token
@@ -59,20 +52,6 @@ fn spread(file: &GgufFile, devices: Devices) -> Placement {
         tensors.insert(t.name.clone(), dev);
     }
     Placement { devices, tensors }
-}
-
-/// Prefill of 19 tokens (all logits), then 3 one-token steps (decode paths).
-fn run(model: &Model, par: &Parallel) -> Vec<f32> {
-    let n_vocab = model.config.n_vocab as u32;
-    let tokens: Vec<u32> = (0..22u32).map(|i| (i * 37 + 5) % n_vocab).collect();
-    let mut cache = model.new_cache(Some(64)).unwrap();
-    let mut all = model
-        .forward(&tokens[..19], &mut cache, par, Logits::All)
-        .unwrap();
-    for &t in &tokens[19..] {
-        all.extend(model.forward(&[t], &mut cache, par, Logits::Last).unwrap());
-    }
-    all
 }
 
 fn open(path: &Path) -> Arc<GgufFile> {

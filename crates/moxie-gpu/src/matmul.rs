@@ -151,6 +151,28 @@ fn check_align4(kernel: &str, what: &str, p: DevPtr) -> Result<()> {
     Ok(())
 }
 
+/// One warp per output row (`ROWS_PER_BLOCK` rows a block) for each of `n_slices` matrices
+/// or routed rows (grid y and z).
+fn warp_per_row(n_out: usize, n_slices: usize) -> LaunchConfig {
+    let [gy, gz] = grid_yz(n_slices);
+    LaunchConfig {
+        grid: [n_out.div_ceil(ROWS_PER_BLOCK) as u32, gy, gz],
+        block: [32, ROWS_PER_BLOCK as u32, 1],
+        shared_bytes: 0,
+    }
+}
+
+/// Output rows `ldy` apart must not overlap when there is more than one.
+fn check_ldy(name: &str, n_rows: usize, ldy: usize, n_out: usize) -> Result<()> {
+    if n_rows > 1 && ldy < n_out {
+        return Err(arg_error(
+            name,
+            format!("ldy = {ldy} is less than n_out = {n_out}"),
+        ));
+    }
+    Ok(())
+}
+
 impl Gpu {
     /// Whether the GPU kernels handle weights of type `ty`.
     pub fn supports(ty: GgmlType) -> bool {
@@ -183,12 +205,7 @@ impl Gpu {
                 ),
             ));
         }
-        if n_tok > 1 && ldy < w.n_out {
-            return Err(arg_error(
-                name,
-                format!("ldy = {ldy} is less than n_out = {}", w.n_out),
-            ));
-        }
+        check_ldy(name, n_tok, ldy, w.n_out)?;
         check_align4(name, "x", x)?;
         check_align4(name, "y", y)?;
         if n_batch == 0 || n_tok == 0 || w.n_out == 0 {
@@ -209,13 +226,8 @@ impl Gpu {
             Arg::I32(int(name, "y_batch", y_batch)?),
             Arg::I32(int(name, "n_tok", n_tok)?),
         ];
-        let [gy, gz] = grid_yz(n_batch);
-        let cfg = LaunchConfig {
-            grid: [w.n_out.div_ceil(ROWS_PER_BLOCK) as u32, gy, gz],
-            block: [32, ROWS_PER_BLOCK as u32, 1],
-            shared_bytes: 0,
-        };
-        self.backend().launch(name, cfg, &args)
+        self.backend()
+            .launch(name, warp_per_row(w.n_out, n_batch), &args)
     }
 
     /// Routed experts: for `j < n_ids`, with `e = ids[j]` (device `i32`s),
@@ -238,12 +250,7 @@ impl Gpu {
         if x_div == 0 {
             return Err(arg_error(name, "x_div = 0".to_string()));
         }
-        if n_ids > 1 && ldy < w.n_out {
-            return Err(arg_error(
-                name,
-                format!("ldy = {ldy} is less than n_out = {}", w.n_out),
-            ));
-        }
+        check_ldy(name, n_ids, ldy, w.n_out)?;
         check_align4(name, "x", x)?;
         check_align4(name, "y", y)?;
         check_align4(name, "ids", ids)?;
@@ -265,13 +272,8 @@ impl Gpu {
             Arg::Ptr(y),
             Arg::I32(int(name, "ldy", ldy)?),
         ];
-        let [gy, gz] = grid_yz(n_ids);
-        let cfg = LaunchConfig {
-            grid: [w.n_out.div_ceil(ROWS_PER_BLOCK) as u32, gy, gz],
-            block: [32, ROWS_PER_BLOCK as u32, 1],
-            shared_bytes: 0,
-        };
-        self.backend().launch(name, cfg, &args)
+        self.backend()
+            .launch(name, warp_per_row(w.n_out, n_ids), &args)
     }
 
     /// Embedding lookup: `out[j*n_in + i] = W[rows[j]][i]` as f32 for `j < n`, with `rows`
