@@ -1,5 +1,6 @@
-//! Fidelity against llama.cpp: every deepseek2 / glm4moe / qwen3moe fixture whose block types
-//! moxie supports, every golden sequence, evaluated from an empty cache in one batch.
+//! Fidelity against llama.cpp: every fixture whose architecture and block types moxie supports
+//! (`common::supported_models`), every golden sequence, evaluated from an empty cache in one
+//! batch.
 //!
 //! Bounds (issue #2): for F32 files, mean KL(llama.cpp || moxie) at most 1e-5 and top-1
 //! agreement of at least 99%; for quantized files, mean KLD at most
@@ -17,13 +18,7 @@ use moxie_gguf::GgufFile;
 use serde_json::Value;
 
 mod common;
-use common::{fixtures, kld_per_row};
-
-const ARCHS: [&str; 3] = ["deepseek2", "glm4moe", "qwen3moe"];
-const SUPPORTED_TYPES: [&str; 17] = [
-    "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
-    "Q6_K", "IQ4_NL", "IQ4_XS", "Q8_1", "Q8_K",
-];
+use common::{fixtures, golden_index, kld_per_row, supported_models, FixtureModel as Case};
 
 /// Mean over rows of KL(p ‖ q).
 fn mean_kld(a: &[f32], b: &[f32], n_vocab: usize) -> f64 {
@@ -44,9 +39,8 @@ fn per_position_ok(klds: &[f64], bound: f64) -> bool {
 }
 
 /// The fixture model of `case`.
-fn load_model(fx: &std::path::Path, case: &Case) -> Model {
-    let path = fx.join("models").join(format!("{}.gguf", case.stem));
-    let file = Arc::new(GgufFile::open(&path).unwrap_or_else(|e| panic!("{e}")));
+fn load_model(case: &Case) -> Model {
+    let file = Arc::new(GgufFile::open(&case.path).unwrap_or_else(|e| panic!("{e}")));
     Model::load(file).unwrap_or_else(|e| panic!("{}: {e}", case.stem))
 }
 
@@ -87,36 +81,6 @@ fn top1_agreement(a: &[f32], b: &[f32], n_vocab: usize) -> f64 {
     same as f64 / rows as f64
 }
 
-struct Case {
-    stem: String,
-    arch: String,
-    is_f32: bool,
-    entry: Value,
-}
-
-fn cases(index: &Value) -> Vec<Case> {
-    let mut out = Vec::new();
-    for (stem, entry) in index["models"].as_object().expect("models") {
-        let arch = entry["arch"].as_str().unwrap_or("").to_string();
-        if !ARCHS.contains(&arch.as_str()) {
-            continue;
-        }
-        let types = entry["tensor_types"].as_object().expect("tensor_types");
-        if !types.keys().all(|t| SUPPORTED_TYPES.contains(&t.as_str())) {
-            continue;
-        }
-        let is_f32 = types.keys().all(|t| t == "F32");
-        out.push(Case {
-            stem: stem.clone(),
-            arch,
-            is_f32,
-            entry: entry.clone(),
-        });
-    }
-    out.sort_by(|a, b| a.stem.cmp(&b.stem));
-    out
-}
-
 /// llama.cpp's summation order: the table in the issue-2 note shows KLD 0 everywhere.
 #[test]
 fn logits_and_greedy_match_llama_cpp_exact() {
@@ -131,9 +95,8 @@ fn logits_and_greedy_match_llama_cpp_fast() {
 
 fn check_all_fixtures(numerics: Numerics) {
     let fx = fixtures();
-    let index: Value =
-        serde_json::from_slice(&std::fs::read(fx.join("golden/index.json")).unwrap()).unwrap();
-    let cases = cases(&index);
+    let index = golden_index();
+    let cases = supported_models(&index);
     assert!(
         cases.len() >= 17,
         "expected the fixture models, found {}",
@@ -145,7 +108,7 @@ fn check_all_fixtures(numerics: Numerics) {
         "model | seq | mean KLD | bound | top-1 | greedy to first near-tie | greedy, all steps\n",
     );
     for case in &cases {
-        let model = load_model(&fx, case);
+        let model = load_model(case);
         let n_vocab = model.config.n_vocab;
         for (seq, s) in case.entry["sequences"].as_object().unwrap() {
             let tokens = token_ids(s);
@@ -233,13 +196,12 @@ fn check_all_fixtures(numerics: Numerics) {
 #[test]
 fn q8_0_kv_cache_stays_close_to_f16() {
     let fx = fixtures();
-    let index: Value =
-        serde_json::from_slice(&std::fs::read(fx.join("golden/index.json")).unwrap()).unwrap();
+    let index = golden_index();
     let q8 = moxie_quant::GgmlType::Q8_0;
     let mut failures = Vec::new();
     let mut table = String::from("model | seq | numerics | mean KLD | bound\n");
-    for case in &cases(&index) {
-        let model = load_model(&fx, case);
+    for case in &supported_models(&index) {
+        let model = load_model(case);
         let n_vocab = model.config.n_vocab;
         for (seq, s) in case.entry["sequences"].as_object().unwrap() {
             let tokens = token_ids(s);
@@ -291,11 +253,10 @@ fn q8_0_kv_cache_stays_close_to_f16() {
 #[test]
 fn fast_decode_matches_exact_decode() {
     let fx = fixtures();
-    let index: Value =
-        serde_json::from_slice(&std::fs::read(fx.join("golden/index.json")).unwrap()).unwrap();
+    let index = golden_index();
     let mut failures = Vec::new();
-    for case in &cases(&index) {
-        let model = load_model(&fx, case);
+    for case in &supported_models(&index) {
+        let model = load_model(case);
         let n_vocab = model.config.n_vocab;
         // (KLD, bound) of every decoded position of this model.
         let mut positions = Vec::new();

@@ -32,7 +32,9 @@ use moxie_gpu::emu::EmuGpu;
 use moxie_gpu::Gpu;
 
 mod common;
-use common::{block, fixtures, kld_per_row, prefill_and_decode as run};
+use common::{
+    block, fixtures, golden_index, kld_per_row, prefill_and_decode as run, supported_models,
+};
 
 const GPU0: DeviceId = 1;
 const GPU1: DeviceId = 2;
@@ -222,11 +224,9 @@ fn open(path: &Path) -> Arc<GgufFile> {
     Arc::new(GgufFile::open(path).unwrap())
 }
 
-fn check_file(path: &Path, par: &Parallel, devices: fn() -> Devices) -> bool {
+fn check_file(path: &Path, par: &Parallel, devices: fn() -> Devices) {
     let file = open(path);
-    let Ok(cpu) = Model::load(Arc::clone(&file)) else {
-        return false;
-    };
+    let cpu = Model::load(Arc::clone(&file)).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let name = path.file_name().unwrap().to_string_lossy().to_string();
     let n_vocab = cpu.config.n_vocab;
     let want = run(&cpu, par);
@@ -258,27 +258,23 @@ fn check_file(path: &Path, par: &Parallel, devices: fn() -> Devices) -> bool {
             }
         }
     }
-    true
 }
 
 fn fixture_models() -> Vec<PathBuf> {
-    let dir = fixtures().join("models");
-    let mut paths: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "gguf"))
-        .collect();
-    paths.sort();
-    paths
+    supported_models(&golden_index())
+        .into_iter()
+        .map(|m| m.path)
+        .collect()
 }
 
 #[test]
 fn emulated_gpu_matches_cpu_on_every_fixture() {
     let par = Parallel::new(2);
-    let checked = fixture_models()
-        .iter()
-        .filter(|p| check_file(p, &par, two_gpus))
-        .count();
+    let models = fixture_models();
+    for path in &models {
+        check_file(path, &par, two_gpus);
+    }
+    let checked = models.len();
     assert!(
         checked >= 17,
         "expected the fixture models, checked {checked}"
@@ -292,10 +288,11 @@ fn emulated_gpu_matches_cpu_on_every_fixture() {
 #[ignore = "needs an NVIDIA GPU"]
 fn cuda_gpu_matches_cpu_on_every_fixture() {
     let par = Parallel::new(2);
-    let checked = fixture_models()
-        .iter()
-        .filter(|p| check_file(p, &par, cuda_gpus))
-        .count();
+    let models = fixture_models();
+    for path in &models {
+        check_file(path, &par, cuda_gpus);
+    }
+    let checked = models.len();
     assert!(
         checked >= 17,
         "expected the fixture models, checked {checked}"

@@ -13,7 +13,7 @@ use moxie_core::{Model, Parallel};
 use moxie_gguf::GgufFile;
 
 mod common;
-use common::{block, fixtures, prefill_and_decode as run};
+use common::{block, fixtures, golden_index, prefill_and_decode as run, supported_models};
 
 const SIM0: DeviceId = 1;
 const SIM1: DeviceId = 2;
@@ -60,22 +60,13 @@ fn open(path: &Path) -> Arc<GgufFile> {
 
 #[test]
 fn sim_placement_gives_the_cpu_logits_on_every_fixture() {
-    let dir = fixtures().join("models");
-    let mut paths: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "gguf"))
-        .collect();
-    paths.sort();
     let par = Parallel::new(2);
     let mut checked = 0;
-    for path in &paths {
+    for fixture in supported_models(&golden_index()) {
+        let path = &fixture.path;
         let file = open(path);
-        // Models moxie cannot run at all (architectures outside its list) are skipped here;
-        // the golden tests own which ones must load.
-        let Ok(cpu) = Model::load(Arc::clone(&file)) else {
-            continue;
-        };
+        let cpu =
+            Model::load(Arc::clone(&file)).unwrap_or_else(|e| panic!("{}: {e}", fixture.stem));
         let want = run(&cpu, &par);
         let placed = Model::load_placed(
             Arc::clone(&file),

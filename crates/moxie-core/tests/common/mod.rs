@@ -5,7 +5,8 @@
 
 use std::path::PathBuf;
 
-use moxie_core::{Logits, Model, Parallel};
+use moxie_core::{Arch, Logits, Model, Parallel};
+use serde_json::Value;
 
 /// `$MOXIE_FIXTURES`, else `../shared/fixtures` next to the checkout. Panics (fails the test)
 /// when the directory is missing: fidelity tests must not skip silently.
@@ -20,6 +21,53 @@ pub fn fixtures() -> PathBuf {
         dir.display()
     );
     dir
+}
+
+/// The golden index (`golden/index.json`).
+pub fn golden_index() -> Value {
+    let path = fixtures().join("golden/index.json");
+    serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap()
+}
+
+/// A fixture model moxie can run, with its golden index entry.
+pub struct FixtureModel {
+    pub stem: String,
+    pub arch: String,
+    pub path: PathBuf,
+    /// Every tensor is F32 (the masters: tighter bounds).
+    pub is_f32: bool,
+    pub entry: Value,
+}
+
+/// The fixture models whose architecture moxie runs and whose every block type it can compute
+/// with (others, e.g. ik_llama.cpp's types, belong to later work), sorted by name. Tests that
+/// go over "every fixture" take these, so a model moxie should run never drops out silently.
+pub fn supported_models(index: &Value) -> Vec<FixtureModel> {
+    let mut out = Vec::new();
+    for (stem, entry) in index["models"].as_object().expect("models") {
+        let arch = entry["arch"].as_str().unwrap_or("");
+        if Arch::from_name(arch).is_err() {
+            continue;
+        }
+        let types = entry["tensor_types"].as_object().expect("tensor_types");
+        let computable = |t: &String| {
+            moxie_quant::GgmlType::from_name(t)
+                .and_then(moxie_quant::vec_dot_type)
+                .is_some()
+        };
+        if !types.keys().all(computable) {
+            continue;
+        }
+        out.push(FixtureModel {
+            stem: stem.clone(),
+            arch: arch.to_string(),
+            path: fixtures().join("models").join(format!("{stem}.gguf")),
+            is_f32: types.keys().all(|t| t == "F32"),
+            entry: entry.clone(),
+        });
+    }
+    out.sort_by(|a, b| a.stem.cmp(&b.stem));
+    out
 }
 
 /// Layer `il` of a tensor named `blk.{il}.…`, and the rest of its name.
