@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use moxie_core::bench::{decode_bytes, mean_std, read_bandwidth, run_once, BenchTest};
-use moxie_core::kv_cache::kv_type_name;
+use moxie_core::state::kv_type_name;
 use moxie_core::{KvTypes, Model, Parallel};
 use moxie_quant::GgmlType;
 use serde_json::json;

@@ -57,7 +57,7 @@ impl CacheTypeArgs {
 
 /// A `-ctk` / `-ctv` value.
 pub fn kv_type(s: &str) -> std::result::Result<GgmlType, String> {
-    moxie_core::kv_cache::parse_kv_type(s).map_err(|e| e.to_string())
+    moxie_core::state::parse_kv_type(s).map_err(|e| e.to_string())
 }
 
 impl ModelArgs {
@@ -75,8 +75,8 @@ impl ModelArgs {
     }
 
     /// A cache of the requested types for `n_ctx` positions.
-    fn cache(&self, model: &Model, n_ctx: usize) -> Result<moxie_core::KvCache> {
-        Ok(model.new_cache_typed(Some(n_ctx), self.cache_types.types())?)
+    fn cache(&self, model: &Model, n_ctx: usize) -> Result<moxie_core::SeqState> {
+        Ok(model.new_state_typed(Some(n_ctx), self.cache_types.types())?)
     }
 }
 

@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use moxie_core::synth::rng::Xoshiro256;
-use moxie_core::{KvCache, Logits, Model, Parallel};
+use moxie_core::{Logits, Model, Parallel, SeqState};
 use serde_json::json;
 
 #[derive(clap::Args)]
@@ -157,19 +157,22 @@ impl Tokens {
 /// are dropped again, then PP prompt tokens, which stay. Returns the two times in seconds.
 fn step(
     model: &Model,
-    cache: &mut KvCache,
+    cache: &mut SeqState,
     par: &Parallel,
     s: &Setup,
     n_kv: usize,
     tokens: &mut Tokens,
 ) -> Result<Row> {
-    cache.truncate(n_kv);
+    cache.truncate(n_kv)?;
+    // Recurrent layers can only come back to n_kv from a checkpoint there.
+    cache.checkpoint()?;
     let t0 = Instant::now();
     for _ in 0..s.tg {
         model.forward(&[tokens.next()], cache, par, Logits::Last)?;
     }
     let t_tg = t0.elapsed().as_secs_f64();
-    cache.truncate(n_kv);
+    let kept = cache.truncate(n_kv)?;
+    debug_assert_eq!(kept, n_kv);
 
     let batch: Vec<u32> = (0..s.pp).map(|_| tokens.next()).collect();
     let t0 = Instant::now();
@@ -195,7 +198,7 @@ pub fn main(a: Args) -> Result<()> {
         );
     }
 
-    let mut cache = model.new_cache_typed(Some(s.n_kv_max), a.cache_types.types())?;
+    let mut cache = model.new_state_typed(Some(s.n_kv_max), a.cache_types.types())?;
     let mut tokens = Tokens {
         rng: Xoshiro256::new(TOKEN_SEED),
         n_vocab: model.config.n_vocab as u64,
@@ -205,10 +208,10 @@ pub fn main(a: Args) -> Result<()> {
     }
     if a.warmup_batch {
         let batch: Vec<u32> = (0..s.pp).map(|_| tokens.next()).collect();
-        cache.truncate(0);
+        cache.truncate(0)?;
         model.prefill(&batch, &mut cache, &par, s.n_ubatch.min(s.n_batch))?;
     }
-    cache.truncate(0);
+    cache.truncate(0)?;
 
     if a.output == "md" {
         crate::emit(&md_header(&s))?;

@@ -1,4 +1,4 @@
-//! Micro-benchmark of the fused MoE layer (`moxie_core::moe::forward`): routing, every
+//! Micro-benchmark of the fused MoE layer (`moxie_core::blocks::moe::forward`): routing, every
 //! selected expert's gate/up/SiLU·mul/down and the weighted sum, plus the shared expert, as the
 //! forward pass runs it. Reported as weight bytes read per second (divan's `BytesCount`, GB/s).
 //!
@@ -26,7 +26,7 @@ use std::sync::{Arc, OnceLock};
 
 use divan::counter::BytesCount;
 use divan::{black_box, Bencher};
-use moxie_core::model::{Ffn, Moe};
+use moxie_core::blocks::{Ffn, Moe};
 use moxie_core::synth::{self, SynthSpec, SynthType};
 use moxie_core::{Model, Parallel};
 use moxie_gguf::GgufFile;
@@ -110,16 +110,15 @@ fn inputs(n: usize, call: u64) -> Vec<f32> {
 fn run(bencher: Bencher, threads: usize, n_tok: usize) {
     let layers = moe_layers();
     let par = Parallel::new(threads);
-    let c = &model().config;
     let sets: Vec<Vec<f32>> = (0..16).map(|i| inputs(n_tok, i)).collect();
     let bytes = layer_bytes(layers[0], n_tok > 1);
     let mut i = 0usize;
-    let mut scratch = moxie_core::moe::MoeScratch::default();
+    let mut scratch = moxie_core::blocks::moe::MoeScratch::default();
     bencher.counter(BytesCount::new(bytes)).bench_local(|| {
         i += 1;
         let m = layers[i % layers.len()];
         let h = &sets[i % sets.len()];
-        black_box(moxie_core::moe::forward(c, m, h, n_tok, &par, &mut scratch).unwrap());
+        black_box(moxie_core::blocks::moe::forward(m, h, n_tok, &par, &mut scratch).unwrap());
     });
 }
 

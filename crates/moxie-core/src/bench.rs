@@ -6,9 +6,9 @@
 use std::time::Instant;
 
 use crate::inventory::Role;
-use crate::kv_cache::KvTypes;
 use crate::model::{Logits, Model};
 use crate::parallel::Parallel;
+use crate::state::KvTypes;
 use crate::Result;
 
 /// One benchmark test.
@@ -56,7 +56,7 @@ pub fn run_once(
     kv: KvTypes,
 ) -> Result<f64> {
     let n_vocab = model.config.n_vocab;
-    let mut cache = model.new_cache_typed(Some(test.depth + test.n_tokens() + 1), kv)?;
+    let mut cache = model.new_state_typed(Some(test.depth + test.n_tokens() + 1), kv)?;
     let depth: Vec<u32> = (0..test.depth).map(|i| bench_token(i, n_vocab)).collect();
     for chunk in depth.chunks(ubatch.max(1)) {
         model.forward(chunk, &mut cache, par, Logits::None)?;
@@ -113,7 +113,7 @@ pub fn decode_bytes(model: &Model, n_kv: usize, kv: KvTypes) -> Result<DecodeByt
         }
     }
     // An empty cache of those types: it knows its row sizes and reserves nothing yet.
-    let per_pos = model.new_cache_typed(Some(n_kv), kv)?.bytes_per_position();
+    let per_pos = model.new_state_typed(Some(n_kv), kv)?.bytes_per_position();
     b.kv = (per_pos * n_kv) as u64;
     Ok(b)
 }

@@ -1,5 +1,7 @@
-//! Model hyper-parameters read from GGUF metadata, following llama.cpp's loader (key names,
-//! defaults, and per-architecture quirks such as DeepSeek2's YaRN log-multiplier fix-up).
+//! The hyper-parameters every architecture has, read from GGUF metadata as llama.cpp's loader
+//! reads them (key names, defaults, RoPE and YaRN derivation). What is particular to one
+//! architecture (its gating default, RoPE layout, YaRN fix-ups, MLA / indexer / SSM sizes)
+//! lives in its file under `crate::arch`, which adjusts this after the common part is read.
 
 use moxie_gguf::{Metadata, Value};
 
@@ -80,26 +82,28 @@ pub struct Config {
     pub expert_weights_scale: f32,
     pub expert_weights_norm: bool,
     pub gating: Gating,
-    /// MLA (deepseek2) dimensions.
-    pub q_lora_rank: usize,
-    pub kv_lora_rank: usize,
-    pub head_dim_k_mla: usize,
-    pub head_dim_v_mla: usize,
     /// `nextn_predict_layers`: trailing MTP blocks that the main graph skips.
     pub n_layer_nextn: usize,
     pub rope: Rope,
-    /// DeepSeek2's YaRN log multiplier after llama.cpp's fix-up (divided by 0.1).
+    /// YaRN's log multiplier (`mscale_all_dims`), where the architecture reads one (0: none).
     pub rope_yarn_log_mul: f32,
+    /// YaRN's `mscale` equals `mscale_all_dims` instead of 1 (DeepSeek-V2's config; llama.cpp
+    /// special-cases it).
+    pub rope_yarn_mscale_is_log_mul: bool,
 }
 
 /// Typed metadata lookups for one architecture prefix.
-struct Keys<'a> {
+pub(crate) struct Keys<'a> {
     meta: &'a Metadata,
     arch: &'a str,
 }
 
-impl Keys<'_> {
-    fn key(&self, k: &str) -> String {
+impl<'a> Keys<'a> {
+    pub fn new(meta: &'a Metadata, arch: &'a str) -> Keys<'a> {
+        Keys { meta, arch }
+    }
+
+    pub fn key(&self, k: &str) -> String {
         format!("{}.{k}", self.arch)
     }
 
@@ -109,7 +113,7 @@ impl Keys<'_> {
 
     /// A non-negative integer, or an array of them that must hold one value for every layer
     /// (llama.cpp's get_key_or_arr; moxie needs them uniform).
-    fn uint_opt(&self, k: &str) -> Result<Option<usize>> {
+    pub fn uint_opt(&self, k: &str) -> Result<Option<usize>> {
         let Some(v) = self.value(k) else {
             return Ok(None);
         };
@@ -150,12 +154,12 @@ impl Keys<'_> {
         )))
     }
 
-    fn uint(&self, k: &str) -> Result<usize> {
+    pub fn uint(&self, k: &str) -> Result<usize> {
         self.uint_opt(k)?
             .ok_or_else(|| Error::Model(format!("missing metadata key '{}'", self.key(k))))
     }
 
-    fn float_opt(&self, k: &str) -> Result<Option<f32>> {
+    pub fn float_opt(&self, k: &str) -> Result<Option<f32>> {
         match self.value(k) {
             None => Ok(None),
             Some(v) => v.as_f64().map(|x| Some(x as f32)).ok_or_else(|| {
@@ -164,7 +168,7 @@ impl Keys<'_> {
         }
     }
 
-    fn bool_opt(&self, k: &str) -> Result<Option<bool>> {
+    pub fn bool_opt(&self, k: &str) -> Result<Option<bool>> {
         match self.value(k) {
             None => Ok(None),
             Some(v) => v
@@ -174,23 +178,31 @@ impl Keys<'_> {
         }
     }
 
-    fn str_opt(&self, k: &str) -> Option<&str> {
+    pub fn str_opt(&self, k: &str) -> Option<&str> {
         self.value(k).and_then(|v| v.as_str())
     }
 }
 
 impl Config {
-    /// Read the hyper-parameters of the model described by `meta`.
+    /// Read the hyper-parameters of the model described by `meta`: the common ones, then the
+    /// architecture's adjustments, then RoPE (whose YaRN factors depend on those).
     pub fn from_metadata(meta: &Metadata) -> Result<Config> {
         let arch_name = meta
             .get_str("general.architecture")
             .ok_or_else(|| Error::Model("missing metadata key 'general.architecture'".into()))?;
-        let arch = Arch::from_name(arch_name)?;
-        let k = Keys {
-            meta,
-            arch: arch_name,
-        };
+        let def = crate::arch::def(Arch::from_name(arch_name)?);
+        let k = Keys::new(meta, arch_name);
+        let mut cfg = Config::common(def.arch, &k)?;
+        (def.hparams)(&mut cfg, &k)?;
+        cfg.rope = rope(&cfg, &k)?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
 
+    /// The keys every architecture reads, with llama.cpp's defaults (softmax gating, normal
+    /// RoPE over the whole key head, no YaRN log multiplier).
+    fn common(arch: Arch, k: &Keys) -> Result<Config> {
+        let arch_name = k.arch;
         let n_embd = k.uint("embedding_length")?;
         let n_layer_all = k.uint("block_count")?;
         let n_layer_nextn = k.uint_opt("nextn_predict_layers")?.unwrap_or(0);
@@ -220,7 +232,8 @@ impl Config {
         let n_rot = k.uint_opt("rope.dimension_count")?.unwrap_or(head_dim_k);
         let n_vocab = match k.uint_opt("vocab_size")? {
             Some(v) => v,
-            None => meta
+            None => k
+                .meta
                 .get_array("tokenizer.ggml.tokens")
                 .map(|a| a.len())
                 .ok_or_else(|| {
@@ -249,96 +262,15 @@ impl Config {
                 "metadata: invalid expert groups ({n_expert_groups} groups, {n_group_used} used, {n_expert} experts)"
             )));
         }
-
-        let gating_id = k.uint_opt("expert_gating_func")?.unwrap_or(0);
-        let gating = match (gating_id, arch) {
-            // llama.cpp's qwen3moe graph hard-codes softmax gating, whatever the metadata says.
-            (_, Arch::Qwen3Moe) => Gating::Softmax,
-            (1, _) => Gating::Softmax,
-            (2, _) => Gating::Sigmoid,
-            (0, Arch::Glm4Moe) => Gating::Sigmoid,
-            (0, _) => Gating::Softmax,
-            (g, _) => {
+        let gating = match k.uint_opt("expert_gating_func")?.unwrap_or(0) {
+            0 | 1 => Gating::Softmax,
+            2 => Gating::Sigmoid,
+            g => {
                 return Err(Error::Model(format!(
                     "metadata '{arch_name}.expert_gating_func' = {g}: supported are 1 (softmax) and 2 (sigmoid)"
                 )))
             }
         };
-
-        // RoPE, as llama_context derives it.
-        let freq_base = k.float_opt("rope.freq_base")?.unwrap_or(10000.0);
-        let scaling = k.str_opt("rope.scaling.type").unwrap_or("linear");
-        let factor = match k.float_opt("rope.scaling.factor")? {
-            Some(f) => f,
-            None => k.float_opt("rope.scale_linear")?.unwrap_or(0.0),
-        };
-        let mut freq_scale = if factor == 0.0 { 1.0 } else { 1.0 / factor };
-        let n_ctx_train = k.uint("context_length")?;
-        let n_ctx_orig = k
-            .uint_opt("rope.scaling.original_context_length")?
-            .unwrap_or(n_ctx_train) as u32;
-        let rope_attn_factor = k.float_opt("rope.scaling.attn_factor")?.unwrap_or(1.0);
-        let mut rope_yarn_log_mul = k.float_opt("rope.scaling.yarn_log_multiplier")?;
-        if arch == Arch::Deepseek2 {
-            // llama.cpp cancels the 0.1 factor the converter applies (TAG_DEEPSEEK2_YARN_LOG_MUL_FIX).
-            rope_yarn_log_mul = rope_yarn_log_mul.map(|m| m / 0.1);
-        }
-        let rope_yarn_log_mul = rope_yarn_log_mul.unwrap_or(0.0);
-        let ext_factor;
-        let mut attn_factor = 1.0f32;
-        match scaling {
-            "none" => {
-                freq_scale = 1.0;
-                ext_factor = 0.0;
-            }
-            "linear" => ext_factor = 0.0,
-            "yarn" => {
-                ext_factor = 1.0;
-                // llama.cpp's own sources are built for baseline x86-64 (no FMA contraction,
-                // unlike the -march=native ggml CPU backend): plain multiply then add here.
-                let get_mscale = |scale: f32, mscale: f32| {
-                    if scale <= 1.0 {
-                        1.0
-                    } else {
-                        0.1 * mscale * scale.ln() + 1.0
-                    }
-                };
-                let factor = 1.0 / freq_scale;
-                if rope_yarn_log_mul != 0.0 {
-                    let mscale_all_dims = rope_yarn_log_mul;
-                    let mscale = if arch == Arch::Deepseek2 && mscale_all_dims != 1.0 {
-                        mscale_all_dims
-                    } else {
-                        1.0
-                    };
-                    attn_factor = get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dims);
-                } else {
-                    attn_factor = get_mscale(factor, 1.0);
-                }
-                attn_factor *= 1.0 / (1.0 + 0.1 * factor.ln());
-            }
-            other => {
-                return Err(Error::Model(format!(
-                    "metadata '{arch_name}.rope.scaling.type' = '{other}': supported are none, linear, yarn"
-                )))
-            }
-        }
-        attn_factor *= rope_attn_factor;
-        let rope = Rope {
-            kind: match arch {
-                Arch::Deepseek2 => RopeKind::Normal,
-                Arch::Glm4Moe | Arch::Qwen3Moe => RopeKind::Neox,
-            },
-            n_dims: n_rot,
-            freq_base,
-            freq_scale,
-            ext_factor,
-            attn_factor,
-            beta_fast: 32.0,
-            beta_slow: 1.0,
-            n_ctx_orig,
-        };
-
         let rms_eps = k
             .float_opt("attention.layer_norm_rms_epsilon")?
             .ok_or_else(|| {
@@ -346,11 +278,10 @@ impl Config {
                     "missing metadata key '{arch_name}.attention.layer_norm_rms_epsilon'"
                 ))
             })?;
-
-        let cfg = Config {
+        Ok(Config {
             arch,
             n_vocab,
-            n_ctx_train,
+            n_ctx_train: k.uint("context_length")?,
             n_embd,
             n_layer: n_layer_all - n_layer_nextn,
             n_head,
@@ -368,24 +299,24 @@ impl Config {
             n_expert_groups,
             n_group_used,
             expert_weights_scale: k.float_opt("expert_weights_scale")?.unwrap_or(0.0),
-            // qwen3moe always renormalises the top-k weights (hard-coded in llama.cpp's graph).
-            expert_weights_norm: arch == Arch::Qwen3Moe
-                || k.bool_opt("expert_weights_norm")?.unwrap_or(false),
+            expert_weights_norm: k.bool_opt("expert_weights_norm")?.unwrap_or(false),
             gating,
-            q_lora_rank: k.uint_opt("attention.q_lora_rank")?.unwrap_or(0),
-            kv_lora_rank: k.uint_opt("attention.kv_lora_rank")?.unwrap_or(0),
-            head_dim_k_mla: k
-                .uint_opt("attention.key_length_mla")?
-                .unwrap_or(head_dim_k),
-            head_dim_v_mla: k
-                .uint_opt("attention.value_length_mla")?
-                .unwrap_or(head_dim_v),
             n_layer_nextn,
-            rope,
-            rope_yarn_log_mul,
-        };
-        cfg.validate()?;
-        Ok(cfg)
+            // Set by `rope()` once the architecture has had its say.
+            rope: Rope {
+                kind: RopeKind::Normal,
+                n_dims: n_rot,
+                freq_base: 10000.0,
+                freq_scale: 1.0,
+                ext_factor: 0.0,
+                attn_factor: 1.0,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+                n_ctx_orig: 0,
+            },
+            rope_yarn_log_mul: 0.0,
+            rope_yarn_mscale_is_log_mul: false,
+        })
     }
 
     fn validate(&self) -> Result<()> {
@@ -395,17 +326,6 @@ impl Config {
                 "rope.dimension_count {} must be even and <= key_length {}",
                 self.n_rot, self.head_dim_k
             ));
-        }
-        if self.arch == Arch::Deepseek2 {
-            if self.kv_lora_rank == 0 {
-                return bad("deepseek2 needs attention.kv_lora_rank".into());
-            }
-            if self.head_dim_k_mla <= self.n_rot {
-                return bad(format!(
-                    "key_length_mla {} must exceed rope.dimension_count {}",
-                    self.head_dim_k_mla, self.n_rot
-                ));
-            }
         }
         // A sanity bound against absurd values before anything is allocated from them.
         for (name, v) in [
@@ -421,18 +341,72 @@ impl Config {
         }
         Ok(())
     }
+}
 
-    /// llama.cpp's kq scale for this architecture.
-    pub fn kq_scale(&self) -> f32 {
-        match self.arch {
-            Arch::Deepseek2 => {
-                let fs = self.rope.freq_scale;
-                let attn_factor_org = self.rope.attn_factor * (1.0 + 0.1 * (1.0 / fs).ln());
-                let mscale =
-                    attn_factor_org * (1.0 + 0.1 * self.rope_yarn_log_mul * (1.0 / fs).ln());
-                mscale * mscale / (self.head_dim_k_mla as f32).sqrt()
+/// RoPE as llama_context derives it from the metadata, the architecture's RoPE layout and its
+/// YaRN log multiplier.
+fn rope(c: &Config, k: &Keys) -> Result<Rope> {
+    let arch_name = k.arch;
+    let freq_base = k.float_opt("rope.freq_base")?.unwrap_or(10000.0);
+    let scaling = k.str_opt("rope.scaling.type").unwrap_or("linear");
+    let factor = match k.float_opt("rope.scaling.factor")? {
+        Some(f) => f,
+        None => k.float_opt("rope.scale_linear")?.unwrap_or(0.0),
+    };
+    let mut freq_scale = if factor == 0.0 { 1.0 } else { 1.0 / factor };
+    let n_ctx_orig = k
+        .uint_opt("rope.scaling.original_context_length")?
+        .unwrap_or(c.n_ctx_train) as u32;
+    let rope_attn_factor = k.float_opt("rope.scaling.attn_factor")?.unwrap_or(1.0);
+    let ext_factor;
+    let mut attn_factor = 1.0f32;
+    match scaling {
+        "none" => {
+            freq_scale = 1.0;
+            ext_factor = 0.0;
+        }
+        "linear" => ext_factor = 0.0,
+        "yarn" => {
+            ext_factor = 1.0;
+            // llama.cpp's own sources are built for baseline x86-64 (no FMA contraction,
+            // unlike the -march=native ggml CPU backend): plain multiply then add here.
+            let get_mscale = |scale: f32, mscale: f32| {
+                if scale <= 1.0 {
+                    1.0
+                } else {
+                    0.1 * mscale * scale.ln() + 1.0
+                }
+            };
+            let factor = 1.0 / freq_scale;
+            let log_mul = c.rope_yarn_log_mul;
+            if log_mul != 0.0 {
+                let mscale = if c.rope_yarn_mscale_is_log_mul && log_mul != 1.0 {
+                    log_mul
+                } else {
+                    1.0
+                };
+                attn_factor = get_mscale(factor, mscale) / get_mscale(factor, log_mul);
+            } else {
+                attn_factor = get_mscale(factor, 1.0);
             }
-            _ => 1.0 / (self.head_dim_k as f32).sqrt(),
+            attn_factor *= 1.0 / (1.0 + 0.1 * factor.ln());
+        }
+        other => {
+            return Err(Error::Model(format!(
+                "metadata '{arch_name}.rope.scaling.type' = '{other}': supported are none, linear, yarn"
+            )))
         }
     }
+    attn_factor *= rope_attn_factor;
+    Ok(Rope {
+        kind: c.rope.kind,
+        n_dims: c.n_rot,
+        freq_base,
+        freq_scale,
+        ext_factor,
+        attn_factor,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        n_ctx_orig,
+    })
 }

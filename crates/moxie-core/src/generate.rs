@@ -2,10 +2,10 @@
 
 use std::time::{Duration, Instant};
 
-use crate::kv_cache::KvCache;
 use crate::model::{Logits, Model};
 use crate::parallel::Parallel;
 use crate::sampling::Sampler;
+use crate::state::SeqState;
 use crate::Result;
 
 /// Timings of one generation, for the tokens/s report.
@@ -41,7 +41,7 @@ pub struct GenParams {
 /// token).
 pub fn generate(
     model: &Model,
-    cache: &mut KvCache,
+    cache: &mut SeqState,
     par: &Parallel,
     prompt: &[u32],
     params: &GenParams,

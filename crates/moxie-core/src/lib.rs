@@ -1,30 +1,32 @@
-//! moxie's inference core: hyper-parameters, architectures, the CPU forward pass, KV cache,
-//! sampling and the generation loop.
+//! moxie's inference core: hyper-parameters, architectures built from blocks, the forward pass
+//! on the CPU and GPUs, per-sequence state, placement, sampling and the generation loop.
 
 pub mod arch;
 pub mod bench;
+pub mod blocks;
 pub mod config;
 pub mod device;
+mod forward;
 pub mod generate;
-pub mod gpu_forward;
+mod gpu_pass;
 pub mod inventory;
-pub mod kv_cache;
+pub mod loader;
 pub mod model;
-pub mod moe;
 pub mod npy;
 pub mod ops;
 pub mod parallel;
 pub mod placement;
 pub mod sampling;
 mod spin_pool;
+pub mod state;
 pub mod synth;
 pub mod tensor;
 
 pub use config::{Arch, Config};
-pub use kv_cache::{KvCache, KvTypes};
 pub use model::{Logits, Model};
 pub use parallel::{Numerics, Parallel};
 pub use sampling::{Sampler, SamplerConfig};
+pub use state::{KvTypes, SeqState};
 
 /// Errors of the core crate.
 #[derive(Debug, thiserror::Error)]

@@ -56,7 +56,7 @@ fn rewrite_with(
     let file = GgufFile::from_bytes("rewritten.gguf", bytes).map_err(|e| e.to_string())?;
     let model = Model::load(Arc::new(file)).map_err(|e| e.to_string())?;
     // A model that loads must also run.
-    let mut cache = model.new_cache(Some(16)).unwrap();
+    let mut cache = model.new_state(Some(16)).unwrap();
     model
         .forward(&[1, 2, 3], &mut cache, &Parallel::single(), Logits::All)
         .map_err(|e| e.to_string())?;
@@ -164,7 +164,7 @@ fn out_of_vocabulary_token_and_full_context_are_errors() {
     let file = Arc::new(fixture("qwen3moe-tiny-F32"));
     let model = Model::load(file).unwrap();
     let par = Parallel::single();
-    let mut cache = model.new_cache(Some(4)).unwrap();
+    let mut cache = model.new_state(Some(4)).unwrap();
     let e = model
         .forward(&[5, 2048], &mut cache, &par, Logits::Last)
         .unwrap_err();

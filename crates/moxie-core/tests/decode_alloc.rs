@@ -7,8 +7,8 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use moxie_core::model::Ffn;
-use moxie_core::moe::{self, MoeScratch};
+use moxie_core::blocks::moe::{self, MoeScratch};
+use moxie_core::blocks::Ffn;
 use moxie_core::synth::{self, SynthSpec, SynthType};
 use moxie_core::{Model, Parallel};
 use moxie_gguf::GgufFile;
@@ -84,12 +84,12 @@ fn one_token_moe_allocates_nothing_after_the_first_token() {
                 // Sized by the first token of the first MoE layer; every other layer has the
                 // same shapes.
                 if first.is_none() {
-                    moe::forward(c, m, &inputs[0], 1, &par, &mut scratch).unwrap();
+                    moe::forward(m, &inputs[0], 1, &par, &mut scratch).unwrap();
                     first = Some(il);
                 }
                 for h in &inputs {
                     let before = ALLOCATIONS.load(Ordering::SeqCst);
-                    let out = moe::forward(c, m, h, 1, &par, &mut scratch).unwrap();
+                    let out = moe::forward(m, h, 1, &par, &mut scratch).unwrap();
                     let after = ALLOCATIONS.load(Ordering::SeqCst);
                     assert_eq!(out.len(), c.n_embd);
                     assert!(out.iter().all(|v| v.is_finite()));

@@ -115,7 +115,7 @@ fn check_all_fixtures(numerics: Numerics) {
             let tokens = token_ids(s);
             let (_, golden) =
                 moxie_core::npy::read_f32(&fx.join(s["logits_file"].as_str().unwrap())).unwrap();
-            let mut cache = model.new_cache(Some(512)).unwrap();
+            let mut cache = model.new_state(Some(512)).unwrap();
             let ours = model
                 .forward(&tokens, &mut cache, &par, Logits::All)
                 .unwrap();
@@ -165,7 +165,7 @@ fn check_all_fixtures(numerics: Numerics) {
             let check_n = margins.iter().position(|&m| m < 0.05).unwrap_or(want.len());
             // Generate all golden steps: the bound only covers steps before the first
             // near-tie, the rest is reported (it shows whether decode is bit-exact too).
-            let mut cache = model.new_cache(Some(512)).unwrap();
+            let mut cache = model.new_state(Some(512)).unwrap();
             let mut logits = model
                 .forward(&tokens, &mut cache, &par, Logits::Last)
                 .unwrap();
@@ -232,7 +232,7 @@ fn q8_0_kv_cache_stays_close_to_f16() {
             });
             for numerics in [Numerics::Exact, Numerics::Fast] {
                 let par = Parallel::new(2).with_numerics(numerics);
-                let run = |cache: &mut moxie_core::KvCache| {
+                let run = |cache: &mut moxie_core::SeqState| {
                     // The prompt in one batch, then its last 4 tokens again one at a time
                     // (decode against a cache that already holds positions).
                     let split = tokens.len().saturating_sub(4);
@@ -244,9 +244,9 @@ fn q8_0_kv_cache_stays_close_to_f16() {
                     }
                     all
                 };
-                let f16 = run(&mut model.new_cache(Some(512)).unwrap());
+                let f16 = run(&mut model.new_state(Some(512)).unwrap());
                 let q8 = moxie_core::KvTypes { k: q8, v: q8 };
-                let mut cache = model.new_cache_typed(Some(512), q8).unwrap();
+                let mut cache = model.new_state_typed(Some(512), q8).unwrap();
                 let ours = run(&mut cache);
                 let kld = mean_kld(&f16, &ours, n_vocab);
                 table.push_str(&format!(
@@ -285,7 +285,7 @@ fn fast_decode_matches_exact_decode() {
             let split = tokens.len().saturating_sub(20).max(1);
             let decode = |numerics: Numerics| {
                 let par = Parallel::new(2).with_numerics(numerics);
-                let mut cache = model.new_cache(Some(512)).unwrap();
+                let mut cache = model.new_state(Some(512)).unwrap();
                 // The prompt part in exact numerics for both, so only decode differs.
                 let exact = Parallel::new(2).with_numerics(Numerics::Exact);
                 model

@@ -317,12 +317,12 @@ fn budgets_and_unsupported_caches_are_clear_errors() {
     );
     // A q8_0 cache for GPU attention is refused with what to use instead.
     let model = Model::load_placed(Arc::clone(&file), &hybrid(&file, two_gpus())).unwrap();
-    let types = moxie_core::kv_cache::KvTypes {
+    let types = moxie_core::state::KvTypes {
         k: moxie_quant::GgmlType::Q8_0,
         v: moxie_quant::GgmlType::Q8_0,
     };
     let err = model
-        .new_cache_typed(Some(64), types)
+        .new_state_typed(Some(64), types)
         .err()
         .expect("q8_0 on the GPU")
         .to_string();
@@ -338,11 +338,12 @@ fn budgets_and_unsupported_caches_are_clear_errors() {
 /// sigmoid gating, selection bias, group-limited selection, normalisation and scale.
 #[test]
 fn gpu_routing_matches_route_top_k() {
+    use moxie_core::blocks::moe::Routing;
     use moxie_core::config::Gating;
     use moxie_gpu::ops::RouteSpec;
     use moxie_gpu::Buffer;
     let path = fixtures().join("models/deepseek2-tiny-F32.gguf");
-    let base = Model::load(open(&path)).unwrap().config;
+    let base = Routing::from_config(&Model::load(open(&path)).unwrap().config);
     let gpu = Gpu::new(EmuGpu::new("CUDA0", 1 << 26));
     let mut seed = 0x2545_f491_4f6c_dd1du64;
     let mut next = move || {
@@ -357,13 +358,13 @@ fn gpu_routing_matches_route_top_k() {
         (Gating::Softmax, 1, 1, false, 1.0, false),
         (Gating::Sigmoid, 4, 2, true, 2.5, true),
     ] {
-        let mut c = base.clone();
-        c.gating = gating;
-        c.n_expert_groups = groups;
-        c.n_group_used = used;
-        c.expert_weights_norm = norm;
-        c.expert_weights_scale = scale;
-        let (n_tok, ne, k) = (7, c.n_expert, c.n_expert_used);
+        let mut r = base;
+        r.gating = gating;
+        r.n_groups = groups;
+        r.n_group_used = used;
+        r.norm = norm;
+        r.scale = scale;
+        let (n_tok, ne, k) = (7, r.n_expert, r.n_expert_used);
         let logits: Vec<f32> = (0..n_tok * ne).map(|_| next()).collect();
         let bias: Vec<f32> = (0..ne).map(|_| next() * 0.05).collect();
         let lb = Buffer::from_f32(gpu.backend(), &logits).unwrap();
@@ -387,8 +388,8 @@ fn gpu_routing_matches_route_top_k() {
         let mut got_w = vec![0f32; n_tok * k];
         w.read_f32(0, &mut got_w).unwrap();
         for t in 0..n_tok {
-            let want = moxie_core::model::route_top_k(
-                &c,
+            let want = moxie_core::blocks::moe::route_top_k(
+                &r,
                 &logits[t * ne..(t + 1) * ne],
                 with_bias.then_some(&bias[..]),
             );

@@ -4,11 +4,11 @@
 
 mod common;
 
-use moxie_core::kv_cache::KvTypes;
 use moxie_core::placement::{
     device_list, plan_for_file, DeviceSpec, PlacementArg, PlacementOptions, Plan, RunShape,
     SplitMode, TensorGroup,
 };
+use moxie_core::state::KvTypes;
 use moxie_gguf::GgufFile;
 use moxie_quant::GgmlType;
 use serde_json::Value;

@@ -113,9 +113,9 @@ fn budgets_hold_weights_and_cache_and_refuse_overflow() {
     // Weights cross once, at load.
     assert_eq!(model.devices.get(SIM0).stats().bytes_in, want[SIM0]);
 
-    let cache = model.new_cache(Some(64)).unwrap();
+    let cache = model.new_state(Some(64)).unwrap();
     let kv: u64 = (0..model.config.n_layer)
-        .filter(|il| model.layer_devices[*il].attn == SIM0)
+        .filter(|il| model.layers[*il].devices().attn == SIM0)
         .map(|il| cache.layer_bytes_when_full(il) as u64)
         .sum();
     assert!(kv > 0);
@@ -143,7 +143,7 @@ fn budgets_hold_weights_and_cache_and_refuse_overflow() {
     let tight = spread(&file, Devices::with_sims(&[want[SIM0] + kv / 2, 1 << 30]));
     let model = Model::load_placed(Arc::clone(&file), &tight).unwrap();
     let err = model
-        .new_cache(Some(64))
+        .new_state(Some(64))
         .err()
         .expect("cache over budget")
         .to_string();

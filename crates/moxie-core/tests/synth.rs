@@ -411,7 +411,7 @@ fn generated_tiny_models_run_with_peaked_logits() {
             let file = Arc::new(GgufFile::open(&path).unwrap());
             let model = Model::load(file).unwrap();
             let n_vocab = model.config.n_vocab;
-            let mut cache = model.new_cache(Some(64)).unwrap();
+            let mut cache = model.new_state(Some(64)).unwrap();
             let tokens: Vec<u32> = (0..24).map(|i| (i * 37 + 5) % 2000).collect();
             let logits = model
                 .forward(&tokens, &mut cache, &Parallel::new(2), Logits::All)
@@ -470,9 +470,11 @@ fn decode_bytes_count_every_dense_weight_and_the_selected_experts_share() {
     assert_eq!(b.embedding_row, embd / c.n_vocab as u64);
     assert_eq!(b.dense, file.total_tensor_bytes() - routed - embd);
     let per_pos: usize = model
-        .kv_shapes()
+        .state_specs()
         .iter()
-        .map(|s| (s.k_width + s.v_width) * 2)
+        .flat_map(|s| [s.keys, s.values])
+        .flatten()
+        .map(|r| r.width * 2)
         .sum();
     assert_eq!(b.kv, 10 * per_pos as u64);
 }

@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
-use moxie_core::{KvCache, KvTypes, Logits, Model, Parallel, Sampler, SamplerConfig};
+use moxie_core::{KvTypes, Logits, Model, Parallel, Sampler, SamplerConfig, SeqState};
 use moxie_tokenizer::{Tokenizer, Utf8Stream};
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -131,7 +131,7 @@ impl Engine {
         let mut slots = Vec::with_capacity(config.n_slots);
         for _ in 0..config.n_slots {
             slots.push(Slot {
-                cache: model.new_cache_typed(Some(config.n_ctx), config.kv_types)?,
+                state: model.new_state_typed(Some(config.n_ctx), config.kv_types)?,
                 tokens: Vec::new(),
                 last_used: 0,
                 active: None,
@@ -213,11 +213,20 @@ impl Engine {
 }
 
 struct Slot {
-    cache: KvCache,
-    /// The tokens whose keys and values `cache` holds.
+    state: SeqState,
+    /// The tokens `state` holds (their keys and values, or the recurrent state after them).
     tokens: Vec<u32>,
     last_used: u64,
     active: Option<Active>,
+}
+
+impl Slot {
+    /// Forget everything the slot holds.
+    fn reset(&mut self) {
+        // A state that cannot even be reset fails the next request's restore, which says so.
+        let _ = self.state.truncate(0);
+        self.tokens.clear();
+    }
 }
 
 /// A request in a slot.
@@ -299,9 +308,8 @@ impl Worker {
                         if let Some(a) = self.slots[i].active.take() {
                             let _ = a.job.events.send(Event::Error(e));
                         }
-                        // The cache may hold part of a failed batch: start it afresh.
-                        self.slots[i].cache.truncate(0);
-                        self.slots[i].tokens.clear();
+                        // The state may hold part of a failed batch: start it afresh.
+                        self.slots[i].reset();
                     }
                 }
             }
@@ -313,7 +321,7 @@ impl Worker {
         let m = &self.engine.metrics;
         let busy = self.slots.iter().filter(|s| s.active.is_some()).count();
         m.requests_processing.store(busy as u64, Relaxed);
-        let held: usize = self.slots.iter().map(|s| s.cache.len()).sum();
+        let held: usize = self.slots.iter().map(|s| s.state.len()).sum();
         m.kv_cache_tokens.store(held as u64, Relaxed);
     }
 
@@ -364,12 +372,22 @@ impl Worker {
         self.clock += 1;
         let slot = &mut self.slots[i];
         slot.last_used = self.clock;
-        // Reuse the cached prefix; at least one token is evaluated, for its logits.
+        // Reuse the cached prefix; at least one token is evaluated, for its logits. A model
+        // with recurrent layers keeps less: its state only exists where it was checkpointed.
         let mut keep = common_prefix(&slot.tokens, &job.prompt);
         if keep == job.prompt.len() {
             keep -= 1;
         }
-        slot.cache.truncate(keep);
+        let keep = match slot.state.truncate(keep) {
+            Ok(kept) => kept,
+            Err(e) => {
+                let _ = job.events.send(Event::Error(ApiError::internal(format!(
+                    "restoring the slot's state: {e}"
+                ))));
+                slot.reset();
+                return;
+            }
+        };
         slot.tokens.truncate(keep);
         let mut sampler = Sampler::new(job.sampler.clone());
         let window = job.sampler.repeat_last_n;
@@ -411,12 +429,17 @@ impl Worker {
             };
             let logits = self
                 .model
-                .forward(&chunk, &mut slot.cache, &self.par, which)
+                .forward(&chunk, &mut slot.state, &self.par, which)
                 .map_err(|e| ApiError::internal(format!("evaluating the prompt: {e}")))?;
             slot.tokens.extend_from_slice(&chunk);
             if !a.pending.is_empty() {
                 return Ok(Step::Continue);
             }
+            // The end of the prompt is where a later request is most likely to diverge: keep
+            // the recurrent state here (nothing is kept for attention-only models).
+            slot.state
+                .checkpoint()
+                .map_err(|e| ApiError::internal(format!("checkpointing the state: {e}")))?;
             let now = Instant::now();
             a.t_prompt_done = Some(now);
             let m = &self.engine.metrics;
@@ -426,12 +449,12 @@ impl Worker {
             logits
         } else {
             let t = a.next.expect("a sampled token follows the prompt");
-            if slot.cache.len() >= slot.cache.n_ctx() {
+            if slot.state.len() >= slot.state.n_ctx() {
                 return Ok(self.finish(i, "length"));
             }
             let logits = self
                 .model
-                .forward(&[t], &mut slot.cache, &self.par, Logits::Last)
+                .forward(&[t], &mut slot.state, &self.par, Logits::Last)
                 .map_err(|e| ApiError::internal(format!("generating: {e}")))?;
             slot.tokens.push(t);
             logits
@@ -513,6 +536,9 @@ impl Worker {
         let Some(mut a) = slot.active.take() else {
             return Step::Finished;
         };
+        // A follow-up request usually repeats the whole exchange: keep the recurrent state
+        // at its end too. A failed checkpoint only means recomputing from an earlier one.
+        let _ = slot.state.checkpoint();
         let now = Instant::now();
         let t_prompt = a.t_prompt_done.unwrap_or(now);
         let rest = a.utf8.finish();

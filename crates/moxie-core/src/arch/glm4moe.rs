@@ -1,23 +1,47 @@
 //! GLM-4.5/4.6/4.7 (`glm4moe`): GQA with q/k/v biases and optional per-head q/k norms, partial
 //! NEOX rotary, `post_attention_norm` before the FFN, leading dense layers, sigmoid-gated
-//! experts with selection bias plus a shared expert. The trailing MTP (nextn) block is not
-//! part of the main graph and is skipped.
+//! experts (the default when the metadata names no gating function) with selection bias plus
+//! a shared expert. The trailing MTP (nextn) block is not part of the main graph and is
+//! skipped.
 
-use super::{blk, dense_ffn, gqa_attention, moe_ffn};
-use crate::config::Config;
-use crate::model::{Layer, TensorSource};
+use super::{
+    attention_tensors, blk, dense_ffn, ffn_tensors, gqa_attention, moe_ffn, ArchDef, QkNorm,
+};
+use crate::blocks::Layer;
+use crate::config::{Arch, Config, Gating, Keys};
+use crate::loader::TensorSource;
+use crate::ops::RopeKind;
 use crate::Result;
 
-pub(crate) fn load_layer(c: &Config, src: &TensorSource, il: usize) -> Result<Layer> {
-    let ffn = if il < c.n_layer_dense_lead {
-        dense_ffn(c, src, il)?
-    } else {
-        moe_ffn(c, src, il)?
-    };
-    Ok(Layer {
-        attn_norm: src.vec(&blk(il, "attn_norm.weight"), c.n_embd)?,
-        attn: gqa_attention(c, src, il, true, false)?,
-        ffn_norm: src.vec(&blk(il, "post_attention_norm.weight"), c.n_embd)?,
-        ffn,
-    })
+pub(crate) const DEF: ArchDef = ArchDef {
+    arch: Arch::Glm4Moe,
+    hparams,
+    layers,
+};
+
+fn hparams(c: &mut Config, k: &Keys) -> Result<()> {
+    if k.uint_opt("expert_gating_func")?.unwrap_or(0) == 0 {
+        c.gating = Gating::Sigmoid;
+    }
+    c.rope.kind = RopeKind::Neox;
+    Ok(())
+}
+
+fn layers(c: &Config, _: &Keys, src: &TensorSource) -> Result<Vec<Layer>> {
+    (0..c.n_layer)
+        .map(|il| {
+            let attn = attention_tensors(src, il);
+            let ffn = ffn_tensors(src, il);
+            Ok(Layer {
+                attn_norm: attn.vec(&blk(il, "attn_norm.weight"), c.n_embd)?,
+                mixer: gqa_attention(c, &attn, il, true, QkNorm::Optional)?,
+                ffn_norm: ffn.vec(&blk(il, "post_attention_norm.weight"), c.n_embd)?,
+                ffn: if il < c.n_layer_dense_lead {
+                    dense_ffn(c, &ffn, il)?
+                } else {
+                    moe_ffn(c, &ffn, src, il)?
+                },
+            })
+        })
+        .collect()
 }

@@ -1,90 +1,145 @@
-//! Per-architecture tensor layouts. Each file names the tensors of one block with their
-//! shapes (as llama.cpp's loader declares them); the forward pass is shared (`model.rs`).
+//! The architectures moxie runs. Each file declares, for one architecture: where its
+//! hyper-parameters differ from the common ones (`config.rs`), the tensors of its layers with
+//! their shapes (as llama.cpp's loader declares them), and the blocks each layer is built
+//! from. The blocks themselves (`crate::blocks`) and the forward pass are shared.
 
 pub mod deepseek2;
 pub mod glm4moe;
 pub mod qwen3moe;
 
-use crate::config::Config;
-use crate::model::{Attention, DenseFfn, Ffn, Gqa, Moe, TensorSource};
+use crate::blocks::moe::Routing;
+use crate::blocks::{DenseFfn, Ffn, Gqa, Layer, Mixer, Moe};
+use crate::config::{Arch, Config, Keys};
+use crate::loader::{BlockTensors, TensorSource};
 use crate::Result;
+
+/// One architecture: its hyper-parameter quirks and its layers.
+pub(crate) struct ArchDef {
+    pub arch: Arch,
+    /// Adjust the common hyper-parameters where llama.cpp's graph for this architecture
+    /// differs (gating default, RoPE layout, YaRN fix-ups).
+    pub hparams: fn(&mut Config, &Keys) -> Result<()>,
+    /// Every layer of the main graph, its tensors loaded where the placement puts them.
+    pub layers: fn(&Config, &Keys, &TensorSource) -> Result<Vec<Layer>>,
+}
+
+/// The definition of `arch`.
+pub(crate) fn def(arch: Arch) -> &'static ArchDef {
+    match arch {
+        Arch::Deepseek2 => &deepseek2::DEF,
+        Arch::Glm4Moe => &glm4moe::DEF,
+        Arch::Qwen3Moe => &qwen3moe::DEF,
+    }
+}
 
 /// `blk.{il}.{name}`
 pub(crate) fn blk(il: usize, name: &str) -> String {
     format!("blk.{il}.{name}")
 }
 
+/// The tensors of layer `il`'s token mixer (with its norm).
+pub(crate) fn attention_tensors<'a>(src: &'a TensorSource<'a>, il: usize) -> BlockTensors<'a> {
+    src.block(format!("layer {il}'s attention"))
+}
+
+/// The tensors of layer `il`'s feed-forward part (its norm, a dense FFN or the router,
+/// selection bias and shared expert).
+pub(crate) fn ffn_tensors<'a>(src: &'a TensorSource<'a>, il: usize) -> BlockTensors<'a> {
+    src.block(format!(
+        "layer {il}'s FFN norm, router and shared or dense FFN"
+    ))
+}
+
 /// The dense SwiGLU FFN of a leading dense layer.
-pub(crate) fn dense_ffn(c: &Config, src: &TensorSource, il: usize) -> Result<Ffn> {
+pub(crate) fn dense_ffn(c: &Config, t: &BlockTensors, il: usize) -> Result<Ffn> {
     Ok(Ffn::Dense(Box::new(DenseFfn {
-        gate: src.get(&blk(il, "ffn_gate.weight"), &[c.n_embd, c.n_ff])?,
-        up: src.get(&blk(il, "ffn_up.weight"), &[c.n_embd, c.n_ff])?,
-        down: src.get(&blk(il, "ffn_down.weight"), &[c.n_ff, c.n_embd])?,
+        gate: t.get(&blk(il, "ffn_gate.weight"), &[c.n_embd, c.n_ff])?,
+        up: t.get(&blk(il, "ffn_up.weight"), &[c.n_embd, c.n_ff])?,
+        down: t.get(&blk(il, "ffn_down.weight"), &[c.n_ff, c.n_embd])?,
+        device: t.device(),
     })))
 }
 
-/// Routed experts, selection bias and shared experts of an MoE layer.
-pub(crate) fn moe_ffn(c: &Config, src: &TensorSource, il: usize) -> Result<Ffn> {
+/// Routed experts (their own block: they may live on another device), selection bias and
+/// shared experts of an MoE layer; the router and shared expert load through `t`.
+pub(crate) fn moe_ffn(c: &Config, t: &BlockTensors, src: &TensorSource, il: usize) -> Result<Ffn> {
     let (e, d, f) = (c.n_expert, c.n_embd, c.n_ff_exp);
+    let experts = src.block(format!("layer {il}'s routed experts"));
+    let router = t.get(&blk(il, "ffn_gate_inp.weight"), &[d, e])?;
+    let probs_bias = t.vec_opt(&blk(il, "exp_probs_b.bias"), e)?;
     let shared = if c.n_expert_shared > 0 {
         let fs = f * c.n_expert_shared;
         Some(DenseFfn {
-            gate: src.get(&blk(il, "ffn_gate_shexp.weight"), &[d, fs])?,
-            up: src.get(&blk(il, "ffn_up_shexp.weight"), &[d, fs])?,
-            down: src.get(&blk(il, "ffn_down_shexp.weight"), &[fs, d])?,
+            gate: t.get(&blk(il, "ffn_gate_shexp.weight"), &[d, fs])?,
+            up: t.get(&blk(il, "ffn_up_shexp.weight"), &[d, fs])?,
+            down: t.get(&blk(il, "ffn_down_shexp.weight"), &[fs, d])?,
+            device: t.device(),
         })
     } else {
         None
     };
     Ok(Ffn::Moe(Box::new(Moe {
-        router: src.get(&blk(il, "ffn_gate_inp.weight"), &[d, e])?,
-        probs_bias: src.vec_opt(&blk(il, "exp_probs_b.bias"), e)?,
-        gate_exps: src.get(&blk(il, "ffn_gate_exps.weight"), &[d, f, e])?,
-        up_exps: src.get(&blk(il, "ffn_up_exps.weight"), &[d, f, e])?,
-        down_exps: src.get(&blk(il, "ffn_down_exps.weight"), &[f, d, e])?,
+        routing: Routing::from_config(c),
+        router,
+        probs_bias,
+        gate_exps: experts.get(&blk(il, "ffn_gate_exps.weight"), &[d, f, e])?,
+        up_exps: experts.get(&blk(il, "ffn_up_exps.weight"), &[d, f, e])?,
+        down_exps: experts.get(&blk(il, "ffn_down_exps.weight"), &[f, d, e])?,
         shared,
+        device: t.device(),
+        experts_device: experts.device(),
     })))
 }
 
+/// Whether a GQA layer's per-head q/k norms are required, optional or absent.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum QkNorm {
+    Required,
+    Optional,
+}
+
 /// Grouped-query attention tensors (`attn_q/k/v/output`), with optional q/k/v biases and
-/// per-head q/k RMS norms that are required when `qk_norm_required`.
+/// per-head q/k RMS norms.
 pub(crate) fn gqa_attention(
     c: &Config,
-    src: &TensorSource,
+    t: &BlockTensors,
     il: usize,
     with_biases: bool,
-    qk_norm_required: bool,
-) -> Result<Attention> {
+    qk_norm: QkNorm,
+) -> Result<Mixer> {
     let d = c.n_embd;
     let hd = c.head_dim_k;
     let (q_w, kv_w) = (c.n_head * hd, c.n_head_kv * hd);
     let v_w = c.n_head_kv * c.head_dim_v;
-    let bias = |name: &str, len: usize| -> Result<Option<Vec<f32>>> {
+    let bias = |name: &str, len: usize| {
         if with_biases {
-            src.vec_opt(&blk(il, name), len)
+            t.vec_opt(&blk(il, name), len)
         } else {
             Ok(None)
         }
     };
-    let norm = |name: &str| -> Result<Option<Vec<f32>>> {
-        if qk_norm_required {
-            src.vec(&blk(il, name), hd).map(Some)
-        } else {
-            src.vec_opt(&blk(il, name), hd)
-        }
+    let norm = |name: &str| match qk_norm {
+        QkNorm::Required => t.vec(&blk(il, name), hd).map(Some),
+        QkNorm::Optional => t.vec_opt(&blk(il, name), hd),
     };
-    Ok(Attention::Gqa(Gqa {
-        wq: src.get(&blk(il, "attn_q.weight"), &[d, q_w])?,
-        wk: src.get(&blk(il, "attn_k.weight"), &[d, kv_w])?,
-        wv: src.get(&blk(il, "attn_v.weight"), &[d, v_w])?,
+    Ok(Mixer::Gqa(Gqa {
+        wq: t.get(&blk(il, "attn_q.weight"), &[d, q_w])?,
+        wk: t.get(&blk(il, "attn_k.weight"), &[d, kv_w])?,
+        wv: t.get(&blk(il, "attn_v.weight"), &[d, v_w])?,
         bq: bias("attn_q.bias", q_w)?,
         bk: bias("attn_k.bias", kv_w)?,
         bv: bias("attn_v.bias", v_w)?,
         q_norm: norm("attn_q_norm.weight")?,
         k_norm: norm("attn_k_norm.weight")?,
-        wo: src.get(
+        wo: t.get(
             &blk(il, "attn_output.weight"),
             &[c.n_head * c.head_dim_v, d],
         )?,
+        n_head: c.n_head,
+        n_head_kv: c.n_head_kv,
+        head_k: hd,
+        head_v: c.head_dim_v,
+        kq_scale: 1.0 / (hd as f32).sqrt(),
+        device: t.device(),
     }))
 }

@@ -5,7 +5,7 @@ use moxie_gguf::TensorInfo;
 use moxie_quant::GgmlType;
 
 use super::*;
-use crate::kv_cache::{KvTypes, LayerKvShape};
+use crate::state::{KvTypes, LayerStateSpec, RowSpec};
 
 const MIB: u64 = 1 << 20;
 
@@ -38,11 +38,14 @@ fn model() -> (ModelShape, Vec<TensorInfo>) {
             tensors.push(tensor(&format!("blk.{il}.ffn_{p}_exps.weight"), 300 * MIB));
         }
     }
-    let kv = LayerKvShape {
-        k_width: 64,
-        v_width: 64,
-        head_k: 16,
-        head_v: 16,
+    let rows = RowSpec {
+        width: 64,
+        head: 16,
+    };
+    let kv = LayerStateSpec {
+        keys: Some(rows),
+        values: Some(rows),
+        ..Default::default()
     };
     let shape = ModelShape {
         arch: "test".into(),

@@ -8,7 +8,7 @@ use super::devices::{human_bytes, DeviceKind, DeviceSpec};
 use super::rules::{compile_rules, first_match, PlacementArg, Rule, RuleOrigin};
 use super::shape::ModelShape;
 use crate::inventory::{layer_of, Role};
-use crate::kv_cache::{kv_type_name, KvTypes};
+use crate::state::{kv_type_name, KvTypes};
 use crate::{Error, Result};
 
 /// Memory a GPU needs beyond weights, KV and compute buffers: the CUDA context, cuBLAS
@@ -385,7 +385,9 @@ pub fn plan(
     let kv_bytes: Vec<u64> = model
         .kv
         .iter()
-        .map(|s| s.bytes_per_position(run.kv_types) * run.kv_positions(model) as u64)
+        .map(|s| {
+            s.bytes_per_position(run.kv_types) * run.kv_positions(model) as u64 + s.fixed_bytes()
+        })
         .collect();
 
     // llama.cpp's assignment: the first matching rule, else the tensor's layer's device.

@@ -5,7 +5,7 @@ use serde_json::{json, Value};
 use super::devices::human_bytes;
 use super::plan::{ranges, LayerPlacement, Plan};
 use super::rules::RuleOrigin;
-use crate::kv_cache::kv_type_name;
+use crate::state::kv_type_name;
 
 impl Plan {
     fn device_name(&self, d: usize) -> &str {

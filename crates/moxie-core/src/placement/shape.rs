@@ -5,7 +5,7 @@
 
 use moxie_gguf::{Metadata, TensorInfo};
 
-use crate::kv_cache::LayerKvShape;
+use crate::state::{LayerStateSpec, RowSpec};
 use crate::{Error, Result};
 
 /// What the planner needs to know about a model besides its tensor index.
@@ -29,8 +29,8 @@ pub struct ModelShape {
     pub ffn_width: usize,
     /// `<arch>.context_length`, if given.
     pub n_ctx_train: Option<usize>,
-    /// KV cache geometry of each main (non-nextn) block.
-    pub kv: Vec<LayerKvShape>,
+    /// What each main (non-nextn) block keeps per sequence.
+    pub kv: Vec<LayerStateSpec>,
 }
 
 impl ModelShape {
@@ -80,11 +80,9 @@ impl ModelShape {
             Some(kv_lora) => {
                 let n_rot = keys.required("rope.dimension_count")?;
                 let width = kv_lora + n_rot;
-                let shape = LayerKvShape {
-                    k_width: width,
-                    v_width: 0,
-                    head_k: width,
-                    head_v: 0,
+                let shape = LayerStateSpec {
+                    keys: Some(RowSpec { width, head: width }),
+                    ..Default::default()
                 };
                 (vec![shape; n_main], width)
             }
@@ -94,11 +92,16 @@ impl ModelShape {
                 let head_v = keys.scalar("attention.value_length")?.unwrap_or(head_k);
                 let kv = heads_kv[..n_main]
                     .iter()
-                    .map(|&n_kv| LayerKvShape {
-                        k_width: n_kv * head_k,
-                        v_width: n_kv * head_v,
-                        head_k,
-                        head_v,
+                    .map(|&n_kv| LayerStateSpec {
+                        keys: Some(RowSpec {
+                            width: n_kv * head_k,
+                            head: head_k,
+                        }),
+                        values: Some(RowSpec {
+                            width: n_kv * head_v,
+                            head: head_v,
+                        }),
+                        ..Default::default()
                     })
                     .collect();
                 (kv, head_k.max(head_v))

@@ -81,7 +81,7 @@ pub fn block(name: &str) -> Option<(usize, &str)> {
 pub fn prefill_and_decode(model: &Model, par: &Parallel) -> Vec<f32> {
     let n_vocab = model.config.n_vocab as u32;
     let tokens: Vec<u32> = (0..22u32).map(|i| (i * 37 + 5) % n_vocab).collect();
-    let mut cache = model.new_cache(Some(64)).unwrap();
+    let mut cache = model.new_state(Some(64)).unwrap();
     let mut all = model
         .forward(&tokens[..19], &mut cache, par, Logits::All)
         .unwrap();

@@ -1,154 +1,21 @@
-//! The routed-expert feed-forward layer: route each token to its top-k experts, run those
-//! experts' SwiGLU blocks, and sum their outputs weighted by the router (plus the shared
-//! expert). This is where decode spends most of its time, so both paths keep the number of
-//! parallel hand-offs per layer small and constant:
-//!
-//! - one token ([`one_token`]): the selected experts' gate and up projections (and the shared
-//!   expert's) in one region, their down projections in another;
-//! - a batch ([`batch`]): tokens grouped by expert so each expert's weights are read once per
-//!   batch; one region gathers each expert's input rows, one computes every (expert, 32-row
-//!   chunk) of gate and up plus SiLU·mul, one converts each expert's results for its down
-//!   projection, one runs every (expert, chunk) of the down projections, one sums each
-//!   token's experts.
-//!
-//! Every product is the kernel [`crate::tensor::Mat`] would pick for that expert alone, so the
-//! grouping changes scheduling, not results.
+//! The routed experts on the CPU, in the two shapes decode and prefill need (see the parent
+//! module): one token's selected experts as two parallel regions, and a batch grouped by
+//! expert. Every product is the kernel [`crate::tensor::Mat`] would pick for that expert alone,
+//! so the grouping changes scheduling, not results.
 
 use moxie_quant::GgmlType;
 
-use crate::config::Config;
-use crate::model::{dense_ffn, route_top_k_into, DenseFfn, Moe, RouteScratch};
+use super::{Moe, MoeScratch};
+use crate::blocks::DenseFfn;
 use crate::ops;
 use crate::parallel::Parallel;
 use crate::tensor::{gemv_many, ChunkedLayout, Mat, QuantizedActs, TILE};
-use crate::{Error, Result};
-
-/// The MoE layer for `n` rows of `h` (each `n_embd` long, already normed), as the forward pass
-/// runs it when the routed experts live with the rest of the layer: [`route`], then
-/// [`routed_experts`] with the shared expert fused in. Public for the micro-benchmarks. The
-/// result (`n * n_embd` values) lives in `scratch` until its next use.
-pub fn forward<'s>(
-    c: &Config,
-    m: &Moe,
-    h: &[f32],
-    n: usize,
-    par: &Parallel,
-    scratch: &'s mut MoeScratch,
-) -> Result<&'s [f32]> {
-    route(c, m, h, n, par, scratch)?;
-    experts(c, m, h, n, par, scratch, true)?;
-    Ok(&scratch.out)
-}
-
-/// Each of the `n` tokens' top-k experts and weights from the router, into `scratch` (read by
-/// [`routed_experts`], and by [`MoeScratch::routes`] for whoever moves them between devices).
-pub fn route(
-    c: &Config,
-    m: &Moe,
-    h: &[f32],
-    n: usize,
-    par: &Parallel,
-    s: &mut MoeScratch,
-) -> Result<()> {
-    let router = m.router.matrix()?;
-    s.router_in.refill(router.act_type(), c.n_embd, h);
-    s.logits.resize(n * c.n_expert, 0.0);
-    router.matmul_q(par, &s.router_in, &mut s.logits);
-    s.routes.clear();
-    for l in s.logits.chunks_exact(c.n_expert) {
-        route_top_k_into(c, l, m.probs_bias.as_deref(), &mut s.routing, &mut s.routes);
-    }
-    Ok(())
-}
-
-/// The routed experts alone (no shared expert) for the routes [`route`] left in `scratch`: the
-/// weighted sum per token, `n * n_embd` values. Used where the routed experts live on another
-/// device than the rest of the layer; the caller adds the shared expert (the same sum as
-/// [`forward`]'s: routed experts in selection order, then the shared expert).
-pub fn routed_experts<'s>(
-    c: &Config,
-    m: &Moe,
-    h: &[f32],
-    n: usize,
-    par: &Parallel,
-    scratch: &'s mut MoeScratch,
-) -> Result<&'s [f32]> {
-    experts(c, m, h, n, par, scratch, false)?;
-    Ok(&scratch.out)
-}
-
-fn experts(
-    c: &Config,
-    m: &Moe,
-    h: &[f32],
-    n: usize,
-    par: &Parallel,
-    s: &mut MoeScratch,
-    with_shared: bool,
-) -> Result<()> {
-    let k = c.n_expert_used;
-    if s.routes.len() != n * k {
-        return Err(Error::Model(format!(
-            "MoE: {} routes for {n} tokens of top-{k}",
-            s.routes.len()
-        )));
-    }
-    let shared = if with_shared { m.shared.as_ref() } else { None };
-    if n == 1 {
-        one_token(c, m, h, par, s, shared)
-    } else {
-        s.out = batch(c, m, h, n, par, &s.routes, shared)?;
-        Ok(())
-    }
-}
-
-/// Everything the one-token path writes, kept from token to token so that decode allocates
-/// nothing once the first token has sized the buffers (checked by `tests/decode_alloc.rs`).
-#[derive(Default)]
-pub struct MoeScratch {
-    router_in: QuantizedActs,
-    logits: Vec<f32>,
-    routing: RouteScratch,
-    /// Every token's routes, top-k each, token after token.
-    routes: Vec<(usize, f32)>,
-    /// The layer input, once per activation type the gate/up matrices consume.
-    inputs: ActsByType,
-    /// Gate, up and shared gate, up results, then SiLU·mul in the gate part.
-    gate_up: Vec<f32>,
-    down_in: QuantizedActs,
-    shared_down_in: QuantizedActs,
-    down: Vec<f32>,
-    /// (matrix, activation row) lists for [`gemv_many`]; empty between uses, only the
-    /// allocation is kept (see [`recycle`]).
-    products: Vec<(Mat<'static>, &'static [u8])>,
-    out: Vec<f32>,
-}
-
-impl MoeScratch {
-    /// The routes of the last [`route`]: top-k (expert, weight) per token, token after token.
-    pub fn routes(&self) -> &[(usize, f32)] {
-        &self.routes
-    }
-
-    /// Routes chosen elsewhere (by a GPU's router): `ids[i]` with `weights[i]`, top-k per
-    /// token, token after token. Fails on an expert id outside `0..n_expert`.
-    pub fn set_routes(&mut self, ids: &[i32], weights: &[f32], n_expert: usize) -> Result<()> {
-        self.routes.clear();
-        for (&e, &w) in ids.iter().zip(weights) {
-            let e = usize::try_from(e)
-                .ok()
-                .filter(|&e| e < n_expert)
-                .ok_or_else(|| Error::Model(format!("MoE: routed to expert {e} of {n_expert}")))?;
-            self.routes.push((e, w));
-        }
-        Ok(())
-    }
-}
+use crate::Result;
 
 /// An empty vector for items of other lifetimes that keeps `v`'s allocation: std collects a
 /// `vec::IntoIter` adapter in place when the item layouts match, as they do here, so per-token
 /// lists of borrowed items reuse one buffer without `unsafe`.
-fn recycle<'a, 'b>(mut v: Vec<(Mat<'a>, &'a [u8])>) -> Vec<(Mat<'b>, &'b [u8])> {
+pub(super) fn recycle<'a, 'b>(mut v: Vec<(Mat<'a>, &'a [u8])>) -> Vec<(Mat<'b>, &'b [u8])> {
     v.clear();
     v.into_iter()
         .map(|_| unreachable!("the vector is empty"))
@@ -158,8 +25,7 @@ fn recycle<'a, 'b>(mut v: Vec<(Mat<'a>, &'a [u8])>) -> Vec<(Mat<'b>, &'b [u8])> 
 /// One token (decode): the selected experts' gate and up projections and the shared expert's (if
 /// given) in one parallel region, SiLU·mul, then every down projection in a second region, and
 /// the routing-weighted sum into `s.out`.
-fn one_token(
-    c: &Config,
+pub(super) fn one_token(
     m: &Moe,
     h: &[f32],
     par: &Parallel,
@@ -177,7 +43,7 @@ fn one_token(
         routes: route,
         ..
     } = s;
-    let n_embd = c.n_embd;
+    let n_embd = m.n_embd();
     let k = route.len();
     let n_ff = m.gate_exps.ne[1];
     let shared = match shared {
@@ -251,7 +117,7 @@ fn add_weighted(out: &mut [f32], v: &[f32], w: f32, first: bool) {
 /// The same rows converted once per activation type; the buffers are reused by the next
 /// [`ActsByType::convert`].
 #[derive(Default)]
-struct ActsByType {
+pub(super) struct ActsByType {
     acts: Vec<QuantizedActs>,
     /// How many of `acts` hold the current rows.
     n_used: usize,
@@ -297,8 +163,7 @@ struct Routed<'a> {
 }
 
 /// A batch: tokens grouped by expert; see the module documentation for the five regions.
-fn batch(
-    c: &Config,
+pub(super) fn batch(
     m: &Moe,
     h: &[f32],
     n: usize,
@@ -306,10 +171,10 @@ fn batch(
     routes: &[(usize, f32)],
     shared: Option<&DenseFfn>,
 ) -> Result<Vec<f32>> {
-    let n_embd = c.n_embd;
-    let k_used = c.n_expert_used;
+    let n_embd = m.n_embd();
+    let k_used = m.routing.n_expert_used;
     let routes: Vec<&[(usize, f32)]> = routes.chunks_exact(k_used).collect();
-    let mut by_expert: Vec<Vec<(usize, usize)>> = vec![Vec::new(); c.n_expert];
+    let mut by_expert: Vec<Vec<(usize, usize)>> = vec![Vec::new(); m.routing.n_expert];
     for (t, r) in routes.iter().enumerate() {
         for (slot, &(e, _)) in r.iter().enumerate() {
             by_expert[e].push((t, slot));
@@ -430,7 +295,7 @@ fn batch(
         }
     });
     if let Some(s) = shared {
-        let sh = dense_ffn(s, h, n, Some(input.get(gate_ty)), par)?;
+        let sh = s.cpu_rows(h, n, Some(input.get(gate_ty)), par)?;
         ops::add_assign(&mut out, &sh);
     }
     Ok(out)

@@ -1,0 +1,106 @@
+//! The gated (SwiGLU) feed-forward block: `down(silu(gate(h)) * up(h))`. The dense FFN of
+//! leading dense layers, and the shared expert of MoE layers.
+
+use moxie_gpu::{DevPtr, Gpu};
+
+use crate::blocks::matmul_shared;
+use crate::device::DeviceId;
+use crate::forward::{Block, Pass};
+use crate::gpu_pass::{weight, GpuPass};
+use crate::ops;
+use crate::parallel::Parallel;
+use crate::state::LayerState;
+use crate::tensor::{QuantizedActs, Tensor};
+use crate::Result;
+
+pub struct DenseFfn {
+    /// Where its weights are.
+    pub device: DeviceId,
+    pub gate: Tensor,
+    pub up: Tensor,
+    pub down: Tensor,
+}
+
+impl DenseFfn {
+    pub fn matrices(&self) -> [&Tensor; 3] {
+        [&self.gate, &self.up, &self.down]
+    }
+
+    /// The FFN of `h` (`n` rows) on the host. `input` is `h` already converted for another
+    /// matrix (the MoE layer's expert input); it is reused when it has the gate's activation
+    /// type.
+    pub(crate) fn cpu_rows(
+        &self,
+        h: &[f32],
+        n: usize,
+        input: Option<&QuantizedActs>,
+        par: &Parallel,
+    ) -> Result<Vec<f32>> {
+        let gate = self.gate.matrix()?;
+        let n_ff = gate.n_out;
+        let own;
+        let acts = match input {
+            Some(a) if a.ty == gate.act_type() => a,
+            _ => {
+                own = QuantizedActs::new(gate.act_type(), gate.n_in, h);
+                &own
+            }
+        };
+        let mut g = vec![0f32; n * n_ff];
+        let mut u = vec![0f32; n * n_ff];
+        gate.matmul_q(par, acts, &mut g);
+        matmul_shared(&self.up, acts, h, par, &mut u)?;
+        ops::swiglu_rows(&mut g, &u, n_ff);
+        let down = self.down.matrix()?;
+        let mut out = vec![0f32; n * down.n_out];
+        down.matmul(par, &g, &mut out);
+        Ok(out)
+    }
+
+    /// The FFN of `h` (`n` rows in GPU `id`'s memory) into a work buffer there.
+    pub(crate) fn gpu_rows(
+        &self,
+        g: &mut GpuPass,
+        gpu: &Gpu,
+        id: DeviceId,
+        h: DevPtr,
+        n: usize,
+    ) -> Result<DevPtr> {
+        let gate = weight(&self.gate)?;
+        let n_ff = gate.n_out;
+        let gb = g.buf(id, "ffn_gate", n * n_ff)?;
+        let ub = g.buf(id, "ffn_up", n * n_ff)?;
+        gpu.mul_mat(&gate, 1, h, gate.n_in, 0, gb, n_ff, 0, n)?;
+        gpu.mul_mat(&weight(&self.up)?, 1, h, gate.n_in, 0, ub, n_ff, 0, n)?;
+        gpu.swiglu(gb, ub, n * n_ff)?;
+        let down = weight(&self.down)?;
+        let o = g.buf(id, "ffn_out", n * down.n_out)?;
+        gpu.mul_mat(&down, 1, gb, n_ff, 0, o, down.n_out, 0, n)?;
+        Ok(o)
+    }
+}
+
+impl Block for DenseFfn {
+    fn device(&self) -> DeviceId {
+        self.device
+    }
+
+    fn cpu(&self, p: &mut Pass, h: &[f32], x: &mut [f32], _: &mut LayerState) -> Result<()> {
+        ops::add_assign(x, &self.cpu_rows(h, p.n, None, p.par)?);
+        Ok(())
+    }
+
+    fn gpu(
+        &self,
+        p: &mut Pass,
+        id: DeviceId,
+        h: DevPtr,
+        x: DevPtr,
+        _: &mut LayerState,
+    ) -> Result<()> {
+        let gpu = p.gpu.gpu(id)?;
+        let o = self.gpu_rows(&mut p.gpu, &gpu, id, h, p.n)?;
+        gpu.add(x, o, p.n * p.c.n_embd)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,211 @@
+//! Grouped-query attention (qwen3moe, glm4moe): q/k/v projections with optional biases and
+//! per-head q/k RMS norms, RoPE on the first `rope.n_dims` of each head, causal softmax attention
+//! over the layer's cached keys and values, output projection.
+
+use moxie_gpu::ops::{AttnShape, KvView};
+use moxie_gpu::DevPtr;
+
+use crate::blocks::attention::{attend, AttnGeom};
+use crate::blocks::matmul_shared;
+use crate::device::DeviceId;
+use crate::forward::{Block, Pass};
+use crate::gpu_pass::weight;
+use crate::loader::Vector;
+use crate::ops::{self, RopeKind};
+use crate::state::{LayerState, LayerStateSpec, RowSpec};
+use crate::tensor::{QuantizedActs, Tensor};
+use crate::{Error, Result};
+
+pub struct Gqa {
+    /// Where its weights (and the layer's state) are.
+    pub device: DeviceId,
+    pub wq: Tensor,
+    pub wk: Tensor,
+    pub wv: Tensor,
+    pub bq: Option<Vector>,
+    pub bk: Option<Vector>,
+    pub bv: Option<Vector>,
+    pub q_norm: Option<Vector>,
+    pub k_norm: Option<Vector>,
+    pub wo: Tensor,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    /// Per-head key (= query) and value widths.
+    pub head_k: usize,
+    pub head_v: usize,
+    pub kq_scale: f32,
+}
+
+impl Gqa {
+    pub fn state_spec(&self) -> LayerStateSpec {
+        LayerStateSpec {
+            keys: Some(RowSpec {
+                width: self.n_head_kv * self.head_k,
+                head: self.head_k,
+            }),
+            values: Some(RowSpec {
+                width: self.n_head_kv * self.head_v,
+                head: self.head_v,
+            }),
+            ..Default::default()
+        }
+    }
+
+    pub fn matrices(&self) -> Vec<&Tensor> {
+        vec![&self.wq, &self.wk, &self.wv, &self.wo]
+    }
+}
+
+/// The layer's rows, which its attention block declared.
+fn missing(what: &str) -> Error {
+    Error::Model(format!("attention state without {what}"))
+}
+
+impl Block for Gqa {
+    fn device(&self) -> DeviceId {
+        self.device
+    }
+
+    fn cpu(&self, p: &mut Pass, h: &[f32], x: &mut [f32], state: &mut LayerState) -> Result<()> {
+        let (c, par, n) = (p.c, p.par, p.n);
+        let (hd, n_kv) = (self.head_k, self.n_head_kv);
+        let mut q = vec![0f32; n * self.n_head * hd];
+        let mut k = vec![0f32; n * n_kv * hd];
+        let mut v = vec![0f32; n * n_kv * self.head_v];
+        let wq = self.wq.matrix()?;
+        let acts = QuantizedActs::new(wq.act_type(), c.n_embd, h);
+        wq.matmul_q(par, &acts, &mut q);
+        matmul_shared(&self.wk, &acts, h, par, &mut k)?;
+        matmul_shared(&self.wv, &acts, h, par, &mut v)?;
+        if let Some(b) = &self.bq {
+            ops::add_bias(&mut q, b);
+        }
+        if let Some(b) = &self.bk {
+            ops::add_bias(&mut k, b);
+        }
+        if let Some(b) = &self.bv {
+            ops::add_bias(&mut v, b);
+        }
+        if let Some(w) = &self.q_norm {
+            ops::rms_norm_mul(&mut q, w, c.rms_eps);
+        }
+        if let Some(w) = &self.k_norm {
+            ops::rms_norm_mul(&mut k, w, c.rms_eps);
+        }
+        for (t, rc) in p.rope.iter().enumerate() {
+            let qw = self.n_head * hd;
+            c.rope.apply(&mut q[t * qw..(t + 1) * qw], hd, 0, rc);
+            c.rope
+                .apply(&mut k[t * n_kv * hd..(t + 1) * n_kv * hd], hd, 0, rc);
+        }
+        let keys = state.keys.as_mut().ok_or_else(|| missing("keys"))?;
+        keys.append(&k);
+        let values = state.values.as_mut().ok_or_else(|| missing("values"))?;
+        values.append(&v);
+        let (keys, values) = (
+            state.keys.as_ref().expect("checked").view(),
+            state.values.as_ref().expect("checked").view(),
+        );
+        let mut out = vec![0f32; n * self.n_head * self.head_v];
+        attend(
+            AttnGeom {
+                n_head: self.n_head,
+                n_head_kv: n_kv,
+                dk: hd,
+                dv: self.head_v,
+                kq_scale: self.kq_scale,
+                pos0: p.pos0,
+            },
+            &q,
+            keys,
+            Some(values),
+            &mut out,
+            par,
+        );
+        let mut o = vec![0f32; n * c.n_embd];
+        self.wo.matrix()?.matmul(par, &out, &mut o);
+        ops::add_assign(x, &o);
+        Ok(())
+    }
+
+    fn gpu(
+        &self,
+        p: &mut Pass,
+        id: DeviceId,
+        h: DevPtr,
+        x: DevPtr,
+        state: &mut LayerState,
+    ) -> Result<()> {
+        let (c, n) = (p.c, p.n);
+        let gpu = p.gpu.gpu(id)?;
+        let (hd, dv, nh, nkv) = (self.head_k, self.head_v, self.n_head, self.n_head_kv);
+        let q = p.gpu.buf(id, "q", n * nh * hd)?;
+        let k = p.gpu.buf(id, "k", n * nkv * hd)?;
+        let v = p.gpu.buf(id, "v", n * nkv * dv)?;
+        gpu.mul_mat(&weight(&self.wq)?, 1, h, c.n_embd, 0, q, nh * hd, 0, n)?;
+        gpu.mul_mat(&weight(&self.wk)?, 1, h, c.n_embd, 0, k, nkv * hd, 0, n)?;
+        gpu.mul_mat(&weight(&self.wv)?, 1, h, c.n_embd, 0, v, nkv * dv, 0, n)?;
+        for (b, y, width, what) in [
+            (&self.bq, q, nh * hd, "attn_q.bias"),
+            (&self.bk, k, nkv * hd, "attn_k.bias"),
+            (&self.bv, v, nkv * dv, "attn_v.bias"),
+        ] {
+            if let Some(b) = b {
+                gpu.add_bias(y, b.ptr(what)?, n * width, width)?;
+            }
+        }
+        if let Some(w) = &self.q_norm {
+            gpu.rms_norm(q, hd, w.ptr("attn_q_norm")?, q, hd, n * nh, hd, c.rms_eps)?;
+        }
+        if let Some(w) = &self.k_norm {
+            gpu.rms_norm(k, hd, w.ptr("attn_k_norm")?, k, hd, n * nkv, hd, c.rms_eps)?;
+        }
+        let cs = p.gpu.rope_table(id)?;
+        let neox = c.rope.kind == RopeKind::Neox;
+        let pairs = p.gpu.n_pairs;
+        gpu.rope(q, cs, n, nh, hd, nh * hd, 0, pairs, neox)?;
+        gpu.rope(k, cs, n, nkv, hd, nkv * hd, 0, pairs, neox)?;
+        let (keys, values) = match (&state.keys, &state.values) {
+            (Some(k), Some(v)) => (k, v),
+            _ => return Err(missing("keys and values")),
+        };
+        let (kb, vb) = match (keys.gpu(), values.gpu()) {
+            (Some(k), Some(v)) => (k, v),
+            _ => {
+                return Err(Error::Model(format!(
+                    "attention runs on {} but its KV cache is not there",
+                    gpu.name()
+                )))
+            }
+        };
+        let f16 = keys.ty == moxie_quant::GgmlType::F16;
+        let (kw, vw) = (nkv * hd, nkv * dv);
+        gpu.kv_store(kb.at(p.pos0 * keys.row_bytes()), f16, k, n, kw, kw)?;
+        gpu.kv_store(vb.at(p.pos0 * values.row_bytes()), f16, v, n, vw, vw)?;
+        let out = p.gpu.buf(id, "attn_out", n * nh * dv)?;
+        gpu.attention(
+            AttnShape {
+                n_head: nh,
+                n_head_kv: nkv,
+                dk: hd,
+                dv,
+                pos0: p.pos0,
+                scale: self.kq_scale,
+            },
+            q,
+            KvView {
+                k: kb.ptr(),
+                v: vb.ptr(),
+                k_row: kw,
+                v_row: vw,
+                f16,
+            },
+            out,
+            n,
+        )?;
+        let o = p.gpu.buf(id, "o", n * c.n_embd)?;
+        gpu.mul_mat(&weight(&self.wo)?, 1, out, nh * dv, 0, o, c.n_embd, 0, n)?;
+        gpu.add(x, o, n * c.n_embd)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,267 @@
+//! Multi-head latent attention (deepseek2, glm-dsa) in llama.cpp's absorbed layout: the state
+//! holds the normed latent plus the rotary key per position (`kv_lora_rank + n_rot` values);
+//! `attn_k_b` folds into the queries and `attn_v_b` expands the attended latent per head, so
+//! attention is MQA over one latent "head" whose values are its first `kv_lora_rank` values.
+
+use moxie_gpu::ops::{AttnShape, KvView};
+use moxie_gpu::DevPtr;
+
+use crate::blocks::attention::{attend, AttnGeom};
+use crate::blocks::{matmul_shared, per_head_products};
+use crate::device::DeviceId;
+use crate::forward::{Block, Pass};
+use crate::gpu_pass::{weight, F32};
+use crate::loader::Vector;
+use crate::ops::{self, Rope, RopeKind};
+use crate::state::{LayerState, LayerStateSpec, RowSpec};
+use crate::tensor::{QuantizedActs, Tensor};
+use crate::{Error, Result};
+
+/// The dimensions of MLA.
+#[derive(Clone, Copy, Debug)]
+pub struct MlaShape {
+    pub n_head: usize,
+    /// `q_lora_rank` (0: a plain `attn_q`).
+    pub q_lora_rank: usize,
+    pub kv_lora_rank: usize,
+    /// Rotary dimensions of a query/key head.
+    pub n_rot: usize,
+    /// Per-head query/key width before absorption (`key_length_mla`: nope + rope).
+    pub head_k: usize,
+    /// Per-head value width after expansion (`value_length_mla`).
+    pub head_v: usize,
+}
+
+impl MlaShape {
+    /// llama.cpp's kq scale for MLA: YaRN's magnitude scale, cancelled in the RoPE attention
+    /// factor, is applied to the scores instead (squared), over `sqrt(head_k)`
+    /// (TAG_DEEPSEEK2_YARN_LOG_MUL_FIX).
+    pub fn kq_scale(&self, rope: &Rope, yarn_log_mul: f32) -> f32 {
+        let fs = rope.freq_scale;
+        let attn_factor_org = rope.attn_factor * (1.0 + 0.1 * (1.0 / fs).ln());
+        let mscale = attn_factor_org * (1.0 + 0.1 * yarn_log_mul * (1.0 / fs).ln());
+        mscale * mscale / (self.head_k as f32).sqrt()
+    }
+}
+
+pub struct Mla {
+    /// Where its weights (and the layer's state) are.
+    pub device: DeviceId,
+    pub shape: MlaShape,
+    pub kq_scale: f32,
+    /// `attn_q_a` + `attn_q_a_norm`, absent in "lite" models that have a plain `attn_q`.
+    pub wq_a: Option<(Tensor, Vector)>,
+    /// `attn_q_b` (or `attn_q` without q-lora).
+    pub wq_b: Tensor,
+    pub wkv_a: Tensor,
+    pub kv_a_norm: Vector,
+    pub wk_b: Tensor,
+    pub wv_b: Tensor,
+    pub wo: Tensor,
+}
+
+impl Mla {
+    pub fn state_spec(&self) -> LayerStateSpec {
+        let width = self.shape.kv_lora_rank + self.shape.n_rot;
+        LayerStateSpec {
+            keys: Some(RowSpec { width, head: width }),
+            ..Default::default()
+        }
+    }
+
+    pub fn matrices(&self) -> Vec<&Tensor> {
+        let mut m: Vec<&Tensor> = self.wq_a.iter().map(|(t, _)| t).collect();
+        m.extend([&self.wq_b, &self.wkv_a, &self.wk_b, &self.wv_b, &self.wo]);
+        m
+    }
+}
+
+fn no_state() -> Error {
+    Error::Model("MLA state without latent rows".into())
+}
+
+impl Block for Mla {
+    fn device(&self) -> DeviceId {
+        self.device
+    }
+
+    fn cpu(&self, p: &mut Pass, h: &[f32], x: &mut [f32], state: &mut LayerState) -> Result<()> {
+        let (c, par, n) = (p.c, p.par, p.n);
+        let s = self.shape;
+        let (n_head, rank, n_rot) = (s.n_head, s.kv_lora_rank, s.n_rot);
+        let dk = s.head_k;
+        let nope = dk - n_rot;
+        let dv = s.head_v;
+
+        // Queries: optional low-rank compression, then per head [nope | rope].
+        let mut q = vec![0f32; n * n_head * dk];
+        let acts_h;
+        match &self.wq_a {
+            Some((wq_a, norm)) => {
+                let m = wq_a.matrix()?;
+                acts_h = QuantizedActs::new(m.act_type(), c.n_embd, h);
+                let mut qa = vec![0f32; n * m.n_out];
+                m.matmul_q(par, &acts_h, &mut qa);
+                ops::rms_norm_mul(&mut qa, norm, c.rms_eps);
+                self.wq_b.matrix()?.matmul(par, &qa, &mut q);
+            }
+            None => {
+                let m = self.wq_b.matrix()?;
+                acts_h = QuantizedActs::new(m.act_type(), c.n_embd, h);
+                m.matmul_q(par, &acts_h, &mut q);
+            }
+        }
+        // Latent + rotary key.
+        let kw = rank + n_rot;
+        let mut kv = vec![0f32; n * kw];
+        matmul_shared(&self.wkv_a, &acts_h, h, par, &mut kv)?;
+
+        // Absorbed queries [latent (rank) | rope (n_rot)] per head.
+        let qw = rank + n_rot;
+        let mut qfull = vec![0f32; n * n_head * qw];
+        per_head_products(par, &self.wk_b, &q, dk, true, &mut qfull, qw)?;
+        for (t, rc) in p.rope.iter().enumerate() {
+            for hh in 0..n_head {
+                let src = &mut q[(t * n_head + hh) * dk..][..dk];
+                c.rope.apply(src, dk, nope, rc);
+                qfull[(t * n_head + hh) * qw + rank..][..n_rot].copy_from_slice(&src[nope..]);
+            }
+            let row = &mut kv[t * kw..(t + 1) * kw];
+            c.rope.apply(&mut row[rank..], n_rot, 0, rc);
+            ops::rms_norm_mul(&mut row[..rank], &self.kv_a_norm, c.rms_eps);
+        }
+        let latent = state.keys.as_mut().ok_or_else(no_state)?;
+        latent.append(&kv);
+
+        // MQA over the latent: one kv "head" of width rank + n_rot, values = its first `rank`.
+        let mut latent_out = vec![0f32; n * n_head * rank];
+        attend(
+            AttnGeom {
+                n_head,
+                n_head_kv: 1,
+                dk: qw,
+                dv: rank,
+                kq_scale: self.kq_scale,
+                pos0: p.pos0,
+            },
+            &qfull,
+            latent.view(),
+            None,
+            &mut latent_out,
+            par,
+        );
+        // Per head: expand the attended latent with attn_v_b.
+        let mut heads = vec![0f32; n * n_head * dv];
+        per_head_products(par, &self.wv_b, &latent_out, rank, false, &mut heads, dv)?;
+        let mut o = vec![0f32; n * c.n_embd];
+        self.wo.matrix()?.matmul(par, &heads, &mut o);
+        ops::add_assign(x, &o);
+        Ok(())
+    }
+
+    fn gpu(
+        &self,
+        p: &mut Pass,
+        id: DeviceId,
+        h: DevPtr,
+        x: DevPtr,
+        state: &mut LayerState,
+    ) -> Result<()> {
+        let (c, n) = (p.c, p.n);
+        let gpu = p.gpu.gpu(id)?;
+        let s = self.shape;
+        let (nh, rank, n_rot) = (s.n_head, s.kv_lora_rank, s.n_rot);
+        let dk = s.head_k;
+        let nope = dk - n_rot;
+        let dv = s.head_v;
+        let q = p.gpu.buf(id, "q", n * nh * dk)?;
+        match &self.wq_a {
+            Some((wq_a, norm)) => {
+                let wa = weight(wq_a)?;
+                let qa = p.gpu.buf(id, "q_a", n * wa.n_out)?;
+                gpu.mul_mat(&wa, 1, h, c.n_embd, 0, qa, wa.n_out, 0, n)?;
+                let norm = norm.ptr("attn_q_a_norm")?;
+                gpu.rms_norm(qa, wa.n_out, norm, qa, wa.n_out, n, wa.n_out, c.rms_eps)?;
+                gpu.mul_mat(&weight(&self.wq_b)?, 1, qa, wa.n_out, 0, q, nh * dk, 0, n)?;
+            }
+            None => gpu.mul_mat(&weight(&self.wq_b)?, 1, h, c.n_embd, 0, q, nh * dk, 0, n)?,
+        }
+        let kw = rank + n_rot;
+        let kvr = p.gpu.buf(id, "kv", n * kw)?;
+        gpu.mul_mat(&weight(&self.wkv_a)?, 1, h, c.n_embd, 0, kvr, kw, 0, n)?;
+        // Absorbed queries [latent | rope] per head: attn_k_b maps each head's nope part.
+        let qw = rank + n_rot;
+        let qfull = p.gpu.buf(id, "q_full", n * nh * qw)?;
+        let wk_b = weight(&self.wk_b)?;
+        gpu.mul_mat(&wk_b, nh, q, nh * dk, dk, qfull, nh * qw, qw, n)?;
+        let cs = p.gpu.rope_table(id)?;
+        let neox = c.rope.kind == RopeKind::Neox;
+        let pairs = p.gpu.n_pairs;
+        gpu.rope(q, cs, n, nh, dk, nh * dk, nope, pairs, neox)?;
+        gpu.copy_rows(
+            qfull + (rank * F32) as u64,
+            qw,
+            q + (nope * F32) as u64,
+            dk,
+            n * nh,
+            n_rot,
+        )?;
+        gpu.rope(kvr, cs, n, 1, kw, kw, rank, pairs, neox)?;
+        gpu.rms_norm(
+            kvr,
+            kw,
+            self.kv_a_norm.ptr("attn_kv_a_norm")?,
+            kvr,
+            kw,
+            n,
+            rank,
+            c.rms_eps,
+        )?;
+        let latent = state.keys.as_ref().ok_or_else(no_state)?;
+        let kb = latent.gpu().ok_or_else(|| {
+            Error::Model(format!(
+                "attention runs on {} but its KV cache is not there",
+                gpu.name()
+            ))
+        })?;
+        let f16 = latent.ty == moxie_quant::GgmlType::F16;
+        gpu.kv_store(kb.at(p.pos0 * latent.row_bytes()), f16, kvr, n, kw, kw)?;
+        let out = p.gpu.buf(id, "latent_out", n * nh * rank)?;
+        gpu.attention(
+            AttnShape {
+                n_head: nh,
+                n_head_kv: 1,
+                dk: qw,
+                dv: rank,
+                pos0: p.pos0,
+                scale: self.kq_scale,
+            },
+            qfull,
+            KvView {
+                k: kb.ptr(),
+                v: kb.ptr(),
+                k_row: kw,
+                v_row: kw,
+                f16,
+            },
+            out,
+            n,
+        )?;
+        let heads = p.gpu.buf(id, "heads", n * nh * dv)?;
+        gpu.mul_mat(
+            &weight(&self.wv_b)?,
+            nh,
+            out,
+            nh * rank,
+            rank,
+            heads,
+            nh * dv,
+            dv,
+            n,
+        )?;
+        let o = p.gpu.buf(id, "o", n * c.n_embd)?;
+        gpu.mul_mat(&weight(&self.wo)?, 1, heads, nh * dv, 0, o, c.n_embd, 0, n)?;
+        gpu.add(x, o, n * c.n_embd)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,239 @@
+//! The blocks layers are built from. Each block kind owns its weights and declares the state it
+//! keeps per sequence; its CPU and GPU implementations sit side by side in its module
+//! ([`crate::forward::Block`]):
+//!
+//! | block | module | state |
+//! | --- | --- | --- |
+//! | grouped-query attention (optionally gated) | [`gqa`] | keys and values per position |
+//! | multi-head latent attention | [`mla`] | the latent + rotary key per position |
+//! | dense SwiGLU feed-forward | [`ffn`] | none |
+//! | MoE: router, routed experts (on their own device), shared expert | [`moe`] | none |
+//! | token embeddings, output head | [`embed`], [`head`] | none |
+//!
+//! A layer is a token mixer and a feed-forward part, each behind its norm; the architecture
+//! files (`crate::arch`) say which blocks each layer has and name their tensors.
+
+pub(crate) mod attention;
+pub mod embed;
+pub mod ffn;
+pub mod gqa;
+pub mod head;
+pub mod mla;
+pub mod moe;
+
+use moxie_gpu::DevPtr;
+
+use crate::device::DeviceId;
+pub(crate) use crate::forward::Block;
+use crate::forward::Pass;
+use crate::loader::Vector;
+use crate::parallel::Parallel;
+use crate::state::{LayerState, LayerStateSpec};
+use crate::tensor::{ChunkedLayout, QuantizedActs, Tensor};
+use crate::Result;
+
+pub use ffn::DenseFfn;
+pub use gqa::Gqa;
+pub use mla::Mla;
+pub use moe::Moe;
+
+/// The token-mixing block of a layer.
+pub enum Mixer {
+    Gqa(Gqa),
+    Mla(Mla),
+}
+
+impl Mixer {
+    /// What it keeps per sequence.
+    pub fn state_spec(&self) -> LayerStateSpec {
+        match self {
+            Mixer::Gqa(a) => a.state_spec(),
+            Mixer::Mla(a) => a.state_spec(),
+        }
+    }
+
+    /// Its weight matrices.
+    pub fn matrices(&self) -> Vec<&Tensor> {
+        match self {
+            Mixer::Gqa(a) => a.matrices(),
+            Mixer::Mla(a) => a.matrices(),
+        }
+    }
+
+    fn block(&self) -> &dyn Block {
+        match self {
+            Mixer::Gqa(a) => a,
+            Mixer::Mla(a) => a,
+        }
+    }
+}
+
+impl Block for Mixer {
+    fn device(&self) -> DeviceId {
+        self.block().device()
+    }
+
+    fn cpu(&self, p: &mut Pass, h: &[f32], x: &mut [f32], state: &mut LayerState) -> Result<()> {
+        self.block().cpu(p, h, x, state)
+    }
+
+    fn gpu(
+        &self,
+        p: &mut Pass,
+        id: DeviceId,
+        h: DevPtr,
+        x: DevPtr,
+        state: &mut LayerState,
+    ) -> Result<()> {
+        self.block().gpu(p, id, h, x, state)
+    }
+}
+
+/// The feed-forward block of a layer.
+pub enum Ffn {
+    Dense(Box<DenseFfn>),
+    Moe(Box<Moe>),
+}
+
+impl Ffn {
+    /// Its weight matrices.
+    pub fn matrices(&self) -> Vec<&Tensor> {
+        match self {
+            Ffn::Dense(f) => f.matrices().to_vec(),
+            Ffn::Moe(m) => m.matrices(),
+        }
+    }
+
+    fn block(&self) -> &dyn Block {
+        match self {
+            Ffn::Dense(f) => &**f,
+            Ffn::Moe(m) => &**m,
+        }
+    }
+}
+
+impl Block for Ffn {
+    fn device(&self) -> DeviceId {
+        self.block().device()
+    }
+
+    fn cpu(&self, p: &mut Pass, h: &[f32], x: &mut [f32], state: &mut LayerState) -> Result<()> {
+        self.block().cpu(p, h, x, state)
+    }
+
+    fn gpu(
+        &self,
+        p: &mut Pass,
+        id: DeviceId,
+        h: DevPtr,
+        x: DevPtr,
+        state: &mut LayerState,
+    ) -> Result<()> {
+        self.block().gpu(p, id, h, x, state)
+    }
+}
+
+/// Where each part of a layer runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LayerDevices {
+    /// The token mixer (attention) and the layer's state.
+    pub attn: DeviceId,
+    /// FFN norm, router, shared expert or dense FFN.
+    pub ffn: DeviceId,
+    /// Routed experts (the same as `ffn` for a dense layer).
+    pub experts: DeviceId,
+}
+
+/// One layer: `x += mixer(attn_norm(x))`, then `x += ffn(ffn_norm(x))`.
+pub struct Layer {
+    pub attn_norm: Vector,
+    pub mixer: Mixer,
+    /// `ffn_norm` (glm4moe and qwen3next call it `post_attention_norm`).
+    pub ffn_norm: Vector,
+    pub ffn: Ffn,
+}
+
+impl Layer {
+    /// Where its blocks run.
+    pub fn devices(&self) -> LayerDevices {
+        let ffn = self.ffn.device();
+        LayerDevices {
+            attn: self.mixer.device(),
+            ffn,
+            experts: match &self.ffn {
+                Ffn::Moe(m) => m.experts_device,
+                Ffn::Dense(_) => ffn,
+            },
+        }
+    }
+}
+
+/// Multiply with `w`, reusing `acts` when `w` consumes the same activation type.
+pub(crate) fn matmul_shared(
+    w: &Tensor,
+    acts: &QuantizedActs,
+    x: &[f32],
+    par: &Parallel,
+    out: &mut [f32],
+) -> Result<()> {
+    let m = w.matrix()?;
+    if m.act_type() == acts.ty {
+        m.matmul_q(par, acts, out);
+    } else {
+        m.matmul(par, x, out);
+    }
+    Ok(())
+}
+
+/// `W_h · x_h` for every head `h` of a 3-D weight (MLA's `attn_k_b`, `attn_v_b`: one matrix per
+/// head, `n_head` = its third dimension), all heads in one parallel region. Head `h` of token
+/// `t` reads the first `W_h.n_in` values at `x[(t * n_head + h) * x_stride..]` and writes
+/// `W_h.n_out` values at `out[(t * n_head + h) * out_stride..]`. Each head's product uses the
+/// kernel `mul_mat` of that head alone would (`permuted_input` as in
+/// [`crate::tensor::Mat::mul_mat_kernel`]).
+pub(crate) fn per_head_products(
+    par: &Parallel,
+    w: &Tensor,
+    x: &[f32],
+    x_stride: usize,
+    permuted_input: bool,
+    out: &mut [f32],
+    out_stride: usize,
+) -> Result<()> {
+    let n_head = w.ne[2];
+    let n = x.len() / (n_head * x_stride);
+    let mats = (0..n_head)
+        .map(|h| w.slice(h))
+        .collect::<Result<Vec<_>>>()?;
+    let (n_in, n_out) = (mats[0].n_in, mats[0].n_out);
+    let kernels: Vec<_> = mats
+        .iter()
+        .map(|m| m.mul_mat_kernel(par, n, permuted_input))
+        .collect();
+    // Each head's activations (converted straight from its strided rows), heads in parallel:
+    // on one thread this was a tenth of a 512-token prefill.
+    let acts = par.map(
+        n_head,
+        |_| n * n_in,
+        |h| {
+            let rows = (0..n).map(|t| &x[(t * n_head + h) * x_stride..][..n_in]);
+            let a = QuantizedActs::from_rows(mats[h].act_type(), n_in, rows);
+            a.prepare_for(kernels[h]);
+            a
+        },
+    );
+    let layout = ChunkedLayout::new(n_out, vec![n; n_head]);
+    let mut results = vec![0f32; layout.len()];
+    layout.for_each_item(par, n_in, &mut results, |h, rows, o, [scratch, _]| {
+        mats[h].rows_times(kernels[h], &acts[h], rows, o, scratch);
+    });
+    let token_stride = n_head * out_stride;
+    par.for_each_range(n, n_head * n_out, out, token_stride, |toks, o| {
+        for (t, orow) in toks.zip(o.chunks_exact_mut(token_stride)) {
+            for h in 0..n_head {
+                layout.gather(&results, h, t, &mut orow[h * out_stride..][..n_out]);
+            }
+        }
+    });
+    Ok(())
+}

@@ -1,0 +1,755 @@
+//! The routed-expert feed-forward block: route each token to its top-k experts, run those
+//! experts' SwiGLU blocks, and sum their outputs weighted by the router, plus the shared
+//! expert. This is where decode spends most of its time.
+//!
+//! The router, selection bias and shared expert run on the block's device; the routed experts
+//! may live on another one (`-ot exps=CPU` with the rest on a GPU, or the reverse). Then the
+//! normed input and the routes cross to the experts' device and their weighted sum crosses
+//! back: the same sum, in the same order, as the fused path.
+//!
+//! On the CPU ([`experts`]) both paths keep the number of parallel hand-offs per layer small
+//! and constant:
+//! - one token: the selected experts' gate and up projections (and the shared expert's) in one
+//!   region, their down projections in another;
+//! - a batch: tokens grouped by expert so each expert's weights are read once per batch; one
+//!   region gathers each expert's input rows, one computes every (expert, 32-row chunk) of gate
+//!   and up plus SiLU·mul, one converts each expert's results for its down projection, one runs
+//!   every (expert, chunk) of the down projections, one sums each token's experts.
+//!
+//! On a GPU: the routing kernel, `mul_mat_id` for gate/up/down, the weighted sum. Host-resident
+//! experts of a layer whose router is on a GPU are streamed to it for large batches (llama.cpp's
+//! op offload; [`Model::calibrate_op_offload`]).
+
+mod experts;
+
+use moxie_gpu::ops::RouteSpec;
+use moxie_gpu::{Buffer, DevPtr, Gpu, Weight};
+
+use crate::blocks::DenseFfn;
+use crate::config::{Config, Gating};
+use crate::device::{DeviceId, Devices, Resident, CPU};
+use crate::forward::{Block, Pass};
+use crate::gpu_pass::{weight, GpuPass, F32};
+use crate::loader::Vector;
+use crate::model::Model;
+use crate::ops;
+use crate::parallel::Parallel;
+use crate::state::LayerState;
+use crate::tensor::{Mat, QuantizedActs, Tensor};
+use crate::{Error, Result};
+
+use experts::ActsByType;
+
+/// How router logits become each token's experts and weights.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Routing {
+    pub n_expert: usize,
+    /// Experts per token (top-k).
+    pub n_expert_used: usize,
+    /// How logits become probabilities (`expert_gating_func`).
+    pub gating: Gating,
+    /// Group-limited selection: `n_groups` groups (1: none), the best `n_group_used` kept.
+    pub n_groups: usize,
+    pub n_group_used: usize,
+    /// Normalise the selected weights to sum to 1.
+    pub norm: bool,
+    /// Scale the weights (0 or 1: no scaling).
+    pub scale: f32,
+}
+
+impl Routing {
+    /// The routing the model's hyper-parameters describe.
+    pub fn from_config(c: &Config) -> Routing {
+        Routing {
+            n_expert: c.n_expert,
+            n_expert_used: c.n_expert_used,
+            gating: c.gating,
+            n_groups: c.n_expert_groups.max(1),
+            n_group_used: c.n_group_used,
+            norm: c.expert_weights_norm,
+            scale: c.expert_weights_scale,
+        }
+    }
+
+    /// The same for the GPU's routing kernel.
+    fn spec(&self) -> RouteSpec {
+        RouteSpec {
+            n_expert: self.n_expert,
+            k: self.n_expert_used,
+            sigmoid: self.gating == Gating::Sigmoid,
+            n_groups: self.n_groups,
+            n_group_used: self.n_group_used,
+            norm: self.norm,
+            scale: self.scale,
+        }
+    }
+}
+
+/// Routed experts with their router, and an optional shared expert.
+pub struct Moe {
+    /// Where the router, selection bias and shared expert are (the layer's FFN part).
+    pub device: DeviceId,
+    /// Where the routed experts are.
+    pub experts_device: DeviceId,
+    pub routing: Routing,
+    pub router: Tensor,
+    /// `exp_probs_b`: selection bias added to probabilities for choosing experts only.
+    pub probs_bias: Option<Vector>,
+    pub gate_exps: Tensor,
+    pub up_exps: Tensor,
+    pub down_exps: Tensor,
+    pub shared: Option<DenseFfn>,
+}
+
+impl Moe {
+    pub fn matrices(&self) -> Vec<&Tensor> {
+        let mut m = vec![
+            &self.router,
+            &self.gate_exps,
+            &self.up_exps,
+            &self.down_exps,
+        ];
+        if let Some(s) = &self.shared {
+            m.extend(s.matrices());
+        }
+        m
+    }
+
+    /// The hidden size (the experts' input width).
+    pub fn n_embd(&self) -> usize {
+        self.gate_exps.ne[0]
+    }
+
+    /// Bytes of the routed experts' weights.
+    pub fn routed_bytes(&self) -> u64 {
+        [&self.gate_exps, &self.up_exps, &self.down_exps]
+            .iter()
+            .map(|t| t.data().len() as u64)
+            .sum()
+    }
+}
+
+/// Choose the experts for one token from its router logits: probabilities by the gating
+/// function, top-k by probability plus selection bias (within the best expert groups when the
+/// model uses group-limited routing), then weights = the unbiased probabilities, normalised
+/// and scaled as configured. Returns (expert, weight) in selection order.
+pub fn route_top_k(r: &Routing, logits: &[f32], bias: Option<&[f32]>) -> Vec<(usize, f32)> {
+    let mut out = Vec::new();
+    route_top_k_into(r, logits, bias, &mut RouteScratch::default(), &mut out);
+    out
+}
+
+/// The working buffers of [`route_top_k_into`], kept between tokens so decode routes without
+/// allocating.
+#[derive(Default)]
+pub struct RouteScratch {
+    probs: Vec<f32>,
+    sel: Vec<f32>,
+    groups: Vec<(usize, f32)>,
+    keep: Vec<bool>,
+    idx: Vec<usize>,
+}
+
+/// [`route_top_k`], appended to `out`, with reusable buffers.
+pub fn route_top_k_into(
+    r: &Routing,
+    logits: &[f32],
+    bias: Option<&[f32]>,
+    s: &mut RouteScratch,
+    out: &mut Vec<(usize, f32)>,
+) {
+    let RouteScratch {
+        probs,
+        sel,
+        groups,
+        keep,
+        idx,
+    } = s;
+    probs.clear();
+    probs.extend_from_slice(logits);
+    match r.gating {
+        Gating::Softmax => ops::softmax(probs),
+        Gating::Sigmoid => probs.iter_mut().for_each(|p| *p = ops::sigmoid(*p)),
+    }
+    sel.clear();
+    match bias {
+        Some(b) => sel.extend(probs.iter().zip(b).map(|(p, b)| p + b)),
+        None => sel.extend_from_slice(probs),
+    }
+    if r.n_groups > 1 {
+        let per = r.n_expert / r.n_groups;
+        // Group score: sum of the group's two best selection scores.
+        groups.clear();
+        groups.extend(sel.chunks_exact(per).enumerate().map(|(g, s)| {
+            let mut best = [f32::NEG_INFINITY; 2];
+            for &v in s {
+                if v > best[0] {
+                    best[1] = best[0];
+                    best[0] = v;
+                } else if v > best[1] {
+                    best[1] = v;
+                }
+            }
+            let second = if per > 1 { best[1] } else { 0.0 };
+            (g, best[0] + second)
+        }));
+        // Best first, ties to the lower group (a stable sort's order, without its buffer).
+        groups.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        keep.clear();
+        keep.resize(r.n_groups, false);
+        for &(g, _) in groups.iter().take(r.n_group_used) {
+            keep[g] = true;
+        }
+        for (g, s) in sel.chunks_exact_mut(per).enumerate() {
+            if !keep[g] {
+                s.iter_mut().for_each(|v| *v = f32::NEG_INFINITY);
+            }
+        }
+    }
+    // Best first, ties to the lower expert: a total order, so selecting the k best and then
+    // sorting only those gives the full sort's first k.
+    let order = |a: &usize, b: &usize| sel[*b].total_cmp(&sel[*a]).then(a.cmp(b));
+    idx.clear();
+    idx.extend(0..sel.len());
+    let k = r.n_expert_used.min(idx.len());
+    if k > 0 && k < idx.len() {
+        idx.select_nth_unstable_by(k - 1, order);
+    }
+    idx.truncate(k);
+    idx.sort_unstable_by(order);
+    let first = out.len();
+    out.extend(idx.iter().map(|&e| (e, probs[e])));
+    let out = &mut out[first..];
+    if r.norm {
+        // ggml_sum_rows accumulates in f64.
+        let sum = out.iter().map(|x| x.1 as f64).sum::<f64>() as f32;
+        let sum = sum.max(6.103_515_6e-5);
+        out.iter_mut().for_each(|x| x.1 /= sum);
+    }
+    let s = r.scale;
+    if s != 0.0 && s != 1.0 {
+        out.iter_mut().for_each(|x| x.1 *= s);
+    }
+}
+
+/// Everything the one-token path writes, kept from token to token so that decode allocates
+/// nothing once the first token has sized the buffers (checked by `tests/decode_alloc.rs`).
+#[derive(Default)]
+pub struct MoeScratch {
+    router_in: QuantizedActs,
+    logits: Vec<f32>,
+    routing: RouteScratch,
+    /// Every token's routes, top-k each, token after token.
+    routes: Vec<(usize, f32)>,
+    /// The layer input, once per activation type the gate/up matrices consume.
+    inputs: ActsByType,
+    /// Gate, up and shared gate, up results, then SiLU·mul in the gate part.
+    gate_up: Vec<f32>,
+    down_in: QuantizedActs,
+    shared_down_in: QuantizedActs,
+    down: Vec<f32>,
+    /// (matrix, activation row) lists for [`crate::tensor::gemv_many`]; empty between uses,
+    /// only the allocation is kept (see [`experts::recycle`]).
+    products: Vec<(Mat<'static>, &'static [u8])>,
+    out: Vec<f32>,
+}
+
+impl MoeScratch {
+    /// The routes of the last [`route`]: top-k (expert, weight) per token, token after token.
+    pub fn routes(&self) -> &[(usize, f32)] {
+        &self.routes
+    }
+
+    /// Routes chosen elsewhere (by a GPU's router): `ids[i]` with `weights[i]`, top-k per
+    /// token, token after token. Fails on an expert id outside `0..n_expert`.
+    pub fn set_routes(&mut self, ids: &[i32], weights: &[f32], n_expert: usize) -> Result<()> {
+        self.routes.clear();
+        for (&e, &w) in ids.iter().zip(weights) {
+            let e = usize::try_from(e)
+                .ok()
+                .filter(|&e| e < n_expert)
+                .ok_or_else(|| Error::Model(format!("MoE: routed to expert {e} of {n_expert}")))?;
+            self.routes.push((e, w));
+        }
+        Ok(())
+    }
+}
+
+/// The MoE layer for `n` rows of `h` (each `n_embd` long, already normed), as the forward pass
+/// runs it when the routed experts live with the rest of the layer: [`route`], then
+/// [`routed_experts`] with the shared expert fused in. Public for the micro-benchmarks. The
+/// result (`n * n_embd` values) lives in `scratch` until its next use.
+pub fn forward<'s>(
+    m: &Moe,
+    h: &[f32],
+    n: usize,
+    par: &Parallel,
+    scratch: &'s mut MoeScratch,
+) -> Result<&'s [f32]> {
+    route(m, h, n, par, scratch)?;
+    run_experts(m, h, n, par, scratch, true)?;
+    Ok(&scratch.out)
+}
+
+/// Each of the `n` tokens' top-k experts and weights from the router, into `scratch` (read by
+/// [`routed_experts`], and by [`MoeScratch::routes`] for whoever moves them between devices).
+pub fn route(m: &Moe, h: &[f32], n: usize, par: &Parallel, s: &mut MoeScratch) -> Result<()> {
+    let router = m.router.matrix()?;
+    let r = &m.routing;
+    s.router_in.refill(router.act_type(), m.n_embd(), h);
+    s.logits.resize(n * r.n_expert, 0.0);
+    router.matmul_q(par, &s.router_in, &mut s.logits);
+    s.routes.clear();
+    for l in s.logits.chunks_exact(r.n_expert) {
+        route_top_k_into(r, l, m.probs_bias.as_deref(), &mut s.routing, &mut s.routes);
+    }
+    Ok(())
+}
+
+/// The routed experts alone (no shared expert) for the routes [`route`] left in `scratch`: the
+/// weighted sum per token, `n * n_embd` values. Used where the routed experts live on another
+/// device than the rest of the layer; the caller adds the shared expert (the same sum as
+/// [`forward`]'s: routed experts in selection order, then the shared expert).
+pub fn routed_experts<'s>(
+    m: &Moe,
+    h: &[f32],
+    n: usize,
+    par: &Parallel,
+    scratch: &'s mut MoeScratch,
+) -> Result<&'s [f32]> {
+    run_experts(m, h, n, par, scratch, false)?;
+    Ok(&scratch.out)
+}
+
+fn run_experts(
+    m: &Moe,
+    h: &[f32],
+    n: usize,
+    par: &Parallel,
+    s: &mut MoeScratch,
+    with_shared: bool,
+) -> Result<()> {
+    let k = m.routing.n_expert_used;
+    if s.routes.len() != n * k {
+        return Err(Error::Model(format!(
+            "MoE: {} routes for {n} tokens of top-{k}",
+            s.routes.len()
+        )));
+    }
+    let shared = if with_shared { m.shared.as_ref() } else { None };
+    if n == 1 {
+        experts::one_token(m, h, par, s, shared)
+    } else {
+        s.out = experts::batch(m, h, n, par, &s.routes, shared)?;
+        Ok(())
+    }
+}
+
+/// The rows an MoE layer with its routed experts on another device sends there (its normed
+/// input) and gets back (their weighted sum), kept for all layers of a forward pass.
+pub(crate) struct SplitMoeBuffers<'d> {
+    input: Resident<'d>,
+    sum: Resident<'d>,
+}
+
+impl<'d> SplitMoeBuffers<'d> {
+    pub(crate) fn new(devices: &'d Devices) -> SplitMoeBuffers<'d> {
+        SplitMoeBuffers {
+            input: Resident::new(devices, CPU, Vec::new()),
+            sum: Resident::new(devices, CPU, Vec::new()),
+        }
+    }
+}
+
+impl Block for Moe {
+    fn device(&self) -> DeviceId {
+        self.device
+    }
+
+    fn cpu(&self, p: &mut Pass, h: &[f32], x: &mut [f32], _: &mut LayerState) -> Result<()> {
+        if self.experts_device == self.device {
+            let out = forward(self, h, p.n, p.par, &mut p.moe)?;
+            ops::add_assign(x, out);
+            return Ok(());
+        }
+        // The routed experts live elsewhere (e.g. `-ot exps=CPU` with the rest on a GPU):
+        // route here, send the normed input and the routes to the experts' device, run them
+        // there, bring their weighted sum back and add the shared expert: the sum
+        // [`forward`] forms.
+        let (n, dev, edev) = (p.n, self.device, self.experts_device);
+        route(self, h, n, p.par, &mut p.moe)?;
+        // The routes cross too: an expert id and a weight per selection.
+        let route_bytes = std::mem::size_of_val(p.moe.routes());
+        p.devices.count_copy(dev, edev, route_bytes);
+        if p.devices.gpu(edev).is_some() {
+            p.devices.count_copy(dev, edev, std::mem::size_of_val(h));
+            let (g, moe) = (&mut p.gpu, &p.moe);
+            p.split.sum.fill(dev, |rows| {
+                self.experts_on_gpu_from_host(g, moe, edev, h, rows)
+            })?;
+            p.devices.count_copy(edev, dev, std::mem::size_of_val(h));
+        } else {
+            p.split.input.load(dev, h);
+            let routed = routed_experts(self, p.split.input.on(edev)?, n, p.par, &mut p.moe)?;
+            p.split.sum.load(edev, routed);
+        }
+        let sum = p.split.sum.on(dev)?;
+        if let Some(sh) = &self.shared {
+            ops::add_assign(sum, &sh.cpu_rows(h, n, None, p.par)?);
+        }
+        ops::add_assign(x, sum);
+        Ok(())
+    }
+
+    /// The router on GPU `id` (`x` and `h` there). Routed experts on another device get the
+    /// normed input and the routes, and send back their weighted sum; the shared expert runs
+    /// on the GPU meanwhile (launches are queued, so the GPU works while the host computes the
+    /// experts).
+    fn gpu(
+        &self,
+        p: &mut Pass,
+        id: DeviceId,
+        h: DevPtr,
+        x: DevPtr,
+        _: &mut LayerState,
+    ) -> Result<()> {
+        let gpu = p.gpu.gpu(id)?;
+        let (n, e) = (p.n, self.n_embd());
+        let r = &self.routing;
+        let k = r.n_expert_used;
+        let router = weight(&self.router)?;
+        let logits = p.gpu.buf(id, "router_logits", n * r.n_expert)?;
+        gpu.mul_mat(&router, 1, h, e, 0, logits, r.n_expert, 0, n)?;
+        let ids = p.gpu.buf(id, "expert_ids", n * k)?;
+        let weights = p.gpu.buf(id, "expert_weights", n * k)?;
+        let bias = match &self.probs_bias {
+            Some(b) => Some(b.ptr("exp_probs_b")?),
+            None => None,
+        };
+        gpu.route(r.spec(), logits, bias, ids, weights, n)?;
+        let offload = self.experts_device == CPU && n >= p.op_offload_min_batch;
+        if self.experts_device == id || offload {
+            let experts = if offload {
+                self.streamed_experts(p, id)?
+            } else {
+                self.resident_experts()?
+            };
+            self.routed_experts_gpu(&mut p.gpu, &gpu, id, n, experts, [h, ids, weights, x], true)?;
+            if let Some(sh) = &self.shared {
+                let o = sh.gpu_rows(&mut p.gpu, &gpu, id, h, n)?;
+                gpu.add(x, o, n * e)?;
+            }
+            return Ok(());
+        }
+        // The normed input and the routes go to the experts' device.
+        let mut host = p.gpu.take_host(id)?;
+        let mut host_h = p.take_h();
+        host_h.resize(n * e, 0.0);
+        host.ids.resize(n * k, 0);
+        host.weights.resize(n * k, 0.0);
+        gpu.backend()
+            .download(h, bytemuck::cast_slice_mut(&mut host_h))?;
+        gpu.backend()
+            .download(ids, bytemuck::cast_slice_mut(&mut host.ids))?;
+        gpu.backend()
+            .download(weights, bytemuck::cast_slice_mut(&mut host.weights))?;
+        p.devices
+            .count_copy(id, self.experts_device, (n * e + 2 * n * k) * F32);
+        // Queue the shared expert before the host starts on the routed ones.
+        if let Some(sh) = &self.shared {
+            let o = sh.gpu_rows(&mut p.gpu, &gpu, id, h, n)?;
+            gpu.add(x, o, n * e)?;
+        }
+        p.moe.set_routes(&host.ids, &host.weights, r.n_expert)?;
+        let s = p.gpu.buf(id, "expert_sum", n * e)?;
+        if p.devices.gpu(self.experts_device).is_some() {
+            // Experts on another GPU: through the host.
+            let mut sum = std::mem::take(&mut host.rows);
+            self.experts_on_gpu_from_host(
+                &mut p.gpu,
+                &p.moe,
+                self.experts_device,
+                &host_h,
+                &mut sum,
+            )?;
+            gpu.backend().upload(s, bytemuck::cast_slice(&sum))?;
+            host.rows = sum;
+        } else {
+            let routed = routed_experts(self, &host_h, n, p.par, &mut p.moe)?;
+            gpu.backend().upload(s, bytemuck::cast_slice(routed))?;
+        }
+        p.devices.count_copy(self.experts_device, id, n * e * F32);
+        gpu.add(x, s, n * e)?;
+        p.gpu.give_host(id, host);
+        p.give_h(host_h);
+        Ok(())
+    }
+}
+
+impl Moe {
+    /// The routed experts (`[gate, up, down]` weights in this GPU's memory) on GPU `id` for
+    /// `n` tokens `h` with routes `ids`/`weights` already there: `out (+)=` their weighted sum.
+    #[allow(clippy::too_many_arguments)]
+    fn routed_experts_gpu(
+        &self,
+        gp: &mut GpuPass,
+        gpu: &Gpu,
+        id: DeviceId,
+        n: usize,
+        [gate, up, down]: [Weight; 3],
+        [h, ids, weights, out]: [DevPtr; 4],
+        accumulate: bool,
+    ) -> Result<()> {
+        let (k, e) = (self.routing.n_expert_used, self.n_embd());
+        let n_ff = gate.n_out;
+        let g = gp.buf(id, "exp_gate", n * k * n_ff)?;
+        let u = gp.buf(id, "exp_up", n * k * n_ff)?;
+        gpu.mul_mat_id(&gate, ids, n * k, h, e, k, g, n_ff)?;
+        gpu.mul_mat_id(&up, ids, n * k, h, e, k, u, n_ff)?;
+        gpu.swiglu(g, u, n * k * n_ff)?;
+        let d = gp.buf(id, "exp_down", n * k * e)?;
+        gpu.mul_mat_id(&down, ids, n * k, g, n_ff, 1, d, e)?;
+        gpu.moe_sum(d, weights, out, n, k, e, accumulate)?;
+        Ok(())
+    }
+
+    /// The expert weights as they sit in GPU memory.
+    fn resident_experts(&self) -> Result<[Weight; 3]> {
+        Ok([
+            weight(&self.gate_exps)?,
+            weight(&self.up_exps)?,
+            weight(&self.down_exps)?,
+        ])
+    }
+
+    /// llama.cpp's op offload: copy the host-resident expert weights into work buffers of GPU
+    /// `id` for one large batch (when streaming them over PCIe beats the CPU).
+    fn streamed_experts(&self, p: &mut Pass, id: DeviceId) -> Result<[Weight; 3]> {
+        Ok([
+            stream_weight(p, id, "offload_gate", &self.gate_exps)?,
+            stream_weight(p, id, "offload_up", &self.up_exps)?,
+            stream_weight(p, id, "offload_down", &self.down_exps)?,
+        ])
+    }
+
+    /// The routed experts on GPU `id` for a layer whose router ran elsewhere: the normed
+    /// input `h` and the routes in `moe` are uploaded, the weighted sum comes back into `sum`.
+    fn experts_on_gpu_from_host(
+        &self,
+        gp: &mut GpuPass,
+        moe: &MoeScratch,
+        id: DeviceId,
+        h: &[f32],
+        sum: &mut Vec<f32>,
+    ) -> Result<()> {
+        let gpu = gp.gpu(id)?;
+        let (k, e) = (self.routing.n_expert_used, self.n_embd());
+        let n = h.len() / e;
+        let mut host = gp.take_host(id)?;
+        host.ids.clear();
+        host.ids.extend(moe.routes().iter().map(|r| r.0 as i32));
+        host.weights.clear();
+        host.weights.extend(moe.routes().iter().map(|r| r.1));
+        let hd = gp.buf(id, "exp_in", n * e)?;
+        let ids = gp.buf(id, "exp_ids_in", n * k)?;
+        let weights = gp.buf(id, "exp_w_in", n * k)?;
+        gpu.backend().upload(hd, bytemuck::cast_slice(h))?;
+        gpu.backend().upload(ids, bytemuck::cast_slice(&host.ids))?;
+        gpu.backend()
+            .upload(weights, bytemuck::cast_slice(&host.weights))?;
+        gp.give_host(id, host);
+        let out = gp.buf(id, "exp_out", n * e)?;
+        let resident = self.resident_experts()?;
+        self.routed_experts_gpu(gp, &gpu, id, n, resident, [hd, ids, weights, out], false)?;
+        sum.resize(n * e, 0.0);
+        gpu.backend().download(out, bytemuck::cast_slice_mut(sum))?;
+        Ok(())
+    }
+}
+
+/// Host tensor `t` copied into work buffer `name` of GPU `id`.
+fn stream_weight(p: &mut Pass, id: DeviceId, name: &'static str, t: &Tensor) -> Result<Weight> {
+    let bytes = t.data();
+    let ptr = p.gpu.buf(id, name, bytes.len().div_ceil(F32))?;
+    p.gpu.gpu(id)?.backend().upload(ptr, bytes)?;
+    p.devices.count_copy(CPU, id, bytes.len());
+    Ok(t.weight_at(ptr))
+}
+
+/// What [`Model::calibrate_op_offload`] measured, and the threshold it chose.
+#[derive(Clone, Debug)]
+pub struct OpOffloadCalibration {
+    /// The GPU the experts would be streamed to.
+    pub device: String,
+    /// Bytes of the largest host-resident expert layer whose router is on that GPU.
+    pub layer_bytes: u64,
+    /// Host-to-GPU copy rate measured on those weights, bytes per second.
+    pub upload_bytes_per_s: f64,
+    /// CPU time of that layer's routed experts per token (measured on a batch).
+    pub cpu_s_per_token: f64,
+    /// Batches of at least this many tokens stream (`None`: the GPU has no room for a layer).
+    pub min_batch: Option<usize>,
+}
+
+impl std::fmt::Display for OpOffloadCalibration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "op offload to {}: experts layer {}, upload {:.2} GB/s = {:.1} ms, CPU experts \
+             {:.3} ms per token: ",
+            self.device,
+            crate::placement::human_bytes(self.layer_bytes),
+            self.upload_bytes_per_s / 1e9,
+            self.layer_bytes as f64 / self.upload_bytes_per_s * 1e3,
+            self.cpu_s_per_token * 1e3
+        )?;
+        match self.min_batch {
+            Some(b) => write!(f, "batches of {b}+ tokens stream the experts to the GPU"),
+            None => write!(f, "off (no room on the GPU for a layer's experts)"),
+        }
+    }
+}
+
+impl Model {
+    /// Measure when streaming a layer's host-resident routed experts to the GPU that runs
+    /// its router beats computing them on the CPU (llama.cpp's op offload, whose threshold
+    /// is a fixed 32 tokens): the copy rate of those weights to that GPU, and the CPU's time
+    /// per token for that layer's experts on a batch; streaming pays from
+    /// `upload time / CPU time per token` tokens on (the GPU's own expert time is small next
+    /// to the copy and is not counted). Sets and returns the threshold; `None` when no layer
+    /// has its router on a GPU and its experts in RAM.
+    pub fn calibrate_op_offload(&self, par: &Parallel) -> Result<Option<OpOffloadCalibration>> {
+        let mut pick: Option<(&Moe, u64)> = None;
+        for layer in &self.layers {
+            let crate::blocks::Ffn::Moe(m) = &layer.ffn else {
+                continue;
+            };
+            if m.experts_device != CPU || self.devices.gpu(m.device).is_none() {
+                continue;
+            }
+            let bytes = m.routed_bytes();
+            if pick.is_none_or(|(_, b)| bytes > b) {
+                pick = Some((m, bytes));
+            }
+        }
+        let Some((m, layer_bytes)) = pick else {
+            self.set_op_offload_min_batch(None);
+            return Ok(None);
+        };
+        let device = self.devices.get(m.device);
+        let gpu = self.devices.gpu(m.device).expect("picked a GPU").clone();
+
+        // The copy rate, on the layer's own weights (best of three).
+        let src = m.gate_exps.data();
+        let n = src.len().min(64 << 20);
+        let buf = Buffer::new(gpu.backend(), n)?;
+        let mut best = f64::INFINITY;
+        for _ in 0..3 {
+            let t0 = std::time::Instant::now();
+            gpu.backend().upload(buf.ptr(), &src[..n])?;
+            gpu.synchronize()?;
+            best = best.min(t0.elapsed().as_secs_f64());
+        }
+        let upload_bytes_per_s = n as f64 / best.max(1e-9);
+
+        // The CPU's experts on a batch with routes spread over all experts (best of two).
+        let r = &m.routing;
+        let n_tok = 32;
+        let h: Vec<f32> = (0..n_tok * m.n_embd())
+            .map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 0.5)
+            .collect();
+        let k = r.n_expert_used;
+        let ids: Vec<i32> = (0..n_tok * k)
+            .map(|i| ((i * 37 + i / k) % r.n_expert) as i32)
+            .collect();
+        let w = vec![1.0 / k as f32; n_tok * k];
+        let mut s = MoeScratch::default();
+        s.set_routes(&ids, &w, r.n_expert)?;
+        let mut cpu = f64::INFINITY;
+        for _ in 0..2 {
+            let t0 = std::time::Instant::now();
+            routed_experts(m, &h, n_tok, par, &mut s)?;
+            cpu = cpu.min(t0.elapsed().as_secs_f64());
+        }
+        let cpu_s_per_token = cpu / n_tok as f64;
+
+        let free = device.budget.map_or(u64::MAX, |b| {
+            b.saturating_sub(device.stats().resident_bytes)
+        });
+        let min_batch = (free >= layer_bytes).then(|| {
+            let upload_s = layer_bytes as f64 / upload_bytes_per_s;
+            ((upload_s / cpu_s_per_token.max(1e-12)).ceil() as usize).max(2)
+        });
+        self.set_op_offload_min_batch(min_batch);
+        Ok(Some(OpOffloadCalibration {
+            device: device.name.clone(),
+            layer_bytes,
+            upload_bytes_per_s,
+            cpu_s_per_token,
+            min_batch,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn routing(n_expert: usize, used: usize, groups: usize, groups_used: usize) -> Routing {
+        Routing {
+            n_expert,
+            n_expert_used: used,
+            gating: Gating::Sigmoid,
+            n_groups: groups.max(1),
+            n_group_used: groups_used,
+            norm: false,
+            scale: 0.0,
+        }
+    }
+
+    #[test]
+    fn top_k_uses_bias_for_selection_but_not_for_weights() {
+        let r = routing(4, 2, 0, 0);
+        let logits = [2.0f32, 1.0, 0.0, -1.0];
+        let bias = [0.0f32, 0.0, 5.0, 0.0];
+        let got = route_top_k(&r, &logits, Some(&bias));
+        assert_eq!(got.iter().map(|x| x.0).collect::<Vec<_>>(), vec![2, 0]);
+        assert_eq!(got[0].1, ops::sigmoid(0.0));
+        assert_eq!(got[1].1, ops::sigmoid(2.0));
+    }
+
+    #[test]
+    fn weights_are_normalised_and_scaled() {
+        let mut r = routing(4, 2, 0, 0);
+        r.norm = true;
+        r.scale = 2.5;
+        let got = route_top_k(&r, &[1.0, 0.5, -3.0, -4.0], None);
+        let sum: f32 = got.iter().map(|x| x.1).sum();
+        assert!((sum - 2.5).abs() < 1e-6);
+        r.gating = Gating::Softmax;
+        r.norm = false;
+        r.scale = 0.0;
+        let got = route_top_k(&r, &[0.0, 0.0, 0.0, 0.0], None);
+        assert!(got.iter().all(|x| (x.1 - 0.25).abs() < 1e-7));
+    }
+
+    #[test]
+    fn group_limited_routing_keeps_the_best_groups() {
+        // 8 experts in 4 groups of 2; keep 2 groups. Group scores are the sum of the group's
+        // two best selection scores: group 0 = 0.9+0.0, group 1 = 0.5+0.5, group 2 =
+        // 0.8+0.3, group 3 = 0.2+0.2. The best single expert (0) is in group 0, which loses
+        // to groups 1 and 2.
+        let r = routing(8, 2, 4, 2);
+        let probs = [0.9f32, 0.0, 0.5, 0.5, 0.8, 0.3, 0.2, 0.2];
+        let logits: Vec<f32> = probs
+            .iter()
+            .map(|&p: &f32| {
+                let p = p.clamp(1e-6, 1.0 - 1e-6);
+                (p / (1.0 - p)).ln()
+            })
+            .collect();
+        let got = route_top_k(&r, &logits, None);
+        let picked: Vec<usize> = got.iter().map(|x| x.0).collect();
+        assert_eq!(picked, vec![4, 2]);
+    }
+}

@@ -1,0 +1,181 @@
+//! Loading a model's tensors where the placement puts them: [`Placement`] (a device per tensor
+//! name), [`TensorSource`] (lookup with the shapes an architecture expects), [`BlockTensors`]
+//! (the tensors of one block, which must share a device: the block runs there) and
+//! [`Vector`] (a small f32 weight, in the memory of its block's GPU too).
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use moxie_gguf::GgufFile;
+use moxie_gpu::{Buffer, DevPtr};
+
+use crate::device::{DeviceId, Devices, Reservation, CPU};
+use crate::tensor::Tensor;
+use crate::{Error, Result};
+
+/// Where a model's tensors go: its devices and a device per tensor name (a tensor not listed
+/// stays on the CPU).
+#[derive(Default)]
+pub struct Placement {
+    pub devices: Devices,
+    pub tensors: HashMap<String, DeviceId>,
+}
+
+impl Placement {
+    pub fn device_of(&self, name: &str) -> DeviceId {
+        self.tensors.get(name).copied().unwrap_or(CPU)
+    }
+}
+
+/// A small weight read as f32 (a norm, a bias, a selection bias): on the host, and in GPU
+/// memory when its block runs on a GPU. Its memory on an accelerator is held against that
+/// device's budget as long as it lives.
+pub struct Vector {
+    host: Vec<f32>,
+    gpu: Option<Buffer>,
+    _held: Option<Reservation>,
+}
+
+impl Vector {
+    /// Its address in GPU memory (an error naming `what` if it is not there).
+    pub fn ptr(&self, what: &str) -> Result<DevPtr> {
+        self.gpu
+            .as_ref()
+            .map(Buffer::ptr)
+            .ok_or_else(|| Error::Model(format!("{what} is not in GPU memory")))
+    }
+}
+
+impl std::ops::Deref for Vector {
+    type Target = [f32];
+
+    fn deref(&self) -> &[f32] {
+        &self.host
+    }
+}
+
+/// Tensor lookup in a model file with the shapes an architecture expects; each tensor goes
+/// where the placement says (copied into an accelerator's memory, or left mapped on the CPU).
+pub(crate) struct TensorSource<'a> {
+    pub file: &'a Arc<GgufFile>,
+    placement: &'a Placement,
+}
+
+impl<'a> TensorSource<'a> {
+    pub fn new(file: &'a Arc<GgufFile>, placement: &'a Placement) -> TensorSource<'a> {
+        TensorSource { file, placement }
+    }
+
+    pub fn devices(&self) -> &Devices {
+        &self.placement.devices
+    }
+
+    /// The tensors of one block (`what`, e.g. "layer 3's attention"), which must all be on
+    /// one device.
+    pub fn block(&self, what: impl Into<String>) -> BlockTensors<'_> {
+        BlockTensors {
+            src: self,
+            what: what.into(),
+            first: RefCell::new(None),
+        }
+    }
+
+    /// Whether the file has a tensor called `name` (nothing is loaded).
+    pub fn has(&self, name: &str) -> bool {
+        self.index(name).is_some()
+    }
+
+    fn index(&self, name: &str) -> Option<usize> {
+        self.file.tensors().iter().position(|t| t.name == name)
+    }
+
+    /// Tensor `name` as mapped in the file, checked against `shape`, with its device.
+    fn mapped(&self, name: &str, shape: &[usize]) -> Result<Option<(Tensor, DeviceId)>> {
+        let Some(index) = self.index(name) else {
+            return Ok(None);
+        };
+        let t = Tensor::mapped(self.file, index)?;
+        t.expect_shape(shape)?;
+        Ok(Some((t, self.placement.device_of(name))))
+    }
+}
+
+/// The tensors of one block as it loads them: each goes to its placed device, and every one
+/// must be on the device of the first (a block runs on one device).
+pub(crate) struct BlockTensors<'a> {
+    src: &'a TensorSource<'a>,
+    what: String,
+    /// The first tensor loaded and its device.
+    first: RefCell<Option<(String, DeviceId)>>,
+}
+
+impl BlockTensors<'_> {
+    /// Record that `name` is on `dev`; refuse a second device.
+    fn place(&self, name: &str, dev: DeviceId) -> Result<()> {
+        let mut first = self.first.borrow_mut();
+        match &*first {
+            None => *first = Some((name.to_string(), dev)),
+            Some((f, d)) if *d != dev => {
+                let devs = self.src.devices();
+                return Err(Error::Model(format!(
+                    "{}: '{f}' is on {} but '{name}' is on {}; moxie runs a block on one \
+                     device, so place its tensors together",
+                    self.what,
+                    devs.get(*d).name,
+                    devs.get(dev).name,
+                )));
+            }
+            Some(_) => {}
+        }
+        Ok(())
+    }
+
+    /// The device this block's tensors are on ([`CPU`] if it loaded none).
+    pub fn device(&self) -> DeviceId {
+        self.first.borrow().as_ref().map_or(CPU, |(_, d)| *d)
+    }
+
+    pub fn get(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        self.opt(name, shape)?
+            .ok_or_else(|| Error::Model(format!("missing tensor '{name}'")))
+    }
+
+    pub fn opt(&self, name: &str, shape: &[usize]) -> Result<Option<Tensor>> {
+        let Some((t, dev)) = self.src.mapped(name, shape)? else {
+            return Ok(None);
+        };
+        self.place(name, dev)?;
+        Ok(Some(t.to_device(self.src.devices(), dev)?))
+    }
+
+    /// A small tensor (norm weight, bias) as f32.
+    pub fn vec(&self, name: &str, len: usize) -> Result<Vector> {
+        self.vec_opt(name, len)?
+            .ok_or_else(|| Error::Model(format!("missing tensor '{name}'")))
+    }
+
+    pub fn vec_opt(&self, name: &str, len: usize) -> Result<Option<Vector>> {
+        let Some((t, dev)) = self.src.mapped(name, &[len])? else {
+            return Ok(None);
+        };
+        self.place(name, dev)?;
+        let devices = self.src.devices();
+        let host = t.to_f32()?;
+        let mut held = None;
+        let mut gpu = None;
+        if dev != CPU {
+            let bytes = t.data().len();
+            held = Some(devices.reserve(dev, bytes as u64, &format!("tensor '{name}'"))?);
+            devices.count_copy(CPU, dev, bytes);
+            if let Some(g) = devices.gpu(dev) {
+                gpu = Some(Buffer::from_f32(g.backend(), &host)?);
+            }
+        }
+        Ok(Some(Vector {
+            host,
+            gpu,
+            _held: held,
+        }))
+    }
+}
