@@ -5,8 +5,8 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
+use moxie_core::synth::SynthArch;
 use moxie_core::synth::{self, HeaderSpec, SynthReport, SynthSpec, SynthType};
-use moxie_core::Arch;
 
 #[derive(clap::Args)]
 #[command(after_help = gen_help())]
@@ -59,7 +59,7 @@ pub fn main(a: Args) -> Result<()> {
     if a.header_only {
         return header_only(&a);
     }
-    let arch = a.arch.as_deref().map(Arch::from_name).transpose()?;
+    let arch = a.arch.as_deref().map(SynthArch::from_name).transpose()?;
     let mut spec = SynthSpec::preset_for(&a.preset, arch)?;
     spec.ty = SynthType::parse(a.ty.as_deref().unwrap_or("F32"))?;
     spec.seed = a.seed;

@@ -8,8 +8,9 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use moxie_core::synth::SynthArch as Arch;
 use moxie_core::synth::{self, SynthSpec, SynthType};
-use moxie_core::{Arch, Logits, Model, Parallel};
+use moxie_core::{Logits, Model, Parallel};
 use moxie_gguf::{GgmlType, GgufFile, Value};
 
 mod common;

@@ -63,8 +63,9 @@ use std::time::Instant;
 use moxie_gguf::{Array, GgufWriter, Value};
 
 use super::plan::{self, arch_keys, tensor_list, TypeChooser};
+use super::SynthArch;
 use super::{count_types, QuantMix, SynthReport, SynthShape, SynthSpec, SynthType, Yarn};
-use crate::config::{Arch, Gating};
+use crate::config::Gating;
 use crate::inventory::layer_of;
 use crate::{Error, Result};
 
@@ -151,7 +152,7 @@ fn deepseek_v3() -> HeaderSpec {
         arch_name: "deepseek2",
         model_name: "DeepSeek-V3",
         base: SynthSpec {
-            arch: Arch::Deepseek2,
+            arch: SynthArch::Deepseek2,
             shape: SynthShape {
                 n_vocab: 129280,
                 n_embd: 7168,
@@ -211,7 +212,7 @@ fn glm_4_7() -> HeaderSpec {
         arch_name: "glm4moe",
         model_name: "GLM-4.7",
         base: SynthSpec {
-            arch: Arch::Glm4Moe,
+            arch: SynthArch::Glm4Moe,
             shape: SynthShape {
                 n_vocab: 151552,
                 n_embd: 5120,
@@ -269,7 +270,7 @@ fn glm_5_1() -> HeaderSpec {
         model_name: "GLM-5.1",
         base: SynthSpec {
             // glm-dsa's blocks are deepseek2's plus the indexer.
-            arch: Arch::Deepseek2,
+            arch: SynthArch::Deepseek2,
             shape: SynthShape {
                 n_vocab: 154880,
                 n_embd: 6144,

@@ -39,8 +39,47 @@ pub use moxie_quant::GgmlType;
 pub use plan::{metadata, plan, PlannedTensor, TensorInit};
 pub use write::{generate, generate_with, Progress};
 
-use crate::config::{Arch, Gating};
+use crate::config::Gating;
 use crate::{Error, Result};
+
+/// The architectures `moxie gen` writes (a subset of what moxie runs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SynthArch {
+    Deepseek2,
+    Qwen3Moe,
+    Glm4Moe,
+}
+
+impl SynthArch {
+    const ALL: [SynthArch; 3] = [
+        SynthArch::Deepseek2,
+        SynthArch::Qwen3Moe,
+        SynthArch::Glm4Moe,
+    ];
+
+    /// The architecture's GGUF name.
+    pub fn name(self) -> &'static str {
+        match self {
+            SynthArch::Deepseek2 => "deepseek2",
+            SynthArch::Qwen3Moe => "qwen3moe",
+            SynthArch::Glm4Moe => "glm4moe",
+        }
+    }
+
+    /// The architecture called `name`; the error lists the ones `moxie gen` writes.
+    pub fn from_name(name: &str) -> Result<SynthArch> {
+        Self::ALL
+            .into_iter()
+            .find(|a| a.name() == name)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Self::ALL.iter().map(|a| a.name()).collect();
+                Error::Model(format!(
+                    "synth: cannot generate architecture '{name}'; it writes: {}",
+                    names.join(", ")
+                ))
+            })
+    }
+}
 
 /// YaRN rope scaling (deepseek2 only), written as `rope.scaling.*`.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -237,11 +276,11 @@ impl SynthShape {
     }
 
     /// Rotary dims per head for `arch`.
-    pub fn rot_dims(&self, arch: Arch) -> usize {
+    pub fn rot_dims(&self, arch: SynthArch) -> usize {
         match arch {
-            Arch::Deepseek2 => self.qk_rope_dim,
-            Arch::Qwen3Moe => self.n_rot.unwrap_or(self.head_dim),
-            Arch::Glm4Moe => self.n_rot.unwrap_or(self.head_dim / 2),
+            SynthArch::Deepseek2 => self.qk_rope_dim,
+            SynthArch::Qwen3Moe => self.n_rot.unwrap_or(self.head_dim),
+            SynthArch::Glm4Moe => self.n_rot.unwrap_or(self.head_dim / 2),
         }
     }
 
@@ -339,7 +378,7 @@ impl SynthType {
 /// What to generate.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SynthSpec {
-    pub arch: Arch,
+    pub arch: SynthArch,
     pub shape: SynthShape,
     pub ty: SynthType,
     pub seed: u64,
@@ -529,31 +568,31 @@ impl SynthSpec {
     pub fn preset(name: &str) -> Result<SynthSpec> {
         let (arch, shape, ty, seed) = match name {
             "deepseek2-tiny" | "tiny-deepseek2" => (
-                Arch::Deepseek2,
+                SynthArch::Deepseek2,
                 deepseek2_tiny_shape(),
                 SynthType::Plain(GgmlType::F32),
                 1001,
             ),
             "qwen3moe-tiny" | "tiny-qwen3moe" => (
-                Arch::Qwen3Moe,
+                SynthArch::Qwen3Moe,
                 qwen3moe_tiny_shape(),
                 SynthType::Plain(GgmlType::F32),
                 2002,
             ),
             "glm4moe-tiny" | "tiny-glm4moe" => (
-                Arch::Glm4Moe,
+                SynthArch::Glm4Moe,
                 glm4moe_tiny_shape(),
                 SynthType::Plain(GgmlType::F32),
                 3003,
             ),
             "bench-deepseek2" | "bench-ds" => (
-                Arch::Deepseek2,
+                SynthArch::Deepseek2,
                 bench_deepseek2_shape(),
                 SynthType::Mix(QuantMix::Q4_K_M),
                 4004,
             ),
             "bench-qwen3moe" | "bench-qwen" => (
-                Arch::Qwen3Moe,
+                SynthArch::Qwen3Moe,
                 bench_qwen3moe_shape(),
                 SynthType::Mix(QuantMix::Q4_K_M),
                 5005,
@@ -594,7 +633,7 @@ impl SynthSpec {
 
     /// A preset, where `tiny` is resolved with `arch` (`tiny` + deepseek2 = `deepseek2-tiny`);
     /// an explicit `arch` must match the preset's.
-    pub fn preset_for(name: &str, arch: Option<Arch>) -> Result<SynthSpec> {
+    pub fn preset_for(name: &str, arch: Option<SynthArch>) -> Result<SynthSpec> {
         let spec =
             match (name, arch) {
                 ("tiny", Some(a)) => SynthSpec::preset(&format!("{}-tiny", a.name()))?,
@@ -627,7 +666,7 @@ impl SynthSpec {
     pub fn description(&self) -> String {
         let s = &self.shape;
         let attn = match self.arch {
-            Arch::Deepseek2 => format!(
+            SynthArch::Deepseek2 => format!(
                 "MLA {} heads (q_lora {}, kv_lora {}, rope {}, nope {}, v {})",
                 s.n_head, s.q_lora_rank, s.kv_lora_rank, s.qk_rope_dim, s.qk_nope_dim, s.v_head_dim
             ),

@@ -5,8 +5,9 @@ use moxie_gguf::{Array, Value};
 use moxie_quant::GgmlType;
 
 use super::vocab::{self, TokenizerStyle};
+use super::SynthArch;
 use super::{QuantMix, SynthSpec, SynthType};
-use crate::config::{Arch, Gating};
+use crate::config::Gating;
 use crate::inventory::layer_of;
 use crate::{Error, Result};
 
@@ -151,7 +152,7 @@ pub(crate) fn validate(spec: &SynthSpec) -> Result<()> {
         return Err(bad("n_ctx is too large".into()));
     }
     match spec.arch {
-        Arch::Deepseek2 => {
+        SynthArch::Deepseek2 => {
             if s.kv_lora_rank == 0 || s.qk_nope_dim == 0 || s.v_head_dim == 0 {
                 return Err(bad(
                     "deepseek2 needs kv_lora_rank, qk_nope_dim and v_head_dim > 0".into(),
@@ -171,7 +172,7 @@ pub(crate) fn validate(spec: &SynthSpec) -> Result<()> {
                 }
             }
         }
-        Arch::Qwen3Moe | Arch::Glm4Moe => {
+        SynthArch::Qwen3Moe | SynthArch::Glm4Moe => {
             if s.n_head_kv == 0 || s.head_dim == 0 {
                 return Err(bad(format!("{arch} needs n_head_kv and head_dim > 0")));
             }
@@ -195,7 +196,7 @@ pub(crate) fn validate(spec: &SynthSpec) -> Result<()> {
             }
         }
     }
-    if spec.arch == Arch::Qwen3Moe {
+    if spec.arch == SynthArch::Qwen3Moe {
         if s.n_dense_lead != 0 || s.n_expert_shared != 0 {
             return Err(bad(
                 "qwen3moe has no dense layers and no shared experts (n_dense_lead = n_expert_shared = 0)"
@@ -239,7 +240,7 @@ pub(super) fn tensor_list(spec: &SynthSpec) -> Vec<(String, Vec<u64>, TensorInit
         let n = |x: &str| format!("blk.{il}.{x}");
         add(n("attn_norm.weight"), &[e], NORM);
         match spec.arch {
-            Arch::Deepseek2 => {
+            SynthArch::Deepseek2 => {
                 let qk_head = s.qk_nope_dim + s.qk_rope_dim;
                 if s.q_lora_rank > 0 {
                     add(n("attn_q_a_norm.weight"), &[s.q_lora_rank], NORM);
@@ -280,13 +281,13 @@ pub(super) fn tensor_list(spec: &SynthSpec) -> Vec<(String, Vec<u64>, TensorInit
                 );
                 add(n("ffn_norm.weight"), &[e], NORM);
             }
-            Arch::Qwen3Moe | Arch::Glm4Moe => {
+            SynthArch::Qwen3Moe | SynthArch::Glm4Moe => {
                 let q = s.n_head * s.head_dim;
                 let kv = s.n_head_kv * s.head_dim;
                 add(n("attn_q.weight"), &[e, q], scaled(1.0, e));
                 add(n("attn_k.weight"), &[e, kv], scaled(1.0, e));
                 add(n("attn_v.weight"), &[e, kv], scaled(1.0, e));
-                if spec.arch == Arch::Glm4Moe {
+                if spec.arch == SynthArch::Glm4Moe {
                     add(n("attn_q.bias"), &[q], normal(BIAS_STD));
                     add(n("attn_k.bias"), &[kv], normal(BIAS_STD));
                     add(n("attn_v.bias"), &[kv], normal(BIAS_STD));
@@ -294,7 +295,7 @@ pub(super) fn tensor_list(spec: &SynthSpec) -> Vec<(String, Vec<u64>, TensorInit
                 add(n("attn_output.weight"), &[q, e], scaled(OUT_GAIN, q));
                 add(n("attn_q_norm.weight"), &[s.head_dim], NORM);
                 add(n("attn_k_norm.weight"), &[s.head_dim], NORM);
-                let ffn_norm = if spec.arch == Arch::Glm4Moe {
+                let ffn_norm = if spec.arch == SynthArch::Glm4Moe {
                     "post_attention_norm.weight"
                 } else {
                     "ffn_norm.weight"
@@ -310,9 +311,9 @@ pub(super) fn tensor_list(spec: &SynthSpec) -> Vec<(String, Vec<u64>, TensorInit
             let (x, f) = (s.n_expert, s.n_ff_exp);
             add(n("ffn_gate_inp.weight"), &[e, x], scaled(s.router_std, e));
             let probs_b = match spec.arch {
-                Arch::Glm4Moe => true, // required by llama.cpp's glm4moe loader
-                Arch::Deepseek2 => s.gating == Gating::Sigmoid,
-                Arch::Qwen3Moe => false,
+                SynthArch::Glm4Moe => true, // required by llama.cpp's glm4moe loader
+                SynthArch::Deepseek2 => s.gating == Gating::Sigmoid,
+                SynthArch::Qwen3Moe => false,
             };
             if probs_b {
                 add(n("exp_probs_b.bias"), &[x], normal(PROBS_B_STD));
@@ -565,7 +566,7 @@ pub(super) fn arch_keys(spec: &SynthSpec) -> Vec<(String, Value)> {
         Gating::Sigmoid => 2,
     });
     match spec.arch {
-        Arch::Deepseek2 => {
+        SynthArch::Deepseek2 => {
             keys.extend([
                 (ak("attention.head_count_kv"), u(1)),
                 (ak("leading_dense_block_count"), u(s.n_dense_lead)),
@@ -605,12 +606,12 @@ pub(super) fn arch_keys(spec: &SynthSpec) -> Vec<(String, Value)> {
                 ]);
             }
         }
-        Arch::Qwen3Moe => keys.extend([
+        SynthArch::Qwen3Moe => keys.extend([
             (ak("attention.head_count_kv"), u(s.n_head_kv)),
             (ak("attention.key_length"), u(s.head_dim)),
             (ak("attention.value_length"), u(s.head_dim)),
         ]),
-        Arch::Glm4Moe => keys.extend([
+        SynthArch::Glm4Moe => keys.extend([
             (ak("attention.head_count_kv"), u(s.n_head_kv)),
             (ak("attention.key_length"), u(s.head_dim)),
             (ak("attention.value_length"), u(s.head_dim)),

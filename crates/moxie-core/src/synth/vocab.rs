@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::config::Arch;
+use super::SynthArch;
 
 /// `tokenizer.ggml.token_type` values.
 pub const TOKEN_NORMAL: i32 = 1;
@@ -62,9 +62,9 @@ pub struct TokenizerStyle {
 }
 
 impl TokenizerStyle {
-    pub fn of(arch: Arch) -> TokenizerStyle {
+    pub fn of(arch: SynthArch) -> TokenizerStyle {
         match arch {
-            Arch::Deepseek2 => TokenizerStyle {
+            SynthArch::Deepseek2 => TokenizerStyle {
                 pre: "deepseek-v3",
                 bos: "<｜begin▁of▁sentence｜>",
                 eos: "<｜end▁of▁sentence｜>",
@@ -73,7 +73,7 @@ impl TokenizerStyle {
                 add_bos: true,
                 chat_template: TEMPLATE_DEEPSEEK2,
             },
-            Arch::Qwen3Moe => TokenizerStyle {
+            SynthArch::Qwen3Moe => TokenizerStyle {
                 pre: "qwen2",
                 bos: "<|endoftext|>",
                 eos: "<|im_end|>",
@@ -82,7 +82,7 @@ impl TokenizerStyle {
                 add_bos: false,
                 chat_template: TEMPLATE_QWEN3MOE,
             },
-            Arch::Glm4Moe => TokenizerStyle {
+            SynthArch::Glm4Moe => TokenizerStyle {
                 pre: "glm4",
                 bos: "[gMASK]",
                 eos: "<|endoftext|>",
