@@ -12,13 +12,15 @@ use crate::{Error, Result};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arch {
     Deepseek2,
+    GlmDsa,
     Glm4Moe,
     Qwen3Moe,
 }
 
 impl Arch {
-    pub const SUPPORTED: [(&'static str, Arch); 3] = [
+    pub const SUPPORTED: [(&'static str, Arch); 4] = [
         ("deepseek2", Arch::Deepseek2),
+        ("glm-dsa", Arch::GlmDsa),
         ("glm4moe", Arch::Glm4Moe),
         ("qwen3moe", Arch::Qwen3Moe),
     ];
@@ -152,6 +154,31 @@ impl<'a> Keys<'a> {
             self.key(k),
             v.value_type()
         )))
+    }
+
+    /// An array of non-negative integers, one per layer (`None` when absent); a single
+    /// integer is repeated for `n` layers.
+    pub fn uint_per_layer(&self, k: &str, n: usize) -> Result<Option<Vec<u64>>> {
+        let Some(v) = self.value(k) else {
+            return Ok(None);
+        };
+        if let Some(x) = v.as_u64() {
+            return Ok(Some(vec![x; n]));
+        }
+        let bad = || {
+            Error::Model(format!(
+                "metadata '{}' must hold one integer per layer ({n})",
+                self.key(k)
+            ))
+        };
+        let arr = v.as_array().ok_or_else(bad)?;
+        if arr.len() < n {
+            return Err(bad());
+        }
+        (0..n)
+            .map(|i| arr.get(i).and_then(|e| e.as_u64()).ok_or_else(bad))
+            .collect::<Result<Vec<_>>>()
+            .map(Some)
     }
 
     pub fn uint(&self, k: &str) -> Result<usize> {

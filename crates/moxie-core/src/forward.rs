@@ -6,6 +6,7 @@
 
 use moxie_gpu::DevPtr;
 
+use crate::blocks::dsa::Selected;
 use crate::blocks::moe::{MoeScratch, SplitMoeBuffers};
 use crate::config::Config;
 use crate::device::{DeviceId, Devices, Resident};
@@ -53,6 +54,9 @@ pub(crate) struct Pass<'m> {
     /// Batches of at least this many tokens stream host-resident routed experts to the GPU
     /// running their router (`usize::MAX`: never).
     pub op_offload_min_batch: usize,
+    /// The DSA indexer's selection of the last layer that ran one, for the layers that share
+    /// it.
+    pub top_k: Option<Selected>,
     /// The host copy of the normed input of the block being run.
     h: Vec<f32>,
 }
@@ -141,6 +145,7 @@ impl Model {
             moe: self.scratch.take(),
             split: SplitMoeBuffers::new(&self.devices),
             op_offload_min_batch: self.op_offload_min_batch().unwrap_or(usize::MAX),
+            top_k: None,
             h: Vec::new(),
         };
         let result = self.layers_and_head(tokens, &mut p, state, which);

@@ -149,6 +149,12 @@ impl BlockTensors<'_> {
         Ok(Some(t.to_device(self.src.devices(), dev)?))
     }
 
+    /// A tensor the block derives at load time (not in the file), placed with the block's
+    /// tensors: call it after those are loaded.
+    pub fn with_block(&self, t: Tensor) -> Result<Tensor> {
+        t.to_device(self.src.devices(), self.device())
+    }
+
     /// A small tensor (norm weight, bias) as f32.
     pub fn vec(&self, name: &str, len: usize) -> Result<Vector> {
         self.vec_opt(name, len)?

@@ -326,3 +326,53 @@ fn fast_decode_matches_exact_decode() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// The glm-dsa goldens exercise the indexer: its `top_k` (32) is smaller than the longer
+/// sequences, so from position 32 on each query attends to a strict subset of the past. The
+/// same F32 model with its indexers removed (dense MLA) still gives llama.cpp's logits bit for
+/// bit before position 32, and misses them from there on (mean KLD far beyond the 1e-5 bound),
+/// so the selection, not just MLA, is what the exact test checks.
+#[test]
+fn ignoring_the_dsa_indexer_fails_the_glm_dsa_goldens() {
+    let fx = fixtures();
+    let index = golden_index();
+    let case = supported_models(&index)
+        .into_iter()
+        .find(|c| c.stem == "glm-dsa-tiny-F32")
+        .expect("the glm-dsa F32 fixture");
+    let mut model = load_model(&case);
+    let top_k = 32;
+    for layer in &mut model.layers {
+        match &mut layer.mixer {
+            moxie_core::blocks::Mixer::Mla(m) => {
+                assert!(m.sparse.is_some(), "every glm-dsa layer is sparse");
+                m.sparse = None;
+            }
+            _ => panic!("glm-dsa layers are MLA"),
+        }
+    }
+    let par = Parallel::new(2).with_numerics(Numerics::Exact);
+    let n_vocab = model.config.n_vocab;
+    let s = &case.entry["sequences"]["s120"];
+    let tokens = token_ids(s);
+    let (_, golden) =
+        moxie_core::npy::read_f32(&fx.join(s["logits_file"].as_str().unwrap())).unwrap();
+    let mut state = model.new_state(Some(512)).unwrap();
+    let dense = model
+        .forward(&tokens, &mut state, &par, Logits::All)
+        .unwrap();
+    let split = top_k * n_vocab;
+    assert!(
+        dense[..split]
+            .iter()
+            .zip(&golden[..split])
+            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "dense MLA should equal the golden before the selection starts"
+    );
+    let later = mean_kld(&golden[split..], &dense[split..], n_vocab);
+    eprintln!("glm-dsa-tiny-F32 s120 with dense MLA: mean KLD {later:.3e} from position {top_k}");
+    assert!(
+        later > 1e-2,
+        "without the indexer, positions >= {top_k} are still within KLD {later:.2e}"
+    );
+}

@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 use moxie_core::device::{DeviceId, Devices, CPU};
 use moxie_core::model::Placement;
-use moxie_core::{Model, Parallel};
+use moxie_core::{Logits, Model, Parallel};
 use moxie_gguf::GgufFile;
 use moxie_gpu::emu::EmuGpu;
 use moxie_gpu::Gpu;
@@ -474,4 +474,130 @@ fn op_offload_streams_ram_experts_for_large_batches() {
         &plain,
         cpu.config.n_vocab,
     );
+}
+
+/// Prefill of the first 56 tokens of the golden s120 sequence (all logits), then the next 8
+/// one at a time: long enough that the DSA indexer (top-k 32) selects a strict subset of the
+/// past in both paths.
+fn long_run(model: &Model, tokens: &[u32], par: &Parallel) -> Vec<f32> {
+    let mut state = model.new_state(Some(256)).unwrap();
+    let mut all = model
+        .forward(&tokens[..56], &mut state, par, Logits::All)
+        .unwrap();
+    for &t in &tokens[56..64] {
+        all.extend(model.forward(&[t], &mut state, par, Logits::Last).unwrap());
+    }
+    all
+}
+
+/// Make every glm-dsa layer after the first reuse its selection (GLM-5.2's shared indexer
+/// layers), so the selection crosses devices in the mixed placement.
+fn share_indexers(model: &mut Model) {
+    for layer in model.layers.iter_mut().skip(1) {
+        if let moxie_core::blocks::Mixer::Mla(m) = &mut layer.mixer {
+            m.sparse = Some(moxie_core::blocks::mla::Sparse::Shared);
+        }
+    }
+}
+
+/// glm-dsa's sparse attention on GPUs: sequences past the indexer's top-k, with every layer
+/// running its indexer and with layers 1 and 2 sharing layer 0's selection, all-GPU, hybrid and
+/// mixed (the selection made on the CPU and used on GPU1, made on GPU1 and used on GPU0), within
+/// the emulator's per-position bounds.
+#[test]
+fn glm_dsa_sparse_attention_on_emulated_gpus() {
+    let par = Parallel::new(2);
+    let index = golden_index();
+    let tokens: Vec<u32> = index["models"]["glm-dsa-tiny-F32"]["sequences"]["s120"]["token_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect();
+    let open_stem = |stem: &str| open(&fixtures().join(format!("models/{stem}.gguf")));
+    for shared in [false, true] {
+        let cpu_run = |stem: &str| {
+            let mut m = Model::load(open_stem(stem)).unwrap();
+            if shared {
+                share_indexers(&mut m);
+            }
+            long_run(&m, &tokens, &par)
+        };
+        let master = cpu_run("glm-dsa-tiny-F32");
+        for stem in ["glm-dsa-tiny-F32", "glm-dsa-tiny-Q4_K_M"] {
+            let file = open_stem(stem);
+            let want = if stem.ends_with("F32") {
+                master.clone()
+            } else {
+                cpu_run(stem)
+            };
+            let n_vocab = 2048;
+            // A near-tie in the indexer's scores flips a position's selection under another
+            // summation order, as MoE routing flips experts: llama.cpp's own flash-attention
+            // variant moves the F32 file's s120 logits by up to 2.2 (fixtures index,
+            // determinism_checks). So the per-position rule applies to the F32 file too, with
+            // its 1e-5; a quantized file's bound is its own quantization error over its F32
+            // master on these tokens, / 10, at least 2e-3 (as `check_file`).
+            let bound = if stem.ends_with("F32") {
+                1e-5
+            } else {
+                let k = kld_per_row(&master, &want, n_vocab);
+                (k.iter().sum::<f64>() / k.len() as f64 / 10.0).max(2e-3)
+            };
+            for (how, place) in [
+                ("all-GPU", all_gpu as fn(&GgufFile, Devices) -> Placement),
+                ("hybrid --cpu-moe", hybrid),
+                ("mixed over 2 GPUs + CPU", mixed),
+            ] {
+                let mut model = Model::load_placed(Arc::clone(&file), &place(&file, two_gpus()))
+                    .unwrap_or_else(|e| panic!("{stem} {how}: {e}"));
+                if shared {
+                    share_indexers(&mut model);
+                }
+                let got = long_run(&model, &tokens, &par);
+                let name = format!("{stem} (shared indexers: {shared})");
+                agree(&name, how, Some(bound), &want, &got, n_vocab);
+            }
+        }
+    }
+}
+
+/// The GPU's top-k selection keeps the same positions as the CPU's (libstdc++'s heap
+/// selection) on scores full of ties, as ReLU makes them.
+#[test]
+fn gpu_top_k_breaks_ties_as_the_cpu() {
+    use moxie_gpu::Buffer;
+    let gpu = Gpu::new(EmuGpu::new("CUDA0", 1 << 26));
+    let mut seed = 0x9e37_79b9u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let (n_tok, pos0, k) = (40, 60, 16);
+    let stride = pos0 + n_tok;
+    let scores: Vec<f32> = (0..n_tok * stride)
+        .map(|_| [0.0, 0.0, 0.0, 0.5, -0.25, 1.0][(next() % 6) as usize])
+        .collect();
+    let sb = Buffer::from_f32(gpu.backend(), &scores).unwrap();
+    let lb = Buffer::new(gpu.backend(), n_tok * k * 4).unwrap();
+    let cb = Buffer::new(gpu.backend(), n_tok * 4).unwrap();
+    gpu.dsa_top_k(sb.ptr(), stride, n_tok, pos0, k, lb.ptr(), cb.ptr())
+        .unwrap();
+    let mut list = vec![0u8; n_tok * k * 4];
+    lb.read(0, &mut list).unwrap();
+    let list: Vec<i32> = list
+        .chunks_exact(4)
+        .map(|b| i32::from_ne_bytes(b.try_into().unwrap()))
+        .collect();
+    let mut idx = Vec::new();
+    for t in 0..n_tok {
+        let row = &scores[t * stride..t * stride + pos0 + t + 1];
+        moxie_core::blocks::dsa::heap_select(row, k, &mut idx);
+        idx.sort_unstable();
+        let mut got: Vec<u32> = list[t * k..(t + 1) * k].iter().map(|&x| x as u32).collect();
+        got.sort_unstable();
+        assert_eq!(got, idx, "token {t}");
+    }
 }

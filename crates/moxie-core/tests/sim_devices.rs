@@ -176,3 +176,46 @@ fn a_stage_split_over_devices_is_refused() {
         "{err}"
     );
 }
+
+/// glm-dsa past its indexer's top-k, with layers 1 and 2 sharing layer 0's selection (GLM-5.2's
+/// shared indexer layers) while their attention runs on other devices: bit for bit the CPU's.
+#[test]
+fn sparse_attention_across_sim_devices_gives_the_cpu_logits() {
+    let path = fixtures().join("models/glm-dsa-tiny-Q4_K_M.gguf");
+    let file = open(&path);
+    let par = Parallel::new(2);
+    let share = |m: &mut Model| {
+        for layer in m.layers.iter_mut().skip(1) {
+            if let moxie_core::blocks::Mixer::Mla(mla) = &mut layer.mixer {
+                mla.sparse = Some(moxie_core::blocks::mla::Sparse::Shared);
+            }
+        }
+    };
+    let tokens: Vec<u32> = (0..70u32).map(|i| (i * 53 + 11) % 2000).collect();
+    let run = |m: &Model| {
+        let mut s = m.new_state(Some(128)).unwrap();
+        let mut all = m
+            .forward(&tokens[..60], &mut s, &par, moxie_core::Logits::All)
+            .unwrap();
+        for &t in &tokens[60..] {
+            all.extend(
+                m.forward(&[t], &mut s, &par, moxie_core::Logits::Last)
+                    .unwrap(),
+            );
+        }
+        all
+    };
+    for shared in [false, true] {
+        let mut cpu = Model::load(Arc::clone(&file)).unwrap();
+        let mut placed = Model::load_placed(
+            Arc::clone(&file),
+            &spread(&file, Devices::with_sims(&[1 << 30, 1 << 30])),
+        )
+        .unwrap();
+        if shared {
+            share(&mut cpu);
+            share(&mut placed);
+        }
+        assert!(run(&placed) == run(&cpu), "shared indexers: {shared}");
+    }
+}

@@ -101,16 +101,19 @@ __device__ __forceinline__ float mx_load(const uint16_t* p) { return mx_f16_to_f
 #define MX_ATTN_MAX_DV_PER_THREAD 8
 
 // Causal softmax attention of one query row (token t, head h; block (h, t)) against the
-// cache: positions 0 ..= pos0 + t. Keys of kv head h / (n_head / n_head_kv) start at
-// kvh * dk in each cache row of `k_row` elements; values at kvh * dv in rows of `v_row`
-// (MLA: v is the key cache itself, values its first dv elements). Online softmax over
-// tiles of MX_ATTN_THREADS positions, so no score buffer grows with the context.
+// cache: positions 0 ..= pos0 + t, or, when `sel` is given and `sel_n[t] >= 0`, only the
+// `sel_n[t]` positions listed at `sel + t * sel_stride` (DeepSeek sparse attention's top-k).
+// Keys of kv head h / (n_head / n_head_kv) start at kvh * dk in each cache row of `k_row`
+// elements; values at kvh * dv in rows of `v_row` (MLA: v is the key cache itself, values its
+// first dv elements). Online softmax over tiles of MX_ATTN_THREADS positions, so no score
+// buffer grows with the context.
 template <typename T>
 __device__ void attention_impl(const float* q, const T* k, const T* v, float* out, int n_head,
                                int n_head_kv, int dk, int dv, int k_row, int v_row, int pos0,
-                               float scale) {
+                               float scale, const int* sel, const int* sel_n, int sel_stride) {
     __shared__ float qs[MX_ATTN_MAX_DK];
     __shared__ float probs[MX_ATTN_THREADS];
+    __shared__ int rows[MX_ATTN_THREADS];
     __shared__ float scratch[32];
     int h = blockIdx.x;
     int t = blockIdx.y;
@@ -127,21 +130,28 @@ __device__ void attention_impl(const float* q, const T* k, const T* v, float* ou
     float m = MX_NEG_INF;
     float l = 0.0f;
     int n_pos = pos0 + t + 1;
+    const int* list = 0;
+    if (sel != 0 && sel_n[t] >= 0) {
+        list = sel + (int64_t)t * sel_stride;
+        n_pos = sel_n[t];
+    }
     for (int p0 = 0; p0 < n_pos; p0 += blockDim.x) {
-        int p = p0 + threadIdx.x;
+        int i = p0 + threadIdx.x;
         float s = MX_NEG_INF;
-        if (p < n_pos) {
+        if (i < n_pos) {
+            int p = list ? list[i] : i;
+            rows[threadIdx.x] = p;
             const T* kr = k + (int64_t)p * k_row + (int64_t)kvh * dk;
             float dot = 0.0f;
-            for (int i = 0; i < dk; i++) {
-                dot += qs[i] * mx_load(kr + i);
+            for (int c = 0; c < dk; c++) {
+                dot += qs[c] * mx_load(kr + c);
             }
             s = dot * scale;
         }
         float tile_max = mx_block_max(s, scratch);
         float m_new = fmaxf(m, tile_max);
         float correction = expf(m - m_new);
-        float e = p < n_pos ? expf(s - m_new) : 0.0f;
+        float e = i < n_pos ? expf(s - m_new) : 0.0f;
         probs[threadIdx.x] = e;
         float tile_sum = mx_block_sum(e, scratch);
         l = l * correction + tile_sum;
@@ -151,14 +161,14 @@ __device__ void attention_impl(const float* q, const T* k, const T* v, float* ou
             int d = threadIdx.x + j * blockDim.x;
             if (d < dv) {
                 float a = acc[j] * correction;
-                const T* vc = v + (int64_t)p0 * v_row + (int64_t)kvh * dv + d;
+                const T* vc = v + (int64_t)kvh * dv + d;
                 for (int pp = 0; pp < n_tile; pp++) {
-                    a += probs[pp] * mx_load(vc + (int64_t)pp * v_row);
+                    a += probs[pp] * mx_load(vc + (int64_t)rows[pp] * v_row);
                 }
                 acc[j] = a;
             }
         }
-        // The next tile overwrites probs.
+        // The next tile overwrites probs and rows.
         __syncthreads();
     }
     float* o = out + ((int64_t)t * n_head + h) * dv;
@@ -172,14 +182,18 @@ __device__ void attention_impl(const float* q, const T* k, const T* v, float* ou
 
 extern "C" __global__ void attention_f16(const float* q, const uint16_t* k, const uint16_t* v,
                                          float* out, int n_head, int n_head_kv, int dk, int dv,
-                                         int k_row, int v_row, int pos0, float scale) {
-    attention_impl(q, k, v, out, n_head, n_head_kv, dk, dv, k_row, v_row, pos0, scale);
+                                         int k_row, int v_row, int pos0, float scale,
+                                         const int* sel, const int* sel_n, int sel_stride) {
+    attention_impl(q, k, v, out, n_head, n_head_kv, dk, dv, k_row, v_row, pos0, scale, sel,
+                   sel_n, sel_stride);
 }
 
 extern "C" __global__ void attention_f32(const float* q, const float* k, const float* v,
                                          float* out, int n_head, int n_head_kv, int dk, int dv,
-                                         int k_row, int v_row, int pos0, float scale) {
-    attention_impl(q, k, v, out, n_head, n_head_kv, dk, dv, k_row, v_row, pos0, scale);
+                                         int k_row, int v_row, int pos0, float scale,
+                                         const int* sel, const int* sel_n, int sel_stride) {
+    attention_impl(q, k, v, out, n_head, n_head_kv, dk, dv, k_row, v_row, pos0, scale, sel,
+                   sel_n, sel_stride);
 }
 
 #define MX_ROUTE_MAX_EXPERTS 1024
@@ -299,4 +313,139 @@ extern "C" __global__ void moe_sum_f32(const float* rows, const float* weights, 
         float* o = out + (int64_t)t * n_embd + d;
         *o = accumulate ? *o + s : s;
     }
+}
+
+// y *= s
+extern "C" __global__ void scale_f32(float* y, float s, int n) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        y[i] *= s;
+    }
+}
+
+// LayerNorm of each row (one block per row, in place allowed): (x - mean) / sqrt(var + eps),
+// then times `w` and plus `b` where given (null: none).
+extern "C" __global__ void layer_norm_f32(const float* x, const float* w, const float* b,
+                                          float* y, int ncols, float eps) {
+    __shared__ float scratch[32];
+    const float* xr = x + (int64_t)blockIdx.x * ncols;
+    float* yr = y + (int64_t)blockIdx.x * ncols;
+    float sum = 0.0f;
+    for (int i = threadIdx.x; i < ncols; i += blockDim.x) {
+        sum += xr[i];
+    }
+    float mean = mx_block_sum(sum, scratch) / (float)ncols;
+    float sq = 0.0f;
+    for (int i = threadIdx.x; i < ncols; i += blockDim.x) {
+        float d = xr[i] - mean;
+        sq += d * d;
+    }
+    float scale = 1.0f / sqrtf(mx_block_sum(sq, scratch) / (float)ncols + eps);
+    for (int i = threadIdx.x; i < ncols; i += blockDim.x) {
+        float v = (xr[i] - mean) * scale;
+        if (w != 0) {
+            v *= w[i];
+        }
+        if (b != 0) {
+            v += b[i];
+        }
+        yr[i] = v;
+    }
+}
+
+// DeepSeek sparse attention's indexer scores: block t (a query token), its threads over the
+// positions j <= pos0 + t: scores[t * stride + j] = sum_h relu(q[t, h] . k[j]) * w[t, h]
+// (heads of `dim` values, `n_head` per token; keys one row of `dim` per position).
+template <typename T>
+__device__ void dsa_scores_impl(const float* q, const T* k, const float* w, float* scores,
+                                int n_head, int dim, int pos0, int stride) {
+    int t = blockIdx.x;
+    int n_pos = pos0 + t + 1;
+    const float* qt = q + (int64_t)t * n_head * dim;
+    const float* wt = w + (int64_t)t * n_head;
+    for (int j = threadIdx.x; j < n_pos; j += blockDim.x) {
+        const T* kj = k + (int64_t)j * dim;
+        float score = 0.0f;
+        for (int h = 0; h < n_head; h++) {
+            float dot = 0.0f;
+            for (int c = 0; c < dim; c++) {
+                dot += qt[h * dim + c] * mx_load(kj + c);
+            }
+            score += fmaxf(dot, 0.0f) * wt[h];
+        }
+        scores[(int64_t)t * stride + j] = score;
+    }
+}
+
+extern "C" __global__ void dsa_scores_f16(const float* q, const uint16_t* k, const float* w,
+                                          float* scores, int n_head, int dim, int pos0,
+                                          int stride) {
+    dsa_scores_impl(q, k, w, scores, n_head, dim, pos0, stride);
+}
+
+extern "C" __global__ void dsa_scores_f32(const float* q, const float* k, const float* w,
+                                          float* scores, int n_head, int dim, int pos0,
+                                          int stride) {
+    dsa_scores_impl(q, k, w, scores, n_head, dim, pos0, stride);
+}
+
+// libstdc++'s __adjust_heap on heap[0, len): the hole goes down along the children that
+// compare "less" (higher score), then `value` is pushed back up from there.
+__device__ void dsa_adjust_heap(int* heap, const float* s, int hole, int len, int value) {
+    int top = hole;
+    int second = hole;
+    while (second < (len - 1) / 2) {
+        second = 2 * (second + 1);
+        if (s[heap[second]] > s[heap[second - 1]]) {
+            second--;
+        }
+        heap[hole] = heap[second];
+        hole = second;
+    }
+    if ((len & 1) == 0 && second == (len - 2) / 2) {
+        second = 2 * (second + 1);
+        heap[hole] = heap[second - 1];
+        hole = second - 1;
+    }
+    while (hole > top) {
+        int parent = (hole - 1) / 2;
+        if (!(s[heap[parent]] > s[value])) {
+            break;
+        }
+        heap[hole] = heap[parent];
+        hole = parent;
+    }
+    heap[hole] = value;
+}
+
+// The top-k positions of each query token's scores (one thread per token), selected as
+// std::partial_sort with ggml's comparator does (libstdc++'s heap selection, ties
+// included), like moxie's CPU indexer: `sel + t * k` gets them (unordered) and sel_n[t] = k,
+// or sel_n[t] = -1 when the token sees no more than k positions (all of them, unmasked).
+extern "C" __global__ void dsa_top_k(const float* scores, int stride, int n_tok, int pos0,
+                                     int k, int* sel, int* sel_n) {
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= n_tok) {
+        return;
+    }
+    int n_valid = pos0 + t + 1;
+    if (n_valid <= k) {
+        sel_n[t] = -1;
+        return;
+    }
+    const float* s = scores + (int64_t)t * stride;
+    int* heap = sel + (int64_t)t * k;
+    for (int i = 0; i < k; i++) {
+        heap[i] = i;
+    }
+    if (k >= 2) {
+        for (int parent = (k - 2) / 2; parent >= 0; parent--) {
+            dsa_adjust_heap(heap, s, parent, k, heap[parent]);
+        }
+    }
+    for (int i = k; i < n_valid; i++) {
+        if (s[i] > s[heap[0]]) {
+            dsa_adjust_heap(heap, s, 0, k, i);
+        }
+    }
+    sel_n[t] = k;
 }

@@ -64,6 +64,16 @@ pub struct AttnShape {
     pub scale: f32,
 }
 
+/// The positions each query token attends to when not all of them (DeepSeek sparse
+/// attention): `counts[t]` (i32) positions listed at `list + t * stride` (i32), or all of
+/// them where `counts[t]` is negative.
+#[derive(Clone, Copy, Debug)]
+pub struct Selection {
+    pub list: DevPtr,
+    pub counts: DevPtr,
+    pub stride: usize,
+}
+
 /// How router logits become experts and weights (see `route_f32` in ops.cu).
 #[derive(Clone, Copy, Debug)]
 pub struct RouteSpec {
@@ -251,12 +261,14 @@ impl Gpu {
     }
 
     /// Causal attention of `n_tok` query tokens (`q`: token-major, `n_head × dk` each) over
-    /// the cache, which already holds their own positions; `out` gets `n_head × dv` per token.
+    /// the cache, which already holds their own positions (or only the selected ones, with
+    /// `sel`); `out` gets `n_head × dv` per token.
     pub fn attention(
         &self,
         s: AttnShape,
         q: DevPtr,
         kv: KvView,
+        sel: Option<Selection>,
         out: DevPtr,
         n_tok: usize,
     ) -> Result<()> {
@@ -285,6 +297,14 @@ impl Gpu {
             let nt = (n_tok - t0).min(MAX_GRID_YZ);
             let qo = (t0 * s.n_head * s.dk * 4) as u64;
             let oo = (t0 * s.n_head * s.dv * 4) as u64;
+            let (list, counts, stride) = match sel {
+                Some(sl) => (
+                    sl.list + (t0 * sl.stride * 4) as u64,
+                    sl.counts + (t0 * 4) as u64,
+                    sl.stride,
+                ),
+                None => (0, 0, 0),
+            };
             self.backend.launch(
                 kernel,
                 LaunchConfig {
@@ -305,6 +325,9 @@ impl Gpu {
                     int("v_row", kv.v_row)?,
                     int("pos0", s.pos0 + t0)?,
                     Arg::F32(s.scale),
+                    Arg::Ptr(list),
+                    Arg::Ptr(counts),
+                    int("sel_stride", stride)?,
                 ],
             )?;
         }
@@ -352,6 +375,128 @@ impl Gpu {
                 Arg::F32(r.scale),
             ],
         )
+    }
+
+    /// `y *= s` over `n` values.
+    pub fn scale(&self, y: DevPtr, s: f32, n: usize) -> Result<()> {
+        self.elementwise("scale_f32", n, &[Arg::Ptr(y), Arg::F32(s), int("n", n)?])
+    }
+
+    /// LayerNorm of `n_rows` contiguous rows of `ncols` (`x` into `y`, which may be `x`),
+    /// then times `w` and plus `b` where given.
+    #[allow(clippy::too_many_arguments)]
+    pub fn layer_norm(
+        &self,
+        x: DevPtr,
+        w: Option<DevPtr>,
+        b: Option<DevPtr>,
+        y: DevPtr,
+        n_rows: usize,
+        ncols: usize,
+        eps: f32,
+    ) -> Result<()> {
+        if n_rows == 0 {
+            return Ok(());
+        }
+        let threads = (ncols.next_multiple_of(32) as u32).clamp(32, 1024);
+        self.backend.launch(
+            "layer_norm_f32",
+            LaunchConfig::linear(row_grid(n_rows)?, threads),
+            &[
+                Arg::Ptr(x),
+                Arg::Ptr(w.unwrap_or(0)),
+                Arg::Ptr(b.unwrap_or(0)),
+                Arg::Ptr(y),
+                int("ncols", ncols)?,
+                Arg::F32(eps),
+            ],
+        )
+    }
+
+    /// DeepSeek sparse attention's indexer scores of `n_tok` query tokens at positions
+    /// `pos0..`: for token `t` and every position `j <= pos0 + t`,
+    /// `scores[t * stride + j] = Σ_h relu(q[t, h] · keys[j]) · w[t, h]` (`q`: `n_head` heads of
+    /// `dim` per token; `keys`: one row of `dim` per position, f16 or f32; `w`: `n_head` per
+    /// token).
+    #[allow(clippy::too_many_arguments)]
+    pub fn dsa_scores(
+        &self,
+        q: DevPtr,
+        keys: DevPtr,
+        keys_f16: bool,
+        w: DevPtr,
+        scores: DevPtr,
+        stride: usize,
+        n_tok: usize,
+        n_head: usize,
+        dim: usize,
+        pos0: usize,
+    ) -> Result<()> {
+        if n_tok == 0 {
+            return Ok(());
+        }
+        if pos0 + n_tok > stride {
+            return Err(Error::Unsupported(format!(
+                "indexer scores of {} positions in rows of {stride}",
+                pos0 + n_tok
+            )));
+        }
+        let kernel = if keys_f16 {
+            "dsa_scores_f16"
+        } else {
+            "dsa_scores_f32"
+        };
+        self.backend.launch(
+            kernel,
+            LaunchConfig::linear(row_grid(n_tok)?, 128),
+            &[
+                Arg::Ptr(q),
+                Arg::Ptr(keys),
+                Arg::Ptr(w),
+                Arg::Ptr(scores),
+                int("n_head", n_head)?,
+                int("dim", dim)?,
+                int("pos0", pos0)?,
+                int("stride", stride)?,
+            ],
+        )
+    }
+
+    /// The `k` best-scored positions of each of `n_tok` query tokens (rows of `stride` scores,
+    /// token `t` at position `pos0 + t` scoring positions `0..=pos0 + t`), as a [`Selection`]
+    /// into `list` (`n_tok × k` i32) and `counts` (`n_tok` i32; -1 where a token sees no more
+    /// than `k` positions). Ties are broken as `std::partial_sort` does, like the CPU.
+    #[allow(clippy::too_many_arguments)]
+    pub fn dsa_top_k(
+        &self,
+        scores: DevPtr,
+        stride: usize,
+        n_tok: usize,
+        pos0: usize,
+        k: usize,
+        list: DevPtr,
+        counts: DevPtr,
+    ) -> Result<Selection> {
+        if n_tok > 0 {
+            self.backend.launch(
+                "dsa_top_k",
+                LaunchConfig::linear(n_tok.div_ceil(64) as u32, 64),
+                &[
+                    Arg::Ptr(scores),
+                    int("stride", stride)?,
+                    int("n_tok", n_tok)?,
+                    int("pos0", pos0)?,
+                    int("k", k)?,
+                    Arg::Ptr(list),
+                    Arg::Ptr(counts),
+                ],
+            )?;
+        }
+        Ok(Selection {
+            list,
+            counts,
+            stride: k,
+        })
     }
 
     /// `out[t] (+)= Σ_j weights[t, j] · rows[t·k + j]` for `n_tok` tokens of `n_embd`.

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use moxie_gpu::emu::EmuGpu;
-use moxie_gpu::ops::{AttnShape, KvView};
+use moxie_gpu::ops::{AttnShape, KvView, Selection};
 use moxie_gpu::{Buffer, Gpu, GpuBackend};
 
 /// Deterministic values in [-1, 1).
@@ -177,7 +177,8 @@ fn kv_store_rounds_to_f16_like_half() {
     }
 }
 
-/// Causal attention reference: query t (at position pos0 + t) over positions 0..=pos0 + t.
+/// Causal attention reference: query t (at position pos0 + t) over positions 0..=pos0 + t, or
+/// over the positions `sel[t]` lists.
 #[allow(clippy::too_many_arguments)]
 fn attention_ref(
     q: &[f32],
@@ -187,16 +188,21 @@ fn attention_ref(
     k_row: usize,
     v_row: usize,
     n_tok: usize,
+    sel: Option<&[Option<Vec<usize>>]>,
 ) -> Vec<f32> {
     let group = s.n_head / s.n_head_kv;
     let mut out = vec![0f32; n_tok * s.n_head * s.dv];
     for t in 0..n_tok {
+        let positions: Vec<usize> = match sel.and_then(|l| l[t].clone()) {
+            Some(list) => list,
+            None => (0..=s.pos0 + t).collect(),
+        };
         for h in 0..s.n_head {
             let kvh = h / group;
             let qr = &q[(t * s.n_head + h) * s.dk..][..s.dk];
-            let n_pos = s.pos0 + t + 1;
-            let scores: Vec<f64> = (0..n_pos)
-                .map(|p| {
+            let scores: Vec<f64> = positions
+                .iter()
+                .map(|&p| {
                     let kr = &k[p * k_row + kvh * s.dk..][..s.dk];
                     qr.iter().zip(kr).map(|(a, b)| (a * b) as f64).sum::<f64>() * s.scale as f64
                 })
@@ -205,8 +211,10 @@ fn attention_ref(
             let e: Vec<f64> = scores.iter().map(|x| (x - m).exp()).collect();
             let l: f64 = e.iter().sum();
             for d in 0..s.dv {
-                let acc: f64 = (0..n_pos)
-                    .map(|p| e[p] * v[p * v_row + kvh * s.dv + d] as f64)
+                let acc: f64 = positions
+                    .iter()
+                    .zip(&e)
+                    .map(|(&p, &ep)| ep * v[p * v_row + kvh * s.dv + d] as f64)
                     .sum();
                 out[(t * s.n_head + h) * s.dv + d] = (acc / l) as f32;
             }
@@ -269,8 +277,9 @@ fn attention_gqa_and_mla_shapes_over_several_tiles() {
                 v_row,
                 f16,
             };
-            g.attention(s, qb.ptr(), view, ob.ptr(), n_tok).unwrap();
-            let want = attention_ref(&q, &k, &v, s, k_row, v_row, n_tok);
+            g.attention(s, qb.ptr(), view, None, ob.ptr(), n_tok)
+                .unwrap();
+            let want = attention_ref(&q, &k, &v, s, k_row, v_row, n_tok, None);
             close(
                 &read(&ob, want.len()),
                 &want,
@@ -329,6 +338,184 @@ fn oversized_shapes_are_errors_not_launches() {
         v_row: 4096,
         f16: true,
     };
-    let err = g.attention(s, b.ptr(), view, b.ptr(), 1).unwrap_err();
+    let err = g.attention(s, b.ptr(), view, None, b.ptr(), 1).unwrap_err();
     assert!(err.to_string().contains("4096"), "{err}");
+}
+
+/// Attention over selected positions (DeepSeek sparse attention): per token a list of past
+/// positions, in any order, over more than one tile; a token with count -1 sees them all.
+#[test]
+fn attention_over_selected_positions() {
+    let g = gpu();
+    let (nh, dk, dv, pos0, n_tok) = (4, 72, 64, 300, 3);
+    let n_pos = pos0 + n_tok;
+    let k_row = dk;
+    let q = values(n_tok * nh * dk, 40);
+    let k = values(n_pos * k_row, 41);
+    let stride = 150;
+    // Token 0: every other position backwards (150 of them); token 1: all; token 2: a few.
+    let lists: Vec<Option<Vec<usize>>> = vec![
+        Some((0..stride).map(|i| pos0 - 2 * i).collect()),
+        None,
+        Some(vec![3, 302, 77, 150]),
+    ];
+    let mut list = vec![0i32; n_tok * stride];
+    let mut counts = vec![-1i32; n_tok];
+    for (t, l) in lists.iter().enumerate() {
+        if let Some(l) = l {
+            counts[t] = l.len() as i32;
+            for (i, &p) in l.iter().enumerate() {
+                list[t * stride + i] = p as i32;
+            }
+        }
+    }
+    let lb = Buffer::from_bytes(g.backend(), bytemuck::cast_slice(&list)).unwrap();
+    let cb = Buffer::from_bytes(g.backend(), bytemuck::cast_slice(&counts)).unwrap();
+    let kb = upload(&g, &k);
+    let qb = upload(&g, &q);
+    let ob = Buffer::new(g.backend(), n_tok * nh * dv * 4).unwrap();
+    let s = AttnShape {
+        n_head: nh,
+        n_head_kv: 1,
+        dk,
+        dv,
+        pos0,
+        scale: 1.0 / (dk as f32).sqrt(),
+    };
+    let view = KvView {
+        k: kb.ptr(),
+        v: kb.ptr(),
+        k_row,
+        v_row: k_row,
+        f16: false,
+    };
+    let sel = Selection {
+        list: lb.ptr(),
+        counts: cb.ptr(),
+        stride,
+    };
+    g.attention(s, qb.ptr(), view, Some(sel), ob.ptr(), n_tok)
+        .unwrap();
+    let want = attention_ref(&q, &k, &k, s, k_row, k_row, n_tok, Some(&lists));
+    close(&read(&ob, want.len()), &want, 2e-5, "selected attention");
+}
+
+#[test]
+fn layer_norm_and_scale() {
+    let g = gpu();
+    let (rows, cols) = (3, 128);
+    let x = values(rows * cols, 50);
+    let w = values(cols, 51);
+    let b = values(cols, 52);
+    for (with_w, with_b) in [(true, true), (false, false)] {
+        let xb = upload(&g, &x);
+        let (wb, bb) = (upload(&g, &w), upload(&g, &b));
+        g.layer_norm(
+            xb.ptr(),
+            with_w.then(|| wb.ptr()),
+            with_b.then(|| bb.ptr()),
+            xb.ptr(),
+            rows,
+            cols,
+            0.0,
+        )
+        .unwrap();
+        let mut want = x.clone();
+        for r in want.chunks_exact_mut(cols) {
+            let mean = r.iter().map(|&v| v as f64).sum::<f64>() / cols as f64;
+            let var = r.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / cols as f64;
+            for (i, v) in r.iter_mut().enumerate() {
+                let mut y = (*v as f64 - mean) / var.sqrt();
+                if with_w {
+                    y *= w[i] as f64;
+                }
+                if with_b {
+                    y += b[i] as f64;
+                }
+                *v = y as f32;
+            }
+        }
+        close(&read(&xb, rows * cols), &want, 2e-5, "layer_norm");
+    }
+    let yb = upload(&g, &x);
+    g.scale(yb.ptr(), 0.25, x.len()).unwrap();
+    let want: Vec<f32> = x.iter().map(|v| v * 0.25).collect();
+    close(&read(&yb, x.len()), &want, 0.0, "scale");
+}
+
+/// The indexer's scores, Σ_h relu(q_h · k_j) · w_h, for every past position of each token,
+/// and the top-k selection of distinct scores (ties are checked against the CPU's selection in
+/// moxie-core's tests).
+#[test]
+fn dsa_scores_and_top_k() {
+    let g = gpu();
+    let (nh, d, pos0, n_tok, k) = (4, 64, 20, 3, 8);
+    let stride = pos0 + n_tok;
+    let q = values(n_tok * nh * d, 60);
+    let keys = values(stride * d, 61);
+    let w = values(n_tok * nh, 62);
+    let (qb, kb, wb) = (upload(&g, &q), upload(&g, &keys), upload(&g, &w));
+    let sb = Buffer::new(g.backend(), n_tok * stride * 4).unwrap();
+    g.dsa_scores(
+        qb.ptr(),
+        kb.ptr(),
+        false,
+        wb.ptr(),
+        sb.ptr(),
+        stride,
+        n_tok,
+        nh,
+        d,
+        pos0,
+    )
+    .unwrap();
+    let got = read(&sb, n_tok * stride);
+    for t in 0..n_tok {
+        for j in 0..=pos0 + t {
+            let want: f32 = (0..nh)
+                .map(|h| {
+                    let dot: f32 = (0..d)
+                        .map(|c| q[(t * nh + h) * d + c] * keys[j * d + c])
+                        .sum();
+                    dot.max(0.0) * w[t * nh + h]
+                })
+                .sum();
+            close(
+                &[got[t * stride + j]],
+                &[want],
+                1e-5,
+                &format!("score {t} {j}"),
+            );
+        }
+    }
+    let lb = Buffer::new(g.backend(), n_tok * k * 4).unwrap();
+    let cb = Buffer::new(g.backend(), n_tok * 4).unwrap();
+    let sel = g
+        .dsa_top_k(sb.ptr(), stride, n_tok, pos0, k, lb.ptr(), cb.ptr())
+        .unwrap();
+    assert_eq!(sel.stride, k);
+    let mut list = vec![0i32; n_tok * k];
+    let mut counts = vec![0i32; n_tok];
+    lb.read(0, bytemuck::cast_slice_mut(&mut list)).unwrap();
+    cb.read(0, bytemuck::cast_slice_mut(&mut counts)).unwrap();
+    for t in 0..n_tok {
+        assert_eq!(counts[t], k as i32);
+        let mut picked: Vec<usize> = list[t * k..(t + 1) * k]
+            .iter()
+            .map(|&x| x as usize)
+            .collect();
+        picked.sort_unstable();
+        let row = &got[t * stride..t * stride + pos0 + t + 1];
+        let mut order: Vec<usize> = (0..row.len()).collect();
+        order.sort_by(|&a, &b| row[b].total_cmp(&row[a]));
+        let mut want = order[..k].to_vec();
+        want.sort_unstable();
+        assert_eq!(picked, want, "token {t}");
+    }
+    // Tokens that see no more than k positions are left unmasked.
+    g.dsa_top_k(sb.ptr(), stride, 2, 2, k, lb.ptr(), cb.ptr())
+        .unwrap();
+    cb.read(0, bytemuck::cast_slice_mut(&mut counts[..2]))
+        .unwrap();
+    assert_eq!(&counts[..2], &[-1, -1]);
 }

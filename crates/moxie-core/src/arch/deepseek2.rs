@@ -107,6 +107,7 @@ pub(crate) fn mla_attention(
         wk_b: t.get(&blk(il, "attn_k_b.weight"), &[nope, rank, n_head])?,
         wv_b: t.get(&blk(il, "attn_v_b.weight"), &[rank, s.head_v, n_head])?,
         wo: t.get(&blk(il, "attn_output.weight"), &[n_head * s.head_v, d])?,
+        sparse: None,
         device: t.device(),
     })
 }

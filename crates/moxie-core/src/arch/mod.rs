@@ -5,6 +5,7 @@
 
 pub mod deepseek2;
 pub mod glm4moe;
+pub mod glm_dsa;
 pub mod qwen3moe;
 
 use crate::blocks::moe::Routing;
@@ -27,6 +28,7 @@ pub(crate) struct ArchDef {
 pub(crate) fn def(arch: Arch) -> &'static ArchDef {
     match arch {
         Arch::Deepseek2 => &deepseek2::DEF,
+        Arch::GlmDsa => &glm_dsa::DEF,
         Arch::Glm4Moe => &glm4moe::DEF,
         Arch::Qwen3Moe => &qwen3moe::DEF,
     }

@@ -5,6 +5,7 @@
 
 use moxie_quant::GgmlType;
 
+use crate::blocks::dsa::TopK;
 use crate::ops::{self, f16_round};
 use crate::parallel::{Numerics, Parallel};
 use crate::state::CacheRows;
@@ -30,21 +31,24 @@ pub(crate) struct AttnGeom {
 /// (tinyBLAS for a batch, `vec_dot` for one token; docs/architecture.md "Numerics"). A
 /// quantized value cache is converted to f32 rows (llama.cpp runs those through its
 /// flash-attention kernel only, so they are not bit-matched). `values` `None`: the values are
-/// the first `dv` elements of each key row (MLA's latent, one kv head).
+/// the first `dv` elements of each key row (MLA's latent, one kv head). `sel`: the past
+/// positions each query may attend to when not all of them (DSA's top-k; llama.cpp masks the
+/// others to -inf before the softmax, so they drop out of it exactly).
 pub(crate) fn attend(
     g: AttnGeom,
     q: &[f32],
     keys: CacheRows,
     values: Option<CacheRows>,
+    sel: Option<&TopK>,
     out: &mut [f32],
     par: &Parallel,
 ) {
     let n = q.len() / (g.n_head * g.dk);
     if par.numerics() == Numerics::Fast {
         return if n > 1 {
-            attend_batch_f32(g, q, keys, values, out, par)
+            attend_batch_f32(g, q, keys, values, sel, out, par)
         } else {
-            attend_one_token(g, q, keys, values, out, par)
+            attend_one_token(g, q, keys, values, sel, out, par)
         };
     }
     let group = g.n_head / g.n_head_kv;
@@ -76,7 +80,16 @@ pub(crate) fn attend(
             let n_kv = g.pos0 + t + 1;
             q_conv(&q[row * g.dk..(row + 1) * g.dk], &mut q_bytes);
             scores.clear();
+            let allowed = sel.and_then(|s| s.row(t));
+            let mut next_allowed = 0;
             for j in 0..n_kv {
+                if let Some(a) = allowed {
+                    if a.get(next_allowed) != Some(&(j as u32)) {
+                        scores.push(f32::NEG_INFINITY);
+                        continue;
+                    }
+                    next_allowed += 1;
+                }
                 let s = kq_dot(g.dk, keys.span(j, kvh * g.dk, g.dk), &q_bytes);
                 scores.push(s * g.kq_scale);
             }
@@ -118,6 +131,7 @@ fn attend_one_token(
     q: &[f32],
     keys: CacheRows,
     values: Option<CacheRows>,
+    sel: Option<&TopK>,
     out: &mut [f32],
     par: &Parallel,
 ) {
@@ -125,7 +139,9 @@ fn attend_one_token(
     const BLOCK: usize = 64;
     debug_assert_eq!(q.len(), g.n_head * g.dk, "one query token");
     let group = g.n_head / g.n_head_kv;
-    let n_kv = g.pos0 + 1;
+    // The positions read: all of them, or the selected ones.
+    let list = sel.and_then(|s| s.row(0));
+    let n_kv = list.map_or(g.pos0 + 1, <[u32]>::len);
     let work = n_kv * (g.dk + g.dv) / group.max(1);
     let q_ty = moxie_quant::vec_dot_type(keys.ty).expect("cache types have a dot partner");
     par.for_each_range(g.n_head, work, out, g.dv, |rows, o| {
@@ -145,11 +161,12 @@ fn attend_one_token(
         o.fill(0.0);
         for j0 in (0..n_kv).step_by(BLOCK) {
             let b = BLOCK.min(n_kv - j0);
-            keys.block_to_f32(j0, b, kv.start * g.dk, k_width, &mut kbuf);
+            let chunk = list.map(|l| &l[j0..j0 + b]);
+            rows_to_f32(keys, j0, b, chunk, kv.start * g.dk, k_width, &mut kbuf);
             // MLA's values are part of the converted keys.
             let (v, ldv) = match values {
                 Some(values) => {
-                    values.block_to_f32(j0, b, kv.start * g.dv, v_width, &mut vbuf);
+                    rows_to_f32(values, j0, b, chunk, kv.start * g.dv, v_width, &mut vbuf);
                     (&vbuf[..], v_width)
                 }
                 None => (&kbuf[..], k_width),
@@ -215,6 +232,27 @@ fn attend_one_token(
     });
 }
 
+/// `width` elements from element `first` of `n` positions as f32 rows: positions
+/// `j0..j0 + n`, or the listed ones.
+fn rows_to_f32(
+    rows: CacheRows,
+    j0: usize,
+    n: usize,
+    list: Option<&[u32]>,
+    first: usize,
+    width: usize,
+    out: &mut [f32],
+) {
+    match list {
+        None => rows.block_to_f32(j0, n, first, width, out),
+        Some(l) => {
+            for (&pos, row) in l.iter().zip(out.chunks_exact_mut(width)) {
+                rows.block_to_f32(pos as usize, 1, first, width, row);
+            }
+        }
+    }
+}
+
 /// The V product's final sums, `out[d]` for every `d` at once (vectorised over `d`): slot `s`
 /// of `acc` (`dv` values each; slots at or past `used` are zero) is lane `s % 16` of group
 /// `s / 16`. One token: the four groups are added as ggml's `reduce_f32x16` does,
@@ -266,6 +304,7 @@ fn attend_batch_f32(
     q: &[f32],
     keys: CacheRows,
     values: Option<CacheRows>,
+    sel: Option<&TopK>,
     out: &mut [f32],
     par: &Parallel,
 ) {
@@ -338,8 +377,12 @@ fn attend_batch_f32(
                         kv_len,
                     );
                     for (r, srow) in scores.chunks_exact_mut(kv_len).enumerate() {
-                        let len = g.pos0 + t0 + r / group + 1;
+                        let t = t0 + r / group;
+                        let len = g.pos0 + t + 1;
                         srow[..len].iter_mut().for_each(|s| *s *= g.kq_scale);
+                        if let Some(allowed) = sel.and_then(|s| s.row(t)) {
+                            mask_unselected(&mut srow[..len], allowed);
+                        }
                         ops::softmax(&mut srow[..len]);
                         if round_p {
                             srow[..len].iter_mut().for_each(|p| *p = f16_round(*p));
@@ -361,6 +404,18 @@ fn attend_batch_f32(
             }
         },
     );
+}
+
+/// Set the scores of positions not in `allowed` (sorted) to -inf.
+fn mask_unselected(scores: &mut [f32], allowed: &[u32]) {
+    let mut next = allowed.iter().peekable();
+    for (j, s) in scores.iter_mut().enumerate() {
+        if next.peek() == Some(&&(j as u32)) {
+            next.next();
+        } else {
+            *s = f32::NEG_INFINITY;
+        }
+    }
 }
 
 /// Round `x` (rows of `width`) as converting it to `ty` and back does; f32 is left alone.

@@ -119,6 +119,7 @@ impl Block for Gqa {
             &q,
             keys,
             Some(values),
+            None,
             &mut out,
             par,
         );
@@ -200,6 +201,7 @@ impl Block for Gqa {
                 v_row: vw,
                 f16,
             },
+            None,
             out,
             n,
         )?;

@@ -2,11 +2,14 @@
 //! holds the normed latent plus the rotary key per position (`kv_lora_rank + n_rot` values);
 //! `attn_k_b` folds into the queries and `attn_v_b` expands the attended latent per head, so
 //! attention is MQA over one latent "head" whose values are its first `kv_lora_rank` values.
+//! With DeepSeek sparse attention (glm-dsa) a lightning indexer ([`crate::blocks::dsa`])
+//! picks the positions each query attends to.
 
 use moxie_gpu::ops::{AttnShape, KvView};
 use moxie_gpu::DevPtr;
 
 use crate::blocks::attention::{attend, AttnGeom};
+use crate::blocks::dsa::{gpu_selection, host_selection, Indexer, Selected};
 use crate::blocks::{matmul_shared, per_head_products};
 use crate::device::DeviceId;
 use crate::forward::{Block, Pass};
@@ -58,6 +61,17 @@ pub struct Mla {
     pub wk_b: Tensor,
     pub wv_b: Tensor,
     pub wo: Tensor,
+    /// DeepSeek sparse attention: which positions each query attends to.
+    pub sparse: Option<Sparse>,
+}
+
+/// Where a sparse MLA layer's selection of positions comes from.
+pub enum Sparse {
+    /// The layer's own lightning indexer.
+    Indexer(Box<Indexer>),
+    /// The selection of the last layer before it that ran an indexer (GLM-5.2's "shared"
+    /// indexer layers).
+    Shared,
 }
 
 impl Mla {
@@ -65,6 +79,10 @@ impl Mla {
         let width = self.shape.kv_lora_rank + self.shape.n_rot;
         LayerStateSpec {
             keys: Some(RowSpec { width, head: width }),
+            indexer_keys: match &self.sparse {
+                Some(Sparse::Indexer(ix)) => Some(ix.state_rows()),
+                _ => None,
+            },
             ..Default::default()
         }
     }
@@ -72,12 +90,15 @@ impl Mla {
     pub fn matrices(&self) -> Vec<&Tensor> {
         let mut m: Vec<&Tensor> = self.wq_a.iter().map(|(t, _)| t).collect();
         m.extend([&self.wq_b, &self.wkv_a, &self.wk_b, &self.wv_b, &self.wo]);
+        if let Some(Sparse::Indexer(ix)) = &self.sparse {
+            m.extend(ix.matrices());
+        }
         m
     }
 }
 
 fn no_state() -> Error {
-    Error::Model("MLA state without latent rows".into())
+    Error::Model("MLA state without its rows".into())
 }
 
 impl Block for Mla {
@@ -96,11 +117,12 @@ impl Block for Mla {
         // Queries: optional low-rank compression, then per head [nope | rope].
         let mut q = vec![0f32; n * n_head * dk];
         let acts_h;
+        let mut qa = Vec::new();
         match &self.wq_a {
             Some((wq_a, norm)) => {
                 let m = wq_a.matrix()?;
                 acts_h = QuantizedActs::new(m.act_type(), c.n_embd, h);
-                let mut qa = vec![0f32; n * m.n_out];
+                qa.resize(n * m.n_out, 0.0);
                 m.matmul_q(par, &acts_h, &mut qa);
                 ops::rms_norm_mul(&mut qa, norm, c.rms_eps);
                 self.wq_b.matrix()?.matmul(par, &qa, &mut q);
@@ -111,6 +133,23 @@ impl Block for Mla {
                 m.matmul_q(par, &acts_h, &mut q);
             }
         }
+        // The positions each query attends to (DSA), from the normed `q_a`.
+        if let Some(Sparse::Indexer(ix)) = &self.sparse {
+            let keys = state.indexer_keys.as_mut().ok_or_else(no_state)?;
+            p.top_k = Some(ix.select_cpu(p, h, &qa, keys)?);
+        }
+        // Borrowed out of the pass while the attention below reads it.
+        let selected = match &self.sparse {
+            Some(_) => {
+                host_selection(p)?;
+                p.top_k.take()
+            }
+            None => None,
+        };
+        let sel = match &selected {
+            Some(Selected::Host(top)) => Some(top),
+            _ => None,
+        };
         // Latent + rotary key.
         let kw = rank + n_rot;
         let mut kv = vec![0f32; n * kw];
@@ -147,9 +186,13 @@ impl Block for Mla {
             &qfull,
             latent.view(),
             None,
+            sel,
             &mut latent_out,
             par,
         );
+        if selected.is_some() {
+            p.top_k = selected;
+        }
         // Per head: expand the attended latent with attn_v_b.
         let mut heads = vec![0f32; n * n_head * dv];
         per_head_products(par, &self.wv_b, &latent_out, rank, false, &mut heads, dv)?;
@@ -175,6 +218,7 @@ impl Block for Mla {
         let nope = dk - n_rot;
         let dv = s.head_v;
         let q = p.gpu.buf(id, "q", n * nh * dk)?;
+        let mut qa_dev = None;
         match &self.wq_a {
             Some((wq_a, norm)) => {
                 let wa = weight(wq_a)?;
@@ -183,9 +227,20 @@ impl Block for Mla {
                 let norm = norm.ptr("attn_q_a_norm")?;
                 gpu.rms_norm(qa, wa.n_out, norm, qa, wa.n_out, n, wa.n_out, c.rms_eps)?;
                 gpu.mul_mat(&weight(&self.wq_b)?, 1, qa, wa.n_out, 0, q, nh * dk, 0, n)?;
+                qa_dev = Some(qa);
             }
             None => gpu.mul_mat(&weight(&self.wq_b)?, 1, h, c.n_embd, 0, q, nh * dk, 0, n)?,
         }
+        // The positions each query attends to (DSA), from the normed `q_a`.
+        if let Some(Sparse::Indexer(ix)) = &self.sparse {
+            let keys = state.indexer_keys.as_ref().ok_or_else(no_state)?;
+            let qa = qa_dev.ok_or_else(|| Error::Model("a DSA indexer needs MLA's q_a".into()))?;
+            p.top_k = Some(ix.select_gpu(p, id, h, qa, keys)?);
+        }
+        let sel = match &self.sparse {
+            Some(_) => gpu_selection(p, id)?,
+            None => None,
+        };
         let kw = rank + n_rot;
         let kvr = p.gpu.buf(id, "kv", n * kw)?;
         gpu.mul_mat(&weight(&self.wkv_a)?, 1, h, c.n_embd, 0, kvr, kw, 0, n)?;
@@ -244,6 +299,7 @@ impl Block for Mla {
                 v_row: kw,
                 f16,
             },
+            sel,
             out,
             n,
         )?;

@@ -6,6 +6,7 @@
 //! | --- | --- | --- |
 //! | grouped-query attention (optionally gated) | [`gqa`] | keys and values per position |
 //! | multi-head latent attention | [`mla`] | the latent + rotary key per position |
+//! | DSA lightning indexer (in sparse MLA layers) | [`dsa`] | indexer keys per position |
 //! | dense SwiGLU feed-forward | [`ffn`] | none |
 //! | MoE: router, routed experts (on their own device), shared expert | [`moe`] | none |
 //! | token embeddings, output head | [`embed`], [`head`] | none |
@@ -14,6 +15,7 @@
 //! files (`crate::arch`) say which blocks each layer has and name their tensors.
 
 pub(crate) mod attention;
+pub mod dsa;
 pub mod embed;
 pub mod ffn;
 pub mod gqa;
