@@ -7,6 +7,7 @@
 use moxie_gpu::DevPtr;
 
 use crate::blocks::dsa::Selected;
+use crate::blocks::head::HeadOut;
 use crate::blocks::moe::{MoeScratch, SplitMoeBuffers};
 use crate::config::Config;
 use crate::device::{DeviceId, Devices, Resident};
@@ -110,12 +111,54 @@ impl Model {
         par: &Parallel,
         which: Logits,
     ) -> Result<Vec<f32>> {
-        let c = &self.config;
-        let n = tokens.len();
-        if n == 0 {
-            return Ok(Vec::new());
+        Ok(self.forward_rows(tokens, state, par, which, false)?.logits)
+    }
+
+    /// [`Model::forward`], also returning the returned rows' hidden state after the output
+    /// norm (`n_embd` per row): what an MTP head drafts from ([`Model::draft`]).
+    pub fn forward_hidden(
+        &self,
+        tokens: &[u32],
+        state: &mut SeqState,
+        par: &Parallel,
+        which: Logits,
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        let out = self.forward_rows(tokens, state, par, which, true)?;
+        Ok((out.logits, out.hidden.unwrap_or_default()))
+    }
+
+    fn forward_rows(
+        &self,
+        tokens: &[u32],
+        state: &mut SeqState,
+        par: &Parallel,
+        which: Logits,
+        want_hidden: bool,
+    ) -> Result<HeadOut> {
+        if tokens.is_empty() {
+            return Ok(HeadOut {
+                logits: Vec::new(),
+                hidden: want_hidden.then(Vec::new),
+            });
         }
-        state.check_room(n)?;
+        self.check_tokens(tokens, state)?;
+        let out = self.with_pass(tokens.len(), state.len(), par, |p| {
+            let mut x = self.embeddings.run(p, tokens)?;
+            for (il, layer) in self.layers.iter().enumerate() {
+                let st = state.layer_mut(il);
+                p.sublayer(&mut x, &layer.attn_norm, &layer.mixer, st)?;
+                p.sublayer(&mut x, &layer.ffn_norm, &layer.ffn, st)?;
+            }
+            self.head.run(p, &mut x, which, want_hidden)
+        })?;
+        state.commit(tokens.len());
+        Ok(out)
+    }
+
+    /// Refuse an empty-context overflow or a token outside the vocabulary before any work.
+    pub(crate) fn check_tokens(&self, tokens: &[u32], state: &SeqState) -> Result<()> {
+        let c = &self.config;
+        state.check_room(tokens.len())?;
         for &t in tokens {
             if t as usize >= c.n_vocab {
                 return Err(crate::Error::BadToken {
@@ -124,9 +167,20 @@ impl Model {
                 });
             }
         }
-        // The batch's positions are committed after the last layer: until then the state's
-        // length is the position of its first token.
-        let pos0 = state.len();
+        Ok(())
+    }
+
+    /// Run `f` over a [`Pass`] of `n` tokens at positions `pos0..`, then give its buffers
+    /// back (the state's positions are committed by the caller after the last layer: until
+    /// then its length is the position of the first token).
+    pub(crate) fn with_pass<R>(
+        &self,
+        n: usize,
+        pos0: usize,
+        par: &Parallel,
+        f: impl FnOnce(&mut Pass) -> Result<R>,
+    ) -> Result<R> {
+        let c = &self.config;
         let rope: Vec<Vec<(f32, f32)>> = (0..n)
             .map(|t| {
                 let mut rc = Vec::new();
@@ -148,30 +202,11 @@ impl Model {
             top_k: None,
             h: Vec::new(),
         };
-        let result = self.layers_and_head(tokens, &mut p, state, which);
+        let result = f(&mut p);
         self.scratch.give(std::mem::take(&mut p.moe));
         let finished = p.gpu.finish();
-        let logits = result?;
+        let out = result?;
         finished?;
-        state.commit(n);
-        Ok(logits)
-    }
-
-    /// The forward pass proper: embeddings, every layer's blocks where their weights are, the
-    /// head.
-    fn layers_and_head<'m>(
-        &'m self,
-        tokens: &[u32],
-        p: &mut Pass<'m>,
-        state: &mut SeqState,
-        which: Logits,
-    ) -> Result<Vec<f32>> {
-        let mut x = self.embeddings.run(p, tokens)?;
-        for (il, layer) in self.layers.iter().enumerate() {
-            let st = state.layer_mut(il);
-            p.sublayer(&mut x, &layer.attn_norm, &layer.mixer, st)?;
-            p.sublayer(&mut x, &layer.ffn_norm, &layer.ffn, st)?;
-        }
-        self.head.run(p, &mut x, which)
+        Ok(out)
     }
 }

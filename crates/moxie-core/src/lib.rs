@@ -12,6 +12,7 @@ mod gpu_pass;
 pub mod inventory;
 pub mod loader;
 pub mod model;
+pub mod mtp;
 pub mod npy;
 pub mod ops;
 pub mod parallel;

@@ -166,7 +166,23 @@ impl BlockTensors<'_> {
             return Ok(None);
         };
         self.place(name, dev)?;
-        let devices = self.src.devices();
+        self.src.vector(name, &t, dev).map(Some)
+    }
+}
+
+impl TensorSource<'_> {
+    /// Small tensor `name` as f32 on device `dev`, wherever the placement put it: for a norm
+    /// that must sit with the matrix it feeds.
+    pub fn vec_on(&self, name: &str, len: usize, dev: DeviceId) -> Result<Option<Vector>> {
+        match self.mapped(name, &[len])? {
+            Some((t, _)) => self.vector(name, &t, dev).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Mapped tensor `t` (called `name`) as a [`Vector`] on device `dev`.
+    fn vector(&self, name: &str, t: &Tensor, dev: DeviceId) -> Result<Vector> {
+        let devices = self.devices();
         let host = t.to_f32()?;
         let mut held = None;
         let mut gpu = None;
@@ -178,10 +194,10 @@ impl BlockTensors<'_> {
                 gpu = Some(Buffer::from_f32(g.backend(), &host)?);
             }
         }
-        Ok(Some(Vector {
+        Ok(Vector {
             host,
             gpu,
             _held: held,
-        }))
+        })
     }
 }

@@ -21,6 +21,8 @@ use crate::tensor::Tensor;
 use crate::{Error, Result};
 
 pub use crate::loader::Placement;
+pub use crate::mtp::LoadOptions;
+use crate::mtp::Mtp;
 
 /// Which rows of logits a forward pass returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,6 +39,8 @@ pub struct Model {
     pub embeddings: Embeddings,
     pub layers: Vec<Layer>,
     pub head: OutputHead,
+    /// The MTP (nextn) head, when loaded on request ([`LoadOptions::mtp`]).
+    pub mtp: Option<Mtp>,
     /// The CPU and any accelerators the model is placed on.
     pub devices: Devices,
     /// Buffers forward passes reuse, so decode does not allocate them per token.
@@ -74,6 +78,15 @@ impl Model {
     /// Build the model with each tensor on the device `placement` gives it (weights for an
     /// accelerator are copied into its memory, within its budget).
     pub fn load_placed(file: Arc<GgufFile>, placement: &Placement) -> Result<Model> {
+        Model::load_with(file, placement, LoadOptions::default())
+    }
+
+    /// [`Model::load_placed`], with what `opts` asks for besides the main graph.
+    pub fn load_with(
+        file: Arc<GgufFile>,
+        placement: &Placement,
+        opts: LoadOptions,
+    ) -> Result<Model> {
         let config = Config::from_metadata(file.metadata())?;
         let c = &config;
         let src = TensorSource::new(&file, placement);
@@ -98,12 +111,18 @@ impl Model {
         let arch = crate::arch::def(c.arch);
         let keys = Keys::new(file.metadata(), c.arch.name());
         let layers = (arch.layers)(c, &keys, &src)?;
+        let mtp = if opts.mtp {
+            Some(Mtp::load(c, &keys, &src, &output)?)
+        } else {
+            None
+        };
         let model = Model {
             config,
             file: Arc::clone(&file),
             embeddings: Embeddings { tok_embd },
             layers,
             head: OutputHead { norm, output },
+            mtp,
             devices: placement.devices.clone(),
             scratch: ScratchPool::default(),
             gpu_scratch: Default::default(),
@@ -133,9 +152,13 @@ impl Model {
 
     fn check_types(&self) -> Result<()> {
         let mut mats: Vec<&Tensor> = vec![&self.head.output];
-        for l in &self.layers {
+        for l in self.layers.iter().chain(self.mtp.iter().map(|m| &m.layer)) {
             mats.extend(l.mixer.matrices());
             mats.extend(l.ffn.matrices());
+        }
+        if let Some(m) = &self.mtp {
+            mats.push(&m.eh_proj);
+            mats.extend(&m.head);
         }
         for t in mats {
             t.matrix()?;
@@ -170,42 +193,56 @@ impl Model {
         let n_ctx = n_ctx.unwrap_or(self.config.n_ctx_train);
         let mut state = SeqState::new(&self.state_specs(), n_ctx, types)?;
         for (il, layer) in self.layers.iter().enumerate() {
-            let dev = layer.mixer.device();
-            if dev == CPU {
-                continue;
-            }
-            let bytes = state.layer_bytes_when_full(il) as u64;
-            let what = format!("the KV cache of layer {il} ({n_ctx} positions)");
-            let held = self.devices.reserve(dev, bytes, &what)?;
-            state.hold(held);
-            if let Some(gpu) = self.devices.gpu(dev) {
-                let layer_state = state.layer_mut(il);
-                let rows_types = [
-                    &layer_state.keys,
-                    &layer_state.values,
-                    &layer_state.indexer_keys,
-                ]
-                .into_iter()
-                .flatten()
-                .map(|r| r.ty)
-                .collect::<Vec<_>>();
-                let f16 = rows_types.iter().all(|&t| t == moxie_quant::GgmlType::F16);
-                let f32 = rows_types.iter().all(|&t| t == moxie_quant::GgmlType::F32);
-                if !f16 && !f32 {
-                    return Err(Error::Model(format!(
-                        "the KV cache of layer {il} on {}: a {} / {} cache is not supported on \
-                         the GPU yet (use -ctk and -ctv both f16 or both f32)",
-                        gpu.name(),
-                        types.k,
-                        types.v
-                    )));
-                }
-                layer_state.move_to_gpu(n_ctx, |bytes| {
-                    Ok(moxie_gpu::Buffer::new(gpu.backend(), bytes)?)
-                })?;
-            }
+            self.place_layer_state(&mut state, il, layer, n_ctx, types)?;
         }
         Ok(state)
+    }
+
+    /// Hold layer `il` of `state` (for `layer`) in the memory of the device its token mixer
+    /// runs on: reserved against that device's budget, in GPU memory on a GPU.
+    pub(crate) fn place_layer_state(
+        &self,
+        state: &mut SeqState,
+        il: usize,
+        layer: &Layer,
+        n_ctx: usize,
+        types: KvTypes,
+    ) -> Result<()> {
+        let dev = layer.mixer.device();
+        if dev == CPU {
+            return Ok(());
+        }
+        let bytes = state.layer_bytes_when_full(il) as u64;
+        let what = format!("the KV cache of layer {il} ({n_ctx} positions)");
+        let held = self.devices.reserve(dev, bytes, &what)?;
+        state.hold(held);
+        if let Some(gpu) = self.devices.gpu(dev) {
+            let layer_state = state.layer_mut(il);
+            let rows_types = [
+                &layer_state.keys,
+                &layer_state.values,
+                &layer_state.indexer_keys,
+            ]
+            .into_iter()
+            .flatten()
+            .map(|r| r.ty)
+            .collect::<Vec<_>>();
+            let f16 = rows_types.iter().all(|&t| t == moxie_quant::GgmlType::F16);
+            let f32 = rows_types.iter().all(|&t| t == moxie_quant::GgmlType::F32);
+            if !f16 && !f32 {
+                return Err(Error::Model(format!(
+                    "the KV cache of layer {il} on {}: a {} / {} cache is not supported on \
+                     the GPU yet (use -ctk and -ctv both f16 or both f32)",
+                    gpu.name(),
+                    types.k,
+                    types.v
+                )));
+            }
+            layer_state.move_to_gpu(n_ctx, |bytes| {
+                Ok(moxie_gpu::Buffer::new(gpu.backend(), bytes)?)
+            })?;
+        }
+        Ok(())
     }
 
     /// A prompt after what `state` holds, in micro-batches of `ubatch` tokens; returns the

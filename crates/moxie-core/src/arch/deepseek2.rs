@@ -14,6 +14,7 @@ pub(crate) const DEF: ArchDef = ArchDef {
     arch: Arch::Deepseek2,
     hparams,
     layers,
+    mtp_layer: Some(mtp_layer),
 };
 
 fn hparams(c: &mut Config, k: &Keys) -> Result<()> {
@@ -114,20 +115,25 @@ pub(crate) fn mla_attention(
 
 fn layers(c: &Config, k: &Keys, src: &TensorSource) -> Result<Vec<Layer>> {
     let shape = mla_shape(c, k)?;
-    (0..c.n_layer)
-        .map(|il| {
-            let attn = attention_tensors(src, il);
-            let ffn = ffn_tensors(src, il);
-            Ok(Layer {
-                attn_norm: attn.vec(&blk(il, "attn_norm.weight"), c.n_embd)?,
-                mixer: Mixer::Mla(mla_attention(c, shape, src, &attn, il)?),
-                ffn_norm: ffn.vec(&blk(il, "ffn_norm.weight"), c.n_embd)?,
-                ffn: if il < c.n_layer_dense_lead {
-                    dense_ffn(c, &ffn, il)?
-                } else {
-                    moe_ffn(c, &ffn, src, il)?
-                },
-            })
-        })
-        .collect()
+    (0..c.n_layer).map(|il| layer(c, shape, src, il)).collect()
+}
+
+/// The MTP block's decoder layer: the same as the main ones.
+fn mtp_layer(c: &Config, k: &Keys, src: &TensorSource, il: usize) -> Result<Layer> {
+    layer(c, mla_shape(c, k)?, src, il)
+}
+
+fn layer(c: &Config, shape: MlaShape, src: &TensorSource, il: usize) -> Result<Layer> {
+    let attn = attention_tensors(src, il);
+    let ffn = ffn_tensors(src, il);
+    Ok(Layer {
+        attn_norm: attn.vec(&blk(il, "attn_norm.weight"), c.n_embd)?,
+        mixer: Mixer::Mla(mla_attention(c, shape, src, &attn, il)?),
+        ffn_norm: ffn.vec(&blk(il, "ffn_norm.weight"), c.n_embd)?,
+        ffn: if il < c.n_layer_dense_lead {
+            dense_ffn(c, &ffn, il)?
+        } else {
+            moe_ffn(c, &ffn, src, il)?
+        },
+    })
 }

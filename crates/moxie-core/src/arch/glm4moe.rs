@@ -17,6 +17,7 @@ pub(crate) const DEF: ArchDef = ArchDef {
     arch: Arch::Glm4Moe,
     hparams,
     layers,
+    mtp_layer: Some(layer),
 };
 
 fn hparams(c: &mut Config, k: &Keys) -> Result<()> {
@@ -27,21 +28,22 @@ fn hparams(c: &mut Config, k: &Keys) -> Result<()> {
     Ok(())
 }
 
-fn layers(c: &Config, _: &Keys, src: &TensorSource) -> Result<Vec<Layer>> {
-    (0..c.n_layer)
-        .map(|il| {
-            let attn = attention_tensors(src, il);
-            let ffn = ffn_tensors(src, il);
-            Ok(Layer {
-                attn_norm: attn.vec(&blk(il, "attn_norm.weight"), c.n_embd)?,
-                mixer: gqa_attention(c, &attn, il, true, QkNorm::Optional)?,
-                ffn_norm: ffn.vec(&blk(il, "post_attention_norm.weight"), c.n_embd)?,
-                ffn: if il < c.n_layer_dense_lead {
-                    dense_ffn(c, &ffn, il)?
-                } else {
-                    moe_ffn(c, &ffn, src, il)?
-                },
-            })
-        })
-        .collect()
+fn layers(c: &Config, k: &Keys, src: &TensorSource) -> Result<Vec<Layer>> {
+    (0..c.n_layer).map(|il| layer(c, k, src, il)).collect()
+}
+
+/// Layer `il` (the MTP block's decoder layer is the same as the main ones).
+fn layer(c: &Config, _: &Keys, src: &TensorSource, il: usize) -> Result<Layer> {
+    let attn = attention_tensors(src, il);
+    let ffn = ffn_tensors(src, il);
+    Ok(Layer {
+        attn_norm: attn.vec(&blk(il, "attn_norm.weight"), c.n_embd)?,
+        mixer: gqa_attention(c, &attn, il, true, QkNorm::Optional)?,
+        ffn_norm: ffn.vec(&blk(il, "post_attention_norm.weight"), c.n_embd)?,
+        ffn: if il < c.n_layer_dense_lead {
+            dense_ffn(c, &ffn, il)?
+        } else {
+            moe_ffn(c, &ffn, src, il)?
+        },
+    })
 }

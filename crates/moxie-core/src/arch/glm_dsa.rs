@@ -18,6 +18,7 @@ pub(crate) const DEF: ArchDef = ArchDef {
     arch: Arch::GlmDsa,
     hparams,
     layers,
+    mtp_layer: Some(mtp_layer),
 };
 
 fn hparams(c: &mut Config, k: &Keys) -> Result<()> {
@@ -68,6 +69,20 @@ fn indexer(
         k_norm_b: t.vec_opt(&blk(il, "indexer.k_norm.bias"), d)?,
         proj: t.get(&blk(il, "indexer.proj.weight"), &[e, nh])?,
         rotation: t.with_block(rotation_for(d)?)?,
+    })
+}
+
+/// The MTP block's decoder layer: dense MLA (llama.cpp's MTP graph does not run the block's
+/// indexer, whose tensors stay unloaded) and the MoE FFN.
+fn mtp_layer(c: &Config, k: &Keys, src: &TensorSource, il: usize) -> Result<Layer> {
+    let shape = mla_shape(c, k)?;
+    let attn = attention_tensors(src, il);
+    let ffn = ffn_tensors(src, il);
+    Ok(Layer {
+        attn_norm: attn.vec(&blk(il, "attn_norm.weight"), c.n_embd)?,
+        mixer: Mixer::Mla(mla_attention(c, shape, src, &attn, il)?),
+        ffn_norm: ffn.vec(&blk(il, "ffn_norm.weight"), c.n_embd)?,
+        ffn: moe_ffn(c, &ffn, src, il)?,
     })
 }
 

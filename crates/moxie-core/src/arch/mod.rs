@@ -14,6 +14,9 @@ use crate::config::{Arch, Config, Keys};
 use crate::loader::{BlockTensors, TensorSource};
 use crate::Result;
 
+/// Loads layer `il` of an architecture.
+pub(crate) type LayerFn = fn(&Config, &Keys, &TensorSource, usize) -> Result<Layer>;
+
 /// One architecture: its hyper-parameter quirks and its layers.
 pub(crate) struct ArchDef {
     pub arch: Arch,
@@ -22,6 +25,9 @@ pub(crate) struct ArchDef {
     pub hparams: fn(&mut Config, &Keys) -> Result<()>,
     /// Every layer of the main graph, its tensors loaded where the placement puts them.
     pub layers: fn(&Config, &Keys, &TensorSource) -> Result<Vec<Layer>>,
+    /// The decoder layer of the MTP (nextn) block at index `il` (after the main layers), as
+    /// llama.cpp's MTP graph runs it, for architectures whose MTP head moxie runs.
+    pub mtp_layer: Option<LayerFn>,
 }
 
 /// The definition of `arch`.

@@ -13,6 +13,8 @@ pub(crate) const DEF: ArchDef = ArchDef {
     arch: Arch::Qwen3Moe,
     hparams,
     layers,
+    // Qwen3-MoE checkpoints have no MTP block.
+    mtp_layer: None,
 };
 
 fn hparams(c: &mut Config, _: &Keys) -> Result<()> {

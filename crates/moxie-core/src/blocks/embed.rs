@@ -13,8 +13,17 @@ pub struct Embeddings {
 impl Embeddings {
     /// The rows of `tokens`, on the device holding the table.
     pub(crate) fn run<'m>(&self, p: &mut Pass<'m>, tokens: &[u32]) -> Result<Resident<'m>> {
-        let dev = self.tok_embd.device;
-        let n_embd = self.tok_embd.ne[0];
+        Self::rows(&self.tok_embd, p, tokens)
+    }
+
+    /// The rows of `tokens` in embedding table `table`, on the device holding it.
+    pub(crate) fn rows<'m>(
+        table: &Tensor,
+        p: &mut Pass<'m>,
+        tokens: &[u32],
+    ) -> Result<Resident<'m>> {
+        let dev = table.device;
+        let n_embd = table.ne[0];
         if let Some(gpu) = p.devices.gpu(dev) {
             let gpu = gpu.clone();
             let mut x = Resident::new(p.devices, CPU, Vec::new());
@@ -23,12 +32,12 @@ impl Embeddings {
             gpu.backend().upload(ids_dev, bytemuck::cast_slice(&ids))?;
             p.devices.count_copy(CPU, dev, ids.len() * 4);
             let xp = x.loaded_on_gpu(dev, tokens.len() * n_embd)?;
-            gpu.get_rows(&weight(&self.tok_embd)?, ids_dev, tokens.len(), xp)?;
+            gpu.get_rows(&weight(table)?, ids_dev, tokens.len(), xp)?;
             return Ok(x);
         }
         let mut x0 = vec![0f32; tokens.len() * n_embd];
         for (&t, row) in tokens.iter().zip(x0.chunks_exact_mut(n_embd)) {
-            self.tok_embd.row_to_f32(t as usize, row)?;
+            table.row_to_f32(t as usize, row)?;
         }
         Ok(Resident::new(p.devices, dev, x0))
     }
