@@ -3,7 +3,9 @@
 //! its own one-layer state, the same whether a batch is drafted at once or token by token, and
 //! the same on simulated devices and (within the emulator's bounds) on emulated GPUs.
 //!
-//! No llama.cpp golden exists for MTP drafts (the fixtures' goldens are the main graph's).
+//! The drafts equal llama.cpp's MTP drafts bit for bit on glm-dsa-tiny-F32 (the fixtures have
+//! no MTP golden: the reference is `scripts/mtp_reference.py`'s, see
+//! `drafts_equal_llama_cpp`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -65,6 +67,69 @@ fn drafts(model: &Model, par: &Parallel) -> (Vec<f32>, Vec<f32>) {
         steps.extend(l);
     }
     (batch, steps)
+}
+
+/// FNV-1a 64 over the logits' bits, little-endian.
+fn fnv1a(x: &[f32]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for v in x {
+        for b in v.to_bits().to_le_bytes() {
+            h = (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    h
+}
+
+/// llama.cpp's MTP drafts (llama-cpp-python 0.3.36 = llama.cpp 0c1e57098, an MTP context on
+/// glm-dsa-tiny-F32 with its MTP block loaded; `python3 scripts/mtp_reference.py
+/// ../shared/fixtures/models/glm-dsa-tiny-F32.gguf 2040,5,77,1024,9,300,1500,42 out.npz`): the
+/// target's logits and output-normed hidden state from one batch, then token k drafted at
+/// position k with hidden state k - 1 (zeros for the first), one batch. Exact numerics give
+/// the same draft logits bit for bit: the hash of their bits and each row's best token and
+/// its logit (bits) as that run printed them.
+#[test]
+fn drafts_equal_llama_cpp() {
+    const TOKENS: [u32; 8] = [2040, 5, 77, 1024, 9, 300, 1500, 42];
+    const HASH: u64 = 0x62e4_8d60_f3b5_1efb;
+    const ARGMAX: [(usize, u32); 8] = [
+        (566, 0x414d_7f49),
+        (1308, 0x416b_5e64),
+        (1934, 0x416f_15b6),
+        (371, 0x413c_e018),
+        (1913, 0x416f_bcda),
+        (333, 0x4150_5ac3),
+        (2040, 0x4148_27a2),
+        (234, 0x4164_9aa2),
+    ];
+    let model = Model::load_with(glm_dsa(), &Placement::default(), MTP).unwrap();
+    let par = Parallel::new(2).with_numerics(Numerics::Exact);
+    let e = model.config.n_embd;
+    let mut state = model.new_state(Some(64)).unwrap();
+    let (_, hidden) = model
+        .forward_hidden(&TOKENS, &mut state, &par, Logits::All)
+        .unwrap();
+    let mut input = vec![0f32; TOKENS.len() * e];
+    input[e..].copy_from_slice(&hidden[..(TOKENS.len() - 1) * e]);
+    let mut draft_state = model.new_draft_state(64, KvTypes::default()).unwrap();
+    let (logits, _) = model
+        .draft(&TOKENS, &input, &mut draft_state, &par, Logits::All)
+        .unwrap();
+    let n_vocab = model.config.n_vocab;
+    for (r, (row, &(best, bits))) in logits.chunks_exact(n_vocab).zip(&ARGMAX).enumerate() {
+        let top = moxie_core::sampling::argmax(row) as usize;
+        assert_eq!(
+            (top, row[top].to_bits()),
+            (best, bits),
+            "draft row {r}: best token {top} logit {} vs llama.cpp's {best} {}",
+            row[top],
+            f32::from_bits(bits)
+        );
+    }
+    assert_eq!(
+        fnv1a(&logits),
+        HASH,
+        "draft logits differ from llama.cpp's in some bit"
+    );
 }
 
 #[test]
