@@ -13,7 +13,8 @@
 //! `mul_mat` by the f32 matrix: tinyBLAS order for the query heads, `vec_dot` for the single key
 //! row), keys stored in the cache type, f32 queries against f32-converted keys, the heads summed
 //! in order with fused multiply-adds, and the selection of `std::partial_sort` (ties included:
-//! ReLU makes exact zeros common, so which of them survive matters).
+//! ReLU makes exact zeros common, so which of them survive matters). Fast numerics score all
+//! heads against all positions as one blocked f32 product instead of a dot product per pair.
 
 use moxie_gpu::ops::Selection;
 use moxie_gpu::DevPtr;
@@ -24,6 +25,7 @@ use crate::forward::Pass;
 use crate::gpu_pass::{weight, F32};
 use crate::loader::Vector;
 use crate::ops::{Rope, RopeKind};
+use crate::parallel::Numerics;
 use crate::state::{RowSpec, Rows};
 use crate::tensor::Tensor;
 use crate::{Error, Result};
@@ -427,6 +429,7 @@ impl Indexer {
         let mut k32 = vec![0f32; n_kv * d];
         view.block_to_f32(0, n_kv, 0, d, &mut k32);
         let dot = moxie_quant::vec_dot_fn(GgmlType::F32).expect("f32 has a dot product");
+        let fast = par.numerics() == Numerics::Fast;
         let top_k = self.top_k;
         let cost = |t: usize| p.pos0 + t + 1;
         let per_token = par.map(n, cost, |t| {
@@ -436,19 +439,32 @@ impl Indexer {
             }
             let qt = &q_rot[t * nh * d..(t + 1) * nh * d];
             let wt = &w[t * nh..(t + 1) * nh];
-            let scores: Vec<f32> = k32[..n_valid * d]
-                .chunks_exact(d)
-                .map(|kj| {
-                    let kb: &[u8] = bytemuck::cast_slice(kj);
-                    let mut score = 0f32;
-                    for (qh, &wh) in qt.chunks_exact(d).zip(wt) {
-                        let qk = dot(d, bytemuck::cast_slice(qh), kb);
-                        let relu = if qk > 0.0 { qk } else { 0.0 };
-                        score = relu.mul_add(wh, score);
-                    }
-                    score
-                })
-                .collect();
+            let keys = &k32[..n_valid * d];
+            let scores: Vec<f32> = if fast {
+                // All heads against all positions as one blocked f32 product.
+                let mut qk = vec![0f32; nh * n_valid];
+                moxie_quant::gemm_f32_abt(nh, n_valid, d, qt, d, keys, d, &mut qk, n_valid);
+                (0..n_valid)
+                    .map(|j| {
+                        wt.iter().enumerate().fold(0f32, |score, (h, &wh)| {
+                            qk[h * n_valid + j].max(0.0).mul_add(wh, score)
+                        })
+                    })
+                    .collect()
+            } else {
+                keys.chunks_exact(d)
+                    .map(|kj| {
+                        let kb: &[u8] = bytemuck::cast_slice(kj);
+                        let mut score = 0f32;
+                        for (qh, &wh) in qt.chunks_exact(d).zip(wt) {
+                            let qk = dot(d, bytemuck::cast_slice(qh), kb);
+                            let relu = if qk > 0.0 { qk } else { 0.0 };
+                            score = relu.mul_add(wh, score);
+                        }
+                        score
+                    })
+                    .collect()
+            };
             let mut idx = Vec::with_capacity(n_valid);
             heap_select(&scores, top_k, &mut idx);
             Some(idx)
