@@ -68,6 +68,7 @@ fn run() -> RunShape {
         n_batch: 2048,
         n_ubatch: 512,
         kv_types: KvTypes::default(),
+        n_seq: 1,
     }
 }
 
