@@ -5,6 +5,7 @@
 
 pub mod deepseek2;
 pub mod glm4moe;
+pub mod legacy_mla;
 pub mod qwen3moe;
 
 use crate::blocks::moe::Routing;

@@ -57,6 +57,7 @@ fn model() -> (ModelShape, Vec<TensorInfo>) {
         head_q: 16,
         ffn_width: 64,
         n_ctx_train: Some(4096),
+        mla: false,
         kv: vec![kv; 6],
     };
     (shape, tensors)

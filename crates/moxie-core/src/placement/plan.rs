@@ -435,6 +435,8 @@ pub fn plan(
 ) -> Result<Plan> {
     let cpu = check_devices(devices)?;
     check_run(model, run)?;
+    let loaded = loaded_sizes(model, tensors);
+    let tensors = &loaded[..];
     let gpus: Vec<usize> = (0..devices.len())
         .filter(|&d| devices[d].kind.is_gpu())
         .collect();
@@ -753,6 +755,23 @@ fn classify(
                 None => TensorGroup::Output,
             };
             Ok((layer, group))
+        })
+        .collect()
+}
+
+/// `tensors` with the bytes each takes once moxie has loaded it: what the file stores, except a
+/// legacy MLA file's fused `attn_kv_b`, split into F32 parts at load
+/// ([`legacy_mla`](crate::arch::legacy_mla)).
+fn loaded_sizes(model: &ModelShape, tensors: &[TensorInfo]) -> Vec<TensorInfo> {
+    let names: std::collections::HashSet<&str> = tensors.iter().map(|t| t.name.as_str()).collect();
+    tensors
+        .iter()
+        .map(|t| {
+            let mut t = t.clone();
+            if model.mla {
+                t.n_bytes = crate::arch::legacy_mla::loaded_bytes(&t, |n| names.contains(n));
+            }
+            t
         })
         .collect()
 }

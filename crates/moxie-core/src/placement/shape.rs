@@ -35,6 +35,9 @@ pub struct ModelShape {
     pub ffn_width: usize,
     /// `<arch>.context_length`, if given.
     pub n_ctx_train: Option<usize>,
+    /// MLA attention (`attention.kv_lora_rank`): a legacy file's fused `attn_kv_b` is loaded
+    /// split into its absorbed parts.
+    pub mla: bool,
     /// What each main (non-nextn) block keeps per sequence: attention rows per position
     /// (GQA keys and values, MLA's latent), DSA indexer keys per position on the layers with a
     /// full indexer, and a fixed-size recurrent state on the recurrent layers of a hybrid
@@ -164,6 +167,7 @@ impl ModelShape {
             head_q,
             ffn_width,
             n_ctx_train: keys.scalar("context_length")?,
+            mla: kv_lora.is_some(),
             kv,
             arch,
         })
