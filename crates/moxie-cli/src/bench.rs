@@ -206,6 +206,7 @@ pub fn main(a: Args, matches: &clap::ArgMatches) -> Result<()> {
             n_batch: a.batch.iter().copied().max().unwrap_or(512),
             n_ubatch: a.ubatch.iter().copied().max().unwrap_or(512),
             kv_types: kv_types.first().copied().unwrap_or_default(),
+            n_seq: 1,
         };
         let model = crate::run::plan_and_load(file, path, &a.placement, matches, &run)?;
         let desc = format!(

@@ -175,24 +175,31 @@ pub fn main(a: Args) -> Result<()> {
         )?;
     }
     writeln!(o, "\nper layer:")?;
-    let cols = [
+    // The per-block roles this file has (an indexer or recurrent column only where a model
+    // has them).
+    let cols: Vec<Role> = [
         Role::Attention,
+        Role::Indexer,
+        Role::Recurrent,
         Role::DenseFfn,
         Role::SharedExperts,
         Role::RoutedExperts,
         Role::Router,
         Role::Norms,
         Role::NextN,
-    ];
+    ]
+    .into_iter()
+    .filter(|r| inv.by_layer.values().any(|roles| roles.contains_key(r)))
+    .collect();
     write!(o, "  {:>5}", "layer")?;
-    for c in cols {
+    for c in &cols {
         write!(o, " {:>15}", c.name())?;
     }
     writeln!(o, "  routed-expert types")?;
     for (l, roles) in &inv.by_layer {
         write!(o, "  {l:>5}")?;
-        for c in cols {
-            let b = roles.get(&c).map_or(0, |t| t.bytes);
+        for c in &cols {
+            let b = roles.get(c).map_or(0, |t| t.bytes);
             write!(o, " {:>15}", if b == 0 { "-".to_string() } else { gb(b) })?;
         }
         writeln!(

@@ -29,6 +29,10 @@ pub struct Args {
     ubatch_size: usize,
     #[command(flatten)]
     cache_types: CacheTypeArgs,
+    /// Sequences held at once (also `-np`, `moxie serve`'s slots): each has its own cache of
+    /// -c tokens and its own recurrent state.
+    #[arg(long = "parallel", default_value_t = 1)]
+    parallel: usize,
     /// Print the plan as JSON.
     #[arg(long)]
     json: bool,
@@ -43,6 +47,7 @@ pub fn main(a: Args, matches: &ArgMatches) -> Result<()> {
         n_batch: a.batch_size,
         n_ubatch: a.ubatch_size,
         kv_types: a.cache_types.types(),
+        n_seq: a.parallel,
     };
     let plan = plan_for_file(&file, &options, &devices, &run)?;
     if a.json {

@@ -146,22 +146,25 @@ pub(crate) fn load_model(
     n_ctx: Option<usize>,
     ubatch: usize,
 ) -> Result<Model> {
-    load_opened_model(crate::open_gguf(&a.model)?, a, matches, n_ctx, ubatch)
+    load_opened_model(crate::open_gguf(&a.model)?, a, matches, n_ctx, ubatch, 1)
 }
 
-/// [`load_model`] for a file the command has already opened (to read its context size).
+/// [`load_model`] for a file the command has already opened (to read its context size), for
+/// `n_seq` sequences each with a cache of `n_ctx` (the server's slots).
 pub(crate) fn load_opened_model(
     file: std::sync::Arc<moxie_gguf::GgufFile>,
     a: &ModelArgs,
     matches: &ArgMatches,
     n_ctx: Option<usize>,
     ubatch: usize,
+    n_seq: usize,
 ) -> Result<Model> {
     let run = RunShape {
         n_ctx: n_ctx.or(a.ctx_size),
         n_batch: ubatch,
         n_ubatch: ubatch,
         kv_types: a.cache_types.types(),
+        n_seq,
     };
     plan_and_load(file, &a.model, &a.placement, matches, &run)
 }

@@ -78,13 +78,14 @@ pub fn main(a: Args, matches: &ArgMatches) -> Result<()> {
         .unwrap_or(4096);
     // Each slot's context; a prompt needs room for one more token.
     let n_ctx = a.model.context_size(n_ctx_train).max(2);
-    // The plan counts every slot's cache.
+    // The plan counts every slot's cache and recurrent state.
     let model = load_opened_model(
         file,
         &a.model,
         matches,
-        Some(n_ctx * a.parallel),
+        Some(n_ctx),
         a.ubatch_size,
+        a.parallel,
     )?;
     let tokenizer = Arc::new(load_tokenizer(model.file.metadata())?);
     let template_source = match &a.chat_template_file {

@@ -1,19 +1,26 @@
 //! `moxie plan` end to end on the header-only DeepSeek-V3 file: `--fit` within budgets on one
 //! and on two unequal GPUs, a plan that cannot fit, llama.cpp's flag order recovered from the
-//! command line, and bad input.
+//! command line, and bad input; on a generated GLM-5.1 header: the DSA indexer's weights and
+//! key cache with the usual hybrid flags.
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
 use serde_json::Value;
 
-/// `$MOXIE_FIXTURES` or `../shared/fixtures` next to the checkout (the test fails if missing).
+/// The header-only fixture `stem`.
 fn header(stem: &str) -> String {
+    fixture(&format!("headers/{stem}.header.gguf"))
+}
+
+/// `path` under `$MOXIE_FIXTURES` or `../shared/fixtures` next to the checkout (the test fails
+/// if missing).
+fn fixture(path: &str) -> String {
     let dir = match std::env::var_os("MOXIE_FIXTURES") {
         Some(d) => PathBuf::from(d),
         None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures"),
     };
-    let path = dir.join("headers").join(format!("{stem}.header.gguf"));
+    let path = dir.join(path);
     assert!(
         path.is_file(),
         "{} not found (set MOXIE_FIXTURES)",
@@ -57,6 +64,7 @@ fn assert_within_budgets(plan: &Value) {
         let parts: u64 = [
             "weights_bytes",
             "kv_bytes",
+            "state_bytes",
             "compute_bytes",
             "headroom_bytes",
         ]
@@ -223,4 +231,123 @@ fn bad_input_fails_with_a_clear_error() {
     let o = moxie(&["plan", "-m", "/nonexistent.gguf", "--ram", "1TiB"]);
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("nonexistent.gguf"));
+}
+
+/// Issue 15's acceptance line: `moxie plan` on a GLM-5.1 header written by `moxie gen
+/// --header-only` with `-ngl 999 --cpu-moe --gpu 24GiB,24GiB`: the indexer tensors are on the
+/// GPUs (with their layer), the MTP block `blk.78` is not loaded (no bytes, no device, no
+/// cache), and the indexer key cache is counted: per layer 4096 positions x 128 f16 values
+/// beside MLA's 4096 x (512 + 64) f16 latent.
+#[test]
+fn glm_5_1_hybrid_plan_has_the_indexer_on_the_gpus_and_counts_its_cache() {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let path = dir.join(format!("glm-5.1-plan-cli-{}.gguf", std::process::id()));
+    let p = path.to_str().unwrap();
+    let o = moxie(&["gen", "--header-only", "--preset", "glm-5.1-744b", "-o", p]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let flags = [
+        "-m",
+        p,
+        "-ngl",
+        "999",
+        "--cpu-moe",
+        "--gpu",
+        "24GiB,24GiB",
+        "--ram",
+        "1TiB",
+    ];
+    let plan = plan_json(&flags);
+    let text = moxie(&[&["plan"][..], &flags[..]].concat());
+    let _ = std::fs::remove_file(&path);
+    assert_within_budgets(&plan);
+
+    let (kv, state) = (4096 * (512 + 64) * 2, 4096 * 128 * 2);
+    let layers = plan["layers"].as_array().unwrap();
+    assert_eq!(layers.len(), 79);
+    let mut on_gpu = std::collections::BTreeMap::<String, u64>::new();
+    for l in &layers[..78] {
+        assert_eq!(l["kv_bytes"], kv, "{l}");
+        assert_eq!(l["state_bytes"], state, "{l}");
+        *on_gpu
+            .entry(l["device"].as_str().unwrap().to_owned())
+            .or_default() += 1;
+    }
+    assert_eq!(on_gpu.keys().collect::<Vec<_>>(), ["CUDA0", "CUDA1"]);
+    let mtp = &layers[78];
+    assert_eq!(mtp["device"], Value::Null);
+    assert_eq!(
+        (mtp["kv_bytes"].as_u64(), mtp["state_bytes"].as_u64()),
+        (Some(0), Some(0))
+    );
+    for (name, n) in &on_gpu {
+        let d = device(&plan, name);
+        assert_eq!(d["kv_bytes"], n * kv);
+        assert_eq!(d["state_bytes"], n * state);
+    }
+    assert_eq!(device(&plan, "CPU")["state_bytes"], 0);
+
+    let mut n_indexer = 0;
+    for t in plan["tensors"].as_array().unwrap() {
+        let name = t["name"].as_str().unwrap();
+        if name.starts_with("blk.78.") {
+            assert_eq!(
+                (&t["device"], &t["bytes"]),
+                (&Value::Null, &Value::from(0)),
+                "{t}"
+            );
+        } else if name.contains(".indexer.") {
+            n_indexer += 1;
+            assert_eq!(t["role"], "indexer", "{t}");
+            let layer = &layers[t["layer"].as_u64().unwrap() as usize];
+            assert_eq!(t["device"], layer["device"], "{t}");
+            assert!(t["device"].as_str().unwrap().starts_with("CUDA"), "{t}");
+        }
+    }
+    assert_eq!(n_indexer, 78 * 5);
+
+    // The table shows the state apart from the KV cache, and the MTP block unused.
+    assert!(text.status.success());
+    let out = String::from_utf8_lossy(&text.stdout);
+    assert!(out.contains("state (indexer keys, recurrent)"), "{out}");
+    assert!(out.contains("indexer"), "{out}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("78 ") && l.contains("nextn") && l.contains("unused")),
+        "{out}"
+    );
+}
+
+/// `moxie inspect` gives the DSA indexer (`indexer.*`, in all 79 GLM-5.1 blocks) and
+/// qwen3next's gated DeltaNet (`ssm_*`, 6 tensors in each of blocks 0-2) roles of their own.
+#[test]
+fn inspect_shows_indexer_and_recurrent_roles() {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let glm = dir.join(format!("glm-5.1-inspect-{}.gguf", std::process::id()));
+    let glm = glm.to_str().unwrap();
+    let o = moxie(&[
+        "gen",
+        "--header-only",
+        "--preset",
+        "glm-5.1-744b",
+        "-o",
+        glm,
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let qwen = fixture("models/qwen3next-tiny-F32.gguf");
+    for (file, role, n_tensors) in [(glm, "indexer", 79 * 5), (qwen.as_str(), "recurrent", 18)] {
+        let o = moxie(&["inspect", "--header-only", "--json", file]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(v["by_role"][role]["tensors"], n_tensors, "{file}");
+        assert!(
+            v["by_role"].get("other").is_none(),
+            "{file}: {}",
+            v["by_role"]
+        );
+        let o = moxie(&["inspect", "--header-only", file]);
+        let out = String::from_utf8_lossy(&o.stdout);
+        let per_layer = out.split("per layer:").nth(1).unwrap();
+        assert!(per_layer.lines().nth(1).unwrap().contains(role), "{out}");
+    }
+    let _ = std::fs::remove_file(glm);
 }

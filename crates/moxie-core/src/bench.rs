@@ -109,7 +109,11 @@ pub fn decode_bytes(model: &Model, n_kv: usize, kv: KvTypes) -> Result<DecodeByt
             }
             Role::Embeddings => b.embedding_row += t.n_bytes / c.n_vocab.max(1) as u64,
             Role::NextN => {}
-            _ => b.dense += t.n_bytes,
+            // A legacy MLA file's attn_kv_b is read as its F32 split parts.
+            _ => {
+                let has = |name: &str| model.file.tensor(name).is_some();
+                b.dense += crate::arch::legacy_mla::loaded_bytes(t, has)
+            }
         }
     }
     // An empty cache of those types: it knows its row sizes and reserves nothing yet.

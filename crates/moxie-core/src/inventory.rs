@@ -13,9 +13,15 @@ pub enum Role {
     Embeddings,
     /// `attn_*` weights and biases
     Attention,
+    /// DeepSeek sparse attention's lightning indexer (`indexer.*`, GLM-5's `glm-dsa`): read by
+    /// every token of its layer, like attention
+    Indexer,
+    /// A recurrent token mixer's weights (`ssm_*`: qwen3next's gated DeltaNet, Mamba), used by
+    /// every token of its layer like attention
+    Recurrent,
     /// Dense FFN of leading dense layers (`ffn_gate/up/down`)
     DenseFfn,
-    /// Shared experts (`*_shexp`)
+    /// Shared experts (`*_shexp`, with qwen3next's shared-expert gate `ffn_gate_inp_shexp`)
     SharedExperts,
     /// Routed experts (`*_exps`)
     RoutedExperts,
@@ -35,6 +41,8 @@ impl Role {
         match self {
             Role::Embeddings => "embeddings",
             Role::Attention => "attention",
+            Role::Indexer => "indexer",
+            Role::Recurrent => "recurrent",
             Role::DenseFfn => "dense_ffn",
             Role::SharedExperts => "shared_experts",
             Role::RoutedExperts => "routed_experts",
@@ -58,6 +66,10 @@ impl Role {
             Role::Embeddings
         } else if local.starts_with("output") {
             Role::Output
+        } else if local.starts_with("indexer.") {
+            Role::Indexer
+        } else if local.starts_with("ssm_") {
+            Role::Recurrent
         } else if local.contains("_exps") {
             Role::RoutedExperts
         } else if local.contains("_shexp") {
@@ -143,6 +155,39 @@ mod tests {
         assert_eq!(Role::of("blk.0.attn_q_a_norm.weight"), Role::Norms);
         assert_eq!(Role::of("blk.0.ffn_gate.weight"), Role::DenseFfn);
         assert_eq!(Role::of("blk.92.nextn.eh_proj.weight"), Role::NextN);
+        // GLM-5's lightning indexer, its norm included.
+        for t in [
+            "k_norm.weight",
+            "k_norm.bias",
+            "proj.weight",
+            "attn_k.weight",
+            "attn_q_b.weight",
+        ] {
+            assert_eq!(
+                Role::of(&format!("blk.7.indexer.{t}")),
+                Role::Indexer,
+                "{t}"
+            );
+        }
+        // qwen3next's gated DeltaNet, its norm included; its q/k/v and gate projections are
+        // attention-shaped.
+        for t in [
+            "ssm_conv1d.weight",
+            "ssm_dt.bias",
+            "ssm_a",
+            "ssm_ba.weight",
+            "ssm_norm.weight",
+            "ssm_out.weight",
+        ] {
+            assert_eq!(Role::of(&format!("blk.0.{t}")), Role::Recurrent, "{t}");
+        }
+        assert_eq!(Role::of("blk.0.attn_qkv.weight"), Role::Attention);
+        assert_eq!(Role::of("blk.0.attn_gate.weight"), Role::Attention);
+        // The shared expert's sigmoid gate is the shared expert's, not a routed one's.
+        assert_eq!(
+            Role::of("blk.0.ffn_gate_inp_shexp.weight"),
+            Role::SharedExperts
+        );
         assert_eq!(layer_of("blk.17.attn_q.weight"), Some(17));
         assert_eq!(layer_of("output.weight"), None);
     }

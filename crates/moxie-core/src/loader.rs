@@ -155,6 +155,28 @@ impl BlockTensors<'_> {
         t.to_device(self.src.devices(), self.device())
     }
 
+    /// Tensors computed at load time from tensor `name` of the file (checked against
+    /// `shape`; `None` if the file has no such tensor): `derive` reads it as mapped on the
+    /// host and returns tensors over memory moxie owns, which then go to the device the
+    /// placement gives `name` (copied there and held against its budget like any weight) and
+    /// count as this block's.
+    pub fn derived<const N: usize>(
+        &self,
+        name: &str,
+        shape: &[usize],
+        derive: impl FnOnce(&Tensor) -> Result<[Tensor; N]>,
+    ) -> Result<Option<[Tensor; N]>> {
+        let Some((t, dev)) = self.src.mapped(name, shape)? else {
+            return Ok(None);
+        };
+        self.place(name, dev)?;
+        let mut parts = derive(&t)?;
+        for p in parts.iter_mut() {
+            *p = p.to_device(self.src.devices(), dev)?;
+        }
+        Ok(Some(parts))
+    }
+
     /// A small tensor (norm weight, bias) as f32.
     pub fn vec(&self, name: &str, len: usize) -> Result<Vector> {
         self.vec_opt(name, len)?

@@ -68,6 +68,7 @@ fn run(kv_types: KvTypes) -> RunShape {
         n_batch: 2048,
         n_ubatch: 512,
         kv_types,
+        n_seq: 1,
     }
 }
 
@@ -531,4 +532,235 @@ fn glm_5_1_plans_from_its_generated_header() {
     }
     let on = |name: &str| group_bytes(&p, TensorGroup::RoutedExperts, name);
     assert!(on("CUDA1") > on("CUDA0") && on("CUDA0") > 0);
+}
+
+/// `file`'s header with metadata `changes` applied (a key set to `Some` value, or removed
+/// with `None`), opened header-only.
+fn with_metadata(file: &GgufFile, changes: &[(&str, Option<moxie_gguf::Value>)]) -> GgufFile {
+    let mut w = moxie_gguf::GgufWriter::new();
+    for (k, v) in file.metadata().iter() {
+        match changes.iter().find(|(key, _)| *key == k) {
+            Some((_, Some(new))) => w.add(k, new.clone()).unwrap(),
+            Some((_, None)) => {}
+            None => w.add(k, v.clone()).unwrap(),
+        }
+    }
+    for (k, v) in changes {
+        if let (Some(v), false) = (v, file.metadata().contains_key(k)) {
+            w.add(k, v.clone()).unwrap();
+        }
+    }
+    for t in file.tensors() {
+        w.add_tensor_info(&t.name, &t.dims, t.ty).unwrap();
+    }
+    GgufFile::from_bytes_with("changed.gguf", w.header_bytes(), true).unwrap()
+}
+
+fn glm_5_1_header() -> GgufFile {
+    let dir = std::env::var_os("CARGO_TARGET_TMPDIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
+    let path = dir.join(format!(
+        "glm-5.1-state-{}-{:?}.gguf",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    moxie_core::synth::write_header_only("glm-5.1-744b", &path).unwrap();
+    let file = GgufFile::open_header_only(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    file
+}
+
+/// GLM-5.1 (`glm-dsa`): llama.cpp's DSA cache holds, per position and per layer with a full
+/// indexer, one f16 key head of `indexer.key_length` = 128 values next to MLA's 512 + 64
+/// latent; the MTP block (78) keeps nothing. `-ngl 999 --cpu-moe` puts the indexer's weights on
+/// the GPUs with their layer's attention.
+#[test]
+fn glm_5_1_counts_the_indexer_key_cache_of_its_full_indexer_layers() {
+    let file = glm_5_1_header();
+    let p = plan_for_file(
+        &file,
+        &opts(vec![PlacementArg::CpuMoe], Some(999)),
+        &gpus(&[24 * GIB, 24 * GIB]),
+        &run(KvTypes::default()),
+    )
+    .unwrap();
+    let (kv, state) = (4096 * (512 + 64) * 2, 4096 * 128 * 2);
+    for l in &p.layers[..78] {
+        assert_eq!(
+            (l.kv_bytes, l.state_bytes),
+            (kv, state),
+            "block {}",
+            l.layer
+        );
+    }
+    let mtp = &p.layers[78];
+    assert_eq!((mtp.device, mtp.kv_bytes, mtp.state_bytes), (None, 0, 0));
+    assert!(mtp.always_used.is_empty() && mtp.experts.is_empty());
+    let mut n_indexer = 0;
+    for t in &p.tensors {
+        if t.layer == Some(78) {
+            assert_eq!((t.device, t.bytes), (None, 0), "{}", t.name);
+        } else if t.name.contains(".indexer.") {
+            n_indexer += 1;
+            assert_eq!(t.role, moxie_core::inventory::Role::Indexer);
+            let il = t.layer.unwrap();
+            assert_eq!(t.device, p.layers[il].device, "{}", t.name);
+            assert_eq!(
+                dev(&p, &t.name),
+                dev(&p, &format!("blk.{il}.attn_kv_a_mqa.weight"))
+            );
+            assert!(dev(&p, &t.name).starts_with("CUDA"), "{}", t.name);
+        }
+    }
+    assert_eq!(n_indexer, 78 * 5);
+    // Per device: the layers it runs.
+    for (d, use_) in p.devices.iter().enumerate() {
+        let n = p.layers.iter().filter(|l| l.device == Some(d)).count() as u64;
+        assert_eq!((use_.kv_bytes, use_.state_bytes), (n * kv, n * state));
+    }
+    assert_eq!(p.devices[0].state_bytes, 0);
+    assert!(p.devices[1].state_bytes > 0 && p.devices[2].state_bytes > 0);
+
+    // Two server slots with q8_0 keys: each slot has its own cache.
+    let q8 = KvTypes {
+        k: GgmlType::Q8_0,
+        v: GgmlType::F16,
+    };
+    let slots = RunShape {
+        n_seq: 2,
+        ..run(q8)
+    };
+    let p = plan_for_file(&file, &PlacementOptions::default(), &gpus(&[]), &slots).unwrap();
+    assert_eq!(p.layers[5].kv_bytes, 2 * 4096 * (576 / 32 * 34));
+    assert_eq!(p.layers[5].state_bytes, 2 * 4096 * (128 / 32 * 34));
+}
+
+/// `glm-dsa.attention.indexer.types` marks the layers whose indexer is full (1) or shares
+/// another layer's selection (0): only full ones have an indexer key cache. Without the key a
+/// context of 2^20 or more means GLM-5.2's pattern (blocks 0, 1 and every fourth from 2).
+#[test]
+fn glm_dsa_caches_indexer_keys_only_on_full_indexer_layers() {
+    let file = glm_5_1_header();
+    let devices = gpus(&[]);
+    let state_layers = |f: &GgufFile| -> Vec<usize> {
+        let p = plan_for_file(
+            f,
+            &PlacementOptions::default(),
+            &devices,
+            &run(KvTypes::default()),
+        )
+        .unwrap();
+        p.layers
+            .iter()
+            .filter(|l| l.state_bytes > 0)
+            .map(|l| l.layer)
+            .collect()
+    };
+    assert_eq!(state_layers(&file), (0..78).collect::<Vec<_>>());
+
+    let types: Vec<u32> = (0..78).map(|il| u32::from(il % 3 == 0)).collect();
+    let marked = with_metadata(
+        &file,
+        &[("glm-dsa.attention.indexer.types", Some(types.into()))],
+    );
+    assert_eq!(
+        state_layers(&marked),
+        (0..78).filter(|il| il % 3 == 0).collect::<Vec<_>>()
+    );
+
+    let glm_5_2 = with_metadata(
+        &file,
+        &[("glm-dsa.context_length", Some(1_048_576u32.into()))],
+    );
+    let expected: Vec<usize> = [0, 1].into_iter().chain((2..78).step_by(4)).collect();
+    assert_eq!(state_layers(&glm_5_2), expected);
+
+    let short = with_metadata(
+        &file,
+        &[(
+            "glm-dsa.attention.indexer.types",
+            Some(vec![1u32; 3].into()),
+        )],
+    );
+    let e = plan_for_file(
+        &short,
+        &PlacementOptions::default(),
+        &devices,
+        &run(KvTypes::default()),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("glm-dsa.attention.indexer.types") && e.contains("3 entries, expected 78"),
+        "{e}"
+    );
+}
+
+/// qwen3next-tiny: blocks 0-2 are gated DeltaNet (recurrent), block 3 has full attention
+/// (`full_attention_interval` 4). Only block 3 has a KV cache; the others keep llama.cpp's
+/// recurrent state per sequence, f32: (conv_kernel - 1) * (inner + 2 * groups * state) =
+/// 3 * (256 + 2 * 2 * 64) = 1536 convolution values and state * inner = 64 * 256 = 16384
+/// (4 value heads x 64 x 64) SSM values. With `-ngl 999 --cpu-moe` the DeltaNet weights go to
+/// the GPU like attention.
+#[test]
+fn qwen3next_keeps_kv_on_full_attention_layers_and_recurrent_state_on_the_others() {
+    let path = common::fixtures().join("models/qwen3next-tiny-F32.gguf");
+    let file = GgufFile::open_header_only(&path).unwrap();
+    let slots = RunShape {
+        n_seq: 3,
+        ..run(KvTypes::default())
+    };
+    let devices = device_list(64 * GIB, &[], &[GIB]);
+    let p = plan_for_file(
+        &file,
+        &opts(vec![PlacementArg::CpuMoe], Some(999)),
+        &devices,
+        &slots,
+    )
+    .unwrap();
+    let recurrent: u64 = 3 * 4 * (3 * (256 + 2 * 2 * 64) + 64 * 256);
+    assert_eq!(recurrent, 3 * 71_680);
+    // 2 kv heads x 64 keys and as many values, f16, 4096 positions, 3 slots.
+    let kv: u64 = 3 * 4096 * (2 * 64 + 2 * 64) * 2;
+    let per_layer: Vec<(u64, u64)> = p
+        .layers
+        .iter()
+        .map(|l| (l.kv_bytes, l.state_bytes))
+        .collect();
+    assert_eq!(
+        per_layer,
+        [(0, recurrent), (0, recurrent), (0, recurrent), (kv, 0)]
+    );
+    let sim = p.device_index("sim0").unwrap();
+    assert_eq!(p.devices[sim].kv_bytes, kv);
+    assert_eq!(p.devices[sim].state_bytes, 3 * recurrent);
+    for t in &p.tensors {
+        if t.name.contains(".ssm_") {
+            assert_eq!(t.role, moxie_core::inventory::Role::Recurrent, "{}", t.name);
+            assert_eq!(dev(&p, &t.name), "sim0", "{}", t.name);
+        }
+        if t.name.contains("ffn_gate_inp_shexp") {
+            assert_eq!(t.group, TensorGroup::AlwaysUsed, "{}", t.name);
+            assert_eq!(dev(&p, &t.name), "sim0", "{}", t.name);
+        }
+    }
+
+    // `attention.recurrent_layers` (llama.cpp's saver writes it instead of the interval)
+    // takes precedence: here blocks 1 and 3 are recurrent.
+    let flags = vec![false, true, false, true];
+    let marked = with_metadata(
+        &file,
+        &[("qwen3next.attention.recurrent_layers", Some(flags.into()))],
+    );
+    let p = plan_for_file(&marked, &PlacementOptions::default(), &devices, &slots).unwrap();
+    let per_layer: Vec<(u64, u64)> = p
+        .layers
+        .iter()
+        .map(|l| (l.kv_bytes, l.state_bytes))
+        .collect();
+    assert_eq!(
+        per_layer,
+        [(kv, 0), (0, recurrent), (kv, 0), (0, recurrent)]
+    );
 }

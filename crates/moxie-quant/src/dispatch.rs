@@ -1,4 +1,5 @@
-//! Type -> kernel tables and the checked public entry points.
+//! The public per-type entry points over the type table (`table.rs`, one row per type), the
+//! run-time SIMD level, and the checked wrappers.
 //!
 //! * [`vec_dot_type`] is ggml-cpu's `type_traits_cpu[ty].vec_dot_type` for the types moxie
 //!   computes with.
@@ -8,8 +9,8 @@
 //!   reference Q8_K, F16/BF16 conversion; weight types: the `_ref` quantizers).
 //!   [`quantize_weights_fn`] is what llama-quantize writes without an importance matrix
 //!   (differs from `quantize_fn` for Q8_0, Q8_1 and IQ4_NL).
-//! * [`vec_dot_fn`] picks the best kernel for the running CPU once (a `OnceLock` table built
-//!   from `is_x86_feature_detected!`). The environment variable `MOXIE_QUANT_SIMD`
+//! * [`vec_dot_fn`] picks the best kernel of the type's row for the running CPU once (a
+//!   `OnceLock` array by type id, from `is_x86_feature_detected!`). The environment variable `MOXIE_QUANT_SIMD`
 //!   (`scalar`, `avx2`, `avx512`) can lower, never raise, the level that is used.
 //!
 //! Verified by: `tests/` (every listed type goes through the checked wrappers) and the unit
@@ -17,8 +18,8 @@
 
 use std::sync::OnceLock;
 
+use crate::table::row;
 use crate::types::GgmlType;
-use crate::{f16, iq4, kquants, legacy};
 
 /// Dequantize `dst.len()` elements from the packed bytes `src`.
 pub type DequantizeFn = fn(src: &[u8], dst: &mut [f32]);
@@ -90,151 +91,73 @@ pub fn simd_level() -> SimdLevel {
 /// The activation type ggml pairs with weights of type `ty` in dot products, or `None` if
 /// moxie cannot compute with `ty`.
 pub fn vec_dot_type(ty: GgmlType) -> Option<GgmlType> {
-    use GgmlType::*;
-    Some(match ty {
-        F32 => F32,
-        F16 => F16,
-        BF16 => BF16,
-        Q4_0 | Q5_0 | Q8_0 | IQ4_NL => Q8_0,
-        Q4_1 | Q5_1 => Q8_1,
-        Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ4_XS => Q8_K,
-        _ => return None,
-    })
+    row(ty).dot.as_ref().map(|d| d.act)
 }
 
 /// Scalar dequantizer for `ty` (ggml's `dequantize_row_*`).
 pub fn dequantize_fn(ty: GgmlType) -> Option<DequantizeFn> {
-    use GgmlType::*;
-    Some(match ty {
-        F32 => f16::dequantize_row_f32,
-        F16 => f16::dequantize_row_f16,
-        BF16 => f16::dequantize_row_bf16,
-        Q4_0 => legacy::dequantize_row_q4_0,
-        Q4_1 => legacy::dequantize_row_q4_1,
-        Q5_0 => legacy::dequantize_row_q5_0,
-        Q5_1 => legacy::dequantize_row_q5_1,
-        Q8_0 => legacy::dequantize_row_q8_0,
-        Q8_1 => legacy::dequantize_row_q8_1,
-        Q2_K => kquants::dequantize_row_q2_k,
-        Q3_K => kquants::dequantize_row_q3_k,
-        Q4_K => kquants::dequantize_row_q4_k,
-        Q5_K => kquants::dequantize_row_q5_k,
-        Q6_K => kquants::dequantize_row_q6_k,
-        Q8_K => kquants::dequantize_row_q8_k,
-        IQ4_NL => iq4::dequantize_row_iq4_nl,
-        IQ4_XS => iq4::dequantize_row_iq4_xs,
-        _ => return None,
-    })
+    row(ty).rows.as_ref().map(|r| r.dequantize)
 }
 
 /// Scalar version of ggml-cpu's `from_float` for `ty` on x86.
 pub(crate) fn quantize_fn_scalar(ty: GgmlType) -> Option<QuantizeFn> {
-    use GgmlType::*;
-    Some(match ty {
-        F32 => f16::quantize_row_f32,
-        F16 => f16::quantize_row_f16,
-        BF16 => f16::quantize_row_bf16,
-        Q4_0 => legacy::quantize_row_q4_0,
-        Q4_1 => legacy::quantize_row_q4_1,
-        Q5_0 => legacy::quantize_row_q5_0,
-        Q5_1 => legacy::quantize_row_q5_1,
-        Q8_0 => legacy::quantize_row_q8_0,
-        Q8_1 => legacy::quantize_row_q8_1,
-        Q2_K => kquants::quantize_row_q2_k,
-        Q3_K => kquants::quantize_row_q3_k,
-        Q4_K => kquants::quantize_row_q4_k,
-        Q5_K => kquants::quantize_row_q5_k,
-        Q6_K => kquants::quantize_row_q6_k,
-        Q8_K => kquants::quantize_row_q8_k,
-        IQ4_NL => iq4::quantize_row_iq4_nl_ref,
-        IQ4_XS => iq4::quantize_row_iq4_xs,
-        _ => return None,
-    })
+    row(ty).rows.as_ref().map(|r| r.quantize.scalar)
 }
 
 /// Row quantizer as ggml-cpu's `from_float` runs it on x86 — use this for activations
 /// (Q8_0/Q8_1: AVX rounding half-to-even with `id = 127/amax`; Q8_K: `quantize_row_q8_K_ref`).
 /// Uses SIMD where available; results are bit-identical to the scalar version.
 pub fn quantize_fn(ty: GgmlType) -> Option<QuantizeFn> {
-    table().quantize[ty.id() as usize]
+    resolved()[ty.id() as usize].quantize
 }
 
 /// Row quantizer as llama-quantize runs it without an importance matrix — use this to write
 /// weight files (`quantize_row_*_ref`; for IQ4_NL `quantize_iq4_nl` with `ntry = 7`).
 pub fn quantize_weights_fn(ty: GgmlType) -> Option<QuantizeFn> {
-    use GgmlType::*;
-    Some(match ty {
-        Q8_0 => legacy::quantize_row_q8_0_ref,
-        Q8_1 => legacy::quantize_row_q8_1_ref,
-        IQ4_NL => iq4::quantize_row_iq4_nl,
-        _ => return quantize_fn_scalar(ty),
-    })
+    row(ty).rows.as_ref().map(|r| r.quantize_weights)
 }
 
 /// Scalar reference dot product for weight type `ty` (ggml's `*_generic` kernels).
 pub(crate) fn vec_dot_fn_scalar(ty: GgmlType) -> Option<VecDotFn> {
-    use GgmlType::*;
-    Some(match ty {
-        F32 => f16::vec_dot_f32_f32,
-        F16 => f16::vec_dot_f16_f16,
-        BF16 => f16::vec_dot_bf16_bf16,
-        Q4_0 => legacy::vec_dot_q4_0_q8_0,
-        Q4_1 => legacy::vec_dot_q4_1_q8_1,
-        Q5_0 => legacy::vec_dot_q5_0_q8_0,
-        Q5_1 => legacy::vec_dot_q5_1_q8_1,
-        Q8_0 => legacy::vec_dot_q8_0_q8_0,
-        Q2_K => kquants::vec_dot_q2_k_q8_k,
-        Q3_K => kquants::vec_dot_q3_k_q8_k,
-        Q4_K => kquants::vec_dot_q4_k_q8_k,
-        Q5_K => kquants::vec_dot_q5_k_q8_k,
-        Q6_K => kquants::vec_dot_q6_k_q8_k,
-        IQ4_NL => iq4::vec_dot_iq4_nl_q8_0,
-        IQ4_XS => iq4::vec_dot_iq4_xs_q8_k,
-        _ => return None,
-    })
+    row(ty).dot.as_ref().map(|d| d.vec_dot.scalar)
 }
 
 /// The kernel used at `level` for `ty` (falling back to lower levels where a type has no kernel
 /// at that level), or `None` if `ty` is not supported or the CPU lacks `level`.
 pub fn vec_dot_fn_for_level(ty: GgmlType, level: SimdLevel) -> Option<VecDotFn> {
-    if level > hardware_simd_level() {
-        return None;
-    }
-    crate::simd::vec_dot_fn(ty, level).or_else(|| vec_dot_fn_scalar(ty))
+    row(ty).dot.as_ref()?.vec_dot.at(level)
 }
 
 /// Activation quantizer used at `level` (see [`vec_dot_fn_for_level`]).
 pub fn quantize_fn_for_level(ty: GgmlType, level: SimdLevel) -> Option<QuantizeFn> {
-    if level > hardware_simd_level() {
-        return None;
-    }
-    crate::simd::quantize_fn(ty, level).or_else(|| quantize_fn_scalar(ty))
+    row(ty).rows.as_ref()?.quantize.at(level)
 }
 
 /// Best dot-product kernel for this CPU (selected once).
 pub fn vec_dot_fn(ty: GgmlType) -> Option<VecDotFn> {
-    table().vec_dot[ty.id() as usize]
+    resolved()[ty.id() as usize].vec_dot
 }
 
 const N_IDS: usize = 64;
 
-struct Table {
-    vec_dot: [Option<VecDotFn>; N_IDS],
-    quantize: [Option<QuantizeFn>; N_IDS],
+/// The SIMD kernels of each type at [`simd_level`], by type id, resolved once: the hot paths
+/// (a matrix's dot, the activations' conversion) look them up per matrix.
+#[derive(Clone, Copy, Default)]
+struct Resolved {
+    vec_dot: Option<VecDotFn>,
+    quantize: Option<QuantizeFn>,
 }
 
-fn table() -> &'static Table {
-    static TABLE: OnceLock<Table> = OnceLock::new();
-    TABLE.get_or_init(|| {
+fn resolved() -> &'static [Resolved; N_IDS] {
+    static RESOLVED: OnceLock<[Resolved; N_IDS]> = OnceLock::new();
+    RESOLVED.get_or_init(|| {
         let level = simd_level();
-        let mut t = Table {
-            vec_dot: [None; N_IDS],
-            quantize: [None; N_IDS],
-        };
+        let mut t = [Resolved::default(); N_IDS];
         for ty in GgmlType::ALL {
-            let i = ty.id() as usize;
-            t.vec_dot[i] = vec_dot_fn_for_level(ty, level);
-            t.quantize[i] = quantize_fn_for_level(ty, level);
+            t[ty.id() as usize] = Resolved {
+                vec_dot: vec_dot_fn_for_level(ty, level),
+                quantize: quantize_fn_for_level(ty, level),
+            };
         }
         t
     })

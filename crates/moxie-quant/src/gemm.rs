@@ -26,37 +26,52 @@ pub fn gemm_available() -> bool {
     crate::simd_level() == crate::SimdLevel::Avx512
 }
 
-/// How a weight type maps onto unsigned-by-signed int8 products.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Layout {
+/// One weight row decoded to unsigned bytes `q` (the value plus the layout's offset) with the
+/// scale and min of every sub-block.
+pub(crate) type DecodeRowFn = fn(row: &[u8], q: &mut [u8], scale: &mut [f32], min: &mut [f32]);
+
+/// Up to 16 weight rows decoded straight into a tile (`rows`, `n_rows`, `row_bytes`, `n_in`,
+/// scratch for a copy of the rows, the tile); `false` (tile untouched) where the fast path is
+/// unavailable.
+pub(crate) type UnpackTileFn = fn(&[u8], usize, usize, usize, &mut [u8], TileOut) -> bool;
+
+/// How a weight type maps onto unsigned-by-signed int8 products (its row of the type table).
+#[derive(Clone, Copy)]
+pub(crate) struct GemmLayout {
     /// Elements per scaled sub-block (16 or 32).
-    sub: usize,
-    /// The activation type the weights pair with.
-    act: GgmlType,
+    pub sub: usize,
     /// Whether a per-sub-block min is subtracted (`w = d*sc*q - dmin*m`).
-    mins: bool,
+    pub mins: bool,
     /// Added to the signed weight values to make them unsigned (a power of two).
+    pub offset: i32,
+    /// The portable decoder of one row.
+    pub decode: DecodeRowFn,
+    /// A faster whole-tile decoder (AVX-512), where there is one.
+    pub unpack_tile: Option<UnpackTileFn>,
+}
+
+/// A type's [`GemmLayout`] with the activation type it pairs with.
+#[derive(Clone, Copy)]
+struct Layout {
+    sub: usize,
+    act: GgmlType,
+    mins: bool,
     offset: i32,
+    decode: DecodeRowFn,
+    unpack_tile: Option<UnpackTileFn>,
 }
 
 fn layout(ty: GgmlType) -> Option<Layout> {
-    use GgmlType as T;
-    let l = |sub, act, mins, offset| {
-        Some(Layout {
-            sub,
-            act,
-            mins,
-            offset,
-        })
-    };
-    match ty {
-        T::Q4_K | T::Q5_K => l(32, T::Q8_K, true, 0),
-        T::Q6_K => l(16, T::Q8_K, false, 32),
-        T::Q8_0 => l(32, T::Q8_0, false, 128),
-        T::Q4_0 => l(32, T::Q8_0, false, 8),
-        T::Q5_0 => l(32, T::Q8_0, false, 16),
-        _ => None,
-    }
+    let dot = crate::table::row(ty).dot.as_ref()?;
+    let g = dot.gemm?;
+    Some(Layout {
+        sub: g.sub,
+        act: dot.act,
+        mins: g.mins,
+        offset: g.offset,
+        decode: g.decode,
+        unpack_tile: g.unpack_tile,
+    })
 }
 
 /// Whether [`gemm_q8`] handles weights of type `ty` with rows of `n_in` elements.
@@ -159,65 +174,72 @@ impl GemmActs {
     }
 }
 
-/// One weight row decoded to unsigned bytes (`q + offset`) with per-sub-block scale and min
-/// (the portable path; Q4_K and Q6_K tiles are usually built by [`platform::unpack_tile`]).
-fn decode_row(ty: GgmlType, row: &[u8], q: &mut [u8], scale: &mut [f32], min: &mut [f32]) {
-    use GgmlType as T;
-    match ty {
-        T::Q4_K | T::Q5_K => {
-            let bytes = if ty == T::Q4_K { 144 } else { 176 };
-            for (b, x) in row.chunks_exact(bytes).enumerate() {
-                let d = rd_f16(x, 0);
-                let dmin = rd_f16(x, 2);
-                for j in 0..8 {
-                    let (sc, m) = get_scale_min_k4(j, &x[4..16]);
-                    scale[8 * b + j] = d * sc as f32;
-                    min[8 * b + j] = dmin * m as f32;
-                }
-                let out = &mut q[256 * b..256 * (b + 1)];
-                if ty == T::Q4_K {
-                    q4_k_quants(x, out);
-                } else {
-                    q5_k_quants(x, out);
-                }
-            }
+// The row decoders ([`DecodeRowFn`]; Q4_K and Q6_K tiles are usually built by their
+// `unpack_tile` instead).
+
+/// Q4_K / Q5_K: 8 sub-blocks of 32 per block, scale and min from the 6-bit packed pairs.
+fn decode_k4_k5(bytes: usize, row: &[u8], q: &mut [u8], scale: &mut [f32], min: &mut [f32]) {
+    for (b, x) in row.chunks_exact(bytes).enumerate() {
+        let d = rd_f16(x, 0);
+        let dmin = rd_f16(x, 2);
+        for j in 0..8 {
+            let (sc, m) = get_scale_min_k4(j, &x[4..16]);
+            scale[8 * b + j] = d * sc as f32;
+            min[8 * b + j] = dmin * m as f32;
         }
-        T::Q6_K => {
-            // Values 0..63; the -32 is the layout's offset.
-            for (b, x) in row.chunks_exact(210).enumerate() {
-                let d = rd_f16(x, 208);
-                for j in 0..16 {
-                    scale[16 * b + j] = d * (x[192 + j] as i8) as f32;
-                }
-                q6_k_quants(x, &mut q[256 * b..256 * (b + 1)]);
-            }
+        let out = &mut q[256 * b..256 * (b + 1)];
+        if bytes == 144 {
+            q4_k_quants(x, out);
+        } else {
+            q5_k_quants(x, out);
         }
-        T::Q8_0 => {
-            for (b, x) in row.chunks_exact(34).enumerate() {
-                scale[b] = rd_f16(x, 0);
-                for (o, &v) in q[32 * b..32 * (b + 1)].iter_mut().zip(&x[2..34]) {
-                    *o = v ^ 0x80; // two's complement + 128
-                }
-            }
-        }
-        T::Q4_0 => {
-            for (b, x) in row.chunks_exact(18).enumerate() {
-                scale[b] = rd_f16(x, 0);
-                q[32 * b..32 * (b + 1)].copy_from_slice(&quants_4bit(&x[2..18]));
-            }
-        }
-        T::Q5_0 => {
-            for (b, x) in row.chunks_exact(22).enumerate() {
-                scale[b] = rd_f16(x, 0);
-                q[32 * b..32 * (b + 1)].copy_from_slice(&quants_5bit(&x[6..22], rd_u32(x, 2)));
-            }
-        }
-        _ => unreachable!("layout() admits only the types decoded here"),
     }
 }
 
-/// The parts of a [`WeightTile`] [`platform::unpack_tile`] writes.
-struct TileOut<'a> {
+pub(crate) fn decode_q4_k(row: &[u8], q: &mut [u8], scale: &mut [f32], min: &mut [f32]) {
+    decode_k4_k5(144, row, q, scale, min)
+}
+
+pub(crate) fn decode_q5_k(row: &[u8], q: &mut [u8], scale: &mut [f32], min: &mut [f32]) {
+    decode_k4_k5(176, row, q, scale, min)
+}
+
+/// Values 0..63; the -32 is the layout's offset.
+pub(crate) fn decode_q6_k(row: &[u8], q: &mut [u8], scale: &mut [f32], _min: &mut [f32]) {
+    for (b, x) in row.chunks_exact(210).enumerate() {
+        let d = rd_f16(x, 208);
+        for j in 0..16 {
+            scale[16 * b + j] = d * (x[192 + j] as i8) as f32;
+        }
+        q6_k_quants(x, &mut q[256 * b..256 * (b + 1)]);
+    }
+}
+
+pub(crate) fn decode_q8_0(row: &[u8], q: &mut [u8], scale: &mut [f32], _min: &mut [f32]) {
+    for (b, x) in row.chunks_exact(34).enumerate() {
+        scale[b] = rd_f16(x, 0);
+        for (o, &v) in q[32 * b..32 * (b + 1)].iter_mut().zip(&x[2..34]) {
+            *o = v ^ 0x80; // two's complement + 128
+        }
+    }
+}
+
+pub(crate) fn decode_q4_0(row: &[u8], q: &mut [u8], scale: &mut [f32], _min: &mut [f32]) {
+    for (b, x) in row.chunks_exact(18).enumerate() {
+        scale[b] = rd_f16(x, 0);
+        q[32 * b..32 * (b + 1)].copy_from_slice(&quants_4bit(&x[2..18]));
+    }
+}
+
+pub(crate) fn decode_q5_0(row: &[u8], q: &mut [u8], scale: &mut [f32], _min: &mut [f32]) {
+    for (b, x) in row.chunks_exact(22).enumerate() {
+        scale[b] = rd_f16(x, 0);
+        q[32 * b..32 * (b + 1)].copy_from_slice(&quants_5bit(&x[6..22], rd_u32(x, 2)));
+    }
+}
+
+/// The parts of a [`WeightTile`] an [`UnpackTileFn`] writes.
+pub(crate) struct TileOut<'a> {
     q: &'a mut [u8],
     scale: &'a mut [f32],
     min: &'a mut [f32],
@@ -259,30 +281,25 @@ impl WeightTile {
     }
 
     /// Decode `rows` (at most 16 rows of `row_bytes`); missing rows become zeros.
-    fn fill(&mut self, ty: GgmlType, l: Layout, n_in: usize, rows: &[u8], row_bytes: usize) {
+    fn fill(&mut self, l: Layout, n_in: usize, rows: &[u8], row_bytes: usize) {
         let n_sub = n_in / l.sub;
         let n_rows = rows.len() / row_bytes;
         // Q4_K and Q6_K go from the rows straight into the tile (quants, scales and mins);
         // `self.rows` is the scratch for the copy of the rows they gather from.
-        if platform::unpack_tile(
-            ty,
-            rows,
-            n_rows,
-            row_bytes,
-            n_in,
-            &mut self.rows,
-            TileOut {
+        if let Some(unpack) = l.unpack_tile {
+            let out = TileOut {
                 q: &mut self.q,
                 scale: &mut self.scale,
                 min: &mut self.min,
-            },
-        ) {
-            return;
+            };
+            if unpack(rows, n_rows, row_bytes, n_in, &mut self.rows, out) {
+                return;
+            }
         }
         for (m, row) in self.rows.chunks_exact_mut(n_in).enumerate() {
             if m < n_rows {
                 let src = &rows[m * row_bytes..(m + 1) * row_bytes];
-                decode_row(ty, src, row, &mut self.row_scale, &mut self.row_min);
+                (l.decode)(src, row, &mut self.row_scale, &mut self.row_min);
             } else {
                 row.fill(0);
                 self.row_scale.fill(0.0);
@@ -360,11 +377,11 @@ pub fn gemm_q8(
             let ahead = rows.get((i + 1) * pair_bytes..).filter(|r| !r.is_empty());
             let next = ahead.unwrap_or(next);
             let (wa, wb) = w.split_at(w.len().min(GEMM_TILE_ROWS * row_bytes));
-            a.fill(ty, l, n_in, wa, row_bytes);
+            a.fill(l, n_in, wa, row_bytes);
             if wb.is_empty() {
                 platform::tiles_times_tokens(l, n_in, [&*a], acts, [o], next);
             } else {
-                b.fill(ty, l, n_in, wb, row_bytes);
+                b.fill(l, n_in, wb, row_bytes);
                 let (oa, ob) = o.split_at_mut(per_tile);
                 platform::tiles_times_tokens(l, n_in, [&*a, &*b], acts, [oa, ob], next);
             }
@@ -372,6 +389,9 @@ pub fn gemm_q8(
     });
     true
 }
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) use platform::{unpack_tile_q4_k, unpack_tile_q6_k};
 
 #[cfg(target_arch = "x86_64")]
 mod platform {
@@ -410,12 +430,11 @@ mod platform {
     /// Q4_K or Q6_K rows (`n_rows <= 16` of `row_bytes`, `n_in` elements each) unpacked into
     /// the tile in one pass, from 4-byte gathers of the 16 rows: the quants in the interleaved
     /// layout of [`super::interleave_quads_scalar`], the scales and mins as `[sub-block][row]`
-    /// floats (what `decode_row` gives, transposed). Missing rows are zero. Returns `false`
-    /// (tile untouched) for other types or without AVX-512. The rows are copied into `scratch`
-    /// first and gathered from there: one sequential read streams from memory, while gathers
-    /// across 16 cold rows wait on 16 cache misses each.
-    pub(super) fn unpack_tile(
-        ty: crate::GgmlType,
+    /// floats (what the row decoders give, transposed). Missing rows are zero. Returns `false`
+    /// (tile untouched) without AVX-512. The rows are copied into `scratch` first and gathered
+    /// from there: one sequential read streams from memory, while gathers across 16 cold rows
+    /// wait on 16 cache misses each.
+    pub(crate) fn unpack_tile_q4_k(
         rows_in: &[u8],
         n_rows: usize,
         row_bytes: usize,
@@ -423,11 +442,31 @@ mod platform {
         scratch: &mut [u8],
         out: super::TileOut,
     ) -> bool {
-        let block = match ty {
-            crate::GgmlType::Q4_K => 144,
-            crate::GgmlType::Q6_K => 210,
-            _ => return false,
-        };
+        unpack_tile(144, rows_in, n_rows, row_bytes, n_in, scratch, out)
+    }
+
+    /// [`unpack_tile_q4_k`] for Q6_K.
+    pub(crate) fn unpack_tile_q6_k(
+        rows_in: &[u8],
+        n_rows: usize,
+        row_bytes: usize,
+        n_in: usize,
+        scratch: &mut [u8],
+        out: super::TileOut,
+    ) -> bool {
+        unpack_tile(210, rows_in, n_rows, row_bytes, n_in, scratch, out)
+    }
+
+    /// Q4_K (`block` 144 bytes) or Q6_K (210) rows into the tile.
+    fn unpack_tile(
+        block: usize,
+        rows_in: &[u8],
+        n_rows: usize,
+        row_bytes: usize,
+        n_in: usize,
+        scratch: &mut [u8],
+        out: super::TileOut,
+    ) -> bool {
         if !super::gemm_available() {
             return false;
         }
@@ -782,18 +821,6 @@ mod platform {
 
     pub(super) fn interleave_quads(rows: &[u8], n_in: usize, q: &mut [u8]) {
         super::interleave_quads_scalar(rows, n_in, q)
-    }
-
-    pub(super) fn unpack_tile(
-        _ty: crate::GgmlType,
-        _rows: &[u8],
-        _n_rows: usize,
-        _row_bytes: usize,
-        _n_in: usize,
-        _scratch: &mut [u8],
-        _out: super::TileOut,
-    ) -> bool {
-        false
     }
 
     pub(super) fn tiles_times_tokens<const R: usize>(

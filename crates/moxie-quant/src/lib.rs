@@ -7,7 +7,9 @@
 //! * [`legacy`]: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1;
 //! * [`kquants`]: Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K;
 //! * [`iq4`]: IQ4_NL, IQ4_XS;
-//! * [`dispatch`]: the type tables, run-time SIMD selection and checked wrappers;
+//! * `table`: the type table, one row per type with everything about it (layout, kernels);
+//! * [`dispatch`]: the per-type entry points over it, run-time SIMD selection and checked
+//!   wrappers;
 //! * [`tinyblas`], [`tiled`]: the summation orders of ggml's batched `mul_mat` paths
 //!   (llamafile tinyBLAS; the tiled K-quant matmul);
 //! * `simd`: AVX2 / AVX-512 kernels (x86-64 only, selected at run time).
@@ -42,6 +44,7 @@ pub mod iq4;
 pub mod kquants;
 pub mod legacy;
 mod simd;
+mod table;
 pub mod tiled;
 pub mod tinyblas;
 pub mod types;

@@ -43,60 +43,38 @@ use crate::common::{get_scale_min_k4, q3k_scales, rd_f16, rd_f32, rd_i16, rd_u16
 use crate::dispatch::VecDotFn;
 use crate::iq4::{IQ4_XS_BYTES, KVALUES_IQ4NL};
 use crate::kquants::{Q2_K_BYTES, Q3_K_BYTES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_K_BYTES};
+use crate::table::row;
 use crate::types::{GgmlType, QK_K};
 
 /// `ggml_tiled_min_batch`: the path is taken from 8 activation rows on.
 const MIN_BATCH: usize = 8;
 
-/// `ggml_tiled_supported`'s type list (every type ggml runs through the tiled path).
-fn ggml_tiled_type(ty: GgmlType) -> bool {
-    matches!(
-        ty,
-        GgmlType::Q6_K
-            | GgmlType::Q5_K
-            | GgmlType::Q4_K
-            | GgmlType::Q3_K
-            | GgmlType::Q2_K
-            | GgmlType::IQ4_XS
-            | GgmlType::IQ2_XXS
-            | GgmlType::IQ2_XS
-            | GgmlType::IQ2_S
-            | GgmlType::IQ3_XXS
-            | GgmlType::IQ3_S
-            | GgmlType::IQ1_S
-            | GgmlType::IQ1_M
-    )
-}
-
 /// Whether ggml's `mul_mat` of weights of type `ty` with `n_act_rows` activation rows
-/// (`src1->ne[1]`, e.g. the tokens of a batch) runs the tiled path.
+/// (`src1->ne[1]`, e.g. the tokens of a batch) runs the tiled path (`ggml_tiled_supported`'s
+/// types: the type table's `ggml_tiled` column).
 pub fn tiled_used_for_mul_mat(ty: GgmlType, n_act_rows: usize) -> bool {
-    ggml_tiled_type(ty) && n_act_rows >= MIN_BATCH
+    row(ty).ggml_tiled && n_act_rows >= MIN_BATCH
 }
 
 /// Whether ggml's `mul_mat_id` runs the tiled path for one expert of type `ty` to which
 /// `n_rows_for_expert` (token, slot) rows are routed (`cne1`); decided per expert.
 pub fn tiled_used_for_mul_mat_id(ty: GgmlType, n_rows_for_expert: usize) -> bool {
-    ggml_tiled_type(ty) && n_rows_for_expert >= MIN_BATCH
+    row(ty).ggml_tiled && n_rows_for_expert >= MIN_BATCH
+}
+
+/// The tiled order's kernels for `ty` with rows of `n_in` elements, if ported.
+fn ported(ty: GgmlType, n_in: usize) -> Option<crate::table::Tiled> {
+    if !n_in.is_multiple_of(QK_K) {
+        return None;
+    }
+    row(ty).dot.as_ref()?.tiled
 }
 
 /// The tiled path's dot of one weight row (type `ty`, `n_in` elements) with one Q8_K activation
 /// row, for the types ported here (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS); `None` otherwise or
 /// when `n_in` is not a multiple of 256. Same signature and panics as [`crate::vec_dot_fn`]'s.
 pub fn tiled_dot_fn(ty: GgmlType, n_in: usize) -> Option<VecDotFn> {
-    if !n_in.is_multiple_of(QK_K) {
-        return None;
-    }
-    let f: VecDotFn = match ty {
-        GgmlType::Q2_K => dot_q2_k,
-        GgmlType::Q3_K => dot_q3_k,
-        GgmlType::Q4_K => dot_q4_k,
-        GgmlType::Q5_K => dot_q5_k,
-        GgmlType::Q6_K => dot_q6_k,
-        GgmlType::IQ4_XS => dot_iq4_xs,
-        _ => return None,
-    };
-    Some(f)
+    ported(ty, n_in).map(|t| t.dot)
 }
 
 /// One weight row against several activation rows: `(n, w_row, acts, act_stride, out)`.
@@ -105,19 +83,7 @@ pub type DotManyFn = fn(usize, &[u8], &[u8], usize, &mut [f32]);
 /// [`tiled_dot_fn`] for many activation rows at once (each weight block unpacked once);
 /// results are identical to calling the single-row function per activation row.
 pub fn tiled_dot_many_fn(ty: GgmlType, n_in: usize) -> Option<DotManyFn> {
-    if !n_in.is_multiple_of(QK_K) {
-        return None;
-    }
-    let f: DotManyFn = match ty {
-        GgmlType::Q2_K => many_q2_k,
-        GgmlType::Q3_K => many_q3_k,
-        GgmlType::Q4_K => many_q4_k,
-        GgmlType::Q5_K => many_q5_k,
-        GgmlType::Q6_K => many_q6_k,
-        GgmlType::IQ4_XS => many_iq4_xs,
-        _ => return None,
-    };
-    Some(f)
+    ported(ty, n_in).map(|t| t.many)
 }
 
 /// One weight block as `tiled_unpack_src0` leaves it in the tile.
@@ -322,61 +288,61 @@ fn unpack_iq4_xs(x: &[u8], t: &mut Unpacked) {
     }
 }
 
-fn many_q2_k(n: usize, w: &[u8], acts: &[u8], stride: usize, out: &mut [f32]) {
+pub(crate) fn many_q2_k(n: usize, w: &[u8], acts: &[u8], stride: usize, out: &mut [f32]) {
     dot_tiled_many::<16, true, 0>(n, w, acts, stride, out, Q2_K_BYTES, unpack_q2_k)
 }
 
-fn dot_q2_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
+pub(crate) fn dot_q2_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let mut out = [0f32];
     many_q2_k(n, w, a, a.len(), &mut out);
     out[0]
 }
 
-fn many_q3_k(n: usize, w: &[u8], acts: &[u8], stride: usize, out: &mut [f32]) {
+pub(crate) fn many_q3_k(n: usize, w: &[u8], acts: &[u8], stride: usize, out: &mut [f32]) {
     dot_tiled_many::<16, false, 4>(n, w, acts, stride, out, Q3_K_BYTES, unpack_q3_k)
 }
 
-fn dot_q3_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
+pub(crate) fn dot_q3_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let mut out = [0f32];
     many_q3_k(n, w, a, a.len(), &mut out);
     out[0]
 }
 
-fn many_q4_k(n: usize, w: &[u8], acts: &[u8], stride: usize, out: &mut [f32]) {
+pub(crate) fn many_q4_k(n: usize, w: &[u8], acts: &[u8], stride: usize, out: &mut [f32]) {
     dot_tiled_many::<32, true, 0>(n, w, acts, stride, out, Q4_K_BYTES, unpack_q4_k)
 }
 
-fn dot_q4_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
+pub(crate) fn dot_q4_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let mut out = [0f32];
     many_q4_k(n, w, a, a.len(), &mut out);
     out[0]
 }
 
-fn many_q5_k(n: usize, w: &[u8], acts: &[u8], stride: usize, out: &mut [f32]) {
+pub(crate) fn many_q5_k(n: usize, w: &[u8], acts: &[u8], stride: usize, out: &mut [f32]) {
     dot_tiled_many::<32, true, 0>(n, w, acts, stride, out, Q5_K_BYTES, unpack_q5_k)
 }
 
-fn dot_q5_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
+pub(crate) fn dot_q5_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let mut out = [0f32];
     many_q5_k(n, w, a, a.len(), &mut out);
     out[0]
 }
 
-fn many_q6_k(n: usize, w: &[u8], acts: &[u8], stride: usize, out: &mut [f32]) {
+pub(crate) fn many_q6_k(n: usize, w: &[u8], acts: &[u8], stride: usize, out: &mut [f32]) {
     dot_tiled_many::<16, false, 32>(n, w, acts, stride, out, Q6_K_BYTES, unpack_q6_k)
 }
 
-fn dot_q6_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
+pub(crate) fn dot_q6_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let mut out = [0f32];
     many_q6_k(n, w, a, a.len(), &mut out);
     out[0]
 }
 
-fn many_iq4_xs(n: usize, w: &[u8], acts: &[u8], stride: usize, out: &mut [f32]) {
+pub(crate) fn many_iq4_xs(n: usize, w: &[u8], acts: &[u8], stride: usize, out: &mut [f32]) {
     dot_tiled_many::<32, false, 128>(n, w, acts, stride, out, IQ4_XS_BYTES, unpack_iq4_xs)
 }
 
-fn dot_iq4_xs(n: usize, w: &[u8], a: &[u8]) -> f32 {
+pub(crate) fn dot_iq4_xs(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let mut out = [0f32];
     many_iq4_xs(n, w, a, a.len(), &mut out);
     out[0]

@@ -16,6 +16,7 @@
 use crate::dispatch::VecDotFn;
 use crate::f16::fp16_to_f32;
 use crate::iq4::KVALUES_IQ4NL;
+use crate::table::row;
 use crate::types::GgmlType;
 
 /// `_mm512_reduce_add_ps` as GCC implements it (halves, quarters, then pairs): the final sum
@@ -81,11 +82,11 @@ mod portable {
         reduce_add_16(&acc)
     }
 
-    pub(super) fn dot_f32(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    pub(crate) fn dot_f32(n: usize, w: &[u8], a: &[u8]) -> f32 {
         chains(n, w, a, 4, f32_at)
     }
 
-    pub(super) fn dot_f16(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    pub(crate) fn dot_f16(n: usize, w: &[u8], a: &[u8]) -> f32 {
         chains(n, w, a, 2, f16_at)
     }
 }
@@ -95,7 +96,7 @@ mod portable {
     target_feature = "fma",
     target_feature = "f16c"
 )))]
-use portable::{dot_f16, dot_f32};
+pub(crate) use portable::{dot_f16, dot_f32};
 
 /// AVX2 form of the same 16-lane chains (two 8-lane registers), for builds with the x86-64-v3
 /// baseline the workspace sets.
@@ -119,7 +120,7 @@ mod avx2 {
         super::reduce_add_16(&v)
     }
 
-    pub(super) fn dot_f32(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    pub(crate) fn dot_f32(n: usize, w: &[u8], a: &[u8]) -> f32 {
         assert!(w.len() >= 4 * n && a.len() >= 4 * n && n.is_multiple_of(16));
         // SAFETY: AVX2/FMA are enabled for the whole build (cfg on this module). For every
         // step i + 16 <= n and both slices hold 4n bytes (asserted), so each 32-byte
@@ -136,7 +137,7 @@ mod avx2 {
         }
     }
 
-    pub(super) fn dot_f16(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    pub(crate) fn dot_f16(n: usize, w: &[u8], a: &[u8]) -> f32 {
         assert!(w.len() >= 2 * n && a.len() >= 2 * n && n.is_multiple_of(16));
         // SAFETY: AVX2/FMA/F16C are enabled for the whole build (cfg on this module). For
         // every step i + 16 <= n and both slices hold 2n bytes (asserted), so each 16-byte
@@ -163,7 +164,7 @@ mod avx2 {
     target_feature = "fma",
     target_feature = "f16c"
 ))]
-use avx2::{dot_f16, dot_f32};
+pub(crate) use avx2::{dot_f16, dot_f32};
 
 /// The 32 signed values of one 32-element weight block, in element order.
 type Unpack = fn(&[u8], &mut [i8; 32]) -> f32;
@@ -253,62 +254,49 @@ fn dot_q0(n: usize, w: &[u8], a: &[u8], unpack: Unpack, w_block: usize) -> f32 {
     out[0]
 }
 
-fn dot_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
+pub(crate) fn dot_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
     dot_q0(n, w, a, unpack_q8_0, 34)
 }
 
-fn dot_q4_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
+pub(crate) fn dot_q4_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
     dot_q0(n, w, a, unpack_q4_0, 18)
 }
 
-fn dot_q5_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
+pub(crate) fn dot_q5_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
     dot_q0(n, w, a, unpack_q5_0, 22)
 }
 
-fn dot_iq4_nl(n: usize, w: &[u8], a: &[u8]) -> f32 {
+pub(crate) fn dot_iq4_nl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     dot_q0(n, w, a, unpack_iq4_nl, 18)
 }
 
-fn many_q8_0(n: usize, w: &[u8], acts: &[u8], stride: usize, out: &mut [f32]) {
+pub(crate) fn many_q8_0(n: usize, w: &[u8], acts: &[u8], stride: usize, out: &mut [f32]) {
     many_q0(n, w, acts, stride, out, unpack_q8_0, 34)
 }
 
-fn many_q4_0(n: usize, w: &[u8], acts: &[u8], stride: usize, out: &mut [f32]) {
+pub(crate) fn many_q4_0(n: usize, w: &[u8], acts: &[u8], stride: usize, out: &mut [f32]) {
     many_q0(n, w, acts, stride, out, unpack_q4_0, 18)
 }
 
-fn many_q5_0(n: usize, w: &[u8], acts: &[u8], stride: usize, out: &mut [f32]) {
+pub(crate) fn many_q5_0(n: usize, w: &[u8], acts: &[u8], stride: usize, out: &mut [f32]) {
     many_q0(n, w, acts, stride, out, unpack_q5_0, 22)
 }
 
-fn many_iq4_nl(n: usize, w: &[u8], acts: &[u8], stride: usize, out: &mut [f32]) {
+pub(crate) fn many_iq4_nl(n: usize, w: &[u8], acts: &[u8], stride: usize, out: &mut [f32]) {
     many_q0(n, w, acts, stride, out, unpack_iq4_nl, 18)
 }
 
 /// [`tinyblas_dot_fn`] for one weight row against many activation rows, for the Q8_0-paired
 /// types (each weight block unpacked once); identical results per output.
 pub fn tinyblas_dot_many_fn(ty: GgmlType) -> Option<crate::tiled::DotManyFn> {
-    match ty {
-        GgmlType::Q8_0 => Some(many_q8_0),
-        GgmlType::Q4_0 => Some(many_q4_0),
-        GgmlType::Q5_0 => Some(many_q5_0),
-        GgmlType::IQ4_NL => Some(many_iq4_nl),
-        _ => None,
-    }
+    row(ty).dot.as_ref()?.tinyblas?.many
 }
 
 /// The tinyBLAS-order dot for `ty`, when llama.cpp would use tinyBLAS for a batched `mul_mat`
 /// with rows of `n` elements; `None` means llama.cpp uses `vec_dot` ([`crate::vec_dot_fn`]).
 pub fn tinyblas_dot_fn(ty: GgmlType, n: usize) -> Option<VecDotFn> {
-    match ty {
-        GgmlType::F32 if n.is_multiple_of(16) => Some(dot_f32),
-        GgmlType::F16 if n.is_multiple_of(16) => Some(dot_f16),
-        GgmlType::Q8_0 => Some(dot_q8_0),
-        GgmlType::Q4_0 => Some(dot_q4_0),
-        GgmlType::Q5_0 => Some(dot_q5_0),
-        GgmlType::IQ4_NL => Some(dot_iq4_nl),
-        _ => None,
-    }
+    let t = row(ty).dot.as_ref()?.tinyblas?;
+    n.is_multiple_of(t.k_multiple).then_some(t.dot)
 }
 
 #[cfg(test)]

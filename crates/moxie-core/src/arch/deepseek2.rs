@@ -1,13 +1,15 @@
 //! DeepSeek-V2/V3/R1, Kimi K2, GLM-4.7-Flash (`deepseek2`): MLA attention in the absorbed
-//! layout llama.cpp's converter writes (`attn_k_b`, `attn_v_b`), optional q-lora, leading dense
+//! layout llama.cpp's converter writes (`attn_k_b`, `attn_v_b`; older files' fused `attn_kv_b`
+//! is split at load, see `legacy_mla.rs`), optional q-lora, leading dense
 //! layers, routed + shared experts with softmax or sigmoid gating and selection bias, YaRN with
 //! DeepSeek's log-multiplier fix-ups.
 
-use super::{attention_tensors, blk, dense_ffn, ffn_tensors, moe_ffn, ArchDef};
+use super::{attention_tensors, blk, dense_ffn, ffn_tensors, legacy_mla, moe_ffn, ArchDef};
 use crate::blocks::mla::MlaShape;
 use crate::blocks::{Layer, Mixer, Mla};
 use crate::config::{Arch, Config, Gating, Keys};
 use crate::loader::{BlockTensors, TensorSource};
+use crate::tensor::Tensor;
 use crate::{Error, Result};
 
 pub(crate) const DEF: ArchDef = ArchDef {
@@ -93,11 +95,21 @@ pub(crate) fn mla_attention(
         Some(_) => t.get(&blk(il, "attn_q_b.weight"), &[s.q_lora_rank, q_width])?,
         None => t.get(&blk(il, "attn_q.weight"), &[d, q_width])?,
     };
-    if !src.has(&blk(il, "attn_k_b.weight")) && src.has(&blk(il, "attn_kv_b.weight")) {
-        return Err(Error::Model(
-            "this deepseek2 GGUF has the old fused 'attn_kv_b' layout; re-convert it with a current llama.cpp converter (attn_k_b / attn_v_b)".into(),
-        ));
-    }
+    let absorbed = |t: &BlockTensors| -> Result<(Tensor, Tensor)> {
+        Ok((
+            t.get(&blk(il, "attn_k_b.weight"), &[nope, rank, n_head])?,
+            t.get(&blk(il, "attn_v_b.weight"), &[rank, s.head_v, n_head])?,
+        ))
+    };
+    // Legacy files hold the fused attn_kv_b instead: split at load.
+    let (wk_b, wv_b) = if src.has(&blk(il, "attn_k_b.weight")) {
+        absorbed(t)?
+    } else {
+        match legacy_mla::split_fused_kv_b(t, il, s)? {
+            Some(parts) => parts,
+            None => absorbed(t)?,
+        }
+    };
     Ok(Mla {
         shape: s,
         kq_scale: s.kq_scale(&c.rope, c.rope_yarn_log_mul),
@@ -105,8 +117,8 @@ pub(crate) fn mla_attention(
         wq_b,
         wkv_a: t.get(&blk(il, "attn_kv_a_mqa.weight"), &[d, rank + n_rot])?,
         kv_a_norm: t.vec(&blk(il, "attn_kv_a_norm.weight"), rank)?,
-        wk_b: t.get(&blk(il, "attn_k_b.weight"), &[nope, rank, n_head])?,
-        wv_b: t.get(&blk(il, "attn_v_b.weight"), &[rank, s.head_v, n_head])?,
+        wk_b,
+        wv_b,
         wo: t.get(&blk(il, "attn_output.weight"), &[n_head * s.head_v, d])?,
         sparse: None,
         device: t.device(),

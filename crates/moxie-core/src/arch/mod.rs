@@ -6,6 +6,7 @@
 pub mod deepseek2;
 pub mod glm4moe;
 pub mod glm_dsa;
+pub mod legacy_mla;
 pub mod qwen3moe;
 
 use crate::blocks::moe::Routing;

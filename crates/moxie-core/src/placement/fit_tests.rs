@@ -57,6 +57,7 @@ fn model() -> (ModelShape, Vec<TensorInfo>) {
         head_q: 16,
         ffn_width: 64,
         n_ctx_train: Some(4096),
+        mla: false,
         kv: vec![kv; 6],
     };
     (shape, tensors)
@@ -68,6 +69,7 @@ fn run() -> RunShape {
         n_batch: 2048,
         n_ubatch: 512,
         kv_types: KvTypes::default(),
+        n_seq: 1,
     }
 }
 

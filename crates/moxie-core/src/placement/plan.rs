@@ -8,7 +8,7 @@ use super::devices::{human_bytes, DeviceKind, DeviceSpec};
 use super::rules::{compile_rules, first_match, PlacementArg, Rule, RuleOrigin};
 use super::shape::ModelShape;
 use crate::inventory::{layer_of, Role};
-use crate::state::{kv_type_name, KvTypes};
+use crate::state::{kv_type_name, KvTypes, LayerStateSpec};
 use crate::{Error, Result};
 
 /// Memory a GPU needs beyond weights, KV and compute buffers: the CUDA context, cuBLAS
@@ -88,6 +88,9 @@ pub struct RunShape {
     /// Micro-batch (`-ub`); compute buffers hold one of `min(n_ubatch, n_batch)` tokens.
     pub n_ubatch: usize,
     pub kv_types: KvTypes,
+    /// Sequences held at once, each with its own cache of the context and its own recurrent
+    /// state: `moxie serve`'s slots (`-np`), 1 for a single generation.
+    pub n_seq: usize,
 }
 
 impl RunShape {
@@ -162,6 +165,8 @@ pub struct TensorPlacement {
     pub group: TensorGroup,
     /// Index into [`Plan::devices`]; `None` for tensors that are not loaded.
     pub device: Option<usize>,
+    /// What it is for (attention, indexer, recurrent mixer, router, ...).
+    pub role: Role,
     /// Bytes it takes on its device (0 when not loaded).
     pub bytes: u64,
     pub reason: Reason,
@@ -197,8 +202,11 @@ pub struct LayerPlacement {
     pub always_used: Vec<(usize, u64)>,
     /// Bytes of the routed experts per device index, ascending by device.
     pub experts: Vec<(usize, u64)>,
-    /// KV cache bytes (on `device`).
+    /// Attention KV cache bytes (on `device`): GQA keys and values, MLA's latent, for every
+    /// sequence.
     pub kv_bytes: u64,
+    /// Other per-sequence state (on `device`): DSA indexer keys, recurrent (DeltaNet) state.
+    pub state_bytes: u64,
 }
 
 /// One rule and what it selected.
@@ -217,14 +225,21 @@ pub struct RuleUse {
 pub struct DeviceUse {
     pub spec: DeviceSpec,
     pub weights_bytes: u64,
+    /// Attention KV cache of the layers it runs.
     pub kv_bytes: u64,
+    /// Indexer key cache and recurrent state of the layers it runs.
+    pub state_bytes: u64,
     pub compute_bytes: u64,
     pub headroom_bytes: u64,
 }
 
 impl DeviceUse {
     pub fn total_bytes(&self) -> u64 {
-        self.weights_bytes + self.kv_bytes + self.compute_bytes + self.headroom_bytes
+        self.weights_bytes
+            + self.kv_bytes
+            + self.state_bytes
+            + self.compute_bytes
+            + self.headroom_bytes
     }
 
     /// Budget left; negative when over budget.
@@ -256,7 +271,10 @@ pub struct Plan {
     pub split_mode: SplitMode,
     pub fit_mode: bool,
     pub n_ctx: usize,
+    /// Positions each sequence's cache holds.
     pub kv_positions: usize,
+    /// Sequences (server slots) whose caches and state are counted.
+    pub n_seq: usize,
     pub n_ubatch: usize,
     pub kv_types: KvTypes,
     /// Every device within its budget.
@@ -324,6 +342,7 @@ impl ComputeEstimate {
 struct Load {
     weights: u64,
     kv: u64,
+    state: u64,
     /// Holds weights of a block or of the output layer, so it runs part of the graph.
     runs_layers: bool,
     runs_output: bool,
@@ -343,7 +362,7 @@ impl Load {
 
     /// A GPU that holds nothing costs nothing; one that holds anything needs its context.
     fn headroom(&self, kind: DeviceKind) -> u64 {
-        if kind.is_gpu() && (self.runs_layers || self.weights > 0 || self.kv > 0) {
+        if kind.is_gpu() && (self.runs_layers || self.weights > 0 || self.cache() > 0) {
             GPU_HEADROOM_BYTES
         } else {
             0
@@ -351,7 +370,50 @@ impl Load {
     }
 
     fn total(&self, kind: DeviceKind, est: &ComputeEstimate) -> u64 {
-        self.weights + self.kv + self.compute(est) + self.headroom(kind)
+        self.weights + self.cache() + self.compute(est) + self.headroom(kind)
+    }
+
+    fn cache(&self) -> u64 {
+        self.kv + self.state
+    }
+
+    fn add_cache(&mut self, c: LayerCache) {
+        self.kv += c.kv;
+        self.state += c.state;
+    }
+}
+
+/// What one block keeps for all sequences of the run, split as the report shows it.
+#[derive(Clone, Copy, Debug, Default)]
+struct LayerCache {
+    /// Attention rows (keys and values, MLA latent).
+    kv: u64,
+    /// Indexer keys and recurrent state.
+    state: u64,
+}
+
+impl LayerCache {
+    fn of(spec: &LayerStateSpec, model: &ModelShape, run: &RunShape) -> LayerCache {
+        let positions = run.kv_positions(model) as u64;
+        let n_seq = run.n_seq as u64;
+        let attention = LayerStateSpec {
+            keys: spec.keys,
+            values: spec.values,
+            ..Default::default()
+        };
+        let indexer = LayerStateSpec {
+            indexer_keys: spec.indexer_keys,
+            ..Default::default()
+        };
+        LayerCache {
+            kv: n_seq * positions * attention.bytes_per_position(run.kv_types),
+            state: n_seq
+                * (positions * indexer.bytes_per_position(run.kv_types) + spec.fixed_bytes()),
+        }
+    }
+
+    fn total(&self) -> u64 {
+        self.kv + self.state
     }
 }
 
@@ -373,6 +435,8 @@ pub fn plan(
 ) -> Result<Plan> {
     let cpu = check_devices(devices)?;
     check_run(model, run)?;
+    let loaded = loaded_sizes(model, tensors);
+    let tensors = &loaded[..];
     let gpus: Vec<usize> = (0..devices.len())
         .filter(|&d| devices[d].kind.is_gpu())
         .collect();
@@ -382,12 +446,10 @@ pub fn plan(
     let n_block = model.n_block;
     let n_main = model.n_main();
     let est = ComputeEstimate::new(model, run);
-    let kv_bytes: Vec<u64> = model
+    let caches: Vec<LayerCache> = model
         .kv
         .iter()
-        .map(|s| {
-            s.bytes_per_position(run.kv_types) * run.kv_positions(model) as u64 + s.fixed_bytes()
-        })
+        .map(|s| LayerCache::of(s, model, run))
         .collect();
 
     // llama.cpp's assignment: the first matching rule, else the tensor's layer's device.
@@ -440,7 +502,7 @@ pub fn plan(
             devices,
             cpu,
             gpus: &split_gpus,
-            kv_bytes: &kv_bytes,
+            caches: &caches,
             est: &est,
         }
         .run(opts, &mut slots, &mut messages)?;
@@ -466,7 +528,7 @@ pub fn plan(
     }
     for (il, d) in layer_devices.iter().enumerate() {
         if let Some(d) = *d {
-            loads[d].kv += kv_bytes[il];
+            loads[d].add_cache(caches[il]);
         }
     }
     let device_uses: Vec<DeviceUse> = devices
@@ -476,12 +538,13 @@ pub fn plan(
             spec: spec.clone(),
             weights_bytes: load.weights,
             kv_bytes: load.kv,
+            state_bytes: load.state,
             compute_bytes: load.compute(&est),
             headroom_bytes: load.headroom(spec.kind),
         })
         .collect();
 
-    let layers = layer_placements(model, tensors, &groups, &slots, &layer_devices, &kv_bytes);
+    let layers = layer_placements(model, tensors, &groups, &slots, &layer_devices, &caches);
     let rule_uses = rule_uses(&rules, tensors, &slots);
     for (i, r) in rule_uses.iter().enumerate() {
         if r.tensors == 0 && matches!(r.origin, RuleOrigin::OverrideTensor { .. }) {
@@ -502,6 +565,7 @@ pub fn plan(
             name: t.name.clone(),
             layer,
             group,
+            role: Role::of(&t.name),
             device: slot.device,
             bytes: if slot.device.is_some() { t.n_bytes } else { 0 },
             reason: slot.reason,
@@ -522,6 +586,7 @@ pub fn plan(
         fit_mode: opts.fit,
         n_ctx: run.context(model),
         kv_positions: run.kv_positions(model),
+        n_seq: run.n_seq,
         n_ubatch: run.ubatch(),
         kv_types: run.kv_types,
         fits: false,
@@ -556,12 +621,13 @@ fn check_devices(devices: &[DeviceSpec]) -> Result<usize> {
 }
 
 fn check_run(model: &ModelShape, run: &RunShape) -> Result<()> {
-    if run.context(model) == 0 || run.n_batch == 0 || run.n_ubatch == 0 {
+    if run.context(model) == 0 || run.n_batch == 0 || run.n_ubatch == 0 || run.n_seq == 0 {
         return Err(Error::Placement(format!(
-            "context ({}), batch ({}) and micro-batch ({}) must be at least 1",
+            "context ({}), batch ({}), micro-batch ({}) and sequences ({}) must be at least 1",
             run.context(model),
             run.n_batch,
-            run.n_ubatch
+            run.n_ubatch,
+            run.n_seq
         )));
     }
     for (il, shape) in model.kv.iter().enumerate() {
@@ -693,6 +759,23 @@ fn classify(
         .collect()
 }
 
+/// `tensors` with the bytes each takes once moxie has loaded it: what the file stores, except a
+/// legacy MLA file's fused `attn_kv_b`, split into F32 parts at load
+/// ([`legacy_mla`](crate::arch::legacy_mla)).
+fn loaded_sizes(model: &ModelShape, tensors: &[TensorInfo]) -> Vec<TensorInfo> {
+    let names: std::collections::HashSet<&str> = tensors.iter().map(|t| t.name.as_str()).collect();
+    tensors
+        .iter()
+        .map(|t| {
+            let mut t = t.clone();
+            if model.mla {
+                t.n_bytes = crate::arch::legacy_mla::loaded_bytes(&t, |n| names.contains(n));
+            }
+            t
+        })
+        .collect()
+}
+
 /// llama.cpp's input-layer tensors (`LLM_TENSOR_LAYER_INPUT`) that MoE GGUFs carry.
 fn is_input_tensor(name: &str) -> bool {
     ["token_embd", "token_types", "position_embd"]
@@ -709,7 +792,7 @@ struct Fit<'a> {
     cpu: usize,
     /// GPUs the fit may fill, in device order.
     gpus: &'a [usize],
-    kv_bytes: &'a [u64],
+    caches: &'a [LayerCache],
     est: &'a ComputeEstimate,
 }
 
@@ -725,7 +808,7 @@ struct LayerUnit {
     /// Block index, or `n_block` for the output layer.
     slot: usize,
     weights: u64,
-    kv: u64,
+    cache: LayerCache,
 }
 
 impl Fit<'_> {
@@ -748,12 +831,12 @@ impl Fit<'_> {
             .map(|il| LayerUnit {
                 slot: il,
                 weights: 0,
-                kv: self.kv_bytes[il],
+                cache: self.caches[il],
             })
             .chain(std::iter::once(LayerUnit {
                 slot: n_block,
                 weights: 0,
-                kv: 0,
+                cache: LayerCache::default(),
             }))
             .collect();
         let mut experts = vec![0u64; n_main];
@@ -807,7 +890,7 @@ impl Fit<'_> {
         for &(unit, g) in &chosen {
             let u = units[unit];
             loads[g].weights += u.weights;
-            loads[g].kv += u.kv;
+            loads[g].add_cache(u.cache);
             loads[g].runs_layers = true;
             if u.slot == n_block {
                 output_device = g;
@@ -942,7 +1025,7 @@ impl Fit<'_> {
         if room_sum <= 0.0 {
             return None;
         }
-        let bytes_sum: u64 = units.iter().map(|u| u.weights + u.kv).sum();
+        let bytes_sum: u64 = units.iter().map(|u| u.weights + u.cache.total()).sum();
         let mut bounds = Vec::with_capacity(rooms.len());
         let mut acc = 0.0;
         for r in &rooms {
@@ -953,7 +1036,7 @@ impl Fit<'_> {
         let mut assign = Vec::with_capacity(units.len());
         let mut before = 0u64;
         for (j, u) in units.iter().enumerate() {
-            let bytes = u.weights + u.kv;
+            let bytes = u.weights + u.cache.total();
             let mid = if bytes_sum == 0 {
                 j as f64 / units.len() as f64
             } else {
@@ -963,7 +1046,7 @@ impl Fit<'_> {
             let k = bounds.partition_point(|&b| b <= mid).min(open.len() - 1);
             let g = open[k];
             loads[g].weights += u.weights;
-            loads[g].kv += u.kv;
+            loads[g].add_cache(u.cache);
             loads[g].runs_layers = true;
             loads[g].runs_output |= u.slot == self.model.n_block;
             assign.push((first + j, g));
@@ -1025,7 +1108,7 @@ fn layer_placements(
     groups: &[(Option<usize>, TensorGroup)],
     slots: &[Slot],
     layer_devices: &[Option<usize>],
-    kv_bytes: &[u64],
+    caches: &[LayerCache],
 ) -> Vec<LayerPlacement> {
     let mut layers: Vec<LayerPlacement> = (0..model.n_block)
         .map(|il| LayerPlacement {
@@ -1038,7 +1121,8 @@ fn layer_placements(
             device: layer_devices[il],
             always_used: Vec::new(),
             experts: Vec::new(),
-            kv_bytes: kv_bytes.get(il).copied().unwrap_or(0),
+            kv_bytes: caches.get(il).map_or(0, |c| c.kv),
+            state_bytes: caches.get(il).map_or(0, |c| c.state),
         })
         .collect();
     let add = |list: &mut Vec<(usize, u64)>, d: usize, b: u64| match list
@@ -1096,13 +1180,14 @@ fn over_budget_advice(plan: &Plan, model: &ModelShape, run: &RunShape) -> Vec<St
         }
         let over = dev.total_bytes() - dev.spec.budget_bytes;
         let mut msg = format!(
-            "{} is over its budget by {}: needs {} (weights {}, KV {}, compute {}, headroom {}) \
-             of {}",
+            "{} is over its budget by {}: needs {} (weights {}, KV {}, state {}, compute {}, \
+             headroom {}) of {}",
             dev.spec.name,
             human_bytes(over),
             human_bytes(dev.total_bytes()),
             human_bytes(dev.weights_bytes),
             human_bytes(dev.kv_bytes),
+            human_bytes(dev.state_bytes),
             human_bytes(dev.compute_bytes),
             human_bytes(dev.headroom_bytes),
             human_bytes(dev.spec.budget_bytes)

@@ -5,6 +5,7 @@ use serde_json::{json, Value};
 use super::devices::human_bytes;
 use super::plan::{ranges, LayerPlacement, Plan};
 use super::rules::RuleOrigin;
+use crate::inventory::Role;
 use crate::state::kv_type_name;
 
 impl Plan {
@@ -31,6 +32,7 @@ impl Plan {
                     "budget_bytes": d.spec.budget_bytes,
                     "weights_bytes": d.weights_bytes,
                     "kv_bytes": d.kv_bytes,
+                    "state_bytes": d.state_bytes,
                     "compute_bytes": d.compute_bytes,
                     "headroom_bytes": d.headroom_bytes,
                     "total_bytes": d.total_bytes(),
@@ -48,6 +50,7 @@ impl Plan {
                     "kind": l.kind.name(),
                     "device": l.device.map(|d| self.device_name(d)),
                     "kv_bytes": l.kv_bytes,
+                    "state_bytes": l.state_bytes,
                     "always_used": self.spread_json(&l.always_used),
                     "experts": self.spread_json(&l.experts),
                 })
@@ -76,6 +79,7 @@ impl Plan {
                     "name": t.name,
                     "layer": t.layer,
                     "group": t.group.name(),
+                    "role": t.role.name(),
                     "device": t.device.map(|d| self.device_name(d)),
                     "bytes": t.bytes,
                     "reason": self.describe(t.reason),
@@ -91,6 +95,7 @@ impl Plan {
             "n_gpu_layers": self.n_gpu_layers,
             "n_ctx": self.n_ctx,
             "kv_positions": self.kv_positions,
+            "n_seq": self.n_seq,
             "n_ubatch": self.n_ubatch,
             "cache_type_k": kv_type_name(self.kv_types.k),
             "cache_type_v": kv_type_name(self.kv_types.v),
@@ -118,7 +123,7 @@ impl Plan {
             )
         };
         out.push_str(&format!(
-            "{}: {} blocks{}; context {} (KV {} positions, {}/{}), ubatch {}; {mode}\n",
+            "{}: {} blocks{}; context {} (KV {} positions{}, {}/{}), ubatch {}; {mode}\n",
             self.arch,
             self.n_block,
             if self.n_nextn > 0 {
@@ -128,6 +133,11 @@ impl Plan {
             },
             self.n_ctx,
             self.kv_positions,
+            if self.n_seq > 1 {
+                format!(" x {} sequences", self.n_seq)
+            } else {
+                String::new()
+            },
             kv_type_name(self.kv_types.k),
             kv_type_name(self.kv_types.v),
             self.n_ubatch,
@@ -138,16 +148,26 @@ impl Plan {
             "fits: NO\n\n"
         });
 
-        let mut rows = vec![row(&[
-            "device", "budget", "weights", "KV", "compute", "headroom", "total", "free",
-        ])];
+        // The "state" column (indexer keys, recurrent state) only for models that keep any.
+        let state = self.has_state();
+        let mut header = vec!["device", "budget", "weights", "KV"];
+        if state {
+            header.push("state");
+        }
+        header.extend(["compute", "headroom", "total", "free"]);
+        let mut rows = vec![row(&header)];
         for d in &self.devices {
             let free = d.free_bytes();
-            rows.push(vec![
+            let mut cells = vec![
                 d.spec.name.clone(),
                 human_bytes(d.spec.budget_bytes),
                 human_bytes(d.weights_bytes),
                 human_bytes(d.kv_bytes),
+            ];
+            if state {
+                cells.push(human_bytes(d.state_bytes));
+            }
+            cells.extend([
                 human_bytes(d.compute_bytes),
                 human_bytes(d.headroom_bytes),
                 human_bytes(d.total_bytes()),
@@ -157,6 +177,7 @@ impl Plan {
                     human_bytes(free as u64)
                 },
             ]);
+            rows.push(cells);
         }
         out.push_str(&table(&rows));
 
@@ -230,18 +251,48 @@ impl Plan {
             .join(" + ")
     }
 
+    /// Whether any layer keeps indexer keys or recurrent state.
+    fn has_state(&self) -> bool {
+        self.layers.iter().any(|l| l.state_bytes > 0)
+    }
+
     fn layers_table(&self) -> String {
-        let mut rows = vec![row(&[
+        // The roles the always-used column holds in this model, in role order.
+        let mut roles: Vec<Role> = self
+            .tensors
+            .iter()
+            .filter(|t| t.group == super::TensorGroup::AlwaysUsed)
+            .map(|t| t.role)
+            .collect();
+        roles.sort_unstable();
+        roles.dedup();
+        let names: Vec<&str> = roles.iter().map(|r| r.name()).collect();
+        let always_used = format!("always-used ({})", names.join(", "));
+        let state = self.has_state();
+        let mut header = vec![
             "blocks",
             "kind",
             "layer on",
-            "always-used (attention, norms, router, shared, dense)",
+            always_used.as_str(),
             "routed experts",
             "KV",
-        ])];
+        ];
+        if state {
+            header.push("state (indexer keys, recurrent)");
+        }
+        let mut rows = vec![row(&header)];
         let key = |l: &LayerPlacement| {
             let devs = |v: &[(usize, u64)]| v.iter().map(|&(d, _)| d).collect::<Vec<_>>();
-            (l.kind, l.device, devs(&l.always_used), devs(&l.experts))
+            // Layers with and without attention rows or state (qwen3next's recurrent and
+            // full-attention layers) on lines of their own.
+            let keeps = (l.kv_bytes > 0, l.state_bytes > 0);
+            (
+                l.kind,
+                l.device,
+                devs(&l.always_used),
+                devs(&l.experts),
+                keeps,
+            )
         };
         let mut i = 0;
         while i < self.layers.len() {
@@ -265,7 +316,7 @@ impl Plan {
             };
             let blocks: Vec<usize> = group.iter().map(|l| l.layer).collect();
             let first = &group[0];
-            rows.push(vec![
+            let mut cells = vec![
                 ranges(&blocks),
                 first.kind.name().to_owned(),
                 first
@@ -274,7 +325,11 @@ impl Plan {
                 self.spread_text(&sum(|l| &l.always_used)),
                 self.spread_text(&sum(|l| &l.experts)),
                 human_bytes(group.iter().map(|l| l.kv_bytes).sum()),
-            ]);
+            ];
+            if state {
+                cells.push(human_bytes(group.iter().map(|l| l.state_bytes).sum()));
+            }
+            rows.push(cells);
             i = j;
         }
         let mut output: Vec<(usize, u64)> = Vec::new();
@@ -299,14 +354,18 @@ impl Plan {
             if list.is_empty() {
                 continue;
             }
-            rows.push(vec![
+            let mut cells = vec![
                 name.to_owned(),
                 String::new(),
                 device.map_or("CPU".to_owned(), |d| self.device_name(d).to_owned()),
                 self.spread_text(list),
                 "-".into(),
                 "-".into(),
-            ]);
+            ];
+            if state {
+                cells.push("-".into());
+            }
+            rows.push(cells);
         }
         table(&rows)
     }

@@ -2,10 +2,16 @@
 //! [`Config::from_metadata`](crate::Config::from_metadata): planning must work for
 //! architectures moxie cannot run yet (GLM-5.1's MLA) as long as their keys follow llama.cpp's
 //! `<arch>.*` names.
+//!
+//! Per-layer state follows llama.cpp's caches: MLA's latent rows; glm-dsa's indexer key cache
+//! (`llama_kv_cache_dsa`: one head of `attention.indexer.key_length` values per position, of
+//! the key cache type, on the layers whose indexer is "full"); and for hybrid recurrent models
+//! (qwen3next) a KV cache on the full-attention layers only, the other layers holding
+//! llama.cpp's `n_embd_r()` convolution values plus `n_embd_s()` SSM values (f32) per sequence.
 
 use moxie_gguf::{Metadata, TensorInfo};
 
-use crate::state::{LayerStateSpec, RowSpec};
+use crate::state::{LayerStateSpec, RecurrentSpec, RowSpec};
 use crate::{Error, Result};
 
 /// What the planner needs to know about a model besides its tensor index.
@@ -29,7 +35,13 @@ pub struct ModelShape {
     pub ffn_width: usize,
     /// `<arch>.context_length`, if given.
     pub n_ctx_train: Option<usize>,
-    /// What each main (non-nextn) block keeps per sequence.
+    /// MLA attention (`attention.kv_lora_rank`): a legacy file's fused `attn_kv_b` is loaded
+    /// split into its absorbed parts.
+    pub mla: bool,
+    /// What each main (non-nextn) block keeps per sequence: attention rows per position
+    /// (GQA keys and values, MLA's latent), DSA indexer keys per position on the layers with a
+    /// full indexer, and a fixed-size recurrent state on the recurrent layers of a hybrid
+    /// model (qwen3next's gated DeltaNet layers, which keep no attention rows).
     pub kv: Vec<LayerStateSpec>,
 }
 
@@ -80,28 +92,40 @@ impl ModelShape {
             Some(kv_lora) => {
                 let n_rot = keys.required("rope.dimension_count")?;
                 let width = kv_lora + n_rot;
-                let shape = LayerStateSpec {
-                    keys: Some(RowSpec { width, head: width }),
-                    ..Default::default()
-                };
-                (vec![shape; n_main], width)
+                let indexer = keys.indexer_keys(n_main)?;
+                let kv = (0..n_main)
+                    .map(|il| LayerStateSpec {
+                        keys: Some(RowSpec { width, head: width }),
+                        indexer_keys: indexer[il],
+                        ..Default::default()
+                    })
+                    .collect();
+                (kv, width)
             }
             None => {
                 let default_head = n_embd / n_head;
                 let head_k = keys.scalar("attention.key_length")?.unwrap_or(default_head);
                 let head_v = keys.scalar("attention.value_length")?.unwrap_or(head_k);
+                let recurrent = keys.recurrent_layers(n_block, n_main)?;
                 let kv = heads_kv[..n_main]
                     .iter()
-                    .map(|&n_kv| LayerStateSpec {
-                        keys: Some(RowSpec {
-                            width: n_kv * head_k,
-                            head: head_k,
-                        }),
-                        values: Some(RowSpec {
-                            width: n_kv * head_v,
-                            head: head_v,
-                        }),
-                        ..Default::default()
+                    .enumerate()
+                    .map(|(il, &n_kv)| match &recurrent {
+                        Some((spec, is_recurrent)) if is_recurrent[il] => LayerStateSpec {
+                            recurrent: Some(*spec),
+                            ..Default::default()
+                        },
+                        _ => LayerStateSpec {
+                            keys: Some(RowSpec {
+                                width: n_kv * head_k,
+                                head: head_k,
+                            }),
+                            values: Some(RowSpec {
+                                width: n_kv * head_v,
+                                head: head_v,
+                            }),
+                            ..Default::default()
+                        },
                     })
                     .collect();
                 (kv, head_k.max(head_v))
@@ -143,6 +167,7 @@ impl ModelShape {
             head_q,
             ffn_width,
             n_ctx_train: keys.scalar("context_length")?,
+            mla: kv_lora.is_some(),
             kv,
             arch,
         })
@@ -180,6 +205,116 @@ impl Keys<'_> {
     fn required(&self, key: &str) -> Result<usize> {
         self.scalar(key)?
             .ok_or_else(|| Error::Placement(format!("missing metadata key '{}'", self.name(key))))
+    }
+
+    /// One flag per block: a bool or integer (non-zero = set), or an array of `n` of them
+    /// (llama.cpp's `get_key_or_arr` into a bool/u32 array).
+    fn flags(&self, key: &str, n: usize) -> Result<Option<Vec<bool>>> {
+        let name = self.name(key);
+        let Some(v) = self.meta.get(&name) else {
+            return Ok(None);
+        };
+        let flag = |v: &moxie_gguf::Value| v.as_bool().or_else(|| v.as_u64().map(|x| x != 0));
+        let bad = || {
+            Error::Placement(format!(
+                "metadata '{name}' must hold booleans or non-negative integers"
+            ))
+        };
+        if let Some(arr) = v.as_array() {
+            if arr.len() != n {
+                return Err(Error::Placement(format!(
+                    "metadata '{name}' has {} entries, expected {n}",
+                    arr.len()
+                )));
+            }
+            return arr
+                .iter()
+                .map(|x| flag(&x).ok_or_else(bad))
+                .collect::<Result<Vec<bool>>>()
+                .map(Some);
+        }
+        let x = flag(v).ok_or_else(bad)?;
+        Ok(Some(vec![x; n]))
+    }
+
+    /// The DSA indexer's key rows of each of the `n_main` main blocks, if the model has an
+    /// indexer (`attention.indexer.key_length`): one head per position on the blocks whose
+    /// indexer is full. glm-dsa marks them in `attention.indexer.types` (1 full, 0 sharing
+    /// another layer's selection); without that key llama.cpp takes GLM-5/5.1 (context below
+    /// 2^20) as all full and GLM-5.2 as full on blocks 0, 1 and every fourth from 2
+    /// (`GLM_5_2_DEFAULT_INDEXER_TYPES`, 78 entries). Other architectures cache indexer keys on
+    /// every block.
+    fn indexer_keys(&self, n_main: usize) -> Result<Vec<Option<RowSpec>>> {
+        let Some(width) = self.scalar("attention.indexer.key_length")? else {
+            return Ok(vec![None; n_main]);
+        };
+        if width == 0 {
+            return Err(Error::Placement(format!(
+                "metadata '{}' is 0",
+                self.name("attention.indexer.key_length")
+            )));
+        }
+        let full = match self.flags("attention.indexer.types", n_main)? {
+            Some(full) => full,
+            None if self.arch == "glm-dsa"
+                && self.scalar("context_length")?.unwrap_or(0) >= 1 << 20 =>
+            {
+                (0..n_main)
+                    .map(|il| il < 78 && (il < 2 || (il - 2) % 4 == 0))
+                    .collect()
+            }
+            None => vec![true; n_main],
+        };
+        let row = RowSpec { width, head: width };
+        Ok(full.into_iter().map(|f| f.then_some(row)).collect())
+    }
+
+    /// A hybrid recurrent model's state per recurrent block and which of the `n_main` main
+    /// blocks are recurrent, if the model has `ssm.*` keys. The blocks come from
+    /// `attention.recurrent_layers` (one flag per block of `n_block`), else from
+    /// `full_attention_interval` (default 4: every fourth block has full attention), as
+    /// qwen3next, qwen35 and qwen35moe read them. The state is llama.cpp's for one sequence:
+    /// `(conv_kernel - 1) * (inner_size + 2 * group_count * state_size)` convolution values
+    /// (`n_embd_r`) and `state_size * inner_size` SSM values (`n_embd_s`; for gated DeltaNet
+    /// a `state_size` x `inner_size / time_step_rank` matrix per value head), all f32.
+    fn recurrent_layers(
+        &self,
+        n_block: usize,
+        n_main: usize,
+    ) -> Result<Option<(RecurrentSpec, Vec<bool>)>> {
+        let Some(conv_kernel) = self.scalar("ssm.conv_kernel")? else {
+            return Ok(None);
+        };
+        let inner = self.required("ssm.inner_size")?;
+        let state = self.required("ssm.state_size")?;
+        let groups = self.required("ssm.group_count")?;
+        let overflow = || {
+            Error::Placement(format!(
+                "metadata '{}': the recurrent state size overflows",
+                self.name("ssm.inner_size")
+            ))
+        };
+        let conv = groups
+            .checked_mul(state)
+            .and_then(|x| x.checked_mul(2))
+            .and_then(|x| x.checked_add(inner))
+            .and_then(|x| x.checked_mul(conv_kernel.saturating_sub(1)))
+            .ok_or_else(overflow)?;
+        let ssm = state.checked_mul(inner).ok_or_else(overflow)?;
+        let is_recurrent = match self.flags("attention.recurrent_layers", n_block)? {
+            Some(flags) => flags[..n_main].to_vec(),
+            None => {
+                let interval = self.scalar("full_attention_interval")?.unwrap_or(4);
+                if interval == 0 {
+                    return Err(Error::Placement(format!(
+                        "metadata '{}' is 0",
+                        self.name("full_attention_interval")
+                    )));
+                }
+                (0..n_main).map(|il| (il + 1) % interval != 0).collect()
+            }
+        };
+        Ok(Some((RecurrentSpec { conv, ssm }, is_recurrent)))
     }
 
     /// One value per block: an integer (the same for every block) or an array of

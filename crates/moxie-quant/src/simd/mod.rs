@@ -8,18 +8,17 @@
 //!
 //! Safety model: every kernel entry point is a safe `fn` with the `VecDotFn`/`QuantizeFn`
 //! signature that asserts the slice lengths it is going to read, then calls a
-//! `#[target_feature]` function. Pointers to these entry points are handed out only by
-//! [`vec_dot_fn`] / [`quantize_fn`] at a level the running CPU supports (checked by
-//! `dispatch::vec_dot_fn_for_level` against [`detect`]), so the target features are present
-//! whenever they run.
+//! `#[target_feature]` function. The entry points sit in their type's row of the type table
+//! (`table.rs`, the `avx2` / `avx512` columns of a `Simd`), whose only way out is
+//! `Simd::at(level)`, which refuses a level above what [`detect`] found; so the target
+//! features are present whenever they run.
 
-use crate::dispatch::{QuantizeFn, SimdLevel, VecDotFn};
-use crate::types::GgmlType;
+use crate::dispatch::SimdLevel;
 
 #[cfg(target_arch = "x86_64")]
-mod x86_avx2;
+pub(crate) mod x86_avx2;
 #[cfg(target_arch = "x86_64")]
-mod x86_avx512;
+pub(crate) mod x86_avx512;
 
 /// Highest SIMD level supported by this CPU.
 pub(crate) fn detect() -> SimdLevel {
@@ -41,40 +40,4 @@ pub(crate) fn detect() -> SimdLevel {
         }
     }
     SimdLevel::Scalar
-}
-
-/// SIMD dot kernel for `ty` at `level` (an AVX-512 request falls back to the AVX2 kernel for
-/// types without an AVX-512 one), or `None` (use the scalar kernel). The caller guarantees that
-/// the CPU supports `level`.
-pub(crate) fn vec_dot_fn(ty: GgmlType, level: SimdLevel) -> Option<VecDotFn> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if level >= SimdLevel::Avx512 {
-            if let Some(f) = x86_avx512::vec_dot_fn(ty) {
-                return Some(f);
-            }
-        }
-        if level >= SimdLevel::Avx2 {
-            return x86_avx2::vec_dot_fn(ty);
-        }
-    }
-    let _ = (ty, level);
-    None
-}
-
-/// SIMD activation quantizer for `ty` at `level` (bit-identical to the scalar one), if any.
-pub(crate) fn quantize_fn(ty: GgmlType, level: SimdLevel) -> Option<QuantizeFn> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if level >= SimdLevel::Avx512 {
-            if let Some(f) = x86_avx512::quantize_fn(ty) {
-                return Some(f);
-            }
-        }
-        if level >= SimdLevel::Avx2 {
-            return x86_avx2::quantize_fn(ty);
-        }
-    }
-    let _ = (ty, level);
-    None
 }

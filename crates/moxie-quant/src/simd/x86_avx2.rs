@@ -24,49 +24,19 @@
 use core::arch::x86_64::*;
 
 use crate::common::{rd_f32, rd_u16, rd_u32};
-use crate::dispatch::{QuantizeFn, VecDotFn};
 use crate::iq4::KVALUES_IQ4NL;
-use crate::types::GgmlType;
-
-pub(super) fn vec_dot_fn(ty: GgmlType) -> Option<VecDotFn> {
-    use GgmlType::*;
-    Some(match ty {
-        F32 => dot_f32,
-        F16 => dot_f16,
-        Q4_0 => dot_q4_0,
-        Q4_1 => dot_q4_1,
-        Q5_0 => dot_q5_0,
-        Q5_1 => dot_q5_1,
-        Q8_0 => dot_q8_0,
-        IQ4_NL => dot_iq4_nl,
-        Q2_K => dot_q2_k,
-        Q3_K => dot_q3_k,
-        Q4_K => dot_q4_k,
-        Q5_K => dot_q5_k,
-        Q6_K => dot_q6_k,
-        IQ4_XS => dot_iq4_xs,
-        _ => return None,
-    })
-}
-
-pub(super) fn quantize_fn(ty: GgmlType) -> Option<QuantizeFn> {
-    match ty {
-        GgmlType::Q8_0 => Some(quantize_q8_0),
-        GgmlType::Q8_K => Some(quantize_q8_k),
-        _ => None,
-    }
-}
 
 /// Declares the safe entry point `$name` (a `VecDotFn`): checks that `w` and `a` hold `nb`
 /// blocks and calls the `#[target_feature]` kernel `$imp` on exactly those bytes.
 macro_rules! entry {
     ($name:ident, $imp:ident, $bs:expr, $wts:expr, $ats:expr) => {
-        fn $name(n: usize, w: &[u8], a: &[u8]) -> f32 {
+        pub(crate) fn $name(n: usize, w: &[u8], a: &[u8]) -> f32 {
             let nb = n / $bs;
             let w = &w[..nb * $wts];
             let a = &a[..nb * $ats];
-            // SAFETY: this function is only handed out by `simd::vec_dot_fn` at a level the CPU
-            // supports (AVX2, FMA, F16C detected); the slices were bounds-checked above.
+            // SAFETY: this function is only handed out through its type's table row at a
+            // level the CPU supports (AVX2, FMA, F16C detected: `Simd::at`); the slices were
+            // bounds-checked above.
             unsafe { $imp(w, a) }
         }
     };
@@ -700,10 +670,10 @@ fn dot_f16_imp(w: &[u8], a: &[u8]) -> f32 {
 // activation quantizer
 
 /// x86 `quantize_row_q8_0` (AVX2 branch), bit-identical to `legacy::quantize_row_q8_0`.
-fn quantize_q8_0(src: &[f32], dst: &mut [u8]) {
+pub(crate) fn quantize_q8_0(src: &[f32], dst: &mut [u8]) {
     let nb = src.len() / 32;
     let dst = &mut dst[..nb * 34];
-    // SAFETY: only handed out after AVX2/FMA/F16C detection; `dst` holds `nb` blocks (checked
+    // SAFETY: only handed out through its table row after AVX2/FMA/F16C detection; `dst` holds `nb` blocks (checked
     // by the slicing above) and `src` holds `nb * 32` floats.
     unsafe { quantize_q8_0_imp(&src[..nb * 32], dst) }
 }
@@ -770,10 +740,10 @@ fn round_i32(v: __m256, mul: __m256) -> __m256i {
 
 /// `quantize_row_q8_K_ref`, vectorized; bit-identical to `kquants::quantize_row_q8_k` for
 /// finite inputs.
-fn quantize_q8_k(src: &[f32], dst: &mut [u8]) {
+pub(crate) fn quantize_q8_k(src: &[f32], dst: &mut [u8]) {
     let nb = src.len() / 256;
     let dst = &mut dst[..nb * 292];
-    // SAFETY: only handed out after AVX2/FMA/F16C detection; `dst` holds `nb` blocks (checked
+    // SAFETY: only handed out through its table row after AVX2/FMA/F16C detection; `dst` holds `nb` blocks (checked
     // by the slicing above) and `src` holds `nb * 256` floats.
     unsafe { quantize_q8_k_imp(&src[..nb * 256], dst) }
 }

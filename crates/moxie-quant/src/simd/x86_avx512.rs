@@ -22,41 +22,18 @@ use core::arch::x86_64::*;
 
 use super::x86_avx2::{h2f, hsum_float_8, k4_mins_prod, k4_scales_mins, ld128, ld256};
 use crate::common::rd_f32;
-use crate::dispatch::{QuantizeFn, VecDotFn};
-use crate::types::GgmlType;
-
-pub(super) fn vec_dot_fn(ty: GgmlType) -> Option<VecDotFn> {
-    use GgmlType::*;
-    Some(match ty {
-        F32 => dot_f32,
-        F16 => dot_f16,
-        Q4_0 => dot_q4_0,
-        Q8_0 => dot_q8_0,
-        Q4_K => dot_q4_k,
-        Q5_K => dot_q5_k,
-        Q6_K => dot_q6_k,
-        _ => return None,
-    })
-}
-
-pub(super) fn quantize_fn(ty: GgmlType) -> Option<QuantizeFn> {
-    match ty {
-        GgmlType::Q8_K => Some(quantize_q8_k),
-        _ => None,
-    }
-}
 
 /// Declares the safe entry point `$name` (a `VecDotFn`): checks that `w` and `a` hold `nb`
 /// blocks and calls the `#[target_feature]` kernel `$imp` on exactly those bytes.
 macro_rules! entry {
     ($name:ident, $imp:ident, $bs:expr, $wts:expr, $ats:expr) => {
-        fn $name(n: usize, w: &[u8], a: &[u8]) -> f32 {
+        pub(crate) fn $name(n: usize, w: &[u8], a: &[u8]) -> f32 {
             let nb = n / $bs;
             let w = &w[..nb * $wts];
             let a = &a[..nb * $ats];
-            // SAFETY: this function is only handed out by `simd::vec_dot_fn` at the AVX-512
-            // level, i.e. after AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C were detected; the
-            // slices were bounds-checked above.
+            // SAFETY: this function is only handed out through its type's table row at the
+            // AVX-512 level (`Simd::at`), i.e. after AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C
+            // were detected; the slices were bounds-checked above.
             unsafe { $imp(w, a) }
         }
     };
@@ -394,10 +371,10 @@ fn dot_f16_imp(w: &[u8], a: &[u8]) -> f32 {
 
 /// `quantize_row_q8_K_ref`, vectorized; bit-identical to `kquants::quantize_row_q8_k` for
 /// finite inputs.
-fn quantize_q8_k(src: &[f32], dst: &mut [u8]) {
+pub(crate) fn quantize_q8_k(src: &[f32], dst: &mut [u8]) {
     let nb = src.len() / 256;
     let dst = &mut dst[..nb * 292];
-    // SAFETY: only handed out at the AVX-512 level (features detected); `dst` holds `nb`
+    // SAFETY: only handed out through its table row at the AVX-512 level (detected); `dst` holds `nb`
     // blocks (checked by the slicing above) and `src` holds `nb * 256` floats.
     unsafe { quantize_q8_k_imp(&src[..nb * 256], dst) }
 }
