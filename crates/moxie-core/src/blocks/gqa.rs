@@ -1,6 +1,9 @@
-//! Grouped-query attention (qwen3moe, glm4moe): q/k/v projections with optional biases and
-//! per-head q/k RMS norms, RoPE on the first `rope.n_dims` of each head, causal softmax attention
-//! over the layer's cached keys and values, output projection.
+//! Grouped-query attention (qwen3moe, glm4moe, qwen3next's full-attention layers): q/k/v
+//! projections with optional biases and per-head q/k RMS norms, RoPE on the first
+//! `rope.n_dims` of each head, causal softmax attention over the layer's cached keys and
+//! values, output projection. Gated (qwen3next): `attn_q` gives each head's query followed by
+//! as many gate values, and the attention output is multiplied by their sigmoid before the
+//! output projection.
 
 use moxie_gpu::ops::{AttnShape, KvView};
 use moxie_gpu::DevPtr;
@@ -34,6 +37,8 @@ pub struct Gqa {
     pub head_k: usize,
     pub head_v: usize,
     pub kq_scale: f32,
+    /// `attn_q` holds [query | gate] per head; the output is scaled by sigmoid(gate).
+    pub gated: bool,
 }
 
 impl Gqa {
@@ -74,7 +79,24 @@ impl Block for Gqa {
         let mut v = vec![0f32; n * n_kv * self.head_v];
         let wq = self.wq.matrix()?;
         let acts = QuantizedActs::new(wq.act_type(), c.n_embd, h);
-        wq.matmul_q(par, &acts, &mut q);
+        let gate = if self.gated {
+            // [query | gate] per head: split into the query heads and the gates.
+            let mut qg = vec![0f32; 2 * q.len()];
+            wq.matmul_q(par, &acts, &mut qg);
+            let mut gate = vec![0f32; q.len()];
+            for ((both, qh), gh) in qg
+                .chunks_exact(2 * hd)
+                .zip(q.chunks_exact_mut(hd))
+                .zip(gate.chunks_exact_mut(hd))
+            {
+                qh.copy_from_slice(&both[..hd]);
+                gh.copy_from_slice(&both[hd..]);
+            }
+            Some(gate)
+        } else {
+            wq.matmul_q(par, &acts, &mut q);
+            None
+        };
         matmul_shared(&self.wk, &acts, h, par, &mut k)?;
         matmul_shared(&self.wv, &acts, h, par, &mut v)?;
         if let Some(b) = &self.bq {
@@ -122,6 +144,12 @@ impl Block for Gqa {
             &mut out,
             par,
         );
+        if let Some(gate) = gate {
+            // ggml: sigmoid of the gates, then an element-wise product.
+            for (v, &g) in out.iter_mut().zip(&gate) {
+                *v *= ops::sigmoid(g);
+            }
+        }
         let mut o = vec![0f32; n * c.n_embd];
         self.wo.matrix()?.matmul(par, &out, &mut o);
         ops::add_assign(x, &o);

@@ -99,6 +99,9 @@ pub struct Moe {
     pub up_exps: Tensor,
     pub down_exps: Tensor,
     pub shared: Option<DenseFfn>,
+    /// `ffn_gate_inp_shexp` (qwen3next): the shared expert's output is scaled per token by
+    /// sigmoid(this · the layer input).
+    pub shared_gate: Option<Tensor>,
 }
 
 impl Moe {
@@ -112,7 +115,21 @@ impl Moe {
         if let Some(s) = &self.shared {
             m.extend(s.matrices());
         }
+        m.extend(&self.shared_gate);
         m
+    }
+
+    /// The shared expert (if any) of `n` rows of `h` on the host, gated where the model
+    /// gates it: the term [`forward`] adds after the routed experts.
+    fn shared_cpu(&self, h: &[f32], n: usize, par: &Parallel) -> Result<Option<Vec<f32>>> {
+        let Some(sh) = &self.shared else {
+            return Ok(None);
+        };
+        let mut out = sh.cpu_rows(h, n, None, par)?;
+        if let Some(g) = &self.shared_gate {
+            gate_shared_rows(g, h, &mut out, par)?;
+        }
+        Ok(Some(out))
     }
 
     /// The hidden size (the experts' input width).
@@ -127,6 +144,20 @@ impl Moe {
             .map(|t| t.data().len() as u64)
             .sum()
     }
+}
+
+/// `rows[t] *= sigmoid(w · h[t])` for every token `t` (`w` has one output): qwen3next's gate of
+/// the shared expert, as ggml's product, sigmoid op and broadcast multiply.
+fn gate_shared_rows(w: &Tensor, h: &[f32], rows: &mut [f32], par: &Parallel) -> Result<()> {
+    let m = w.matrix()?;
+    let n = h.len() / m.n_in;
+    let mut logits = vec![0f32; n * m.n_out];
+    m.matmul(par, h, &mut logits);
+    for (row, &l) in rows.chunks_exact_mut(rows.len() / n.max(1)).zip(&logits) {
+        let g = ops::sigmoid(l);
+        row.iter_mut().for_each(|v| *v *= g);
+    }
+    Ok(())
 }
 
 /// Choose the experts for one token from its router logits: probabilities by the gating
@@ -394,8 +425,8 @@ impl Block for Moe {
             p.split.sum.load(edev, routed);
         }
         let sum = p.split.sum.on(dev)?;
-        if let Some(sh) = &self.shared {
-            ops::add_assign(sum, &sh.cpu_rows(h, n, None, p.par)?);
+        if let Some(sh) = self.shared_cpu(h, n, p.par)? {
+            ops::add_assign(sum, &sh);
         }
         ops::add_assign(x, sum);
         Ok(())
