@@ -26,13 +26,16 @@
 //! update and libm's `expf`, SiLU is ggml's vector/tail split per row. The GPU kernels run the
 //! same steps in f32 (not bit-identical).
 
+use moxie_gpu::ops::DeltaNetDims;
 use moxie_gpu::DevPtr;
 
 use crate::blocks::matmul_shared;
 use crate::device::DeviceId;
 use crate::forward::{Block, Pass};
+use crate::gpu_pass::weight;
 use crate::loader::Vector;
 use crate::ops;
+use crate::parallel::Parallel;
 use crate::state::{LayerState, LayerStateSpec, RecurrentSpec};
 use crate::tensor::{QuantizedActs, Tensor};
 use crate::{Error, Result};
@@ -135,7 +138,15 @@ fn missing() -> Error {
 /// (`k - 1` past inputs per channel, updated to the last ones), with SiLU, into `out`. Tap `i`
 /// of a channel weighs the input `k - 1 - i` tokens back; each output sums its taps in order
 /// with fused multiply-adds.
-fn conv_silu(x: &[f32], state: &mut [f32], w: &[f32], k: usize, ch: usize, out: &mut [f32]) {
+fn conv_silu(
+    par: &Parallel,
+    x: &[f32],
+    state: &mut [f32],
+    w: &[f32],
+    k: usize,
+    ch: usize,
+    out: &mut [f32],
+) {
     let past = k - 1;
     let n = x.len() / ch;
     // Input `j` of the window of channel `c`: the state, then the batch.
@@ -146,15 +157,19 @@ fn conv_silu(x: &[f32], state: &mut [f32], w: &[f32], k: usize, ch: usize, out: 
             x[(j - past) * ch + c]
         }
     };
-    for (t, row) in out.chunks_exact_mut(ch).enumerate() {
-        for (c, o) in row.iter_mut().enumerate() {
-            let taps = &w[c * k..(c + 1) * k];
-            *o = taps.iter().enumerate().fold(0.0f32, |acc, (i, &wi)| {
-                input(state, c, t + i).mul_add(wi, acc)
-            });
+    let st: &[f32] = state;
+    par.for_each_range(n, ch * k, out, ch, |toks, o| {
+        for (t, row) in toks.zip(o.chunks_exact_mut(ch)) {
+            for (c, y) in row.iter_mut().enumerate() {
+                let taps = &w[c * k..(c + 1) * k];
+                *y = taps
+                    .iter()
+                    .enumerate()
+                    .fold(0.0f32, |acc, (i, &wi)| input(st, c, t + i).mul_add(wi, acc));
+            }
+            ops::silu_row(row);
         }
-        ops::silu_row(row);
-    }
+    });
     // The window's last `k - 1` inputs, in place: input `n + i` is at or after state slot
     // `i`, so ascending `i` reads each old slot before it is overwritten.
     for c in 0..ch {
@@ -232,6 +247,7 @@ impl Block for DeltaNet {
         let rec = state.recurrent.as_mut().ok_or_else(missing)?;
         let mut conv = vec![0f32; n * ch];
         conv_silu(
+            par,
             &qkv,
             &mut rec.conv,
             &self.conv,
@@ -291,14 +307,126 @@ impl Block for DeltaNet {
 
     fn gpu(
         &self,
-        _p: &mut Pass,
-        _id: DeviceId,
-        _h: DevPtr,
-        _x: DevPtr,
-        _state: &mut LayerState,
+        p: &mut Pass,
+        id: DeviceId,
+        h: DevPtr,
+        x: DevPtr,
+        state: &mut LayerState,
     ) -> Result<()> {
-        Err(Error::Model(
-            "gated DeltaNet layers do not run on a GPU yet".into(),
-        ))
+        let (c, n) = (p.c, p.n);
+        let gpu = p.gpu.gpu(id)?;
+        let s = self.shape;
+        let dims = DeltaNetDims {
+            n_k: s.n_k_heads,
+            n_v: s.n_v_heads,
+            d: s.head_dim,
+        };
+        let (nv, ch, vd, e) = (s.n_v_heads, s.channels(), s.value_dim(), c.n_embd);
+        let rec = state.recurrent.as_ref().ok_or_else(missing)?;
+        let (conv_state, ssm) = rec.gpu().ok_or_else(|| {
+            Error::Model(format!(
+                "gated DeltaNet runs on {} but its state is not there",
+                gpu.name()
+            ))
+        })?;
+        let qkv = p.gpu.buf(id, "dn_qkv", n * ch)?;
+        let z = p.gpu.buf(id, "dn_z", n * vd)?;
+        let ba = p.gpu.buf(id, "dn_ba", n * 2 * nv)?;
+        gpu.mul_mat(&weight(&self.wqkv)?, 1, h, e, 0, qkv, ch, 0, n)?;
+        gpu.mul_mat(&weight(&self.wz)?, 1, h, e, 0, z, vd, 0, n)?;
+        gpu.mul_mat(&weight(&self.wba)?, 1, h, e, 0, ba, 2 * nv, 0, n)?;
+        let beta = p.gpu.buf(id, "dn_beta", n * nv)?;
+        let g = p.gpu.buf(id, "dn_g", n * nv)?;
+        let (dt_bias, a) = (self.dt_bias.ptr("ssm_dt.bias")?, self.a.ptr("ssm_a")?);
+        gpu.delta_net_gates(dims, ba, dt_bias, a, beta, g, n)?;
+        let conv = p.gpu.buf(id, "dn_conv", n * ch)?;
+        let taps = self.conv.ptr("ssm_conv1d")?;
+        gpu.ssm_conv_silu(qkv, conv_state.ptr(), taps, conv, n, ch, s.conv_kernel)?;
+        let o = p.gpu.buf(id, "dn_out", n * vd)?;
+        gpu.gated_delta_net(dims, conv, beta, g, ssm.ptr(), o, n, self.rms_eps)?;
+        // Gated output norm: RMS norm per head, then z = silu(z) * that.
+        let d = s.head_dim;
+        let norm = self.norm.ptr("ssm_norm")?;
+        gpu.rms_norm(o, d, norm, o, d, n * nv, d, self.rms_eps)?;
+        gpu.swiglu(z, o, n * vd)?;
+        let y = p.gpu.buf(id, "dn_y", n * e)?;
+        gpu.mul_mat(&weight(&self.wo)?, 1, z, vd, 0, y, e, 0, n)?;
+        gpu.add(x, y, n * e)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// The convolution and the delta rule continue their state exactly: a batch split in
+    /// parts (one shorter than the convolution window) gives the whole batch's outputs and
+    /// final state bit for bit, as llama.cpp's fused op does for prompt and decode alike.
+    #[test]
+    fn split_batches_continue_the_state_bit_for_bit() {
+        let (n_k, n_v, d, k) = (2, 4, 32, 4);
+        let (key_dim, ch) = (n_k * d, (2 * n_k + n_v) * d);
+        let n = 9;
+        let x = values(n * ch, 1);
+        let w = values(ch * k, 2);
+        let beta: Vec<f32> = values(n * n_v, 3)
+            .iter()
+            .map(|&v| ops::sigmoid(v))
+            .collect();
+        let g: Vec<f32> = values(n * n_v, 4).iter().map(|v| -v.abs()).collect();
+        let par = Parallel::new(2);
+        let run = |parts: &[usize]| {
+            let mut conv_state = values(ch * (k - 1), 5);
+            let mut ssm = values(n_v * d * d, 6);
+            let mut outs = vec![0f32; n * n_v * d];
+            let mut t0 = 0;
+            for &nt in parts {
+                let mut conv = vec![0f32; nt * ch];
+                let xs = &x[t0 * ch..(t0 + nt) * ch];
+                conv_silu(&par, xs, &mut conv_state, &w, k, ch, &mut conv);
+                for row in conv.chunks_exact_mut(ch) {
+                    ops::l2_norm(&mut row[..2 * key_dim], d, 1e-6);
+                }
+                for vh in 0..n_v {
+                    let kh = vh / (n_v / n_k);
+                    let inputs = HeadInputs {
+                        rows: &conv,
+                        ch,
+                        q: kh * d,
+                        k: key_dim + kh * d,
+                        v: 2 * key_dim + vh * d,
+                        beta: &beta[t0 * n_v + vh..],
+                        g: &g[t0 * n_v + vh..],
+                        stride: n_v,
+                    };
+                    let mut out = vec![0f32; nt * d];
+                    let st = &mut ssm[vh * d * d..(vh + 1) * d * d];
+                    delta_rule(st, d, &inputs, &mut out, &mut vec![0f32; d]);
+                    for (t, o) in out.chunks_exact(d).enumerate() {
+                        outs[((t0 + t) * n_v + vh) * d..][..d].copy_from_slice(o);
+                    }
+                }
+                t0 += nt;
+            }
+            (outs, conv_state, ssm)
+        };
+        let whole = run(&[n]);
+        let split = run(&[5, 1, 2, 1]);
+        assert!(whole.0 == split.0, "outputs differ");
+        assert!(whole.1 == split.1, "convolution states differ");
+        assert!(whole.2 == split.2, "DeltaNet states differ");
     }
 }

@@ -12,7 +12,7 @@ use crate::blocks::attention::{attend, AttnGeom};
 use crate::blocks::matmul_shared;
 use crate::device::DeviceId;
 use crate::forward::{Block, Pass};
-use crate::gpu_pass::weight;
+use crate::gpu_pass::{weight, F32};
 use crate::loader::Vector;
 use crate::ops::{self, RopeKind};
 use crate::state::{LayerState, LayerStateSpec, RowSpec};
@@ -170,7 +170,18 @@ impl Block for Gqa {
         let q = p.gpu.buf(id, "q", n * nh * hd)?;
         let k = p.gpu.buf(id, "k", n * nkv * hd)?;
         let v = p.gpu.buf(id, "v", n * nkv * dv)?;
-        gpu.mul_mat(&weight(&self.wq)?, 1, h, c.n_embd, 0, q, nh * hd, 0, n)?;
+        let gate = if self.gated {
+            // [query | gate] per head, split into the query heads and the gates.
+            let qg = p.gpu.buf(id, "q_gate_in", n * nh * 2 * hd)?;
+            gpu.mul_mat(&weight(&self.wq)?, 1, h, c.n_embd, 0, qg, nh * 2 * hd, 0, n)?;
+            let gate = p.gpu.buf(id, "q_gate", n * nh * hd)?;
+            gpu.copy_rows(q, hd, qg, 2 * hd, n * nh, hd)?;
+            gpu.copy_rows(gate, hd, qg + (hd * F32) as u64, 2 * hd, n * nh, hd)?;
+            Some(gate)
+        } else {
+            gpu.mul_mat(&weight(&self.wq)?, 1, h, c.n_embd, 0, q, nh * hd, 0, n)?;
+            None
+        };
         gpu.mul_mat(&weight(&self.wk)?, 1, h, c.n_embd, 0, k, nkv * hd, 0, n)?;
         gpu.mul_mat(&weight(&self.wv)?, 1, h, c.n_embd, 0, v, nkv * dv, 0, n)?;
         for (b, y, width, what) in [
@@ -231,6 +242,9 @@ impl Block for Gqa {
             out,
             n,
         )?;
+        if let Some(gate) = gate {
+            gpu.mul_sigmoid(out, gate, n * nh * dv, 1)?;
+        }
         let o = p.gpu.buf(id, "o", n * c.n_embd)?;
         gpu.mul_mat(&weight(&self.wo)?, 1, out, nh * dv, 0, o, c.n_embd, 0, n)?;
         gpu.add(x, o, n * c.n_embd)?;

@@ -466,8 +466,7 @@ impl Block for Moe {
                 self.resident_experts()?
             };
             self.routed_experts_gpu(&mut p.gpu, &gpu, id, n, experts, [h, ids, weights, x], true)?;
-            if let Some(sh) = &self.shared {
-                let o = sh.gpu_rows(&mut p.gpu, &gpu, id, h, n)?;
+            if let Some(o) = self.shared_gpu(&mut p.gpu, &gpu, id, h, n)? {
                 gpu.add(x, o, n * e)?;
             }
             return Ok(());
@@ -487,8 +486,7 @@ impl Block for Moe {
         p.devices
             .count_copy(id, self.experts_device, (n * e + 2 * n * k) * F32);
         // Queue the shared expert before the host starts on the routed ones.
-        if let Some(sh) = &self.shared {
-            let o = sh.gpu_rows(&mut p.gpu, &gpu, id, h, n)?;
+        if let Some(o) = self.shared_gpu(&mut p.gpu, &gpu, id, h, n)? {
             gpu.add(x, o, n * e)?;
         }
         p.moe.set_routes(&host.ids, &host.weights, r.n_expert)?;
@@ -518,6 +516,30 @@ impl Block for Moe {
 }
 
 impl Moe {
+    /// The shared expert (if any) of `n` rows `h` on GPU `id`, gated where the model gates
+    /// it, into a work buffer there.
+    fn shared_gpu(
+        &self,
+        gp: &mut GpuPass,
+        gpu: &Gpu,
+        id: DeviceId,
+        h: DevPtr,
+        n: usize,
+    ) -> Result<Option<DevPtr>> {
+        let Some(sh) = &self.shared else {
+            return Ok(None);
+        };
+        let o = sh.gpu_rows(gp, gpu, id, h, n)?;
+        if let Some(g) = &self.shared_gate {
+            let w = weight(g)?;
+            let e = self.n_embd();
+            let logits = gp.buf(id, "shared_gate", n * w.n_out)?;
+            gpu.mul_mat(&w, 1, h, e, 0, logits, w.n_out, 0, n)?;
+            gpu.mul_sigmoid(o, logits, n * e, e)?;
+        }
+        Ok(Some(o))
+    }
+
     /// The routed experts (`[gate, up, down]` weights in this GPU's memory) on GPU `id` for
     /// `n` tokens `h` with routes `ids`/`weights` already there: `out (+)=` their weighted sum.
     #[allow(clippy::too_many_arguments)]
