@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use moxie_core::{Logits, Model, Parallel};
-use moxie_gguf::{GgufFile, GgufWriter, Value};
+use moxie_gguf::{Array, ArrayData, GgufFile, GgufWriter, Value};
 
 mod common;
 use common::fixtures;
@@ -181,9 +181,9 @@ fn out_of_vocabulary_token_and_full_context_are_errors() {
 }
 
 /// qwen3next: the older converter's fused `ssm_in` layout is refused with what to do, and
-/// `ssm.*` sizes the gated DeltaNet cannot have are named.
+/// `ssm.*` sizes the gated DeltaNet cannot have and bad lists of recurrent layers are named.
 #[test]
-fn qwen3next_legacy_layout_and_bad_ssm_sizes_are_refused() {
+fn qwen3next_legacy_layout_and_bad_metadata_are_refused() {
     let src = fixture("qwen3next-tiny-F32");
     // blk.0's attn_qkv renamed to the legacy ssm_in (its attn_gate dropped).
     let mut w = GgufWriter::new();
@@ -246,4 +246,15 @@ fn qwen3next_legacy_layout_and_bad_ssm_sizes_are_refused() {
         |_| true,
     ));
     assert!(e.contains("qwen3next.ssm.state_size"), "{e}");
+
+    // Recurrent layers listed per layer: the fixture's own pattern loads; too few entries, or
+    // a full-attention layer where the file has DeltaNet tensors, are named errors.
+    let flags = |v: &[bool]| Value::Array(Array::new(ArrayData::Bool(v.to_vec())));
+    let key = "qwen3next.attention.recurrent_layers";
+    let with = |v: &[bool]| rewrite_with(&src, |_, _| None, |_| true, &[(key, flags(v))]);
+    assert!(with(&[true, true, true, false]).is_ok());
+    let e = load_err(with(&[true, true, true]));
+    assert!(e.contains(key) && e.contains("3 entries"), "{e}");
+    let e = load_err(with(&[false, true, true, false]));
+    assert!(e.contains("blk.0.attn_q.weight"), "{e}");
 }
