@@ -151,9 +151,12 @@ impl Moe {
 fn gate_shared_rows(w: &Tensor, h: &[f32], rows: &mut [f32], par: &Parallel) -> Result<()> {
     let m = w.matrix()?;
     let n = h.len() / m.n_in;
+    if n == 0 || rows.len() < n {
+        return Ok(());
+    }
     let mut logits = vec![0f32; n * m.n_out];
     m.matmul(par, h, &mut logits);
-    for (row, &l) in rows.chunks_exact_mut(rows.len() / n.max(1)).zip(&logits) {
+    for (row, &l) in rows.chunks_exact_mut(rows.len() / n).zip(&logits) {
         let g = ops::sigmoid(l);
         row.iter_mut().for_each(|v| *v *= g);
     }
