@@ -1,6 +1,7 @@
 //! `moxie serve` driven over real HTTP: chat (whole and streamed), text completions, stop
-//! sequences, reasoning on/off and budgets, a tool-call round trip, prefix reuse, API keys,
-//! and a client that leaves mid-stream.
+//! sequences, reasoning on/off and budgets, a tool-call round trip, prefix reuse (also of a
+//! model with recurrent layers, through its state checkpoints), API keys, and a client that
+//! leaves mid-stream.
 
 mod serve_support;
 
@@ -463,4 +464,134 @@ fn a_client_that_leaves_frees_its_slot() {
         .find(|l| l.starts_with("moxie_requests_cancelled_total"))
         .unwrap();
     assert_eq!(line, "moxie_requests_cancelled_total 1");
+}
+
+/// Greedy continuation of `prompt` by `model` in-process, one token per forward pass in exact
+/// numerics: what `moxie serve --exact -ub 1 -t 1` computes for a fresh slot.
+fn greedy_ids(model: &moxie_core::Model, prompt: &[u32], n: usize) -> Vec<u32> {
+    use moxie_core::{Logits, Numerics, Parallel};
+    let par = Parallel::single().with_numerics(Numerics::Exact);
+    let mut state = model.new_state(Some(256)).unwrap();
+    let mut logits = Vec::new();
+    for &t in prompt {
+        logits = model.forward(&[t], &mut state, &par, Logits::Last).unwrap();
+    }
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let t = moxie_core::sampling::argmax(&logits);
+        out.push(t);
+        logits = model.forward(&[t], &mut state, &par, Logits::Last).unwrap();
+    }
+    out
+}
+
+/// A slot of a model with recurrent layers (qwen3next: gated DeltaNet) that reuses a cached
+/// prefix answers exactly as a fresh slot does. Recurrent state exists only where the engine
+/// checkpointed it (each prompt's end and each answer's end), so reusing a prefix means
+/// restoring the latest checkpoint at or before the shared part and evaluating the rest again.
+///
+/// Both servers run `--exact -ub 1`: every token goes through the model on its own, so the
+/// computation after the reused prefix is the same sequence of one-token passes in both, and
+/// the answers are bit-identical exactly when the restored state (convolution window, DeltaNet
+/// matrices, the attention layer's rows) equals the fresh slot's state at that position. A
+/// checkpoint restored at the wrong position, not restored at all, or partly restored gives
+/// the recurrent layers another history, hence other logits and, with greedy sampling on this
+/// random model, other tokens within the 12 compared (skipping the restore, or restoring the
+/// DeltaNet matrices without the convolution window, made request 3 fail here). The
+/// number of cached tokens each request reports is checked too: it says which checkpoint the
+/// engine chose. The reference answers come from a second server whose slot is flushed
+/// before each request (a prompt sharing no token, so it starts from an empty state:
+/// `cached_tokens` 0), and the prompts are built from token ids computed in-process (the
+/// server's first answer is checked to be those ids).
+///
+/// Requests, in order, on the reusing server:
+/// 1. P1 (30 tokens), a fresh start; answer A1 (12 tokens). Checkpoints at 30 and 41 (the
+///    answer's last token is sampled, not evaluated).
+/// 2. P2 = P1 + A1 + X: extends the previous exchange, continues the state at 41 (cached 41).
+///    Checkpoints at len(P2) = 47 and after its answer.
+/// 3. P2 + Y, diverging from the answer to P2: restores the checkpoint at 47 (cached 47).
+/// 4. P2[..44] + Z, diverging inside X: restores the checkpoint at 41, the end of the first
+///    answer (cached 41).
+/// 5. P1[..20] + W, diverging inside P1 before every checkpoint: starts over (cached 0).
+#[test]
+fn recurrent_slot_reusing_a_prefix_answers_as_a_fresh_slot() {
+    const QWEN3NEXT: &str = "qwen3next-tiny-F32.gguf";
+    let n_answer = 12;
+    let file = moxie_gguf::GgufFile::open(fixture_model(QWEN3NEXT).as_ref()).unwrap();
+    let model = moxie_core::Model::load(std::sync::Arc::new(file)).unwrap();
+    let args = [
+        "-t",
+        "1",
+        "--exact",
+        "-ub",
+        "1",
+        "-c",
+        "256",
+        "--parallel",
+        "1",
+    ];
+    let reusing = Server::start(QWEN3NEXT, &args);
+    let fresh = Server::start(QWEN3NEXT, &args);
+    let ids = |seed: u32, n: u32| -> Vec<u32> { (0..n).map(|i| (i * 37 + seed) % 2000).collect() };
+    // Answer `prompt` on `s`, checking the reported cache reuse; returns the text and why it
+    // ended.
+    let complete = |s: &Server, prompt: &[u32], cached: usize, what: &str| -> (String, Value) {
+        let body = json!({"prompt": prompt, "max_tokens": n_answer, "temperature": 0});
+        let r = s.post("/v1/completions", &body);
+        assert_eq!(r.status, 200, "{what}: {}", r.text());
+        let v = r.json();
+        assert_eq!(v["usage"]["prompt_tokens"], prompt.len(), "{what}");
+        assert_eq!(
+            v["usage"]["prompt_tokens_details"]["cached_tokens"], cached,
+            "{what}: cached tokens"
+        );
+        let text = v["choices"][0]["text"].as_str().unwrap().to_string();
+        (text, v["choices"][0]["finish_reason"].clone())
+    };
+    // The fresh slot's answer: flushed by a one-token prompt no other prompt starts with.
+    let fresh_answer = |prompt: &[u32], what: &str| -> (String, Value) {
+        let flush = [prompt[0] + 1];
+        let r = fresh.post(
+            "/v1/completions",
+            &json!({"prompt": flush, "max_tokens": 1}),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        complete(&fresh, prompt, 0, &format!("{what} (fresh)"))
+    };
+
+    let p1 = ids(5, 30);
+    let a1 = greedy_ids(&model, &p1, n_answer);
+    let (got, finish) = complete(&reusing, &p1, 0, "P1");
+    let want = reusing.post("/detokenize", &json!({"tokens": a1})).json();
+    assert_eq!(
+        got, want["content"],
+        "the server's first answer is the in-process one"
+    );
+    // All n_answer tokens: the checkpoint after the answer is at 30 + 11.
+    assert_eq!(finish, "length");
+
+    let mut p2 = p1.clone();
+    p2.extend(&a1);
+    p2.extend(ids(11, 5));
+    let a2 = greedy_ids(&model, &p2, 1);
+    let mut p2y = p2.clone();
+    p2y.extend(ids(a2[0] + 1, 3));
+    let mut p2z = p2[..44].to_vec();
+    p2z.extend(ids(17, 4));
+    let mut p1w = p1[..20].to_vec();
+    p1w.extend(ids(23, 6));
+    let n1 = p1.len() + n_answer - 1;
+    for (prompt, cached, what) in [
+        (&p2, n1, "P1 + A1 + X"),
+        (&p2y, p2.len(), "P2 + Y"),
+        (&p2z, n1, "P2[..44] + Z"),
+        (&p1w, 0, "P1[..20] + W"),
+    ] {
+        let got = complete(&reusing, prompt, cached, what);
+        assert_eq!(
+            got,
+            fresh_answer(prompt, what),
+            "{what}: reused slot vs fresh slot"
+        );
+    }
 }

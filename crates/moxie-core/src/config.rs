@@ -15,14 +15,16 @@ pub enum Arch {
     GlmDsa,
     Glm4Moe,
     Qwen3Moe,
+    Qwen3Next,
 }
 
 impl Arch {
-    pub const SUPPORTED: [(&'static str, Arch); 4] = [
+    pub const SUPPORTED: [(&'static str, Arch); 5] = [
         ("deepseek2", Arch::Deepseek2),
         ("glm-dsa", Arch::GlmDsa),
         ("glm4moe", Arch::Glm4Moe),
         ("qwen3moe", Arch::Qwen3Moe),
+        ("qwen3next", Arch::Qwen3Next),
     ];
 
     pub fn from_name(name: &str) -> Result<Arch> {
@@ -203,6 +205,28 @@ impl<'a> Keys<'a> {
                 .map(Some)
                 .ok_or_else(|| Error::Model(format!("metadata '{}' must be a bool", self.key(k)))),
         }
+    }
+
+    /// An array of booleans (integers count as their truth value), one per entry.
+    pub fn bool_array_opt(&self, k: &str) -> Result<Option<Vec<bool>>> {
+        let Some(v) = self.value(k) else {
+            return Ok(None);
+        };
+        let bad = || {
+            Error::Model(format!(
+                "metadata '{}' must be an array of bools",
+                self.key(k)
+            ))
+        };
+        let arr = v.as_array().ok_or_else(bad)?;
+        arr.iter()
+            .map(|e| {
+                e.as_bool()
+                    .or_else(|| e.as_u64().map(|x| x != 0))
+                    .ok_or_else(bad)
+            })
+            .collect::<Result<Vec<_>>>()
+            .map(Some)
     }
 
     pub fn str_opt(&self, k: &str) -> Option<&str> {

@@ -184,7 +184,17 @@ impl BlockTensors<'_> {
     }
 
     pub fn vec_opt(&self, name: &str, len: usize) -> Result<Option<Vector>> {
-        let Some((t, dev)) = self.src.mapped(name, &[len])? else {
+        self.vec_of_shape_opt(name, &[len])
+    }
+
+    /// A small tensor of `shape` (e.g. a convolution's taps per channel) as f32, in order.
+    pub fn vec_of_shape(&self, name: &str, shape: &[usize]) -> Result<Vector> {
+        self.vec_of_shape_opt(name, shape)?
+            .ok_or_else(|| Error::Model(format!("missing tensor '{name}'")))
+    }
+
+    fn vec_of_shape_opt(&self, name: &str, shape: &[usize]) -> Result<Option<Vector>> {
+        let Some((t, dev)) = self.src.mapped(name, shape)? else {
             return Ok(None);
         };
         self.place(name, dev)?;

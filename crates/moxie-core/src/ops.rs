@@ -86,6 +86,44 @@ pub fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
 }
 
+/// SiLU of one row in place, as ggml's `ggml_vec_silu_f32` (its unary SiLU op, row by row):
+/// `ggml_v_expf` on 16-lane chunks, libm on the tail.
+pub fn silu_row(x: &mut [f32]) {
+    let n16 = x.len() / 16 * 16;
+    for v in &mut x[..n16] {
+        *v = *v / (1.0 + ggml_v_expf(-*v));
+    }
+    for v in &mut x[n16..] {
+        *v = silu(*v);
+    }
+}
+
+/// ggml's softplus op: `log(1 + exp(x))`, `x` itself above 20 (libm).
+#[inline]
+pub fn softplus(x: f32) -> f32 {
+    if x > 20.0 {
+        x
+    } else {
+        (1.0 + x.exp()).ln()
+    }
+}
+
+/// L2 normalisation of each row of `x` (rows of `n`), as llama.cpp's gated DeltaNet graphs
+/// build it: an RMS norm with `eps / n` (f64 sum of squares, f32 scale), then a separate scale
+/// by `1 / sqrt(n)`.
+pub fn l2_norm(x: &mut [f32], n: usize, eps: f32) {
+    let nf = n as f32;
+    let (eps, post) = (eps / nf, 1.0 / nf.sqrt());
+    for row in x.chunks_exact_mut(n) {
+        let sum: f64 = row.iter().map(|&v| (v * v) as f64).sum();
+        let mean = (sum / n as f64) as f32;
+        let scale = 1.0f32 / (mean + eps).sqrt();
+        for v in row.iter_mut() {
+            *v = (*v * scale) * post;
+        }
+    }
+}
+
 /// `gate = silu(gate) * up`, element-wise, as ggml's `ggml_vec_swiglu_f32` (SiLU through
 /// `ggml_v_expf` on 16-lane chunks, libm on the tail).
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {

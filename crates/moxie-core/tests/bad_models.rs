@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use moxie_core::{Logits, Model, Parallel};
-use moxie_gguf::{GgufFile, GgufWriter, Value};
+use moxie_gguf::{Array, ArrayData, GgufFile, GgufWriter, Value};
 
 mod common;
 use common::fixtures;
@@ -178,4 +178,83 @@ fn out_of_vocabulary_token_and_full_context_are_errors() {
     model
         .forward(&[1, 2, 3, 4], &mut cache, &par, Logits::Last)
         .unwrap();
+}
+
+/// qwen3next: the older converter's fused `ssm_in` layout is refused with what to do, and
+/// `ssm.*` sizes the gated DeltaNet cannot have and bad lists of recurrent layers are named.
+#[test]
+fn qwen3next_legacy_layout_and_bad_metadata_are_refused() {
+    let src = fixture("qwen3next-tiny-F32");
+    // blk.0's attn_qkv renamed to the legacy ssm_in (its attn_gate dropped).
+    let mut w = GgufWriter::new();
+    for (k, v) in src.metadata().iter() {
+        w.add(k, v.clone()).unwrap();
+    }
+    let legacy = |name: &str| {
+        if name == "blk.0.attn_qkv.weight" {
+            "blk.0.ssm_in.weight".to_string()
+        } else {
+            name.to_string()
+        }
+    };
+    for t in src.tensors() {
+        if t.name != "blk.0.attn_gate.weight" {
+            w.add_tensor_info(&legacy(&t.name), &t.dims, t.ty).unwrap();
+        }
+    }
+    let bytes = w
+        .write_to_bytes(|t| {
+            let name = if t.name == "blk.0.ssm_in.weight" {
+                "blk.0.attn_qkv.weight"
+            } else {
+                &t.name
+            };
+            src.tensor_data_by_name(name).unwrap().unwrap().to_vec()
+        })
+        .unwrap();
+    let file = GgufFile::from_bytes("legacy.gguf", bytes).unwrap();
+    let e = Model::load(Arc::new(file))
+        .err()
+        .expect("legacy layout")
+        .to_string();
+    assert!(e.contains("ssm_in") && e.contains("re-convert"), "{e}");
+
+    for (key, value, named) in [
+        (
+            "qwen3next.ssm.time_step_rank",
+            Value::U32(3),
+            "time_step_rank",
+        ),
+        ("qwen3next.ssm.inner_size", Value::U32(100), "inner_size"),
+        ("qwen3next.ssm.conv_kernel", Value::U32(1), "conv_kernel"),
+        (
+            "qwen3next.full_attention_interval",
+            Value::U32(0),
+            "full_attention_interval",
+        ),
+    ] {
+        let e = load_err(rewrite(
+            &src,
+            |k, _| (k == key).then(|| Some(value.clone())),
+            |_| true,
+        ));
+        assert!(e.contains(named), "{key}: {e}");
+    }
+    let e = load_err(rewrite(
+        &src,
+        |k, _| (k == "qwen3next.ssm.state_size").then_some(None),
+        |_| true,
+    ));
+    assert!(e.contains("qwen3next.ssm.state_size"), "{e}");
+
+    // Recurrent layers listed per layer: the fixture's own pattern loads; too few entries, or
+    // a full-attention layer where the file has DeltaNet tensors, are named errors.
+    let flags = |v: &[bool]| Value::Array(Array::new(ArrayData::Bool(v.to_vec())));
+    let key = "qwen3next.attention.recurrent_layers";
+    let with = |v: &[bool]| rewrite_with(&src, |_, _| None, |_| true, &[(key, flags(v))]);
+    assert!(with(&[true, true, true, false]).is_ok());
+    let e = load_err(with(&[true, true, true]));
+    assert!(e.contains(key) && e.contains("3 entries"), "{e}");
+    let e = load_err(with(&[false, true, true, false]));
+    assert!(e.contains("blk.0.attn_q.weight"), "{e}");
 }

@@ -13,6 +13,8 @@ use moxie_core::synth::{self, SynthSpec, SynthType};
 use moxie_core::{Model, Parallel};
 use moxie_gguf::GgufFile;
 
+mod common;
+
 struct Counting;
 
 static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
@@ -62,16 +64,23 @@ fn one_token_moe_allocates_nothing_after_the_first_token() {
     let dir = base.join(format!("moxie-decode-alloc-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     // deepseek2 has a shared expert and biased sigmoid routing in groups; qwen3moe softmax
-    // routing without one; Q4_K_M mixes weight types, Q8_0 does not.
+    // routing without one; Q4_K_M mixes weight types, Q8_0 does not. qwen3next (a fixture:
+    // `moxie gen` does not write it) gates its shared expert.
     for (preset, ty) in [
         ("deepseek2-tiny", "Q4_K_M"),
         ("qwen3moe-tiny", "Q4_K_M"),
         ("glm4moe-tiny", "Q8_0"),
+        ("qwen3next-tiny", "Q4_K_M"),
     ] {
-        let mut spec = SynthSpec::preset(preset).unwrap();
-        spec.ty = SynthType::parse(ty).unwrap();
-        let path = dir.join(format!("{preset}-{ty}.gguf"));
-        synth::generate(&spec, &path).unwrap();
+        let path = if preset == "qwen3next-tiny" {
+            common::fixtures().join(format!("models/{preset}-{ty}.gguf"))
+        } else {
+            let mut spec = SynthSpec::preset(preset).unwrap();
+            spec.ty = SynthType::parse(ty).unwrap();
+            let path = dir.join(format!("{preset}-{ty}.gguf"));
+            synth::generate(&spec, &path).unwrap();
+            path
+        };
         let model = Model::load(Arc::new(GgufFile::open(&path).unwrap())).unwrap();
         let c = &model.config;
         let inputs: Vec<Vec<f32>> = (0..8).map(|i| input(c.n_embd, i)).collect();

@@ -449,3 +449,121 @@ extern "C" __global__ void dsa_top_k(const float* scores, int stride, int n_tok,
     }
     sel_n[t] = k;
 }
+
+// y[i] *= sigmoid(g[i / group]) over n values: an attention output by its per-value gates
+// (group 1), or a shared expert's rows by one gate per token (group = row length).
+extern "C" __global__ void mul_sigmoid_f32(float* y, const float* g, int n, int group) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        y[i] *= 1.0f / (1.0f + expf(-g[i / group]));
+    }
+}
+
+// Gated DeltaNet's per-token gates from the ssm_ba projection (2 * n_v values per token: per
+// key head, beta then alpha of each of its r = n_v / n_k value heads): beta = sigmoid(b) and
+// g = softplus(alpha + dt_bias) * a, per token and value head (one thread each).
+extern "C" __global__ void delta_net_gates_f32(const float* ba, const float* dt_bias,
+                                               const float* a, float* beta, float* g, int n_tok,
+                                               int n_v, int r) {
+    int n = n_tok * n_v;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        int t = i / n_v;
+        int vh = i % n_v;
+        const float* row = ba + (int64_t)t * 2 * n_v + (vh / r) * 2 * r;
+        int j = vh % r;
+        beta[i] = 1.0f / (1.0f + expf(-row[j]));
+        float x = row[r + j] + dt_bias[vh];
+        float sp = x > 20.0f ? x : logf(1.0f + expf(x));
+        g[i] = sp * a[vh];
+    }
+}
+
+#define MX_CONV_MAX_K 8
+
+// Depthwise causal convolution with SiLU, one thread per channel through the tokens: `x` has
+// `ch` channels per token, `w` k taps per channel, `state` the channel's last k - 1 inputs
+// before the batch (oldest first), which it holds afterwards. out may not alias x.
+extern "C" __global__ void ssm_conv_silu_f32(const float* x, float* state, const float* w,
+                                             float* out, int n_tok, int ch, int k) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= ch) {
+        return;
+    }
+    int past = k - 1;
+    float win[MX_CONV_MAX_K];
+    for (int i = 0; i < past; i++) {
+        win[i] = state[(int64_t)c * past + i];
+    }
+    const float* wc = w + (int64_t)c * k;
+    for (int t = 0; t < n_tok; t++) {
+        float xin = x[(int64_t)t * ch + c];
+        float s = 0.0f;
+        for (int i = 0; i < past; i++) {
+            s = fmaf(win[i], wc[i], s);
+        }
+        s = fmaf(xin, wc[past], s);
+        out[(int64_t)t * ch + c] = s / (1.0f + expf(-s));
+        for (int i = 0; i + 1 < past; i++) {
+            win[i] = win[i + 1];
+        }
+        if (past > 0) {
+            win[past - 1] = xin;
+        }
+    }
+    for (int i = 0; i < past; i++) {
+        state[(int64_t)c * past + i] = win[i];
+    }
+}
+
+#define MX_GDN_MAX_D 256
+
+// The gated delta rule of one value head (block vh, d threads: thread j owns row j of the
+// head's transposed state, ssm[vh*d*d + j*d + i] = S[i][j]) through the batch's tokens. Per
+// token: q and k of the head's key head (vh / (n_v / n_k)) from the convolved rows `conv`
+// (`ch` per token: q | k | v), L2-normed as llama.cpp does (RMS norm with eps / d, times
+// 1 / sqrt(d)); then S *= exp(g), delta_j = (v_j - S_j . k) beta, S_j += delta_j k,
+// out_j = (S_j . q) / sqrt(d), written at out[(t * n_v + vh) * d + j].
+extern "C" __global__ void gated_delta_net_f32(const float* conv, const float* beta,
+                                               const float* g, float* ssm, float* out,
+                                               int n_tok, int n_k, int n_v, int d, int ch,
+                                               float eps) {
+    __shared__ float qs[MX_GDN_MAX_D];
+    __shared__ float ks[MX_GDN_MAX_D];
+    __shared__ float scratch[32];
+    int vh = blockIdx.x;
+    int j = threadIdx.x;
+    int kh = vh / (n_v / n_k);
+    int key_dim = n_k * d;
+    float* row = ssm + ((int64_t)vh * d + j) * d;
+    float fd = (float)d;
+    float post = 1.0f / sqrtf(fd);
+    float scale = 1.0f / sqrtf(fd);
+    for (int t = 0; t < n_tok; t++) {
+        const float* r = conv + (int64_t)t * ch;
+        float q = r[kh * d + j];
+        float k = r[key_dim + kh * d + j];
+        float v = r[2 * key_dim + vh * d + j];
+        float sq = mx_block_sum(q * q, scratch);
+        float sk = mx_block_sum(k * k, scratch);
+        qs[j] = q * (1.0f / sqrtf(sq / fd + eps / fd)) * post;
+        ks[j] = k * (1.0f / sqrtf(sk / fd + eps / fd)) * post;
+        __syncthreads();
+        float decay = expf(g[(int64_t)t * n_v + vh]);
+        float b = beta[(int64_t)t * n_v + vh];
+        float sum = 0.0f;
+        for (int i = 0; i < d; i++) {
+            float s = row[i] * decay;
+            row[i] = s;
+            sum = fmaf(s, ks[i], sum);
+        }
+        float delta = (v - sum) * b;
+        float o = 0.0f;
+        for (int i = 0; i < d; i++) {
+            float s = fmaf(ks[i], delta, row[i]);
+            row[i] = s;
+            o = fmaf(s, qs[i], o);
+        }
+        out[((int64_t)t * n_v + vh) * d + j] = o * scale;
+        // The next token overwrites qs and ks.
+        __syncthreads();
+    }
+}

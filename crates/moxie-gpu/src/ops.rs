@@ -23,6 +23,8 @@ const ROUTE_MAX_EXPERTS: usize = 1024;
 const ROUTE_MAX_GROUPS: usize = 64;
 /// CUDA's limit on gridDim.y and gridDim.z.
 const MAX_GRID_YZ: usize = 65535;
+const CONV_MAX_K: usize = 8;
+const GDN_MAX_D: usize = 256;
 
 fn int(what: &str, v: usize) -> Result<Arg> {
     i32::try_from(v)
@@ -72,6 +74,23 @@ pub struct Selection {
     pub list: DevPtr,
     pub counts: DevPtr,
     pub stride: usize,
+}
+
+/// The sizes of a gated DeltaNet layer (see `gated_delta_net_f32` in ops.cu).
+#[derive(Clone, Copy, Debug)]
+pub struct DeltaNetDims {
+    /// Key heads and value heads (a multiple of the key heads).
+    pub n_k: usize,
+    pub n_v: usize,
+    /// Key and value width per head (the state is `d × d` per value head).
+    pub d: usize,
+}
+
+impl DeltaNetDims {
+    /// The convolved channels per token: q, k, v.
+    pub fn channels(&self) -> usize {
+        (2 * self.n_k + self.n_v) * self.d
+    }
 }
 
 /// How router logits become experts and weights (see `route_f32` in ops.cu).
@@ -536,4 +555,142 @@ impl Gpu {
         }
         Ok(())
     }
+
+    /// `y[i] *= sigmoid(g[i / group])` over `n` values (`group` consecutive values share a
+    /// gate).
+    pub fn mul_sigmoid(&self, y: DevPtr, g: DevPtr, n: usize, group: usize) -> Result<()> {
+        if group == 0 {
+            return Err(Error::Unsupported("mul_sigmoid with group 0".into()));
+        }
+        self.elementwise(
+            "mul_sigmoid_f32",
+            n,
+            &[Arg::Ptr(y), Arg::Ptr(g), int("n", n)?, int("group", group)?],
+        )
+    }
+
+    /// Gated DeltaNet's β = sigmoid(b) and g = softplus(α + `dt_bias`) · `a` per token and
+    /// value head from `ba` (per token and key head: β then α of its value heads).
+    #[allow(clippy::too_many_arguments)]
+    pub fn delta_net_gates(
+        &self,
+        dims: DeltaNetDims,
+        ba: DevPtr,
+        dt_bias: DevPtr,
+        a: DevPtr,
+        beta: DevPtr,
+        g: DevPtr,
+        n_tok: usize,
+    ) -> Result<()> {
+        check_delta_net(dims)?;
+        self.elementwise(
+            "delta_net_gates_f32",
+            n_tok * dims.n_v,
+            &[
+                Arg::Ptr(ba),
+                Arg::Ptr(dt_bias),
+                Arg::Ptr(a),
+                Arg::Ptr(beta),
+                Arg::Ptr(g),
+                int("n_tok", n_tok)?,
+                int("n_v", dims.n_v)?,
+                int("r", dims.n_v / dims.n_k)?,
+            ],
+        )
+    }
+
+    /// The causal convolution (`k` taps per channel in `w`) of `n_tok` rows of `ch` channels
+    /// `x` continuing `state` (the last `k - 1` inputs per channel, updated), with SiLU, into
+    /// `out` (not `x`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn ssm_conv_silu(
+        &self,
+        x: DevPtr,
+        state: DevPtr,
+        w: DevPtr,
+        out: DevPtr,
+        n_tok: usize,
+        ch: usize,
+        k: usize,
+    ) -> Result<()> {
+        if !(1..=CONV_MAX_K).contains(&k) {
+            return Err(Error::Unsupported(format!(
+                "a convolution of {k} taps (the GPU kernel takes 1 to {CONV_MAX_K})"
+            )));
+        }
+        if n_tok == 0 || ch == 0 {
+            return Ok(());
+        }
+        let threads = 128u32;
+        self.backend.launch(
+            "ssm_conv_silu_f32",
+            LaunchConfig::linear(ch.div_ceil(threads as usize) as u32, threads),
+            &[
+                Arg::Ptr(x),
+                Arg::Ptr(state),
+                Arg::Ptr(w),
+                Arg::Ptr(out),
+                int("n_tok", n_tok)?,
+                int("ch", ch)?,
+                int("k", k)?,
+            ],
+        )
+    }
+
+    /// The gated delta rule over `n_tok` tokens: `conv` holds the convolved q | k | v rows
+    /// (`dims.channels()` per token), `beta` and `g` one value per token and value head, `ssm`
+    /// the value heads' transposed `d × d` states (updated); `out` gets `n_v × d` per token.
+    /// q and k are L2-normed with `eps` here.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gated_delta_net(
+        &self,
+        dims: DeltaNetDims,
+        conv: DevPtr,
+        beta: DevPtr,
+        g: DevPtr,
+        ssm: DevPtr,
+        out: DevPtr,
+        n_tok: usize,
+        eps: f32,
+    ) -> Result<()> {
+        check_delta_net(dims)?;
+        if n_tok == 0 {
+            return Ok(());
+        }
+        self.backend.launch(
+            "gated_delta_net_f32",
+            LaunchConfig::linear(row_grid(dims.n_v)?, dims.d as u32),
+            &[
+                Arg::Ptr(conv),
+                Arg::Ptr(beta),
+                Arg::Ptr(g),
+                Arg::Ptr(ssm),
+                Arg::Ptr(out),
+                int("n_tok", n_tok)?,
+                int("n_k", dims.n_k)?,
+                int("n_v", dims.n_v)?,
+                int("d", dims.d)?,
+                int("ch", dims.channels())?,
+                Arg::F32(eps),
+            ],
+        )
+    }
+}
+
+/// The head shapes the DeltaNet kernels take: value heads a multiple of the key heads, a head
+/// width that is a whole number of warps up to the kernel's limit.
+fn check_delta_net(d: DeltaNetDims) -> Result<()> {
+    if d.n_k == 0 || !d.n_v.is_multiple_of(d.n_k) {
+        return Err(Error::Unsupported(format!(
+            "gated DeltaNet with {} value heads over {} key heads",
+            d.n_v, d.n_k
+        )));
+    }
+    if d.d == 0 || !d.d.is_multiple_of(32) || d.d > GDN_MAX_D {
+        return Err(Error::Unsupported(format!(
+            "gated DeltaNet heads of {} (the GPU kernel takes multiples of 32 up to {GDN_MAX_D})",
+            d.d
+        )));
+    }
+    Ok(())
 }

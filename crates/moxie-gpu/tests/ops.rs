@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use moxie_gpu::emu::EmuGpu;
-use moxie_gpu::ops::{AttnShape, KvView, Selection};
+use moxie_gpu::ops::{AttnShape, DeltaNetDims, KvView, Selection};
 use moxie_gpu::{Buffer, Gpu, GpuBackend};
 
 /// Deterministic values in [-1, 1).
@@ -340,6 +340,253 @@ fn oversized_shapes_are_errors_not_launches() {
     };
     let err = g.attention(s, b.ptr(), view, None, b.ptr(), 1).unwrap_err();
     assert!(err.to_string().contains("4096"), "{err}");
+    // DeltaNet heads that are not whole warps, value heads not a multiple of key heads, too
+    // many convolution taps.
+    let p = b.ptr();
+    for (n_k, n_v, d) in [(1, 2, 48), (2, 3, 64), (1, 1, 512)] {
+        let dims = DeltaNetDims { n_k, n_v, d };
+        let err = g.gated_delta_net(dims, p, p, p, p, p, 1, 1e-6).unwrap_err();
+        assert!(err.to_string().contains("DeltaNet"), "{err}");
+    }
+    let err = g.ssm_conv_silu(p, p, p, p, 1, 4, 9).unwrap_err();
+    assert!(err.to_string().contains("9 taps"), "{err}");
+}
+
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+#[test]
+fn mul_sigmoid_per_value_and_per_row() {
+    let g = gpu();
+    let (n, row) = (6 * 40, 40);
+    let y = values(n, 21);
+    for group in [1, row] {
+        let gates = values(n / group, 22);
+        let (yb, gb) = (upload(&g, &y), upload(&g, &gates));
+        g.mul_sigmoid(yb.ptr(), gb.ptr(), n, group).unwrap();
+        let want: Vec<f32> = (0..n).map(|i| y[i] * sigmoid(gates[i / group])).collect();
+        close(
+            &read(&yb, n),
+            &want,
+            1e-6,
+            &format!("mul_sigmoid group {group}"),
+        );
+    }
+}
+
+#[test]
+fn delta_net_gates_pick_beta_and_alpha_per_value_head() {
+    let g = gpu();
+    // 2 key heads with 3 value heads each; alphas large enough to take softplus's x > 20 arm.
+    let dims = DeltaNetDims {
+        n_k: 2,
+        n_v: 6,
+        d: 32,
+    };
+    let (n_tok, r) = (5, 3);
+    let ba: Vec<f32> = values(n_tok * 12, 23).iter().map(|v| v * 30.0).collect();
+    let (dt, a) = (values(6, 24), values(6, 25));
+    let (bab, dtb, ab) = (upload(&g, &ba), upload(&g, &dt), upload(&g, &a));
+    let (beta, gate) = (upload(&g, &[0.0; 30]), upload(&g, &[0.0; 30]));
+    g.delta_net_gates(
+        dims,
+        bab.ptr(),
+        dtb.ptr(),
+        ab.ptr(),
+        beta.ptr(),
+        gate.ptr(),
+        n_tok,
+    )
+    .unwrap();
+    let (mut want_b, mut want_g) = (Vec::new(), Vec::new());
+    for t in 0..n_tok {
+        for vh in 0..6 {
+            let row = &ba[t * 12 + (vh / r) * 2 * r..];
+            want_b.push(sigmoid(row[vh % r]));
+            let x = row[r + vh % r] + dt[vh];
+            let sp = if x > 20.0 { x } else { (1.0 + x.exp()).ln() };
+            want_g.push(sp * a[vh]);
+        }
+    }
+    close(&read(&beta, 30), &want_b, 1e-6, "beta");
+    close(&read(&gate, 30), &want_g, 1e-6, "g");
+}
+
+/// The convolution over all tokens at once from a given state, with SiLU: tap `i` of a
+/// channel weighs the input `k - 1 - i` tokens back.
+fn conv_ref(x: &[f32], state: &[f32], w: &[f32], ch: usize, k: usize) -> Vec<f32> {
+    let n = x.len() / ch;
+    let mut out = vec![0f32; n * ch];
+    for c in 0..ch {
+        let mut win: Vec<f32> = state[c * (k - 1)..(c + 1) * (k - 1)].to_vec();
+        win.extend((0..n).map(|t| x[t * ch + c]));
+        for t in 0..n {
+            let s: f32 = (0..k).map(|i| win[t + i] * w[c * k + i]).sum();
+            out[t * ch + c] = s * sigmoid(s);
+        }
+    }
+    out
+}
+
+#[test]
+fn ssm_conv_continues_its_state_across_batches() {
+    let g = gpu();
+    let (ch, k) = (200, 4);
+    let x = values(9 * ch, 26);
+    let w = values(ch * k, 27);
+    let state0 = values(ch * (k - 1), 28);
+    let want = conv_ref(&x, &state0, &w, ch, k);
+    let (st, wb) = (upload(&g, &state0), upload(&g, &w));
+    // 6 tokens, then 2 (fewer than the window keeps), then 1.
+    let mut t0 = 0;
+    for n in [6, 2, 1] {
+        let xb = upload(&g, &x[t0 * ch..(t0 + n) * ch]);
+        let out = upload(&g, &vec![0.0; n * ch]);
+        g.ssm_conv_silu(xb.ptr(), st.ptr(), wb.ptr(), out.ptr(), n, ch, k)
+            .unwrap();
+        let what = format!("conv tokens {t0}..{}", t0 + n);
+        close(
+            &read(&out, n * ch),
+            &want[t0 * ch..(t0 + n) * ch],
+            1e-5,
+            &what,
+        );
+        t0 += n;
+    }
+    // The state holds the last k - 1 inputs of every channel.
+    let got = read(&st, ch * (k - 1));
+    for c in 0..ch {
+        for i in 0..k - 1 {
+            assert_eq!(
+                got[c * (k - 1) + i],
+                x[(6 + i) * ch + c],
+                "state of channel {c}"
+            );
+        }
+    }
+}
+
+/// The gated delta rule with the state as a plain matrix `S[h][i][j]` (the kernel keeps it
+/// transposed): per token L2-normed q and k of the value head's key head, `S *= exp(g)`,
+/// `S += k (beta (v - Sᵀk))ᵀ`, `o = Sᵀq / sqrt(d)`.
+fn delta_rule_ref(
+    dims: DeltaNetDims,
+    conv: &[f32],
+    beta: &[f32],
+    gate: &[f32],
+    s: &mut [f64],
+    eps: f32,
+) -> Vec<f32> {
+    let DeltaNetDims { n_k, n_v, d } = dims;
+    let ch = dims.channels();
+    let n = conv.len() / ch;
+    let l2 = |v: &[f32]| -> Vec<f64> {
+        let ss: f64 = v.iter().map(|&x| (x as f64) * (x as f64)).sum();
+        let scale = 1.0 / (ss / d as f64 + eps as f64 / d as f64).sqrt() / (d as f64).sqrt();
+        v.iter().map(|&x| x as f64 * scale).collect()
+    };
+    let mut out = vec![0f32; n * n_v * d];
+    for t in 0..n {
+        let row = &conv[t * ch..(t + 1) * ch];
+        for vh in 0..n_v {
+            let kh = vh / (n_v / n_k);
+            let q = l2(&row[kh * d..(kh + 1) * d]);
+            let k = l2(&row[(n_k + kh) * d..(n_k + kh + 1) * d]);
+            let v = &row[(2 * n_k + vh) * d..(2 * n_k + vh + 1) * d];
+            let sh = &mut s[vh * d * d..(vh + 1) * d * d];
+            let decay = (gate[t * n_v + vh] as f64).exp();
+            sh.iter_mut().for_each(|x| *x *= decay);
+            let b = beta[t * n_v + vh] as f64;
+            for j in 0..d {
+                let kv: f64 = (0..d).map(|i| sh[i * d + j] * k[i]).sum();
+                let delta = (v[j] as f64 - kv) * b;
+                for i in 0..d {
+                    sh[i * d + j] += k[i] * delta;
+                }
+            }
+            for j in 0..d {
+                let o: f64 = (0..d).map(|i| sh[i * d + j] * q[i]).sum();
+                out[(t * n_v + vh) * d + j] = (o / (d as f64).sqrt()) as f32;
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn gated_delta_net_matches_the_delta_rule_across_batches() {
+    let g = gpu();
+    for dims in [
+        DeltaNetDims {
+            n_k: 2,
+            n_v: 4,
+            d: 64,
+        },
+        DeltaNetDims {
+            n_k: 1,
+            n_v: 1,
+            d: 32,
+        },
+    ] {
+        let (n_v, d, ch) = (dims.n_v, dims.d, dims.channels());
+        let n = 7;
+        let conv = values(n * ch, 29);
+        let beta: Vec<f32> = values(n * n_v, 30).iter().map(|v| sigmoid(*v)).collect();
+        // g < 0: the state decays.
+        let gate: Vec<f32> = values(n * n_v, 31).iter().map(|v| -v.abs()).collect();
+        let s0 = values(n_v * d * d, 32);
+        // The reference's S[h][i][j] is the kernel's ssm[h][j][i].
+        let mut s_ref: Vec<f64> = vec![0.0; n_v * d * d];
+        for h in 0..n_v {
+            for i in 0..d {
+                for j in 0..d {
+                    s_ref[(h * d + i) * d + j] = s0[(h * d + j) * d + i] as f64;
+                }
+            }
+        }
+        let want = delta_rule_ref(dims, &conv, &beta, &gate, &mut s_ref, 1e-6);
+        let ssm = upload(&g, &s0);
+        let mut t0 = 0;
+        for nt in [4, 1, 2] {
+            let cb = upload(&g, &conv[t0 * ch..(t0 + nt) * ch]);
+            let bb = upload(&g, &beta[t0 * n_v..(t0 + nt) * n_v]);
+            let gb = upload(&g, &gate[t0 * n_v..(t0 + nt) * n_v]);
+            let out = upload(&g, &vec![0.0; nt * n_v * d]);
+            g.gated_delta_net(
+                dims,
+                cb.ptr(),
+                bb.ptr(),
+                gb.ptr(),
+                ssm.ptr(),
+                out.ptr(),
+                nt,
+                1e-6,
+            )
+            .unwrap();
+            let w = &want[t0 * n_v * d..(t0 + nt) * n_v * d];
+            close(
+                &read(&out, nt * n_v * d),
+                w,
+                1e-4,
+                &format!("{dims:?} tokens from {t0}"),
+            );
+            t0 += nt;
+        }
+        let got = read(&ssm, n_v * d * d);
+        for h in 0..n_v {
+            for i in 0..d {
+                for j in 0..d {
+                    let w = s_ref[(h * d + i) * d + j] as f32;
+                    let v = got[(h * d + j) * d + i];
+                    assert!(
+                        (v - w).abs() <= 1e-4 * (1.0 + w.abs()),
+                        "{dims:?} S[{h}][{i}][{j}]: {v} vs {w}"
+                    );
+                }
+            }
+        }
+    }
 }
 
 /// Attention over selected positions (DeepSeek sparse attention): per token a list of past

@@ -8,6 +8,7 @@ pub mod glm4moe;
 pub mod glm_dsa;
 pub mod legacy_mla;
 pub mod qwen3moe;
+pub mod qwen3next;
 
 use crate::blocks::moe::Routing;
 use crate::blocks::{DenseFfn, Ffn, Gqa, Layer, Mixer, Moe};
@@ -38,6 +39,7 @@ pub(crate) fn def(arch: Arch) -> &'static ArchDef {
         Arch::GlmDsa => &glm_dsa::DEF,
         Arch::Glm4Moe => &glm4moe::DEF,
         Arch::Qwen3Moe => &qwen3moe::DEF,
+        Arch::Qwen3Next => &qwen3next::DEF,
     }
 }
 
@@ -95,6 +97,7 @@ pub(crate) fn moe_ffn(c: &Config, t: &BlockTensors, src: &TensorSource, il: usiz
         up_exps: experts.get(&blk(il, "ffn_up_exps.weight"), &[d, f, e])?,
         down_exps: experts.get(&blk(il, "ffn_down_exps.weight"), &[f, d, e])?,
         shared,
+        shared_gate: None,
         device: t.device(),
         experts_device: experts.device(),
     })))
@@ -149,6 +152,7 @@ pub(crate) fn gqa_attention(
         head_k: hd,
         head_v: c.head_dim_v,
         kq_scale: 1.0 / (hd as f32).sqrt(),
+        gated: false,
         device: t.device(),
     }))
 }

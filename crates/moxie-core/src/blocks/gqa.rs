@@ -1,6 +1,9 @@
-//! Grouped-query attention (qwen3moe, glm4moe): q/k/v projections with optional biases and
-//! per-head q/k RMS norms, RoPE on the first `rope.n_dims` of each head, causal softmax attention
-//! over the layer's cached keys and values, output projection.
+//! Grouped-query attention (qwen3moe, glm4moe, qwen3next's full-attention layers): q/k/v
+//! projections with optional biases and per-head q/k RMS norms, RoPE on the first
+//! `rope.n_dims` of each head, causal softmax attention over the layer's cached keys and
+//! values, output projection. Gated (qwen3next): `attn_q` gives each head's query followed by
+//! as many gate values, and the attention output is multiplied by their sigmoid before the
+//! output projection.
 
 use moxie_gpu::ops::{AttnShape, KvView};
 use moxie_gpu::DevPtr;
@@ -9,7 +12,7 @@ use crate::blocks::attention::{attend, AttnGeom};
 use crate::blocks::matmul_shared;
 use crate::device::DeviceId;
 use crate::forward::{Block, Pass};
-use crate::gpu_pass::weight;
+use crate::gpu_pass::{weight, F32};
 use crate::loader::Vector;
 use crate::ops::{self, RopeKind};
 use crate::state::{LayerState, LayerStateSpec, RowSpec};
@@ -34,6 +37,8 @@ pub struct Gqa {
     pub head_k: usize,
     pub head_v: usize,
     pub kq_scale: f32,
+    /// `attn_q` holds [query | gate] per head; the output is scaled by sigmoid(gate).
+    pub gated: bool,
 }
 
 impl Gqa {
@@ -74,7 +79,24 @@ impl Block for Gqa {
         let mut v = vec![0f32; n * n_kv * self.head_v];
         let wq = self.wq.matrix()?;
         let acts = QuantizedActs::new(wq.act_type(), c.n_embd, h);
-        wq.matmul_q(par, &acts, &mut q);
+        let gate = if self.gated {
+            // [query | gate] per head: split into the query heads and the gates.
+            let mut qg = vec![0f32; 2 * q.len()];
+            wq.matmul_q(par, &acts, &mut qg);
+            let mut gate = vec![0f32; q.len()];
+            for ((both, qh), gh) in qg
+                .chunks_exact(2 * hd)
+                .zip(q.chunks_exact_mut(hd))
+                .zip(gate.chunks_exact_mut(hd))
+            {
+                qh.copy_from_slice(&both[..hd]);
+                gh.copy_from_slice(&both[hd..]);
+            }
+            Some(gate)
+        } else {
+            wq.matmul_q(par, &acts, &mut q);
+            None
+        };
         matmul_shared(&self.wk, &acts, h, par, &mut k)?;
         matmul_shared(&self.wv, &acts, h, par, &mut v)?;
         if let Some(b) = &self.bq {
@@ -123,6 +145,12 @@ impl Block for Gqa {
             &mut out,
             par,
         );
+        if let Some(gate) = gate {
+            // ggml: sigmoid of the gates, then an element-wise product.
+            for (v, &g) in out.iter_mut().zip(&gate) {
+                *v *= ops::sigmoid(g);
+            }
+        }
         let mut o = vec![0f32; n * c.n_embd];
         self.wo.matrix()?.matmul(par, &out, &mut o);
         ops::add_assign(x, &o);
@@ -143,7 +171,18 @@ impl Block for Gqa {
         let q = p.gpu.buf(id, "q", n * nh * hd)?;
         let k = p.gpu.buf(id, "k", n * nkv * hd)?;
         let v = p.gpu.buf(id, "v", n * nkv * dv)?;
-        gpu.mul_mat(&weight(&self.wq)?, 1, h, c.n_embd, 0, q, nh * hd, 0, n)?;
+        let gate = if self.gated {
+            // [query | gate] per head, split into the query heads and the gates.
+            let qg = p.gpu.buf(id, "q_gate_in", n * nh * 2 * hd)?;
+            gpu.mul_mat(&weight(&self.wq)?, 1, h, c.n_embd, 0, qg, nh * 2 * hd, 0, n)?;
+            let gate = p.gpu.buf(id, "q_gate", n * nh * hd)?;
+            gpu.copy_rows(q, hd, qg, 2 * hd, n * nh, hd)?;
+            gpu.copy_rows(gate, hd, qg + (hd * F32) as u64, 2 * hd, n * nh, hd)?;
+            Some(gate)
+        } else {
+            gpu.mul_mat(&weight(&self.wq)?, 1, h, c.n_embd, 0, q, nh * hd, 0, n)?;
+            None
+        };
         gpu.mul_mat(&weight(&self.wk)?, 1, h, c.n_embd, 0, k, nkv * hd, 0, n)?;
         gpu.mul_mat(&weight(&self.wv)?, 1, h, c.n_embd, 0, v, nkv * dv, 0, n)?;
         for (b, y, width, what) in [
@@ -205,6 +244,9 @@ impl Block for Gqa {
             out,
             n,
         )?;
+        if let Some(gate) = gate {
+            gpu.mul_sigmoid(out, gate, n * nh * dv, 1)?;
+        }
         let o = p.gpu.buf(id, "o", n * c.n_embd)?;
         gpu.mul_mat(&weight(&self.wo)?, 1, out, nh * dv, 0, o, c.n_embd, 0, n)?;
         gpu.add(x, o, n * c.n_embd)?;

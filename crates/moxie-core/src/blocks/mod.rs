@@ -7,6 +7,7 @@
 //! | grouped-query attention (optionally gated) | [`gqa`] | keys and values per position |
 //! | multi-head latent attention | [`mla`] | the latent + rotary key per position |
 //! | DSA lightning indexer (in sparse MLA layers) | [`dsa`] | indexer keys per position |
+//! | gated DeltaNet linear attention | [`delta_net`] | convolution window + state matrices |
 //! | dense SwiGLU feed-forward | [`ffn`] | none |
 //! | MoE: router, routed experts (on their own device), shared expert | [`moe`] | none |
 //! | token embeddings, output head | [`embed`], [`head`] | none |
@@ -15,6 +16,7 @@
 //! files (`crate::arch`) say which blocks each layer has and name their tensors.
 
 pub(crate) mod attention;
+pub mod delta_net;
 pub mod dsa;
 pub mod embed;
 pub mod ffn;
@@ -34,6 +36,7 @@ use crate::state::{LayerState, LayerStateSpec};
 use crate::tensor::{ChunkedLayout, QuantizedActs, Tensor};
 use crate::Result;
 
+pub use delta_net::DeltaNet;
 pub use ffn::DenseFfn;
 pub use gqa::Gqa;
 pub use mla::Mla;
@@ -43,6 +46,7 @@ pub use moe::Moe;
 pub enum Mixer {
     Gqa(Gqa),
     Mla(Mla),
+    DeltaNet(Box<DeltaNet>),
 }
 
 impl Mixer {
@@ -51,6 +55,7 @@ impl Mixer {
         match self {
             Mixer::Gqa(a) => a.state_spec(),
             Mixer::Mla(a) => a.state_spec(),
+            Mixer::DeltaNet(a) => a.state_spec(),
         }
     }
 
@@ -59,6 +64,7 @@ impl Mixer {
         match self {
             Mixer::Gqa(a) => a.matrices(),
             Mixer::Mla(a) => a.matrices(),
+            Mixer::DeltaNet(a) => a.matrices(),
         }
     }
 
@@ -66,6 +72,7 @@ impl Mixer {
         match self {
             Mixer::Gqa(a) => a,
             Mixer::Mla(a) => a,
+            Mixer::DeltaNet(a) => &**a,
         }
     }
 }

@@ -51,11 +51,17 @@ pub(super) fn one_token(
         None => None,
     };
     let n_ff_sh = shared.as_ref().map_or(0, |sh| sh[0].n_out);
+    // qwen3next's gate of the shared expert: one more product with the layer input.
+    let shared_gate = match (&shared, &m.shared_gate) {
+        (Some(_), Some(g)) => Some(g.matrix()?),
+        _ => None,
+    };
     let gate_ty = m.gate_exps.slice(0)?.act_type();
     let up_ty = m.up_exps.slice(0)?.act_type();
     let shared_types = shared
         .iter()
-        .flat_map(|sh| [sh[0].act_type(), sh[1].act_type()]);
+        .flat_map(|sh| [sh[0].act_type(), sh[1].act_type()])
+        .chain(shared_gate.iter().map(|g| g.act_type()));
     inputs.convert([gate_ty, up_ty].into_iter().chain(shared_types), n_embd, h);
 
     let mut list = recycle(std::mem::take(products));
@@ -64,16 +70,19 @@ pub(super) fn one_token(
             list.push((t.slice(e)?, inputs.get(ty).row(0)));
         }
     }
-    for w in shared.iter().flat_map(|sh| &sh[..2]) {
+    for w in shared.iter().flat_map(|sh| &sh[..2]).chain(&shared_gate) {
         list.push((*w, inputs.get(w.act_type()).row(0)));
     }
-    gate_up.resize(2 * k * n_ff + 2 * n_ff_sh, 0.0);
+    let n_gate = shared_gate.map_or(0, |g| g.n_out);
+    gate_up.resize(2 * k * n_ff + 2 * n_ff_sh + n_gate, 0.0);
     gemv_many(par, &list, gate_up);
     let (g, rest) = gate_up.split_at_mut(k * n_ff);
     let (u, rest) = rest.split_at_mut(k * n_ff);
     ops::swiglu_rows(g, u, n_ff);
-    let (sg, su) = rest.split_at_mut(n_ff_sh);
+    let (sg, rest) = rest.split_at_mut(n_ff_sh);
+    let (su, shared_logit) = rest.split_at_mut(n_ff_sh);
     ops::swiglu_rows(sg, su, n_ff_sh);
+    let shared_scale = shared_logit.first().map(|&l| ops::sigmoid(l));
 
     down_in.refill(m.down_exps.slice(0)?.act_type(), n_ff, g);
     if let Some(sh) = &shared {
@@ -95,7 +104,11 @@ pub(super) fn one_token(
         add_weighted(out, v, w, slot == 0);
     }
     if shared.is_some() {
-        ops::add_assign(out, &down[k * n_embd..]);
+        let sh = &mut down[k * n_embd..];
+        if let Some(scale) = shared_scale {
+            sh.iter_mut().for_each(|v| *v *= scale);
+        }
+        ops::add_assign(out, sh);
     }
     Ok(())
 }
@@ -295,7 +308,10 @@ pub(super) fn batch(
         }
     });
     if let Some(s) = shared {
-        let sh = s.cpu_rows(h, n, Some(input.get(gate_ty)), par)?;
+        let mut sh = s.cpu_rows(h, n, Some(input.get(gate_ty)), par)?;
+        if let Some(g) = &m.shared_gate {
+            super::gate_shared_rows(g, h, &mut sh, par)?;
+        }
         ops::add_assign(&mut out, &sh);
     }
     Ok(out)

@@ -99,6 +99,9 @@ pub struct Moe {
     pub up_exps: Tensor,
     pub down_exps: Tensor,
     pub shared: Option<DenseFfn>,
+    /// `ffn_gate_inp_shexp` (qwen3next): the shared expert's output is scaled per token by
+    /// sigmoid(this · the layer input).
+    pub shared_gate: Option<Tensor>,
 }
 
 impl Moe {
@@ -112,7 +115,21 @@ impl Moe {
         if let Some(s) = &self.shared {
             m.extend(s.matrices());
         }
+        m.extend(&self.shared_gate);
         m
+    }
+
+    /// The shared expert (if any) of `n` rows of `h` on the host, gated where the model
+    /// gates it: the term [`forward`] adds after the routed experts.
+    fn shared_cpu(&self, h: &[f32], n: usize, par: &Parallel) -> Result<Option<Vec<f32>>> {
+        let Some(sh) = &self.shared else {
+            return Ok(None);
+        };
+        let mut out = sh.cpu_rows(h, n, None, par)?;
+        if let Some(g) = &self.shared_gate {
+            gate_shared_rows(g, h, &mut out, par)?;
+        }
+        Ok(Some(out))
     }
 
     /// The hidden size (the experts' input width).
@@ -127,6 +144,23 @@ impl Moe {
             .map(|t| t.data().len() as u64)
             .sum()
     }
+}
+
+/// `rows[t] *= sigmoid(w · h[t])` for every token `t` (`w` has one output): qwen3next's gate of
+/// the shared expert, as ggml's product, sigmoid op and broadcast multiply.
+fn gate_shared_rows(w: &Tensor, h: &[f32], rows: &mut [f32], par: &Parallel) -> Result<()> {
+    let m = w.matrix()?;
+    let n = h.len() / m.n_in;
+    if n == 0 || rows.len() < n {
+        return Ok(());
+    }
+    let mut logits = vec![0f32; n * m.n_out];
+    m.matmul(par, h, &mut logits);
+    for (row, &l) in rows.chunks_exact_mut(rows.len() / n).zip(&logits) {
+        let g = ops::sigmoid(l);
+        row.iter_mut().for_each(|v| *v *= g);
+    }
+    Ok(())
 }
 
 /// Choose the experts for one token from its router logits: probabilities by the gating
@@ -394,8 +428,8 @@ impl Block for Moe {
             p.split.sum.load(edev, routed);
         }
         let sum = p.split.sum.on(dev)?;
-        if let Some(sh) = &self.shared {
-            ops::add_assign(sum, &sh.cpu_rows(h, n, None, p.par)?);
+        if let Some(sh) = self.shared_cpu(h, n, p.par)? {
+            ops::add_assign(sum, &sh);
         }
         ops::add_assign(x, sum);
         Ok(())
@@ -435,8 +469,7 @@ impl Block for Moe {
                 self.resident_experts()?
             };
             self.routed_experts_gpu(&mut p.gpu, &gpu, id, n, experts, [h, ids, weights, x], true)?;
-            if let Some(sh) = &self.shared {
-                let o = sh.gpu_rows(&mut p.gpu, &gpu, id, h, n)?;
+            if let Some(o) = self.shared_gpu(&mut p.gpu, &gpu, id, h, n)? {
                 gpu.add(x, o, n * e)?;
             }
             return Ok(());
@@ -456,8 +489,7 @@ impl Block for Moe {
         p.devices
             .count_copy(id, self.experts_device, (n * e + 2 * n * k) * F32);
         // Queue the shared expert before the host starts on the routed ones.
-        if let Some(sh) = &self.shared {
-            let o = sh.gpu_rows(&mut p.gpu, &gpu, id, h, n)?;
+        if let Some(o) = self.shared_gpu(&mut p.gpu, &gpu, id, h, n)? {
             gpu.add(x, o, n * e)?;
         }
         p.moe.set_routes(&host.ids, &host.weights, r.n_expert)?;
@@ -487,6 +519,30 @@ impl Block for Moe {
 }
 
 impl Moe {
+    /// The shared expert (if any) of `n` rows `h` on GPU `id`, gated where the model gates
+    /// it, into a work buffer there.
+    fn shared_gpu(
+        &self,
+        gp: &mut GpuPass,
+        gpu: &Gpu,
+        id: DeviceId,
+        h: DevPtr,
+        n: usize,
+    ) -> Result<Option<DevPtr>> {
+        let Some(sh) = &self.shared else {
+            return Ok(None);
+        };
+        let o = sh.gpu_rows(gp, gpu, id, h, n)?;
+        if let Some(g) = &self.shared_gate {
+            let w = weight(g)?;
+            let e = self.n_embd();
+            let logits = gp.buf(id, "shared_gate", n * w.n_out)?;
+            gpu.mul_mat(&w, 1, h, e, 0, logits, w.n_out, 0, n)?;
+            gpu.mul_sigmoid(o, logits, n * e, e)?;
+        }
+        Ok(Some(o))
+    }
+
     /// The routed experts (`[gate, up, down]` weights in this GPU's memory) on GPU `id` for
     /// `n` tokens `h` with routes `ids`/`weights` already there: `out (+)=` their weighted sum.
     #[allow(clippy::too_many_arguments)]
