@@ -9,8 +9,6 @@
 //! output norm) and `shared_head_head` (or the model's LM head). The normed hidden state it
 //! ends with seeds the next draft step.
 
-use moxie_gpu::DevPtr;
-
 use crate::arch::blk;
 use crate::blocks::head::head;
 use crate::blocks::Layer;
@@ -113,7 +111,7 @@ impl Mtp {
             gpu.backend().upload(hb, bytemuck::cast_slice(hidden))?;
             p.devices.count_copy(CPU, dev, hidden.len() * F32);
             let cat = p.gpu.buf(dev, "mtp_concat", n * 2 * d)?;
-            let second: DevPtr = cat + (d * F32) as u64;
+            let second = cat.offset::<f32>(d);
             gpu.rms_norm(ep, d, self.enorm.ptr("nextn.enorm")?, cat, 2 * d, n, d, eps)?;
             gpu.rms_norm(
                 hb,

@@ -912,7 +912,7 @@ impl CudaGpu {
             // guarantees `dst` is device memory of this device with room for the copy.
             unsafe {
                 sys::cuMemcpyHtoDAsync_v2(
-                    dst + offset as u64,
+                    dst.byte_add(offset).raw(),
                     buf.cast::<c_void>(),
                     chunk.len(),
                     self.stream,
@@ -950,7 +950,7 @@ impl CudaGpu {
             unsafe {
                 sys::cuMemcpyDtoHAsync_v2(
                     buf.cast::<c_void>(),
-                    src + start as u64,
+                    src.byte_add(start).raw(),
                     len,
                     self.stream,
                 )
@@ -987,9 +987,9 @@ impl CudaGpu {
         match self.pool {
             // SAFETY: the stream is live and of the current context; the memory is only
             // used in stream order (everything is queued on this one stream).
-            Some(_) => unsafe { cu::malloc_async(self.stream, bytes) },
+            Some(_) => unsafe { cu::malloc_async(self.stream, bytes) }.map(DevPtr::from_raw),
             // SAFETY: plain allocation in the current context.
-            None => unsafe { cu::malloc_sync(bytes) },
+            None => unsafe { cu::malloc_sync(bytes) }.map(DevPtr::from_raw),
         }
     }
 }
@@ -1159,12 +1159,12 @@ impl GpuBackend for CudaGpu {
             // SAFETY: `ptr` came from `alloc` (cuMemAllocAsync on this stream) and is freed
             // once (Buffer::drop); the free is ordered after all queued work using it.
             Some(_) => {
-                let _ = unsafe { cu::free_async(ptr, self.stream) };
+                let _ = unsafe { cu::free_async(ptr.raw(), self.stream) };
             }
             // SAFETY: `ptr` came from `alloc` (cuMemAlloc) and is freed once. cuMemFree
             // waits for work using the memory to complete.
             None => {
-                let _ = unsafe { cu::free_sync(ptr) };
+                let _ = unsafe { cu::free_sync(ptr.raw()) };
             }
         }
     }
@@ -1213,7 +1213,7 @@ impl GpuBackend for CudaGpu {
         self.bind()?;
         // SAFETY: live stream of the current context; the caller guarantees `dst` is device
         // memory of this device with `bytes` bytes.
-        unsafe { cu::memset_d8_async(dst, 0, bytes, self.stream) }
+        unsafe { cu::memset_d8_async(dst.raw(), 0, bytes, self.stream) }
             .map_err(|e| self.err("cuMemsetD8Async", e))
     }
 

@@ -125,7 +125,8 @@ impl EmuGpu {
     }
 
     /// Checks that `[addr, addr + len)` lies inside one live allocation.
-    fn check_range(&self, state: &State, addr: DevPtr, len: usize, what: &str) -> Result<()> {
+    fn check_range(&self, state: &State, ptr: DevPtr, len: usize, what: &str) -> Result<()> {
+        let addr = ptr.raw();
         let inside = state
             .allocs
             .range(..=addr)
@@ -207,12 +208,12 @@ impl GpuBackend for EmuGpu {
         let addr = ptr as u64;
         state.allocs.insert(addr, bytes);
         state.used += need;
-        Ok(addr)
+        Ok(DevPtr::from_raw(addr))
     }
 
     fn free(&self, ptr: DevPtr) {
         let mut state = self.lock();
-        let Some(bytes) = state.allocs.remove(&ptr) else {
+        let Some(bytes) = state.allocs.remove(&ptr.raw()) else {
             panic!(
                 "{}: free of {ptr:#x}, which is not a live allocation",
                 self.name
@@ -221,7 +222,7 @@ impl GpuBackend for EmuGpu {
         state.used -= rounded(bytes);
         // SAFETY: ptr came from std::alloc::alloc with layout(bytes) (alloc above) and was
         // live until removed from the map just now.
-        unsafe { std::alloc::dealloc(ptr as *mut u8, layout(bytes)) };
+        unsafe { std::alloc::dealloc(ptr.raw() as *mut u8, layout(bytes)) };
     }
 
     fn upload(&self, dst: DevPtr, src: &[u8]) -> Result<()> {
@@ -229,7 +230,7 @@ impl GpuBackend for EmuGpu {
         self.check_range(&state, dst, src.len(), "upload")?;
         // SAFETY: [dst, dst + len) lies inside a live allocation (checked, and it stays live
         // while the lock is held); `copy` allows src to overlap it.
-        unsafe { std::ptr::copy(src.as_ptr(), dst as *mut u8, src.len()) };
+        unsafe { std::ptr::copy(src.as_ptr(), dst.raw() as *mut u8, src.len()) };
         Ok(())
     }
 
@@ -238,7 +239,7 @@ impl GpuBackend for EmuGpu {
         self.check_range(&state, src, dst.len(), "download")?;
         // SAFETY: [src, src + len) lies inside a live allocation (checked, and it stays live
         // while the lock is held); `copy` allows dst to overlap it.
-        unsafe { std::ptr::copy(src as *const u8, dst.as_mut_ptr(), dst.len()) };
+        unsafe { std::ptr::copy(src.raw() as *const u8, dst.as_mut_ptr(), dst.len()) };
         Ok(())
     }
 
@@ -247,7 +248,7 @@ impl GpuBackend for EmuGpu {
         self.check_range(&state, dst, bytes, "zero")?;
         // SAFETY: [dst, dst + bytes) lies inside a live allocation (checked, and it stays live
         // while the lock is held).
-        unsafe { std::ptr::write_bytes(dst as *mut u8, 0, bytes) };
+        unsafe { std::ptr::write_bytes(dst.raw() as *mut u8, 0, bytes) };
         Ok(())
     }
 

@@ -35,8 +35,42 @@ pub enum Error {
 
 pub type Result<T> = std::result::Result<T, Error>;
 
-/// A device address (what a kernel's pointer argument holds).
-pub type DevPtr = u64;
+/// A device address: what a kernel's pointer argument holds. Offsets are taken in values of a
+/// type ([`DevPtr::offset`]) or in bytes ([`DevPtr::byte_add`]), never by adding bare numbers, so
+/// an element count cannot pass for a byte count.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct DevPtr(u64);
+
+impl DevPtr {
+    /// No memory: an optional pointer argument left out.
+    pub const NULL: DevPtr = DevPtr(0);
+
+    /// The address a backend allocated.
+    pub fn from_raw(addr: u64) -> DevPtr {
+        DevPtr(addr)
+    }
+
+    /// The address as a backend passes it on.
+    pub fn raw(self) -> u64 {
+        self.0
+    }
+
+    /// The address `n` values of `T` further on.
+    pub fn offset<T>(self, n: usize) -> DevPtr {
+        self.byte_add(n * std::mem::size_of::<T>())
+    }
+
+    /// The address `n` bytes further on.
+    pub fn byte_add(self, n: usize) -> DevPtr {
+        DevPtr(self.0 + n as u64)
+    }
+}
+
+impl std::fmt::LowerHex for DevPtr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::LowerHex::fmt(&self.0, f)
+    }
+}
 
 /// One kernel argument, passed by value; it must have the exact type of the kernel's
 /// parameter in that position (pointers are 64-bit device addresses).
@@ -55,7 +89,8 @@ impl Arg {
     pub fn bytes(&self) -> [u8; 8] {
         let mut b = [0u8; 8];
         match *self {
-            Arg::Ptr(v) | Arg::U64(v) => b.copy_from_slice(&v.to_ne_bytes()),
+            Arg::Ptr(p) => b.copy_from_slice(&p.raw().to_ne_bytes()),
+            Arg::U64(v) => b.copy_from_slice(&v.to_ne_bytes()),
             Arg::I64(v) => b.copy_from_slice(&v.to_ne_bytes()),
             Arg::I32(v) => b[..4].copy_from_slice(&v.to_ne_bytes()),
             Arg::U32(v) => b[..4].copy_from_slice(&v.to_ne_bytes()),
@@ -154,7 +189,7 @@ impl Buffer {
     /// The address `offset` bytes in.
     pub fn at(&self, offset: usize) -> DevPtr {
         debug_assert!(offset <= self.bytes);
-        self.ptr + offset as u64
+        self.ptr.byte_add(offset)
     }
 
     pub fn len(&self) -> usize {
@@ -229,4 +264,19 @@ pub fn kernel_source() -> String {
     .map(|s| s.replace("#pragma once", ""))
     .collect::<Vec<_>>()
     .join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DevPtr;
+
+    #[test]
+    fn offsets_are_in_values_of_a_type_or_in_bytes() {
+        let p = DevPtr::from_raw(0x1000);
+        assert_eq!(p.offset::<f32>(3).raw(), 0x100c);
+        assert_eq!(p.offset::<u16>(3).raw(), 0x1006);
+        assert_eq!(p.byte_add(3).raw(), 0x1003);
+        assert_eq!(format!("{p:#x}"), "0x1000");
+        assert_eq!(DevPtr::NULL.raw(), 0);
+    }
 }

@@ -122,7 +122,7 @@ fn check_weight(w: &Weight, pick: fn(&Kernels) -> &'static str) -> Result<&'stat
             ),
         ));
     }
-    if !w.ptr.is_multiple_of(k.align) {
+    if !w.ptr.raw().is_multiple_of(k.align) {
         return Err(arg_error(
             name,
             format!(
@@ -142,7 +142,7 @@ fn check_weight(w: &Weight, pick: fn(&Kernels) -> &'static str) -> Result<&'stat
 }
 
 fn check_align4(kernel: &str, what: &str, p: DevPtr) -> Result<()> {
-    if !p.is_multiple_of(4) {
+    if !p.raw().is_multiple_of(4) {
         return Err(arg_error(
             kernel,
             format!("{what} address {p:#x} is not aligned to 4 bytes"),

@@ -237,8 +237,8 @@ impl Gpu {
                     shared_bytes: 0,
                 },
                 &[
-                    Arg::Ptr(x + (t0 * tok_stride * 4) as u64),
-                    Arg::Ptr(cs + (t0 * n_pairs * 2 * 4) as u64),
+                    Arg::Ptr(x.offset::<f32>(t0 * tok_stride)),
+                    Arg::Ptr(cs.offset::<f32>(t0 * n_pairs * 2)),
                     int("n_head", n_head)?,
                     int("head_stride", head_stride)?,
                     int("tok_stride", tok_stride)?,
@@ -314,15 +314,13 @@ impl Gpu {
         };
         for t0 in (0..n_tok).step_by(MAX_GRID_YZ) {
             let nt = (n_tok - t0).min(MAX_GRID_YZ);
-            let qo = (t0 * s.n_head * s.dk * 4) as u64;
-            let oo = (t0 * s.n_head * s.dv * 4) as u64;
             let (list, counts, stride) = match sel {
                 Some(sl) => (
-                    sl.list + (t0 * sl.stride * 4) as u64,
-                    sl.counts + (t0 * 4) as u64,
+                    sl.list.offset::<i32>(t0 * sl.stride),
+                    sl.counts.offset::<i32>(t0),
                     sl.stride,
                 ),
-                None => (0, 0, 0),
+                None => (DevPtr::NULL, DevPtr::NULL, 0),
             };
             self.backend.launch(
                 kernel,
@@ -332,10 +330,10 @@ impl Gpu {
                     shared_bytes: 0,
                 },
                 &[
-                    Arg::Ptr(q + qo),
+                    Arg::Ptr(q.offset::<f32>(t0 * s.n_head * s.dk)),
                     Arg::Ptr(kv.k),
                     Arg::Ptr(kv.v),
-                    Arg::Ptr(out + oo),
+                    Arg::Ptr(out.offset::<f32>(t0 * s.n_head * s.dv)),
                     int("n_head", s.n_head)?,
                     int("n_head_kv", s.n_head_kv)?,
                     int("dk", s.dk)?,
@@ -423,8 +421,8 @@ impl Gpu {
             LaunchConfig::linear(row_grid(n_rows)?, threads),
             &[
                 Arg::Ptr(x),
-                Arg::Ptr(w.unwrap_or(0)),
-                Arg::Ptr(b.unwrap_or(0)),
+                Arg::Ptr(w.unwrap_or(DevPtr::NULL)),
+                Arg::Ptr(b.unwrap_or(DevPtr::NULL)),
                 Arg::Ptr(y),
                 int("ncols", ncols)?,
                 Arg::F32(eps),
@@ -543,9 +541,9 @@ impl Gpu {
                     shared_bytes: 0,
                 },
                 &[
-                    Arg::Ptr(rows + (t0 * k * n_embd * 4) as u64),
-                    Arg::Ptr(weights + (t0 * k * 4) as u64),
-                    Arg::Ptr(out + (t0 * n_embd * 4) as u64),
+                    Arg::Ptr(rows.offset::<f32>(t0 * k * n_embd)),
+                    Arg::Ptr(weights.offset::<f32>(t0 * k)),
+                    Arg::Ptr(out.offset::<f32>(t0 * n_embd)),
                     int("n_tok", nt)?,
                     int("k", k)?,
                     int("n_embd", n_embd)?,

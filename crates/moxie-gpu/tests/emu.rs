@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use bytemuck::Pod;
 use moxie_gpu::emu::{self, EmuGpu};
-use moxie_gpu::{Arg, Buffer, Error, GpuBackend, LaunchConfig};
+use moxie_gpu::{Arg, Buffer, DevPtr, Error, GpuBackend, LaunchConfig};
 
 fn device() -> (Arc<EmuGpu>, Arc<dyn GpuBackend>) {
     let gpu = EmuGpu::new("EMU0", 1 << 30);
@@ -501,7 +501,7 @@ fn argument_checks() {
     );
     // A device address as a 64-bit integer is accepted for a pointer parameter.
     let mut args = good;
-    args[0] = Arg::U64(out.ptr());
+    args[0] = Arg::U64(out.ptr().raw());
     b.launch("emutest_args", cfg, &args).unwrap();
 
     let msg = launch_error(&b, "emutest_args", cfg, &good[..5]);
@@ -634,8 +634,8 @@ fn copies_outside_allocations_are_errors() {
         other => panic!("expected a device error, got {other:?}"),
     };
     is_device_error(b.upload(buf.at(61), &[1, 2, 3, 4]));
-    is_device_error(b.upload(0x10, &[1]));
-    is_device_error(b.download(buf.ptr() - 1, &mut [0u8; 4]));
+    is_device_error(b.upload(DevPtr::from_raw(0x10), &[1]));
+    is_device_error(b.download(DevPtr::from_raw(buf.ptr().raw() - 1), &mut [0u8; 4]));
     is_device_error(b.zero(buf.ptr(), 65));
     let gone = Buffer::new(&b, 16).unwrap();
     let addr = gone.ptr();

@@ -345,8 +345,13 @@ fn bad_arguments_are_errors() {
     // More batches than matrices, overlapping outputs, misaligned pointers, x_div 0.
     assert!(gpu.mul_mat(&w, 3, p, 256, 256, p, 4, 4, 1).is_err());
     assert!(gpu.mul_mat(&w, 1, p, 256, 0, p, 3, 0, 2).is_err());
-    assert!(gpu.mul_mat(&w, 1, p + 2, 256, 0, p, 4, 0, 1).is_err());
-    let shifted = Weight { ptr: p + 8, ..w };
+    assert!(gpu
+        .mul_mat(&w, 1, p.byte_add(2), 256, 0, p, 4, 0, 1)
+        .is_err());
+    let shifted = Weight {
+        ptr: p.byte_add(8),
+        ..w
+    };
     assert!(gpu.mul_mat(&shifted, 1, p, 256, 0, p, 4, 0, 1).is_err());
     assert!(gpu.mul_mat_id(&w, p, 1, p, 256, 0, p, 4).is_err());
     // Zero sizes launch nothing and succeed.

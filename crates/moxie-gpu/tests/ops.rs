@@ -97,7 +97,8 @@ fn elementwise_ops() {
     let src = values(21, 6);
     let sb = upload(&g, &src);
     let db = upload(&g, &[0.0; 15]);
-    g.copy_rows(db.ptr() + 4, 5, sb.ptr(), 7, 3, 4).unwrap();
+    g.copy_rows(db.ptr().offset::<f32>(1), 5, sb.ptr(), 7, 3, 4)
+        .unwrap();
     let got = read(&db, 15);
     for r in 0..3 {
         assert_eq!(got[r * 5], 0.0);

@@ -12,7 +12,7 @@ use crate::blocks::attention::{attend, AttnGeom};
 use crate::blocks::matmul_shared;
 use crate::device::DeviceId;
 use crate::forward::{Block, Pass};
-use crate::gpu_pass::{weight, F32};
+use crate::gpu_pass::weight;
 use crate::loader::Vector;
 use crate::ops::{self, RopeKind};
 use crate::state::{LayerState, LayerStateSpec, RowSpec};
@@ -177,7 +177,7 @@ impl Block for Gqa {
             gpu.mul_mat(&weight(&self.wq)?, 1, h, c.n_embd, 0, qg, nh * 2 * hd, 0, n)?;
             let gate = p.gpu.buf(id, "q_gate", n * nh * hd)?;
             gpu.copy_rows(q, hd, qg, 2 * hd, n * nh, hd)?;
-            gpu.copy_rows(gate, hd, qg + (hd * F32) as u64, 2 * hd, n * nh, hd)?;
+            gpu.copy_rows(gate, hd, qg.offset::<f32>(hd), 2 * hd, n * nh, hd)?;
             Some(gate)
         } else {
             gpu.mul_mat(&weight(&self.wq)?, 1, h, c.n_embd, 0, q, nh * hd, 0, n)?;

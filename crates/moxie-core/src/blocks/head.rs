@@ -70,7 +70,7 @@ pub(crate) fn head(
         let h = p.gpu.buf(dev, "h", n * e)?;
         let norm = norm.ptr("output_norm")?;
         gpu.rms_norm(
-            xp + (rows.start * e * F32) as u64,
+            xp.offset::<f32>(rows.start * e),
             e,
             norm,
             h,

@@ -13,7 +13,7 @@ use crate::blocks::dsa::{gpu_selection, host_selection, Indexer, Selected};
 use crate::blocks::{matmul_shared, per_head_products};
 use crate::device::DeviceId;
 use crate::forward::{Block, Pass};
-use crate::gpu_pass::{weight, F32};
+use crate::gpu_pass::weight;
 use crate::loader::Vector;
 use crate::ops::{self, Rope, RopeKind};
 use crate::state::{LayerState, LayerStateSpec, RowSpec};
@@ -254,9 +254,9 @@ impl Block for Mla {
         let pairs = p.gpu.n_pairs;
         gpu.rope(q, cs, n, nh, dk, nh * dk, nope, pairs, neox)?;
         gpu.copy_rows(
-            qfull + (rank * F32) as u64,
+            qfull.offset::<f32>(rank),
             qw,
-            q + (nope * F32) as u64,
+            q.offset::<f32>(nope),
             dk,
             n * nh,
             n_rot,
