@@ -146,8 +146,8 @@ impl Model {
             let mut x = self.embeddings.run(p, tokens)?;
             for (il, layer) in self.layers.iter().enumerate() {
                 let st = state.layer_mut(il);
-                p.sublayer(&mut x, &layer.attn_norm, &layer.mixer, st)?;
-                p.sublayer(&mut x, &layer.ffn_norm, &layer.ffn, st)?;
+                p.sublayer(&mut x, &layer.attn_norm, layer.mixer.block(), st)?;
+                p.sublayer(&mut x, &layer.ffn_norm, layer.ffn.block(), st)?;
             }
             self.head.run(p, &mut x, which, want_hidden)
         })?;

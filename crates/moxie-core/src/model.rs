@@ -10,7 +10,7 @@ use moxie_gguf::GgufFile;
 use crate::blocks::embed::Embeddings;
 use crate::blocks::head::OutputHead;
 use crate::blocks::moe::MoeScratch;
-use crate::blocks::{Block, Layer, LayerDevices};
+use crate::blocks::{Layer, LayerDevices};
 use crate::config::{Config, Keys};
 use crate::device::{Devices, CPU};
 use crate::gpu_pass::GpuScratchPool;
@@ -208,7 +208,7 @@ impl Model {
         n_ctx: usize,
         types: KvTypes,
     ) -> Result<()> {
-        let dev = layer.mixer.device();
+        let dev = layer.mixer.block().device();
         if dev == CPU {
             return Ok(());
         }

@@ -195,8 +195,8 @@ impl Model {
             };
             let mut x = mtp.input(p, e, hidden)?;
             let st = state.layer_mut(0);
-            p.sublayer(&mut x, &mtp.layer.attn_norm, &mtp.layer.mixer, st)?;
-            p.sublayer(&mut x, &mtp.layer.ffn_norm, &mtp.layer.ffn, st)?;
+            p.sublayer(&mut x, &mtp.layer.attn_norm, mtp.layer.mixer.block(), st)?;
+            p.sublayer(&mut x, &mtp.layer.ffn_norm, mtp.layer.ffn.block(), st)?;
             let norm = mtp.head_norm.as_ref().unwrap_or(&self.head.norm);
             let output = mtp.head.as_ref().unwrap_or(&self.head.output);
             head(p, &mut x, which, true, norm, output)

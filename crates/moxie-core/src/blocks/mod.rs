@@ -25,14 +25,11 @@ pub mod head;
 pub mod mla;
 pub mod moe;
 
-use moxie_gpu::DevPtr;
-
 use crate::device::DeviceId;
 pub(crate) use crate::forward::Block;
-use crate::forward::Pass;
 use crate::loader::Vector;
 use crate::parallel::Parallel;
-use crate::state::{LayerState, LayerStateSpec};
+use crate::state::LayerStateSpec;
 use crate::tensor::{ChunkedLayout, QuantizedActs, Tensor};
 use crate::Result;
 
@@ -68,33 +65,13 @@ impl Mixer {
         }
     }
 
-    fn block(&self) -> &dyn Block {
+    /// The block, to run where its weights are.
+    pub(crate) fn block(&self) -> &dyn Block {
         match self {
             Mixer::Gqa(a) => a,
             Mixer::Mla(a) => a,
             Mixer::DeltaNet(a) => &**a,
         }
-    }
-}
-
-impl Block for Mixer {
-    fn device(&self) -> DeviceId {
-        self.block().device()
-    }
-
-    fn cpu(&self, p: &mut Pass, h: &[f32], x: &mut [f32], state: &mut LayerState) -> Result<()> {
-        self.block().cpu(p, h, x, state)
-    }
-
-    fn gpu(
-        &self,
-        p: &mut Pass,
-        id: DeviceId,
-        h: DevPtr,
-        x: DevPtr,
-        state: &mut LayerState,
-    ) -> Result<()> {
-        self.block().gpu(p, id, h, x, state)
     }
 }
 
@@ -113,32 +90,12 @@ impl Ffn {
         }
     }
 
-    fn block(&self) -> &dyn Block {
+    /// The block, to run where its weights are.
+    pub(crate) fn block(&self) -> &dyn Block {
         match self {
             Ffn::Dense(f) => &**f,
             Ffn::Moe(m) => &**m,
         }
-    }
-}
-
-impl Block for Ffn {
-    fn device(&self) -> DeviceId {
-        self.block().device()
-    }
-
-    fn cpu(&self, p: &mut Pass, h: &[f32], x: &mut [f32], state: &mut LayerState) -> Result<()> {
-        self.block().cpu(p, h, x, state)
-    }
-
-    fn gpu(
-        &self,
-        p: &mut Pass,
-        id: DeviceId,
-        h: DevPtr,
-        x: DevPtr,
-        state: &mut LayerState,
-    ) -> Result<()> {
-        self.block().gpu(p, id, h, x, state)
     }
 }
 
@@ -165,9 +122,9 @@ pub struct Layer {
 impl Layer {
     /// Where its blocks run.
     pub fn devices(&self) -> LayerDevices {
-        let ffn = self.ffn.device();
+        let ffn = self.ffn.block().device();
         LayerDevices {
-            attn: self.mixer.device(),
+            attn: self.mixer.block().device(),
             ffn,
             experts: match &self.ffn {
                 Ffn::Moe(m) => m.experts_device,
