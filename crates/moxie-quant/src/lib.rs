@@ -41,6 +41,7 @@ pub mod f16;
 pub mod f32gemm;
 pub mod gemm;
 pub mod iq4;
+pub mod iq_grids;
 pub mod kquants;
 pub mod legacy;
 mod simd;
