@@ -60,10 +60,12 @@ pub(crate) struct Rows {
     /// ggml's `dequantize_row_*`.
     pub dequantize: DequantizeFn,
     /// ggml-cpu's `from_float` on x86 (what activations are converted with); the SIMD
-    /// versions are bit-identical to the scalar one.
-    pub quantize: Simd<QuantizeFn>,
-    /// What llama-quantize writes without an importance matrix (`quantize_row_*_ref`).
-    pub quantize_weights: QuantizeFn,
+    /// versions are bit-identical to the scalar one. `None` where ggml-cpu has none (the
+    /// IQ1/IQ2/IQ3 types: their quantizers search code books and need an importance matrix).
+    pub quantize: Option<Simd<QuantizeFn>>,
+    /// What llama-quantize writes without an importance matrix (`quantize_row_*_ref`), where
+    /// moxie has that quantizer.
+    pub quantize_weights: Option<QuantizeFn>,
 }
 
 /// Dot products with weights of a type.
@@ -144,12 +146,22 @@ const fn conversions(
 ) -> Rows {
     Rows {
         dequantize,
-        quantize: Simd {
+        quantize: Some(Simd {
             scalar: quantize,
             avx2,
             avx512,
-        },
-        quantize_weights: quantize,
+        }),
+        quantize_weights: Some(quantize),
+    }
+}
+
+/// Row conversions of a type moxie reads but does not write.
+#[allow(dead_code)] // the first rows using it land with the IQ types
+const fn dequantize_only(dequantize: DequantizeFn) -> Rows {
+    Rows {
+        dequantize,
+        quantize: None,
+        quantize_weights: None,
     }
 }
 
@@ -314,7 +326,7 @@ const ROWS: [TypeRow; 35] = [
         rows: Some(Rows {
             // Activations round half to even with `id = 127/amax` (x86); llama-quantize
             // writes the reference rounding.
-            quantize_weights: legacy::quantize_row_q8_0_ref,
+            quantize_weights: Some(legacy::quantize_row_q8_0_ref),
             ..conversions(
                 legacy::dequantize_row_q8_0,
                 legacy::quantize_row_q8_0,
@@ -343,7 +355,7 @@ const ROWS: [TypeRow; 35] = [
     // Activations only (the partner of Q4_1 / Q5_1).
     TypeRow {
         rows: Some(Rows {
-            quantize_weights: legacy::quantize_row_q8_1_ref,
+            quantize_weights: Some(legacy::quantize_row_q8_1_ref),
             ..conversions(
                 legacy::dequantize_row_q8_1,
                 legacy::quantize_row_q8_1,
@@ -505,7 +517,7 @@ const ROWS: [TypeRow; 35] = [
         rows: Some(Rows {
             // llama-quantize searches 7 scales (`quantize_iq4_nl`); `from_float` is the
             // reference quantizer.
-            quantize_weights: iq4::quantize_row_iq4_nl,
+            quantize_weights: Some(iq4::quantize_row_iq4_nl),
             ..conversions(
                 iq4::dequantize_row_iq4_nl,
                 iq4::quantize_row_iq4_nl_ref,
@@ -659,7 +671,13 @@ mod tests {
             let Some(d) = &r.dot else { continue };
             assert!(r.rows.is_some(), "{}: dot without conversions", r.name);
             let act = row(d.act);
-            assert!(act.rows.is_some(), "{}: activation {}", r.name, act.name);
+            let act_quantize = act.rows.as_ref().and_then(|a| a.quantize.as_ref());
+            assert!(
+                act_quantize.is_some(),
+                "{}: activation {}",
+                r.name,
+                act.name
+            );
             assert_eq!(act.block_size, r.block_size, "{}", r.name);
             if d.tiled.is_some() {
                 assert!(r.ggml_tiled && r.block_size == QK_K, "{}", r.name);
