@@ -1,10 +1,9 @@
-//! `moxie inspect MODEL [--json]`
-
-use std::path::PathBuf;
+//! `moxie inspect MODEL [--json] [--dump TENSOR --out FILE.npy]`
 
 use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
 
-use anyhow::Result;
+use anyhow::{anyhow, bail, Result};
 use moxie_core::inventory::{Inventory, Role, Tally};
 use moxie_gguf::{GgufFile, Value};
 use serde_json::json;
@@ -19,6 +18,14 @@ pub struct Args {
     /// Read only the header and tensor index (for header-only files).
     #[arg(long)]
     header_only: bool,
+    /// Write this tensor, dequantized to F32, to the file given by --out (NumPy .npy; its
+    /// shape is ggml's ne reversed, so rows are the last axis) instead of printing the
+    /// summary.
+    #[arg(long, value_name = "TENSOR", requires = "out")]
+    dump: Option<String>,
+    /// Output file of --dump.
+    #[arg(long, value_name = "FILE.npy", requires = "dump")]
+    out: Option<PathBuf>,
 }
 
 fn gb(b: u64) -> String {
@@ -66,6 +73,47 @@ fn types(t: &Tally) -> String {
         .join(", ")
 }
 
+/// `--dump`: one tensor dequantized to F32, row by row, straight to the file (an expert
+/// tensor of a big model is larger than memory once dequantized).
+fn dump(f: &GgufFile, name: &str, out: &Path) -> Result<()> {
+    let t = f.tensor(name).ok_or_else(|| {
+        anyhow!(
+            "no tensor '{name}' in {} (`moxie inspect --json` lists the tensors by role; names are \
+             like blk.0.attn_q.weight)",
+            f.paths()[0].display()
+        )
+    })?;
+    let dequantize = moxie_quant::dequantize_fn(t.ty).ok_or_else(|| {
+        anyhow!(
+            "tensor '{name}' has type {}, which moxie cannot dequantize",
+            t.ty
+        )
+    })?;
+    let data = f.tensor_data(t)?;
+    let row_len = usize::try_from(t.row_len())?;
+    let row_bytes = usize::try_from(t.row_bytes())?;
+    let shape: Vec<usize> = t
+        .dims
+        .iter()
+        .rev()
+        .map(|&d| usize::try_from(d))
+        .collect::<Result<_, _>>()?;
+    let mut w = moxie_core::npy::NpyWriter::create(out, &shape)?;
+    let mut row = vec![0f32; row_len];
+    for bytes in data.chunks_exact(row_bytes.max(1)) {
+        dequantize(bytes, &mut row);
+        w.write(&row)?;
+    }
+    w.finish()?;
+    eprintln!(
+        "wrote {name} ({}, ne {:?}) as F32 {shape:?} to {}",
+        t.ty,
+        t.dims,
+        out.display()
+    );
+    Ok(())
+}
+
 pub fn main(a: Args) -> Result<()> {
     let mut o = String::new();
     let f = if a.header_only {
@@ -73,6 +121,12 @@ pub fn main(a: Args) -> Result<()> {
     } else {
         GgufFile::open(&a.model)?
     };
+    if let (Some(name), Some(out)) = (&a.dump, &a.out) {
+        if f.is_header_only() {
+            bail!("{} holds no tensor data to dump", a.model.display());
+        }
+        return dump(&f, name, out);
+    }
     let inv = Inventory::of(f.tensors());
     let meta = f.metadata();
     let config = moxie_core::Config::from_metadata(meta);

@@ -8,13 +8,14 @@ use crate::{Error, Result};
 
 /// Write a C-order little-endian f32 array of `shape`.
 pub fn write_f32(path: &Path, shape: &[usize], data: &[f32]) -> Result<()> {
-    let n: usize = shape.iter().product();
-    if n != data.len() {
-        return Err(Error::Model(format!(
-            "npy: shape {shape:?} holds {n} values, {} given",
-            data.len()
-        )));
-    }
+    let mut w = NpyWriter::create(path, shape)?;
+    w.write(data)?;
+    w.finish()
+}
+
+/// The NPY v1.0 header of a C-order little-endian f32 array of `shape`, padded so that the
+/// data starts at a multiple of 64 bytes.
+fn header(shape: &[usize]) -> Result<Vec<u8>> {
     let dims = match shape.len() {
         1 => format!("({},)", shape[0]),
         _ => format!(
@@ -26,21 +27,80 @@ pub fn write_f32(path: &Path, shape: &[usize], data: &[f32]) -> Result<()> {
                 .join(", ")
         ),
     };
-    let mut header = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {dims}, }}");
-    // Pad so that the data starts at a multiple of 64 bytes; the header ends with '\n'.
-    let total = 10 + header.len() + 1;
-    header.push_str(&" ".repeat((64 - total % 64) % 64));
-    header.push('\n');
-    let mut out = Vec::with_capacity(10 + header.len() + data.len() * 4);
+    let mut text = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {dims}, }}");
+    let total = 10 + text.len() + 1;
+    text.push_str(&" ".repeat((64 - total % 64) % 64));
+    text.push('\n');
+    let len = u16::try_from(text.len())
+        .map_err(|_| Error::Model(format!("npy: shape {shape:?} has too many dimensions")))?;
+    let mut out = Vec::with_capacity(10 + text.len());
     out.extend_from_slice(b"\x93NUMPY\x01\x00");
-    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
-    out.extend_from_slice(header.as_bytes());
-    for v in data {
-        out.extend_from_slice(&v.to_le_bytes());
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(text.as_bytes());
+    Ok(out)
+}
+
+/// An f32 array written to a file piece by piece (for arrays larger than memory, e.g. a
+/// dequantized expert tensor); [`NpyWriter::finish`] checks that exactly the shape's values
+/// were written.
+pub struct NpyWriter {
+    out: std::io::BufWriter<std::fs::File>,
+    path: std::path::PathBuf,
+    expected: u64,
+    written: u64,
+}
+
+impl NpyWriter {
+    /// Create `path` and write the header of an array of `shape`.
+    pub fn create(path: &Path, shape: &[usize]) -> Result<NpyWriter> {
+        let expected = shape
+            .iter()
+            .try_fold(1u64, |a, &d| a.checked_mul(d as u64))
+            .ok_or_else(|| Error::Model(format!("npy: shape {shape:?} overflows")))?;
+        let header = header(shape)?;
+        let file = std::fs::File::create(path)
+            .map_err(|e| Error::Model(format!("cannot create {}: {e}", path.display())))?;
+        let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
+        out.write_all(&header)?;
+        Ok(NpyWriter {
+            out,
+            path: path.to_path_buf(),
+            expected,
+            written: 0,
+        })
     }
-    let mut f = std::fs::File::create(path)?;
-    f.write_all(&out)?;
-    Ok(())
+
+    /// Append values in C order.
+    pub fn write(&mut self, data: &[f32]) -> Result<()> {
+        self.written += data.len() as u64;
+        if self.written > self.expected {
+            return Err(Error::Model(format!(
+                "npy {}: more values than the shape holds ({})",
+                self.path.display(),
+                self.expected
+            )));
+        }
+        let mut bytes = Vec::with_capacity(data.len() * 4);
+        for v in data {
+            bytes.extend_from_slice(&v.to_le_bytes());
+        }
+        self.out.write_all(&bytes)?;
+        Ok(())
+    }
+
+    /// Flush, after checking that the whole array was written.
+    pub fn finish(mut self) -> Result<()> {
+        if self.written != self.expected {
+            return Err(Error::Model(format!(
+                "npy {}: the shape holds {} values, {} given",
+                self.path.display(),
+                self.expected,
+                self.written
+            )));
+        }
+        self.out.flush()?;
+        Ok(())
+    }
 }
 
 /// Read a C-order little-endian f32 array: (shape, values).
@@ -102,6 +162,7 @@ mod tests {
         assert_eq!(back, data);
         let raw = std::fs::read(&p).unwrap();
         assert_eq!((raw.len() - 12 * 4) % 64, 0);
+        assert!(write_f32(&p, &[5], &data).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
