@@ -434,7 +434,7 @@ impl<'a> Mat<'a> {
             }
         }
         if tinyblas {
-            if let Some(f) = moxie_quant::tinyblas_dot_many_fn(self.ty) {
+            if let Some(f) = moxie_quant::tinyblas_dot_many_fn(self.ty, self.n_in) {
                 return Kernel::Many(f);
             }
             if let Some(f) = moxie_quant::tinyblas_dot_fn(self.ty, self.n_in) {

@@ -212,7 +212,7 @@ enum Batched {
 fn batched_kernel(ty: GgmlType) -> Batched {
     if let Some(f) = tiled_dot_many_fn(ty, COLS) {
         Batched::Many(f)
-    } else if let Some(f) = tinyblas_dot_many_fn(ty) {
+    } else if let Some(f) = tinyblas_dot_many_fn(ty, COLS) {
         Batched::Many(f)
     } else if let Some(f) = tinyblas_dot_fn(ty, COLS) {
         Batched::Dot(f)

@@ -4,6 +4,8 @@
 //! logits (vendored by llama-cpp-python 0.3.36), so that dot products agree with llama.cpp:
 //!
 //! * [`f16`](mod@f16): F32 / F16 / BF16 rows and ggml-exact half/bfloat conversions;
+//! * `bf16`: BF16 dot products in the orders of ggml's AVX512_BF16 build (`VDPBF16PS`, used
+//!   where the CPU has it, emulated bit for bit where not);
 //! * [`legacy`]: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1;
 //! * [`kquants`]: Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K;
 //! * [`iq4`]: IQ4_NL, IQ4_XS;
@@ -35,6 +37,7 @@
 // Index loops mirror ggml's C loops one to one, which keeps the ports reviewable.
 #![allow(clippy::needless_range_loop)]
 
+pub(crate) mod bf16;
 mod common;
 pub mod dispatch;
 pub mod f16;

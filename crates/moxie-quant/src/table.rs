@@ -18,7 +18,7 @@ use crate::gemm::{self, GemmLayout};
 use crate::simd::{x86_avx2 as avx2, x86_avx512 as avx512};
 use crate::tiled::{self, DotManyFn};
 use crate::types::{GgmlType, QK_K};
-use crate::{f16, iq4, kquants, legacy, tinyblas};
+use crate::{bf16, f16, iq4, kquants, legacy, tinyblas};
 
 /// `Some(kernel)` of the x86-64 SIMD modules; `None` when building for another architecture
 /// (the kernel's path is then never resolved).
@@ -580,7 +580,10 @@ const ROWS: [TypeRow; 35] = [
             None,
             None,
         )),
-        dot: Some(dot(T::BF16, f16::vec_dot_bf16_bf16, None, None)),
+        dot: Some(Dot {
+            tinyblas: tinyblas(bf16::tinyblas_dot, Some(bf16::tinyblas_many), 32),
+            ..dot(T::BF16, f16::vec_dot_bf16_bf16, None, x86!(bf16::vec_dot))
+        }),
         ..layout(T::BF16, "BF16", 1, 2)
     },
     layout(T::TQ1_0, "TQ1_0", QK_K, 54),

@@ -286,10 +286,12 @@ pub(crate) fn many_iq4_nl(n: usize, w: &[u8], acts: &[u8], stride: usize, out: &
     many_q0(n, w, acts, stride, out, unpack_iq4_nl, 18)
 }
 
-/// [`tinyblas_dot_fn`] for one weight row against many activation rows, for the Q8_0-paired
-/// types (each weight block unpacked once); identical results per output.
-pub fn tinyblas_dot_many_fn(ty: GgmlType) -> Option<crate::tiled::DotManyFn> {
-    row(ty).dot.as_ref()?.tinyblas?.many
+/// [`tinyblas_dot_fn`] for one weight row against many activation rows (each weight block
+/// unpacked or loaded once), for the Q8_0-paired types and BF16; identical results per
+/// output. `None` where [`tinyblas_dot_fn`] is, or the type has no such kernel.
+pub fn tinyblas_dot_many_fn(ty: GgmlType, n: usize) -> Option<crate::tiled::DotManyFn> {
+    let t = row(ty).dot.as_ref()?.tinyblas?;
+    n.is_multiple_of(t.k_multiple).then_some(t.many?)
 }
 
 /// The tinyBLAS-order dot for `ty`, when llama.cpp would use tinyBLAS for a batched `mul_mat`

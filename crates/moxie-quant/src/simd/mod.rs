@@ -41,3 +41,17 @@ pub(crate) fn detect() -> SimdLevel {
     }
     SimdLevel::Scalar
 }
+
+/// Whether the CPU has AVX512_BF16 (`VDPBF16PS`), which the BF16 kernels use on top of the
+/// AVX-512 level (`bf16.rs`; without it they emulate the instruction, with the same results).
+pub(crate) fn has_avx512_bf16() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *HAS.get_or_init(|| {
+            is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bf16")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}

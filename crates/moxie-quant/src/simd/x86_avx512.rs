@@ -430,3 +430,84 @@ fn quantize_q8_k_imp(src: &[f32], dst: &mut [u8]) {
         y[0..4].copy_from_slice(&(1.0 / iscale).to_le_bytes());
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// BF16 on VDPBF16PS (orders and emulation in `bf16.rs`)
+
+/// 32 bf16 at byte offset `off` as the instruction's operand.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bf16")]
+fn ld_bh(s: &[u8], off: usize) -> __m512bh {
+    assert!(off + 64 <= s.len());
+    // SAFETY: 64 bytes from `off` are in bounds (asserted); __m512bh is 32 bf16 in the same
+    // 512 bits as __m512i, any bit pattern valid.
+    unsafe {
+        std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(s.as_ptr().add(off).cast()))
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bf16")]
+fn lanes(v: __m512) -> [f32; 16] {
+    let mut o = [0f32; 16];
+    // SAFETY: `o` holds 16 f32, the unaligned store writes exactly those.
+    unsafe { _mm512_storeu_ps(o.as_mut_ptr(), v) };
+    o
+}
+
+/// `ggml_vec_dot_bf16` of an AVX512_BF16 build. Only called where `has_avx512_bf16()`.
+pub(crate) fn dot_bf16(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    assert!(super::has_avx512_bf16() && w.len() >= 2 * n && a.len() >= 2 * n);
+    // SAFETY: AVX512F + AVX512_BF16 detected (asserted); lengths asserted.
+    unsafe { dot_bf16_imp(n, w, a) }
+}
+
+#[target_feature(enable = "avx512f,avx512bf16")]
+fn dot_bf16_imp(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let np = n & !63;
+    let (mut c1, mut c2) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    for i in (0..np).step_by(64) {
+        c1 = _mm512_dpbf16_ps(c1, ld_bh(w, 2 * i), ld_bh(a, 2 * i));
+        c2 = _mm512_dpbf16_ps(c2, ld_bh(w, 2 * i + 64), ld_bh(a, 2 * i + 64));
+    }
+    crate::bf16::vec_dot_finish(n, np, w, a, &lanes(c1), &lanes(c2))
+}
+
+/// tinyBLAS's BF16 dot (`n % 32 == 0`). Only called where `has_avx512_bf16()`.
+pub(crate) fn tinyblas_bf16(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let mut out = [0f32; 1];
+    tinyblas_bf16_many(n, w, a, 0, &mut out);
+    out[0]
+}
+
+/// tinyBLAS's BF16 dot of one weight row with `out.len()` activation rows `stride` bytes
+/// apart. Only called where `has_avx512_bf16()`.
+pub(crate) fn tinyblas_bf16_many(n: usize, w: &[u8], acts: &[u8], stride: usize, out: &mut [f32]) {
+    assert!(super::has_avx512_bf16() && n.is_multiple_of(32) && w.len() >= 2 * n);
+    if let Some(last) = out.len().checked_sub(1) {
+        assert!(acts.len() >= last * stride + 2 * n);
+    }
+    // SAFETY: AVX512F + AVX512_BF16 detected (asserted); every activation row read lies in
+    // `acts` (asserted) and the loads check their bounds.
+    unsafe { tinyblas_bf16_many_imp(n, w, acts, stride, out) }
+}
+
+#[target_feature(enable = "avx512f,avx512bf16")]
+fn tinyblas_bf16_many_imp(n: usize, w: &[u8], acts: &[u8], stride: usize, out: &mut [f32]) {
+    // Four activation rows per pass share each weight load (the chains stay per row).
+    let mut t = 0;
+    while t < out.len() {
+        let rows = (out.len() - t).min(4);
+        let mut acc = [_mm512_setzero_ps(); 4];
+        for i in (0..n).step_by(32) {
+            let wv = ld_bh(w, 2 * i);
+            for (r, c) in acc.iter_mut().enumerate().take(rows) {
+                *c = _mm512_dpbf16_ps(*c, wv, ld_bh(acts, (t + r) * stride + 2 * i));
+            }
+        }
+        for (r, c) in acc.iter().enumerate().take(rows) {
+            out[t + r] = crate::tinyblas::reduce_add_16(&lanes(*c));
+        }
+        t += rows;
+    }
+}
