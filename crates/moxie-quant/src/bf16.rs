@@ -150,7 +150,7 @@ mod tests {
         (0..n)
             .flat_map(|_| {
                 let r = xorshift(s);
-                let exp = if r % 50 == 0 {
+                let exp = if r.is_multiple_of(50) {
                     (r >> 8) % 3
                 } else {
                     117 + (r >> 8) % 20
@@ -187,7 +187,7 @@ mod tests {
                     let a = random_bf16(&mut s, n);
                     let hw = crate::simd::x86_avx512::dot_bf16(n, &w, &a);
                     assert_eq!(hw.to_bits(), vec_dot_emulated(n, &w, &a).to_bits(), "n {n}");
-                    if n % 32 == 0 {
+                    if n.is_multiple_of(32) {
                         let hw = crate::simd::x86_avx512::tinyblas_bf16(n, &w, &a);
                         assert_eq!(hw.to_bits(), tinyblas_emulated(n, &w, &a).to_bits());
                     }
