@@ -501,6 +501,13 @@ const ROWS: [TypeRow; 35] = [
         rows: Some(dequantize_only(iq2_3::dequantize_row_iq2_xxs)),
         dot: Some(Dot {
             tiled: tiled(tiled::dot_iq2_xxs, tiled::many_iq2_xxs),
+            gemm: Some(GemmLayout {
+                sub: 32,
+                mins: false,
+                offset: 128,
+                decode: gemm::decode_iq2_xxs,
+                unpack_tile: None,
+            }),
             ..dot(
                 T::Q8_K,
                 iq2_3::vec_dot_iq2_xxs_q8_k,
@@ -516,6 +523,13 @@ const ROWS: [TypeRow; 35] = [
         rows: Some(dequantize_only(iq2_3::dequantize_row_iq2_xs)),
         dot: Some(Dot {
             tiled: tiled(tiled::dot_iq2_xs, tiled::many_iq2_xs),
+            gemm: Some(GemmLayout {
+                sub: 16,
+                mins: false,
+                offset: 128,
+                decode: gemm::decode_iq2_xs,
+                unpack_tile: None,
+            }),
             ..dot(
                 T::Q8_K,
                 iq2_3::vec_dot_iq2_xs_q8_k,
@@ -531,6 +545,13 @@ const ROWS: [TypeRow; 35] = [
         rows: Some(dequantize_only(iq2_3::dequantize_row_iq3_xxs)),
         dot: Some(Dot {
             tiled: tiled(tiled::dot_iq3_xxs, tiled::many_iq3_xxs),
+            gemm: Some(GemmLayout {
+                sub: 32,
+                mins: false,
+                offset: 128,
+                decode: gemm::decode_iq3_xxs,
+                unpack_tile: None,
+            }),
             ..dot(
                 T::Q8_K,
                 iq2_3::vec_dot_iq3_xxs_q8_k,
@@ -578,6 +599,13 @@ const ROWS: [TypeRow; 35] = [
         rows: Some(dequantize_only(iq2_3::dequantize_row_iq2_s)),
         dot: Some(Dot {
             tiled: tiled(tiled::dot_iq2_s, tiled::many_iq2_s),
+            gemm: Some(GemmLayout {
+                sub: 16,
+                mins: false,
+                offset: 128,
+                decode: gemm::decode_iq2_s,
+                unpack_tile: None,
+            }),
             ..dot(
                 T::Q8_K,
                 iq2_3::vec_dot_iq2_s_q8_k,
