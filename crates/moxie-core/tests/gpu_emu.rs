@@ -260,8 +260,8 @@ fn check_file(path: &Path, par: &Parallel, devices: fn() -> Devices) {
     }
 }
 
-/// The fixtures moxie runs whose every block type has GPU kernels (files with other types,
-/// e.g. IQ2_XXS, are the CPU's: `golden.rs`).
+/// The fixtures moxie runs whose every block type has GPU kernels (a file with a type only
+/// the CPU computes with is `golden.rs`'s; `moxie-gpu` tests which types have kernels).
 fn fixture_models() -> Vec<PathBuf> {
     supported_models(&golden_index())
         .into_iter()
