@@ -46,12 +46,20 @@ pub(crate) struct Group32 {
     pub ls: [u8; 2],
 }
 
-/// 8 grid magnitudes with the signs of `signs` (bit `j` negates value `j`).
+/// 8 grid magnitudes with the signs of `signs` (bit `j` negates value `j`), eight bytes at
+/// once: `(g ^ m) + (m & 1)` is `-g` in the bytes where the mask `m` is 0xff; no carry leaves
+/// a byte, every magnitude being at least 1.
 #[inline(always)]
 fn signed8(grid: u64, signs: u8, out: &mut [i8]) {
-    for (j, (o, g)) in out.iter_mut().zip(grid.to_le_bytes()).enumerate() {
-        let g = g as i8;
-        *o = if signs & (1 << j) != 0 { -g } else { g };
+    const LOW: u64 = 0x0101_0101_0101_0101;
+    // bit j of `signs` to the top bit of byte j, then to 0xff / 0x00
+    let bits = ((signs as u64).wrapping_mul(LOW) & 0x8040_2010_0804_0201)
+        .wrapping_add(0x7f7f_7f7f_7f7f_7f7f)
+        & 0x8080_8080_8080_8080;
+    let m = (bits >> 7).wrapping_mul(0xff);
+    let v = (grid ^ m).wrapping_add(m & LOW);
+    for (o, b) in out.iter_mut().zip(v.to_le_bytes()) {
+        *o = b as i8;
     }
 }
 
@@ -226,4 +234,40 @@ pub fn vec_dot_iq2_s_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
 /// IQ3_XXS weights x Q8_K activations (`ggml_vec_dot_iq3_xxs_q8_K_generic`).
 pub fn vec_dot_iq3_xxs_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     vec_dot_with(n, w, a, IQ3_XXS_BYTES, 0.25, iq3_xxs_group)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `signed8` relies on every code-book magnitude being at least 1 (and below 128).
+    #[test]
+    fn code_book_magnitudes_are_between_1_and_127() {
+        let bytes = IQ2XXS_GRID
+            .iter()
+            .chain(&IQ2XS_GRID)
+            .chain(&IQ2S_GRID)
+            .flat_map(|g| g.to_le_bytes())
+            .chain(IQ3XXS_GRID.iter().flat_map(|g| g.to_le_bytes()));
+        for b in bytes {
+            assert!((1..128).contains(&b), "{b}");
+        }
+    }
+
+    #[test]
+    fn signed8_negates_the_flagged_values() {
+        let grid = u64::from_le_bytes([8, 25, 43, 1, 62, 127, 4, 12]);
+        for signs in 0..=255u8 {
+            let mut out = [0i8; 8];
+            signed8(grid, signs, &mut out);
+            for (j, (&o, g)) in out.iter().zip(grid.to_le_bytes()).enumerate() {
+                let want = if signs >> j & 1 == 1 {
+                    -(g as i8)
+                } else {
+                    g as i8
+                };
+                assert_eq!(o, want, "signs {signs:#x} value {j}");
+            }
+        }
+    }
 }
