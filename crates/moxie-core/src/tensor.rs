@@ -303,7 +303,7 @@ impl<'a> Mat<'a> {
 
     /// Like [`Mat::matmul`] with activations already converted to [`Mat::act_type`] (so that
     /// several matrices reading the same input convert it once). Follows ggml's `mul_mat`: from
-    /// 8 rows on llama.cpp runs K-quant / IQ4_XS weights through its tiled matmul, and for two
+    /// 8 rows on llama.cpp runs K-quant / IQ weights through its tiled matmul, and for two
     /// or more rows F32/F16/Q8_0/Q4_0/Q5_0/IQ4_NL weights through llamafile's tinyBLAS; both
     /// sum in an order that differs from `vec_dot`'s.
     pub fn matmul_q(&self, par: &Parallel, acts: &QuantizedActs, out: &mut [f32]) {

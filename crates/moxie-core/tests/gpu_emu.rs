@@ -260,9 +260,17 @@ fn check_file(path: &Path, par: &Parallel, devices: fn() -> Devices) {
     }
 }
 
+/// The fixtures moxie runs whose every block type has GPU kernels (a file with a type only
+/// the CPU computes with is `golden.rs`'s; `moxie-gpu` tests which types have kernels).
 fn fixture_models() -> Vec<PathBuf> {
     supported_models(&golden_index())
         .into_iter()
+        .filter(|m| {
+            let types = m.entry["tensor_types"].as_object().expect("tensor_types");
+            types
+                .keys()
+                .all(|t| moxie_quant::GgmlType::from_name(t).is_some_and(moxie_gpu::Gpu::supports))
+        })
         .map(|m| m.path)
         .collect()
 }

@@ -694,6 +694,7 @@ static int launch(const char* name, void (*fn)(P...), const Request& r, std::str
 // ---- the kernels ------------------------------------------------------------------------------
 
 #include "../kernels/common.cuh"
+#include "../kernels/iq_grids.cuh"
 #include "../kernels/quant.cuh"
 #include "../kernels/matmul.cu"
 #include "../kernels/ops.cu"

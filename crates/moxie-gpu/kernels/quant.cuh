@@ -1,7 +1,8 @@
 // Dequantization of every weight type the GPU kernels read, one 32-value chunk at a time.
 //
 // Every type's block is either 32 values (Q4_0 .. Q8_0, IQ4_NL) or a 256-value super-block
-// of eight 32-value chunks (the K-quants, IQ4_XS); F32/F16/BF16 rows are cut into chunks of
+// of eight 32-value chunks (the K-quants, IQ4_XS, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS; the
+// code books of the IQ2/IQ3 types are in iq_grids.cuh); F32/F16/BF16 rows are cut into chunks of
 // 32. So `mx_dequant_chunk<TY>(row, c, out)` — chunk c of a row, elements 32c .. 32c+31 —
 // is all a kernel needs to read any type, and the kernels in matmul.cu are generic over TY.
 //
@@ -32,6 +33,10 @@
 #define MX_T_Q6_K 12
 #define MX_T_IQ4_NL 13
 #define MX_T_IQ4_XS 14
+#define MX_T_IQ2_XXS 15
+#define MX_T_IQ2_XS 16
+#define MX_T_IQ2_S 17
+#define MX_T_IQ3_XXS 18
 
 #ifdef __CUDACC_RTC__
 #define MX_FMUL(a, b) __fmul_rn((a), (b))
@@ -394,6 +399,95 @@ __device__ __forceinline__ void mx_deq_iq4_xs(const uint8_t* row, int c, float* 
     }
 }
 
+// ---- IQ2/IQ3 code-book types -------------------------------------------------------------
+// Blocks of 66/74/82/98 bytes are only 2-byte aligned. Each group of 8 values is one grid
+// entry of magnitudes with a sign byte (bit j negates value j); value db * (±grid), with
+// db = d * (0.5 + ls) * 0.25 (IQ3_XXS: * 0.5) for the 4-bit scale ls of its 32 (IQ2_XS,
+// IQ2_S: of its 16). ggml multiplies the magnitude by db and then by ±1: the same float.
+
+__device__ __forceinline__ float mx_grid_db(float d, uint32_t ls, float sub) {
+    return MX_FMUL(MX_FMUL(d, MX_FADD(0.5f, (float)ls)), sub);
+}
+
+// The 8 values of grid entry g (byte j = magnitude j) with the signs of `signs`.
+__device__ __forceinline__ void mx_grid8(uint64_t g, uint32_t signs, float db, float* out) {
+    MX_UNROLL
+    for (int j = 0; j < 8; ++j) {
+        float v = (float)(int)((g >> (8 * j)) & 0xffu);
+        out[j] = MX_FMUL(db, (signs >> j) & 1u ? -v : v);
+    }
+}
+
+// IQ2_XXS, 66 bytes: d, then per 32 values two u32: 4 grid indices (bytes of the first) and
+// 4 x 7 sign bits (ksigns_iq2xs) with ls in the top 4 bits (the second).
+__device__ __forceinline__ void mx_deq_iq2_xxs(const uint8_t* row, int c, float* out) {
+    const uint8_t* b = row + (uint64_t)(c >> 3) * 66u;
+    int ib = c & 7;
+    uint32_t w[2];
+    mx_load_words<2, 2>(b + 2 + 8 * ib, w);
+    float db = mx_grid_db(mx_ld_f16(b), w[1] >> 28, 0.25f);
+    MX_UNROLL
+    for (int l = 0; l < 4; ++l) {
+        mx_grid8(mx_iq2xxs_grid[mx_byte(w, l)], mx_ksigns_iq2xs[(w[1] >> (7 * l)) & 127u], db,
+                 out + 8 * l);
+    }
+}
+
+// IQ2_XS, 74 bytes: d, qs[32] u16 (9-bit grid index, 7 sign bits), scales[8] (low nibble:
+// the first 16 of a 32, high nibble: the last 16).
+__device__ __forceinline__ void mx_deq_iq2_xs(const uint8_t* row, int c, float* out) {
+    const uint8_t* b = row + (uint64_t)(c >> 3) * 74u;
+    int ib = c & 7;
+    float d = mx_ld_f16(b);
+    uint32_t w[2];
+    mx_load_words<2, 2>(b + 2 + 8 * ib, w);
+    uint32_t sc = b[66 + ib];
+    float db0 = mx_grid_db(d, sc & 15u, 0.25f);
+    float db1 = mx_grid_db(d, sc >> 4, 0.25f);
+    MX_UNROLL
+    for (int l = 0; l < 4; ++l) {
+        uint32_t q = (w[l >> 1] >> (16 * (l & 1))) & 0xffffu;
+        mx_grid8(mx_iq2xs_grid[q & 511u], mx_ksigns_iq2xs[q >> 9], l < 2 ? db0 : db1, out + 8 * l);
+    }
+}
+
+// IQ2_S, 82 bytes: d, qs[32] (grid index low bytes), signs[32] (8 explicit bits per 8),
+// qh[8] (bits 2l..2l+1: index bits 8..9 of group l), scales[8] as IQ2_XS.
+__device__ __forceinline__ void mx_deq_iq2_s(const uint8_t* row, int c, float* out) {
+    const uint8_t* b = row + (uint64_t)(c >> 3) * 82u;
+    int ib = c & 7;
+    float d = mx_ld_f16(b);
+    uint32_t qs[1], sg[1];
+    mx_load_words<2, 1>(b + 2 + 4 * ib, qs);
+    mx_load_words<2, 1>(b + 34 + 4 * ib, sg);
+    uint32_t qh = b[66 + ib];
+    uint32_t sc = b[74 + ib];
+    float db0 = mx_grid_db(d, sc & 15u, 0.25f);
+    float db1 = mx_grid_db(d, sc >> 4, 0.25f);
+    MX_UNROLL
+    for (int l = 0; l < 4; ++l) {
+        uint32_t idx = mx_byte(qs, l) | ((qh << (8 - 2 * l)) & 0x300u);
+        mx_grid8(mx_iq2s_grid[idx], mx_byte(sg, l), l < 2 ? db0 : db1, out + 8 * l);
+    }
+}
+
+// IQ3_XXS, 98 bytes: d, qs[64] (per 8 values two indices of 4-value entries), then per 32 one
+// u32 of 4 x 7 sign bits with ls on top.
+__device__ __forceinline__ void mx_deq_iq3_xxs(const uint8_t* row, int c, float* out) {
+    const uint8_t* b = row + (uint64_t)(c >> 3) * 98u;
+    int ib = c & 7;
+    uint32_t qs[2], aux[1];
+    mx_load_words<2, 2>(b + 2 + 8 * ib, qs);
+    mx_load_words<2, 1>(b + 66 + 4 * ib, aux);
+    float db = mx_grid_db(mx_ld_f16(b), aux[0] >> 28, 0.5f);
+    MX_UNROLL
+    for (int l = 0; l < 4; ++l) {
+        uint64_t g = (uint64_t)mx_iq3xxs_grid[mx_byte(qs, 2 * l)] |
+                     ((uint64_t)mx_iq3xxs_grid[mx_byte(qs, 2 * l + 1)] << 32);
+        mx_grid8(g, mx_ksigns_iq2xs[(aux[0] >> (7 * l)) & 127u], db, out + 8 * l);
+    }
+}
+
 // ---- dispatch --------------------------------------------------------------------------
 
 // Chunk c of a row (elements 32c .. 32c+31) of type TY into out[32]; TY is a constant, so
@@ -430,5 +524,13 @@ __device__ __forceinline__ void mx_dequant_chunk(const uint8_t* row, int c, floa
         mx_deq_iq4_nl(row, c, out);
     } else if (TY == MX_T_IQ4_XS) {
         mx_deq_iq4_xs(row, c, out);
+    } else if (TY == MX_T_IQ2_XXS) {
+        mx_deq_iq2_xxs(row, c, out);
+    } else if (TY == MX_T_IQ2_XS) {
+        mx_deq_iq2_xs(row, c, out);
+    } else if (TY == MX_T_IQ2_S) {
+        mx_deq_iq2_s(row, c, out);
+    } else if (TY == MX_T_IQ3_XXS) {
+        mx_deq_iq3_xxs(row, c, out);
     }
 }

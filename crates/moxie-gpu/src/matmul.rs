@@ -72,6 +72,10 @@ fn kernels(ty: GgmlType) -> Option<&'static Kernels> {
         Q6_K => k!("q6_k", 2),
         IQ4_NL => k!("iq4_nl", 2),
         IQ4_XS => k!("iq4_xs", 8),
+        IQ2_XXS => k!("iq2_xxs", 2),
+        IQ2_XS => k!("iq2_xs", 2),
+        IQ2_S => k!("iq2_s", 2),
+        IQ3_XXS => k!("iq3_xxs", 2),
         _ => return None,
     })
 }

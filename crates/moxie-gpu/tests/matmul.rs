@@ -51,7 +51,7 @@ impl Tensor {
         n_mat: usize,
         rng: &mut Rng,
     ) -> Tensor {
-        let quantize = moxie_quant::quantize_weights_fn(ty).unwrap();
+        let quantize = moxie_quant::quantize_weights_fn(ty);
         let dequantize = moxie_quant::dequantize_fn(ty).unwrap();
         let row_bytes = ty.row_bytes(n_in as u64).unwrap() as usize;
         let mut bytes = vec![0u8; row_bytes * n_out * n_mat];
@@ -60,7 +60,21 @@ impl Tensor {
             // Rows of different magnitudes, so that scales vary.
             let scale = 0.05 + (i % 7) as f32 * 0.4;
             let src: Vec<f32> = rng.vec(n_in).iter().map(|v| v * scale).collect();
-            quantize(&src, dst);
+            match quantize {
+                Some(quantize) => quantize(&src, dst),
+                // types moxie only reads (IQ2/IQ3): random blocks with finite scales
+                None => {
+                    for b in dst.iter_mut() {
+                        *b = rng.next() as u8;
+                    }
+                    for blk in dst.chunks_exact_mut(ty.type_size()) {
+                        for &off in ty.f16_scale_offsets() {
+                            let d = moxie_quant::f32_to_fp16(scale * 0.01 * (1.0 + rng.unit()));
+                            blk[off..off + 2].copy_from_slice(&d.to_le_bytes());
+                        }
+                    }
+                }
+            }
             let mut row = vec![0f32; n_in];
             dequantize(dst, &mut row);
             rows.push(row);
@@ -305,6 +319,10 @@ type_tests! {
     q6_k: Q6_K,
     iq4_nl: IQ4_NL,
     iq4_xs: IQ4_XS,
+    iq2_xxs: IQ2_XXS,
+    iq2_xs: IQ2_XS,
+    iq2_s: IQ2_S,
+    iq3_xxs: IQ3_XXS,
 }
 
 #[test]
@@ -320,7 +338,7 @@ fn bad_arguments_are_errors() {
     };
     let p = buf.ptr();
     // Unsupported types.
-    for ty in [GgmlType::IQ2_XXS, GgmlType::Q8_K, GgmlType::I32] {
+    for ty in [GgmlType::TQ1_0, GgmlType::Q8_K, GgmlType::I32] {
         let w = Weight { ty, ..w };
         match gpu.mul_mat(&w, 1, p, 256, 0, p, 4, 0, 1) {
             Err(Error::Unsupported(msg)) => {

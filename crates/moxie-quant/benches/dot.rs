@@ -9,8 +9,8 @@
 //! ```
 //!
 //! Groups (all single-threaded, rows of 4096 elements, weights from `quantize_weights_fn` on
-//! deterministic pseudo-random data, activations quantized to `vec_dot_type` outside the timed
-//! loop):
+//! deterministic pseudo-random data, or random raw blocks for the IQ2/IQ3 types, which have no
+//! quantizer; activations quantized to `vec_dot_type` outside the timed loop):
 //!
 //! * `matvec_l2`: one activation row against a matrix of about 512 KiB (e.g. 224 Q4_0 rows),
 //!   which stays in L2: measures the `vec_dot_fn` kernel's compute speed.
@@ -20,12 +20,12 @@
 //! * `batch32_l2` / `batch32_dram`: 32 activation rows, the same matrices, with the kernels
 //!   that keep llama.cpp's summation order (what moxie-core's `Mat::matmul_q` runs under
 //!   `--exact`, and by default for types without an int8 GEMM): `tiled_dot_many_fn` for
-//!   Q2_K..Q6_K and IQ4_XS, `tinyblas_dot_many_fn` for Q8_0/Q4_0/Q5_0/IQ4_NL (each weight row
+//!   Q2_K..Q6_K, IQ4_XS and the IQ2/IQ3 types, `tinyblas_dot_many_fn` for Q8_0/Q4_0/Q5_0/IQ4_NL (each weight row
 //!   unpacked once for all 32 rows), `tinyblas_dot_fn` for F32/F16 and `vec_dot_fn` for
 //!   BF16/Q4_1/Q5_1 (token by token over the whole matrix). Bytes are the weight bytes, read
 //!   once per iteration, so 32x the figure is the activation-row throughput.
 //! * `batch32_gemm_l2` / `batch32_gemm_dram`: the same with `gemm_q8`, the default batched path
-//!   (int8 AVX-512 VNNI) for Q8_0/Q4_0/Q5_0/Q4_K/Q5_K/Q6_K; its `GemmActs` are prepared outside
+//!   (int8 AVX-512 VNNI) for Q8_0/Q4_0/Q5_0/Q4_K/Q5_K/Q6_K and the IQ2/IQ3 types; its `GemmActs` are prepared outside
 //!   the timed loop. Skipped where `gemm_available()` is false (no AVX-512, or
 //!   `MOXIE_QUANT_SIMD` below `avx512`).
 //!
@@ -41,9 +41,9 @@
 use divan::counter::BytesCount;
 use divan::{black_box, Bencher};
 use moxie_quant::{
-    gemm_available, gemm_q8, gemm_supports, hardware_simd_level, quantize_fn, quantize_weights_fn,
-    simd_level, tiled_dot_many_fn, tinyblas_dot_fn, tinyblas_dot_many_fn, vec_dot_fn, vec_dot_type,
-    DotManyFn, GemmActs, GgmlType, VecDotFn, GEMM_TILE_ROWS,
+    f32_to_fp16, gemm_available, gemm_q8, gemm_supports, hardware_simd_level, quantize_fn,
+    quantize_weights_fn, simd_level, tiled_dot_many_fn, tinyblas_dot_fn, tinyblas_dot_many_fn,
+    vec_dot_fn, vec_dot_type, DotManyFn, GemmActs, GgmlType, VecDotFn, GEMM_TILE_ROWS,
 };
 use GgmlType::*;
 
@@ -60,9 +60,12 @@ const BATCH: usize = 32;
 
 const TYPES: &[GgmlType] = &[
     F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS,
+    IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS,
 ];
 /// The types `gemm_q8` handles.
-const GEMM_TYPES: &[GgmlType] = &[Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K];
+const GEMM_TYPES: &[GgmlType] = &[
+    Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS,
+];
 
 fn main() {
     println!(
@@ -112,14 +115,28 @@ impl Weights {
         let row_bytes = ty.row_bytes(COLS as u64).unwrap() as usize;
         let mat_bytes = rows * row_bytes;
         let copies = min_total_bytes.div_ceil(mat_bytes).max(1);
-        let quantize = quantize_weights_fn(ty).unwrap();
+        let quantize = quantize_weights_fn(ty);
         let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ u64::from(ty.id()));
         let mut x = vec![0f32; COLS];
         let base: Vec<u8> = (0..rows.min(64))
             .flat_map(|_| {
                 x.iter_mut().for_each(|v| *v = rng.f32());
                 let mut row = vec![0u8; row_bytes];
-                quantize(&x, &mut row);
+                match quantize {
+                    Some(quantize) => quantize(&x, &mut row),
+                    // random raw blocks, f16 scales set to finite values
+                    None => {
+                        for (b, v) in row.iter_mut().zip(x.iter().cycle()) {
+                            *b = v.to_bits() as u8;
+                        }
+                        for blk in row.chunks_exact_mut(ty.type_size()) {
+                            for &off in ty.f16_scale_offsets() {
+                                let d = f32_to_fp16(0.01 * (1.0 + rng.f32()));
+                                blk[off..off + 2].copy_from_slice(&d.to_le_bytes());
+                            }
+                        }
+                    }
+                }
                 row
             })
             .collect();

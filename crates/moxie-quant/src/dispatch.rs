@@ -253,7 +253,8 @@ mod tests {
         assert_eq!(vec_dot_type(GgmlType::IQ4_XS), Some(GgmlType::Q8_K));
         assert_eq!(vec_dot_type(GgmlType::Q5_1), Some(GgmlType::Q8_1));
         assert_eq!(vec_dot_type(GgmlType::Q8_K), None);
-        assert_eq!(vec_dot_type(GgmlType::IQ2_XXS), None);
+        assert_eq!(vec_dot_type(GgmlType::IQ2_XXS), Some(GgmlType::Q8_K));
+        assert_eq!(vec_dot_type(GgmlType::TQ1_0), None);
     }
 
     #[test]
@@ -273,7 +274,7 @@ mod tests {
             Err(QuantError::NotBlockMultiple { .. })
         ));
         assert!(matches!(
-            dequantize_row(GgmlType::IQ2_XXS, &[0u8; 66], &mut [0f32; 256]),
+            dequantize_row(GgmlType::TQ1_0, &[0u8; 54], &mut [0f32; 256]),
             Err(QuantError::Unsupported { .. })
         ));
         let mut dst = vec![0u8; 144];

@@ -13,6 +13,10 @@
 //! this pays from a few tokens on (prefill, experts with several routed tokens).
 
 use crate::common::{get_scale_min_k4, rd_f16, rd_f32, rd_i16, rd_u32};
+use crate::iq2_3::{
+    iq2_s_group, iq2_xs_group, iq2_xxs_group, iq3_xxs_group, Group32, IQ2_S_BYTES, IQ2_XS_BYTES,
+    IQ2_XXS_BYTES, IQ3_XXS_BYTES,
+};
 use crate::kquants::{q4_k_quants, q5_k_quants, q6_k_quants};
 use crate::legacy::{quants_4bit, quants_5bit};
 use crate::GgmlType;
@@ -236,6 +240,51 @@ pub(crate) fn decode_q5_0(row: &[u8], q: &mut [u8], scale: &mut [f32], _min: &mu
         scale[b] = rd_f16(x, 0);
         q[32 * b..32 * (b + 1)].copy_from_slice(&quants_5bit(&x[6..22], rd_u32(x, 2)));
     }
+}
+
+/// The IQ2/IQ3 code-book types: the signed values plus 128, and per sub-block of `sub` (32, or
+/// 16 for the types with two scales per 32) the dequantization's `d * (0.5 + ls) * sub_scale`.
+fn decode_grid(
+    row: &[u8],
+    q: &mut [u8],
+    scale: &mut [f32],
+    block_bytes: usize,
+    sub: usize,
+    sub_scale: f32,
+    group: fn(&[u8], usize) -> Group32,
+) {
+    let per_block = 256 / sub;
+    for (b, x) in row.chunks_exact(block_bytes).enumerate() {
+        let d = rd_f16(x, 0);
+        for ib32 in 0..8 {
+            let g = group(x, ib32);
+            for (o, &v) in q[256 * b + 32 * ib32..256 * b + 32 * ib32 + 32]
+                .iter_mut()
+                .zip(&g.v)
+            {
+                *o = (v as i32 + 128) as u8;
+            }
+            for (h, &ls) in g.ls[..32 / sub].iter().enumerate() {
+                scale[per_block * b + 32 / sub * ib32 + h] = d * (0.5 + ls as f32) * sub_scale;
+            }
+        }
+    }
+}
+
+pub(crate) fn decode_iq2_xxs(row: &[u8], q: &mut [u8], scale: &mut [f32], _min: &mut [f32]) {
+    decode_grid(row, q, scale, IQ2_XXS_BYTES, 32, 0.25, iq2_xxs_group)
+}
+
+pub(crate) fn decode_iq2_xs(row: &[u8], q: &mut [u8], scale: &mut [f32], _min: &mut [f32]) {
+    decode_grid(row, q, scale, IQ2_XS_BYTES, 16, 0.25, iq2_xs_group)
+}
+
+pub(crate) fn decode_iq2_s(row: &[u8], q: &mut [u8], scale: &mut [f32], _min: &mut [f32]) {
+    decode_grid(row, q, scale, IQ2_S_BYTES, 16, 0.25, iq2_s_group)
+}
+
+pub(crate) fn decode_iq3_xxs(row: &[u8], q: &mut [u8], scale: &mut [f32], _min: &mut [f32]) {
+    decode_grid(row, q, scale, IQ3_XXS_BYTES, 32, 0.5, iq3_xxs_group)
 }
 
 /// The parts of a [`WeightTile`] an [`UnpackTileFn`] writes.
@@ -862,6 +911,10 @@ mod tests {
             GgmlType::Q8_0,
             GgmlType::Q4_0,
             GgmlType::Q5_0,
+            GgmlType::IQ2_XXS,
+            GgmlType::IQ2_XS,
+            GgmlType::IQ2_S,
+            GgmlType::IQ3_XXS,
         ] {
             let n_in = 512;
             let (n_rows, n_tok) = (37, 15);
@@ -869,9 +922,19 @@ mod tests {
             let x: Vec<f32> = (0..n_in * n_tok).map(|_| lcg(&mut seed) * 3.0).collect();
             let rb = ty.row_bytes(n_in as u64).unwrap() as usize;
             let mut wq = vec![0u8; rb * n_rows];
-            let qw = crate::quantize_weights_fn(ty).unwrap();
-            for (src, dst) in w.chunks_exact(n_in).zip(wq.chunks_exact_mut(rb)) {
-                qw(src, dst);
+            if let Some(qw) = crate::quantize_weights_fn(ty) {
+                for (src, dst) in w.chunks_exact(n_in).zip(wq.chunks_exact_mut(rb)) {
+                    qw(src, dst);
+                }
+            } else {
+                // types moxie only reads: random raw blocks with a finite `d` up front
+                for (i, b) in wq.iter_mut().enumerate() {
+                    *b = w[i % w.len()].to_bits() as u8;
+                }
+                for blk in wq.chunks_exact_mut(ty.type_size()) {
+                    let d = crate::f32_to_fp16(0.01 + 0.01 * lcg(&mut seed).abs());
+                    blk[..2].copy_from_slice(&d.to_le_bytes());
+                }
             }
             let act = crate::vec_dot_type(ty).unwrap();
             let arb = act.row_bytes(n_in as u64).unwrap() as usize;

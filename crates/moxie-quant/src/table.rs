@@ -18,7 +18,7 @@ use crate::gemm::{self, GemmLayout};
 use crate::simd::{x86_avx2 as avx2, x86_avx512 as avx512};
 use crate::tiled::{self, DotManyFn};
 use crate::types::{GgmlType, QK_K};
-use crate::{bf16, f16, iq4, kquants, legacy, tinyblas};
+use crate::{bf16, f16, iq2_3, iq4, kquants, legacy, tinyblas};
 
 /// `Some(kernel)` of the x86-64 SIMD modules; `None` when building for another architecture
 /// (the kernel's path is then never resolved).
@@ -156,7 +156,6 @@ const fn conversions(
 }
 
 /// Row conversions of a type moxie reads but does not write.
-#[allow(dead_code)] // the first rows using it land with the IQ types
 const fn dequantize_only(dequantize: DequantizeFn) -> Rows {
     Rows {
         dequantize,
@@ -486,7 +485,7 @@ const ROWS: [TypeRow; 35] = [
         }),
         ..layout(T::Q6_K, "Q6_K", QK_K, 210)
     },
-    // Activations only (the partner of the K-quants and IQ4_XS).
+    // Activations only (the partner of the K-quants and the IQ types of 256-blocks).
     TypeRow {
         rows: Some(conversions(
             kquants::dequantize_row_q8_k,
@@ -498,14 +497,68 @@ const ROWS: [TypeRow; 35] = [
     },
     TypeRow {
         ggml_tiled: true,
+        f16_scales: &[0],
+        rows: Some(dequantize_only(iq2_3::dequantize_row_iq2_xxs)),
+        dot: Some(Dot {
+            tiled: tiled(tiled::dot_iq2_xxs, tiled::many_iq2_xxs),
+            gemm: Some(GemmLayout {
+                sub: 32,
+                mins: false,
+                offset: 128,
+                decode: gemm::decode_iq2_xxs,
+                unpack_tile: None,
+            }),
+            ..dot(
+                T::Q8_K,
+                iq2_3::vec_dot_iq2_xxs_q8_k,
+                x86!(avx2::dot_iq2_xxs),
+                None,
+            )
+        }),
         ..layout(T::IQ2_XXS, "IQ2_XXS", QK_K, 66)
     },
     TypeRow {
         ggml_tiled: true,
+        f16_scales: &[0],
+        rows: Some(dequantize_only(iq2_3::dequantize_row_iq2_xs)),
+        dot: Some(Dot {
+            tiled: tiled(tiled::dot_iq2_xs, tiled::many_iq2_xs),
+            gemm: Some(GemmLayout {
+                sub: 16,
+                mins: false,
+                offset: 128,
+                decode: gemm::decode_iq2_xs,
+                unpack_tile: None,
+            }),
+            ..dot(
+                T::Q8_K,
+                iq2_3::vec_dot_iq2_xs_q8_k,
+                x86!(avx2::dot_iq2_xs),
+                None,
+            )
+        }),
         ..layout(T::IQ2_XS, "IQ2_XS", QK_K, 74)
     },
     TypeRow {
         ggml_tiled: true,
+        f16_scales: &[0],
+        rows: Some(dequantize_only(iq2_3::dequantize_row_iq3_xxs)),
+        dot: Some(Dot {
+            tiled: tiled(tiled::dot_iq3_xxs, tiled::many_iq3_xxs),
+            gemm: Some(GemmLayout {
+                sub: 32,
+                mins: false,
+                offset: 128,
+                decode: gemm::decode_iq3_xxs,
+                unpack_tile: None,
+            }),
+            ..dot(
+                T::Q8_K,
+                iq2_3::vec_dot_iq3_xxs_q8_k,
+                x86!(avx2::dot_iq3_xxs),
+                None,
+            )
+        }),
         ..layout(T::IQ3_XXS, "IQ3_XXS", QK_K, 98)
     },
     TypeRow {
@@ -542,6 +595,24 @@ const ROWS: [TypeRow; 35] = [
     },
     TypeRow {
         ggml_tiled: true,
+        f16_scales: &[0],
+        rows: Some(dequantize_only(iq2_3::dequantize_row_iq2_s)),
+        dot: Some(Dot {
+            tiled: tiled(tiled::dot_iq2_s, tiled::many_iq2_s),
+            gemm: Some(GemmLayout {
+                sub: 16,
+                mins: false,
+                offset: 128,
+                decode: gemm::decode_iq2_s,
+                unpack_tile: None,
+            }),
+            ..dot(
+                T::Q8_K,
+                iq2_3::vec_dot_iq2_s_q8_k,
+                x86!(avx2::dot_iq2_s),
+                None,
+            )
+        }),
         ..layout(T::IQ2_S, "IQ2_S", QK_K, 82)
     },
     TypeRow {

@@ -1,7 +1,8 @@
 //! Dot products in the summation order of ggml-cpu's "tiled" K-quant matmul
 //! (`ggml-cpu/tiled/{tiled.cpp,tiled-kernel.cpp}`), which this llama.cpp version runs instead of
-//! `vec_dot` for Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS (and IQ1/IQ2/IQ3 types, not ported here)
-//! weights when enough activation rows are multiplied at once:
+//! `vec_dot` for Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS (and
+//! IQ1_S, IQ1_M, IQ3_S, not ported here) weights when enough activation rows are multiplied at
+//! once:
 //!
 //! * `mul_mat`: when the activation has `ne[1] >= 8` rows ([`tiled_used_for_mul_mat`]);
 //! * `mul_mat_id` (routed experts): per expert, when at least 8 (token, slot) rows are routed to
@@ -41,6 +42,10 @@
 
 use crate::common::{get_scale_min_k4, q3k_scales, rd_f16, rd_f32, rd_i16, rd_u16};
 use crate::dispatch::VecDotFn;
+use crate::iq2_3::{
+    iq2_s_group, iq2_xs_group, iq2_xxs_group, iq3_xxs_group, Group32, IQ2_S_BYTES, IQ2_XS_BYTES,
+    IQ2_XXS_BYTES, IQ3_XXS_BYTES,
+};
 use crate::iq4::{IQ4_XS_BYTES, KVALUES_IQ4NL};
 use crate::kquants::{Q2_K_BYTES, Q3_K_BYTES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_K_BYTES};
 use crate::table::row;
@@ -71,7 +76,7 @@ fn ported(ty: GgmlType, n_in: usize) -> Option<crate::table::Tiled> {
 }
 
 /// The tiled path's dot of one weight row (type `ty`, `n_in` elements) with one Q8_K activation
-/// row, for the types ported here (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS); `None` otherwise or
+/// row, for the types ported here (the type table's `tiled` column); `None` otherwise or
 /// when `n_in` is not a multiple of 256. Same signature and panics as [`crate::vec_dot_fn`]'s.
 pub fn tiled_dot_fn(ty: GgmlType, n_in: usize) -> Option<VecDotFn> {
     ported(ty, n_in).map(|t| t.dot)
@@ -288,6 +293,48 @@ fn unpack_iq4_xs(x: &[u8], t: &mut Unpacked) {
     }
 }
 
+/// The grid types (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS): signed code-book values stored as
+/// `v + 128` (bias 128), scales `2 ls + 1` per sub-block of `sub` (32, or 16 for the types with
+/// two scales per 32); `d` carries the format's constant factor (`d * 0.125f`, IQ3_XXS
+/// `d * 0.25f`, rounded to f32 as ggml does when unpacking).
+fn unpack_grid(
+    x: &[u8],
+    t: &mut Unpacked,
+    sub: usize,
+    d_factor: f32,
+    group: fn(&[u8], usize) -> Group32,
+) {
+    t.d = rd_f16(x, 0) * d_factor;
+    for ib32 in 0..QK_K / 32 {
+        let g = group(x, ib32);
+        if sub == 32 {
+            t.scales[ib32] = 2 * g.ls[0] as i32 + 1;
+        } else {
+            t.scales[2 * ib32] = 2 * g.ls[0] as i32 + 1;
+            t.scales[2 * ib32 + 1] = 2 * g.ls[1] as i32 + 1;
+        }
+        for (q, &v) in t.q[32 * ib32..32 * ib32 + 32].iter_mut().zip(&g.v) {
+            *q = (v as i32 + 128) as u8;
+        }
+    }
+}
+
+fn unpack_iq2_xxs(x: &[u8], t: &mut Unpacked) {
+    unpack_grid(x, t, 32, 0.125, iq2_xxs_group)
+}
+
+fn unpack_iq2_xs(x: &[u8], t: &mut Unpacked) {
+    unpack_grid(x, t, 16, 0.125, iq2_xs_group)
+}
+
+fn unpack_iq2_s(x: &[u8], t: &mut Unpacked) {
+    unpack_grid(x, t, 16, 0.125, iq2_s_group)
+}
+
+fn unpack_iq3_xxs(x: &[u8], t: &mut Unpacked) {
+    unpack_grid(x, t, 32, 0.25, iq3_xxs_group)
+}
+
 pub(crate) fn many_q2_k(n: usize, w: &[u8], acts: &[u8], stride: usize, out: &mut [f32]) {
     dot_tiled_many::<16, true, 0>(n, w, acts, stride, out, Q2_K_BYTES, unpack_q2_k)
 }
@@ -348,6 +395,48 @@ pub(crate) fn dot_iq4_xs(n: usize, w: &[u8], a: &[u8]) -> f32 {
     out[0]
 }
 
+// ggml dispatches the grid types with `ACTBIAS = true`, which only changes the AVX2-only
+// microkernel; the AVX-512 VNNI one (the golden machine's) ignores it.
+pub(crate) fn many_iq2_xxs(n: usize, w: &[u8], acts: &[u8], stride: usize, out: &mut [f32]) {
+    dot_tiled_many::<32, false, 128>(n, w, acts, stride, out, IQ2_XXS_BYTES, unpack_iq2_xxs)
+}
+
+pub(crate) fn dot_iq2_xxs(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let mut out = [0f32];
+    many_iq2_xxs(n, w, a, a.len(), &mut out);
+    out[0]
+}
+
+pub(crate) fn many_iq2_xs(n: usize, w: &[u8], acts: &[u8], stride: usize, out: &mut [f32]) {
+    dot_tiled_many::<16, false, 128>(n, w, acts, stride, out, IQ2_XS_BYTES, unpack_iq2_xs)
+}
+
+pub(crate) fn dot_iq2_xs(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let mut out = [0f32];
+    many_iq2_xs(n, w, a, a.len(), &mut out);
+    out[0]
+}
+
+pub(crate) fn many_iq2_s(n: usize, w: &[u8], acts: &[u8], stride: usize, out: &mut [f32]) {
+    dot_tiled_many::<16, false, 128>(n, w, acts, stride, out, IQ2_S_BYTES, unpack_iq2_s)
+}
+
+pub(crate) fn dot_iq2_s(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let mut out = [0f32];
+    many_iq2_s(n, w, a, a.len(), &mut out);
+    out[0]
+}
+
+pub(crate) fn many_iq3_xxs(n: usize, w: &[u8], acts: &[u8], stride: usize, out: &mut [f32]) {
+    dot_tiled_many::<32, false, 128>(n, w, acts, stride, out, IQ3_XXS_BYTES, unpack_iq3_xxs)
+}
+
+pub(crate) fn dot_iq3_xxs(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let mut out = [0f32];
+    many_iq3_xxs(n, w, a, a.len(), &mut out);
+    out[0]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -402,9 +491,46 @@ mod tests {
         }
     }
 
+    /// Types moxie only reads (no weight quantizer): tested on random raw blocks.
+    const GRID_TYPES: [GgmlType; 4] = [
+        GgmlType::IQ2_XXS,
+        GgmlType::IQ2_XS,
+        GgmlType::IQ2_S,
+        GgmlType::IQ3_XXS,
+    ];
+
+    #[test]
+    fn grid_types_close_to_vec_dot_and_dequantized_dot() {
+        let n = 1024;
+        let mut a = vec![0u8; GgmlType::Q8_K.row_bytes(n as u64).unwrap() as usize];
+        quantize_row(GgmlType::Q8_K, &data(n, 3), &mut a).unwrap();
+        let mut ad = vec![0f32; n];
+        dequantize_row(GgmlType::Q8_K, &a, &mut ad).unwrap();
+        for ty in GRID_TYPES {
+            let bytes = ty.row_bytes(n as u64).unwrap() as usize;
+            let mut w: Vec<u8> = data(bytes, 4).iter().map(|v| v.to_bits() as u8).collect();
+            for (b, blk) in w.chunks_exact_mut(ty.type_size()).enumerate() {
+                let d = crate::f32_to_fp16(0.01 * (1 + b % 3) as f32);
+                blk[..2].copy_from_slice(&d.to_le_bytes());
+            }
+            let mut wd = vec![0f32; n];
+            dequantize_row(ty, &w, &mut wd).unwrap();
+            let want: f64 = wd.iter().zip(&ad).map(|(p, q)| *p as f64 * *q as f64).sum();
+            let mag: f64 = wd
+                .iter()
+                .zip(&ad)
+                .map(|(p, q)| (*p as f64 * *q as f64).abs())
+                .sum();
+            let got = tiled_dot_fn(ty, n).unwrap()(n, &w, &a) as f64;
+            assert!((got - want).abs() < 1e-5 * mag, "{ty}: {got} vs {want}");
+            let vd = crate::vec_dot(ty, n, &w, &a).unwrap() as f64;
+            assert!((got - vd).abs() < 1e-5 * mag, "{ty}: {got} vs {vd}");
+        }
+    }
+
     #[test]
     fn eligibility() {
-        for ty in TYPES {
+        for ty in TYPES.into_iter().chain(GRID_TYPES) {
             assert!(!tiled_used_for_mul_mat(ty, 7));
             assert!(tiled_used_for_mul_mat(ty, 8));
             assert!(tiled_used_for_mul_mat_id(ty, 8));
@@ -420,7 +546,5 @@ mod tests {
             assert!(!tiled_used_for_mul_mat(ty, 64));
             assert!(tiled_dot_fn(ty, 512).is_none());
         }
-        assert!(tiled_used_for_mul_mat(GgmlType::IQ2_XXS, 8));
-        assert!(tiled_dot_fn(GgmlType::IQ2_XXS, 512).is_none());
     }
 }

@@ -21,6 +21,11 @@ fn h(v: f32) -> [u8; 2] {
     b.to_le_bytes()
 }
 
+/// 7 sign bits plus an 8th making the number of set bits even (ggml's `ksigns_iq2xs`).
+fn even_signs(s7: u8) -> u8 {
+    s7 | ((s7.count_ones() as u8 & 1) << 7)
+}
+
 /// Builds `N` elements of `ty`: returns (bytes, expected dequantized values).
 fn build(ty: GgmlType) -> (Vec<u8>, Vec<f32>) {
     use GgmlType::*;
@@ -192,6 +197,82 @@ fn build(ty: GgmlType) -> (Vec<u8>, Vec<f32>) {
                     let ib = i / 32;
                     let nib = (qs[16 * ib + i % 16] >> (4 * ((i % 32) / 16))) & 15;
                     e.push(d * (ls[ib] as i32 - 32) as f32 * KV[nib as usize] as f32);
+                }
+            }
+            IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS => {
+                let d = 0.5f32;
+                blk.extend(h(d));
+                let e0 = e.len();
+                e.resize(e0 + 256, 0.0);
+                // grid index and 7 sign bits of each group of 8, 4-bit scales per 16
+                let grid_len = match ty {
+                    IQ2_XS => 512,
+                    IQ2_S => 1024,
+                    _ => 256,
+                };
+                let idx = |g: usize| (g * 37 + b * 11 + 5) % grid_len;
+                let s7 = |g: usize| ((g * 29 + b * 3 + 1) % 128) as u8;
+                let ls = |i16: usize| ((i16 * 7 + b) % 16) as u8;
+                // per 32, ggml packs one scale for IQ2_XXS / IQ3_XXS: the first 16's
+                let ls_of = |i: usize| match ty {
+                    IQ2_XS | IQ2_S => ls(i / 16),
+                    _ => ls(i / 32 * 2),
+                };
+                match ty {
+                    IQ2_XXS => {
+                        for ib in 0..8 {
+                            blk.extend((0..4).map(|l| idx(4 * ib + l) as u8));
+                            let mut aux = (ls(2 * ib) as u32) << 28;
+                            for l in 0..4 {
+                                aux |= (s7(4 * ib + l) as u32) << (7 * l);
+                            }
+                            blk.extend(aux.to_le_bytes());
+                        }
+                    }
+                    IQ2_XS => {
+                        for g in 0..32 {
+                            blk.extend((idx(g) as u16 | (s7(g) as u16) << 9).to_le_bytes());
+                        }
+                        blk.extend((0..8).map(|ib| ls(2 * ib) | ls(2 * ib + 1) << 4));
+                    }
+                    IQ2_S => {
+                        blk.extend((0..32).map(|g| idx(g) as u8));
+                        // IQ2_S stores all 8 signs; use the even-parity byte like the others
+                        blk.extend((0..32).map(|g| even_signs(s7(g))));
+                        blk.extend((0..8).map(|ib| {
+                            (0..4).fold(0u8, |a, l| a | ((idx(4 * ib + l) >> 8) as u8) << (2 * l))
+                        }));
+                        blk.extend((0..8).map(|ib| ls(2 * ib) | ls(2 * ib + 1) << 4));
+                    }
+                    _ => {
+                        // two 4-value grid entries per group of 8
+                        for g in 0..32 {
+                            blk.extend([idx(2 * g) as u8, idx(2 * g + 1) as u8]);
+                        }
+                        for ib in 0..8 {
+                            let mut aux = (ls(2 * ib) as u32) << 28;
+                            for l in 0..4 {
+                                aux |= (s7(4 * ib + l) as u32) << (7 * l);
+                            }
+                            blk.extend(aux.to_le_bytes());
+                        }
+                    }
+                }
+                for i in 0..256 {
+                    let (g, j) = (i / 8, i % 8);
+                    let mag = match ty {
+                        IQ2_XXS => iq_grids::IQ2XXS_GRID[idx(g)].to_le_bytes()[j],
+                        IQ2_XS => iq_grids::IQ2XS_GRID[idx(g)].to_le_bytes()[j],
+                        IQ2_S => iq_grids::IQ2S_GRID[idx(g)].to_le_bytes()[j],
+                        _ => iq_grids::IQ3XXS_GRID[idx(2 * g + j / 4)].to_le_bytes()[j % 4],
+                    } as f32;
+                    let sign = if even_signs(s7(g)) >> j & 1 == 1 {
+                        -1.0
+                    } else {
+                        1.0
+                    };
+                    let sub = if ty == IQ3_XXS { 0.5 } else { 0.25 };
+                    e[e0 + i] = d * (0.5 + ls_of(i) as f32) * sub * mag * sign;
                 }
             }
             _ => unreachable!(),

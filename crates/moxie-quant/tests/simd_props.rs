@@ -87,7 +87,7 @@ proptest! {
     #![proptest_config(ProptestConfig::default())]
 
     #[test]
-    fn quantized_dots_match_scalar(seed in any::<u64>(), blocks in 1usize..9, ti in 0usize..12) {
+    fn quantized_dots_match_scalar(seed in any::<u64>(), blocks in 1usize..9, ti in 0usize..QUANT_WEIGHT_TYPES.len()) {
         let ty = QUANT_WEIGHT_TYPES[ti];
         let n = blocks * 256;
         let (w, a) = operands(ty, n, seed, 0);

@@ -1,7 +1,9 @@
 //! AVX2 + FMA + F16C kernels.
 //!
 //! Formats: dot products for F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL (x Q8_0 / Q8_1),
-//! Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS (x Q8_K); activation quantizers Q8_0 and Q8_K.
+//! Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS (x Q8_K); activation
+//! quantizers Q8_0 and Q8_K. (ggml's x86 kernels of the IQ2/IQ3 types have no AVX-512 branch,
+//! so these serve the AVX-512 level too.)
 //!
 //! Each kernel is a port of the `__AVX2__` branch of the matching function in ggml's
 //! `ggml-cpu/arch/x86/quants.c` (and `vec.cpp` for F32/F16): the same 8 integer lanes per block,
@@ -25,6 +27,7 @@ use core::arch::x86_64::*;
 
 use crate::common::{rd_f32, rd_u16, rd_u32};
 use crate::iq4::KVALUES_IQ4NL;
+use crate::iq_grids::{IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3XXS_GRID, KSIGNS64};
 
 /// Declares the safe entry point `$name` (a `VecDotFn`): checks that `w` and `a` hold `nb`
 /// blocks and calls the `#[target_feature]` kernel `$imp` on exactly those bytes.
@@ -54,6 +57,10 @@ entry!(dot_q4_k, dot_q4_k_imp, 256, 144, 292);
 entry!(dot_q5_k, dot_q5_k_imp, 256, 176, 292);
 entry!(dot_q6_k, dot_q6_k_imp, 256, 210, 292);
 entry!(dot_iq4_xs, dot_iq4_xs_imp, 256, 136, 292);
+entry!(dot_iq2_xxs, dot_iq2_xxs_imp, 256, 66, 292);
+entry!(dot_iq2_xs, dot_iq2_xs_imp, 256, 74, 292);
+entry!(dot_iq2_s, dot_iq2_s_imp, 256, 82, 292);
+entry!(dot_iq3_xxs, dot_iq3_xxs_imp, 256, 98, 292);
 entry!(dot_f32, dot_f32_imp, 1, 4, 4);
 entry!(dot_f16, dot_f16_imp, 1, 2, 2);
 
@@ -591,6 +598,309 @@ fn dot_iq4_xs_imp(w: &[u8], a: &[u8]) -> f32 {
         );
     }
     hsum_float_8(accum)
+}
+
+// ---------------------------------------------------------------------------------------------
+// IQ2/IQ3 code-book types (x Q8_K)
+
+/// ggml's `keven_signs_q2xs` viewed as `uint64_t`: the 8 bytes of entry `k` are -1 where
+/// `KSIGNS_IQ2XS[k]` has its bit set, else +1 (operands of `_mm256_sign_epi8`).
+#[inline(always)]
+fn keven_signs(k: u32) -> i64 {
+    (KSIGNS64[(k & 127) as usize] | 0x0101_0101_0101_0101) as i64
+}
+
+/// 4 x 8 sign multipliers from the four 7-bit sign fields in the low 28 bits of `aux`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn signs_4x7(aux: u32) -> __m256i {
+    _mm256_set_epi64x(
+        keven_signs(aux >> 21),
+        keven_signs(aux >> 14),
+        keven_signs(aux >> 7),
+        keven_signs(aux),
+    )
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_iq2_xxs_imp(w: &[u8], a: &[u8]) -> f32 {
+    let mut accumf = _mm256_setzero_ps();
+    for (x, y) in w.chunks_exact(66).zip(a.chunks_exact(292)) {
+        let d = h2f(x, 0) * rd_f32(y, 0);
+        let mut sumi1 = _mm256_setzero_si256();
+        let mut sumi2 = _mm256_setzero_si256();
+        for ib32 in (0..8).step_by(2) {
+            let q8_1 = ld256(y, 4 + 32 * ib32);
+            let q8_2 = ld256(y, 4 + 32 * (ib32 + 1));
+            // per 32: a u32 of 4 grid indices, a u32 of 4 x 7 sign bits + the scale
+            let aux: [u32; 4] = core::array::from_fn(|k| rd_u32(x, 2 + 8 * ib32 + 4 * k));
+            let grid = |word: u32, l: u32| IQ2XXS_GRID[((word >> (8 * l)) & 0xff) as usize] as i64;
+            let q2_1 = _mm256_set_epi64x(
+                grid(aux[0], 3),
+                grid(aux[0], 2),
+                grid(aux[0], 1),
+                grid(aux[0], 0),
+            );
+            let q2_2 = _mm256_set_epi64x(
+                grid(aux[2], 3),
+                grid(aux[2], 2),
+                grid(aux[2], 1),
+                grid(aux[2], 0),
+            );
+            let q8s_1 = _mm256_sign_epi8(q8_1, signs_4x7(aux[1]));
+            let q8s_2 = _mm256_sign_epi8(q8_2, signs_4x7(aux[3]));
+            let dot1 = _mm256_maddubs_epi16(q2_1, q8s_1);
+            let dot2 = _mm256_maddubs_epi16(q2_2, q8s_2);
+            let ls1 = (aux[1] >> 28) as i16;
+            let ls2 = (aux[3] >> 28) as i16;
+            let p1 = _mm256_madd_epi16(dot1, _mm256_set1_epi16(2 * ls1 + 1));
+            let p2 = _mm256_madd_epi16(dot2, _mm256_set1_epi16(2 * ls2 + 1));
+            sumi1 = _mm256_add_epi32(sumi1, p1);
+            sumi2 = _mm256_add_epi32(sumi2, p2);
+        }
+        accumf = _mm256_fmadd_ps(
+            _mm256_set1_ps(d),
+            _mm256_cvtepi32_ps(_mm256_add_epi32(sumi1, sumi2)),
+            accumf,
+        );
+    }
+    0.125 * hsum_float_8(accumf)
+}
+
+/// ggml `get_scale_shuffle(i)`: bytes `2i` (8 times), then `2i + 1` (8 times).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn scale_shuffle_2x8(i: usize) -> __m128i {
+    let bytes = |b: usize| (b as i64) * 0x0101_0101_0101_0101;
+    _mm_set_epi64x(bytes(2 * i + 1), bytes(2 * i))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_iq2_xs_imp(w: &[u8], a: &[u8]) -> f32 {
+    let mone = _mm256_set1_epi8(1);
+    // the sign byte of element group g (u16 index) is byte 2g of the full-sign vector
+    let block_sign_shuffle_1 = _mm256_set_epi64x(
+        0x0606_0606_0606_0606,
+        0x0404_0404_0404_0404,
+        0x0202_0202_0202_0202,
+        0,
+    );
+    let block_sign_shuffle_2 = _mm256_set_epi64x(
+        0x0e0e_0e0e_0e0e_0e0e,
+        0x0c0c_0c0c_0c0c_0c0c,
+        0x0a0a_0a0a_0a0a_0a0a,
+        0x0808_0808_0808_0808,
+    );
+    let bit_selector_mask = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
+    // parity of a 4-bit value in bit 7: the 8th sign, which makes the negative count even
+    let bit_helper = _mm256_broadcastsi128_si256(_mm_set_epi64x(
+        0x0080_8000_8000_0080,
+        0x8000_0080_0080_8000_u64 as i64,
+    ));
+    let m511 = _mm256_set1_epi16(511);
+    let m4 = _mm_set1_epi8(0xf);
+    let m1 = _mm_set1_epi8(1);
+    let mut gindex = [0u16; 16];
+
+    let mut accumf = _mm256_setzero_ps();
+    for (x, y) in w.chunks_exact(74).zip(a.chunks_exact(292)) {
+        let d = h2f(x, 0) * rd_f32(y, 0);
+        let aux64 = u64::from_le_bytes(x[66..74].try_into().unwrap());
+        let mut stmp = _mm_set1_epi64x(aux64 as i64);
+        stmp = _mm_unpacklo_epi8(
+            _mm_and_si128(stmp, m4),
+            _mm_and_si128(_mm_srli_epi16::<4>(stmp), m4),
+        );
+        let scales = _mm_add_epi8(_mm_slli_epi16::<1>(stmp), m1);
+
+        let mut sumi1 = _mm256_setzero_si256();
+        let mut sumi2 = _mm256_setzero_si256();
+        for ib32 in (0..8).step_by(4) {
+            let q2_data = ld256(x, 2 + 8 * ib32);
+            let aux_gindex = _mm256_and_si256(q2_data, m511);
+            // SAFETY: `gindex` is 32 writable bytes; `storeu` has no alignment requirement.
+            unsafe { _mm256_storeu_si256(gindex.as_mut_ptr().cast(), aux_gindex) };
+
+            let partial_sign_bits = _mm256_srli_epi16::<9>(q2_data);
+            let partial_sign_bits_upper = _mm256_srli_epi16::<13>(q2_data);
+            let partial_sign_bits_for_counting =
+                _mm256_xor_si256(partial_sign_bits, partial_sign_bits_upper);
+            let odd_bits = _mm256_shuffle_epi8(bit_helper, partial_sign_bits_for_counting);
+            let full_sign_bits = _mm256_or_si256(partial_sign_bits, odd_bits);
+
+            let q8_1 = ld256(y, 4 + 32 * ib32);
+            let q8_2 = ld256(y, 4 + 32 * (ib32 + 1));
+            let q8_3 = ld256(y, 4 + 32 * (ib32 + 2));
+            let q8_4 = ld256(y, 4 + 32 * (ib32 + 3));
+
+            let grid = |k: usize| IQ2XS_GRID[gindex[k] as usize] as i64;
+            let q2_1 = _mm256_set_epi64x(grid(3), grid(2), grid(1), grid(0));
+            let q2_2 = _mm256_set_epi64x(grid(7), grid(6), grid(5), grid(4));
+            let q2_3 = _mm256_set_epi64x(grid(11), grid(10), grid(9), grid(8));
+            let q2_4 = _mm256_set_epi64x(grid(15), grid(14), grid(13), grid(12));
+
+            let full_signs_l = _mm256_castsi256_si128(full_sign_bits);
+            let full_signs_h = _mm256_extracti128_si256::<1>(full_sign_bits);
+            let full_signs_1 = _mm256_set_m128i(full_signs_l, full_signs_l);
+            let full_signs_2 = _mm256_set_m128i(full_signs_h, full_signs_h);
+
+            let sign = |full: __m256i, shuffle: __m256i, q8: __m256i| {
+                let s = _mm256_shuffle_epi8(full, shuffle);
+                let s =
+                    _mm256_cmpeq_epi8(_mm256_and_si256(s, bit_selector_mask), bit_selector_mask);
+                _mm256_sign_epi8(q8, _mm256_or_si256(s, mone))
+            };
+            let q8s_1 = sign(full_signs_1, block_sign_shuffle_1, q8_1);
+            let q8s_2 = sign(full_signs_1, block_sign_shuffle_2, q8_2);
+            let q8s_3 = sign(full_signs_2, block_sign_shuffle_1, q8_3);
+            let q8s_4 = sign(full_signs_2, block_sign_shuffle_2, q8_4);
+
+            let dot1 = _mm256_maddubs_epi16(q2_1, q8s_1);
+            let dot2 = _mm256_maddubs_epi16(q2_2, q8s_2);
+            let dot3 = _mm256_maddubs_epi16(q2_3, q8s_3);
+            let dot4 = _mm256_maddubs_epi16(q2_4, q8s_4);
+
+            let sc =
+                |i: usize| _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, scale_shuffle_2x8(i)));
+            sumi1 = _mm256_add_epi32(sumi1, _mm256_madd_epi16(dot1, sc(ib32)));
+            sumi2 = _mm256_add_epi32(sumi2, _mm256_madd_epi16(dot2, sc(ib32 + 1)));
+            sumi1 = _mm256_add_epi32(sumi1, _mm256_madd_epi16(dot3, sc(ib32 + 2)));
+            sumi2 = _mm256_add_epi32(sumi2, _mm256_madd_epi16(dot4, sc(ib32 + 3)));
+        }
+        accumf = _mm256_fmadd_ps(
+            _mm256_set1_ps(d),
+            _mm256_cvtepi32_ps(_mm256_add_epi32(sumi1, sumi2)),
+            accumf,
+        );
+    }
+    0.125 * hsum_float_8(accumf)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_iq2_s_imp(w: &[u8], a: &[u8]) -> f32 {
+    // byte k of a 32-bit sign word goes to elements 8k..8k+8, one bit each
+    let mask1 = _mm256_set_epi64x(
+        0x0303_0303_0303_0303,
+        0x0202_0202_0202_0202,
+        0x0101_0101_0101_0101,
+        0,
+    );
+    let mask2 = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
+    let m4 = _mm_set1_epi8(0xf);
+    let m1 = _mm_set1_epi8(1);
+
+    let mut accumf = _mm256_setzero_ps();
+    for (x, y) in w.chunks_exact(82).zip(a.chunks_exact(292)) {
+        let d = h2f(x, 0) * rd_f32(y, 0);
+        let qs = &x[2..34];
+        let qh = &x[66..74];
+        let aux64 = u64::from_le_bytes(x[74..82].try_into().unwrap());
+        // low nibbles (first 16 of each 32) in the low 8 bytes, high nibbles in the high 8
+        let scales8 = _mm_add_epi8(
+            _mm_slli_epi16::<1>(_mm_and_si128(
+                _mm_set_epi64x((aux64 >> 4) as i64, aux64 as i64),
+                m4,
+            )),
+            m1,
+        );
+        let scales16 = _mm256_cvtepi8_epi16(scales8);
+
+        let mut sumi1 = _mm256_setzero_si256();
+        let mut sumi2 = _mm256_setzero_si256();
+        for ib32 in (0..8).step_by(2) {
+            let q8_1 = ld256(y, 4 + 32 * ib32);
+            let q8_2 = ld256(y, 4 + 32 * (ib32 + 1));
+            let grid = |k: usize, h: usize, shift: u32| {
+                IQ2S_GRID[qs[4 * ib32 + k] as usize | (((qh[ib32 + h] as usize) << shift) & 0x300)]
+                    as i64
+            };
+            let q2_1 =
+                _mm256_set_epi64x(grid(3, 0, 2), grid(2, 0, 4), grid(1, 0, 6), grid(0, 0, 8));
+            let q2_2 =
+                _mm256_set_epi64x(grid(7, 1, 2), grid(6, 1, 4), grid(5, 1, 6), grid(4, 1, 8));
+
+            let sign = |word: u32, q8: __m256i| {
+                let aux256 = _mm256_set1_epi32(word as i32);
+                let aux256 = _mm256_and_si256(_mm256_shuffle_epi8(aux256, mask1), mask2);
+                let s2 = _mm256_cmpeq_epi8(aux256, mask2);
+                _mm256_sub_epi8(_mm256_xor_si256(s2, q8), s2)
+            };
+            let q8s_1 = sign(rd_u32(x, 34 + 4 * ib32), q8_1);
+            let q8s_2 = sign(rd_u32(x, 34 + 4 * ib32 + 4), q8_2);
+
+            let dot1 = _mm256_maddubs_epi16(q2_1, q8s_1);
+            let dot2 = _mm256_maddubs_epi16(q2_2, q8s_2);
+
+            // i16 lane `i` of each 128-bit half: the low nibble's scale, then the high one's
+            let sc = |i: usize| {
+                let pair = ((2 * i) | (2 * i + 1) << 8) as i16;
+                _mm256_shuffle_epi8(scales16, _mm256_set1_epi16(pair))
+            };
+            let p1 = _mm256_madd_epi16(dot1, sc(ib32));
+            let p2 = _mm256_madd_epi16(dot2, sc(ib32 + 1));
+            sumi1 = _mm256_add_epi32(sumi1, p1);
+            sumi2 = _mm256_add_epi32(sumi2, p2);
+        }
+        accumf = _mm256_fmadd_ps(
+            _mm256_set1_ps(d),
+            _mm256_cvtepi32_ps(_mm256_add_epi32(sumi1, sumi2)),
+            accumf,
+        );
+    }
+    0.125 * hsum_float_8(accumf)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_iq3_xxs_imp(w: &[u8], a: &[u8]) -> f32 {
+    let mut accumf = _mm256_setzero_ps();
+    for (x, y) in w.chunks_exact(98).zip(a.chunks_exact(292)) {
+        let d = h2f(x, 0) * rd_f32(y, 0);
+        let mut sumi1 = _mm256_setzero_si256();
+        let mut sumi2 = _mm256_setzero_si256();
+        for ib32 in (0..8).step_by(2) {
+            let q8_1 = ld256(y, 4 + 32 * ib32);
+            let q8_2 = ld256(y, 4 + 32 * (ib32 + 1));
+            let grid = |k: usize| IQ3XXS_GRID[x[2 + 8 * ib32 + k] as usize] as i32;
+            let q2_1 = _mm256_set_epi32(
+                grid(7),
+                grid(6),
+                grid(5),
+                grid(4),
+                grid(3),
+                grid(2),
+                grid(1),
+                grid(0),
+            );
+            let q2_2 = _mm256_set_epi32(
+                grid(15),
+                grid(14),
+                grid(13),
+                grid(12),
+                grid(11),
+                grid(10),
+                grid(9),
+                grid(8),
+            );
+            let aux0 = rd_u32(x, 66 + 4 * ib32);
+            let aux1 = rd_u32(x, 66 + 4 * ib32 + 4);
+            let q8s_1 = _mm256_sign_epi8(q8_1, signs_4x7(aux0));
+            let q8s_2 = _mm256_sign_epi8(q8_2, signs_4x7(aux1));
+            let dot1 = _mm256_maddubs_epi16(q2_1, q8s_1);
+            let dot2 = _mm256_maddubs_epi16(q2_2, q8s_2);
+            let ls1 = (aux0 >> 28) as i16;
+            let ls2 = (aux1 >> 28) as i16;
+            let p1 = _mm256_madd_epi16(dot1, _mm256_set1_epi16(2 * ls1 + 1));
+            let p2 = _mm256_madd_epi16(dot2, _mm256_set1_epi16(2 * ls2 + 1));
+            sumi1 = _mm256_add_epi32(sumi1, p1);
+            sumi2 = _mm256_add_epi32(sumi2, p2);
+        }
+        accumf = _mm256_fmadd_ps(
+            _mm256_set1_ps(d),
+            _mm256_cvtepi32_ps(_mm256_add_epi32(sumi1, sumi2)),
+            accumf,
+        );
+    }
+    0.25 * hsum_float_8(accumf)
 }
 
 // ---------------------------------------------------------------------------------------------

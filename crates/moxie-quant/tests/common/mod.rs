@@ -59,7 +59,7 @@ pub fn random_blocks(rng: &mut Rng, ty: GgmlType, n: usize) -> Vec<u8> {
 }
 
 /// The weight types moxie computes with (excluding the float types).
-pub const QUANT_WEIGHT_TYPES: [GgmlType; 12] = [
+pub const QUANT_WEIGHT_TYPES: [GgmlType; 16] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
@@ -72,9 +72,13 @@ pub const QUANT_WEIGHT_TYPES: [GgmlType; 12] = [
     GgmlType::Q6_K,
     GgmlType::IQ4_NL,
     GgmlType::IQ4_XS,
+    GgmlType::IQ2_XXS,
+    GgmlType::IQ2_XS,
+    GgmlType::IQ2_S,
+    GgmlType::IQ3_XXS,
 ];
 
-pub const ALL_WEIGHT_TYPES: [GgmlType; 15] = [
+pub const ALL_WEIGHT_TYPES: [GgmlType; 19] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -90,4 +94,8 @@ pub const ALL_WEIGHT_TYPES: [GgmlType; 15] = [
     GgmlType::Q6_K,
     GgmlType::IQ4_NL,
     GgmlType::IQ4_XS,
+    GgmlType::IQ2_XXS,
+    GgmlType::IQ2_XS,
+    GgmlType::IQ2_S,
+    GgmlType::IQ3_XXS,
 ];

@@ -6,10 +6,10 @@
 // parts are built for that machine explicitly (the binary also runs on AMD Zen 4):
 // (L = path to llama.cpp's ggml directory at the reference commit)
 //   gcc -O2 -std=gnu11 -c -I$L/include -I$L/src $L/src/ggml-quants.c -o base.o        # as ggml-base
-//   gcc -O3 -march=sapphirerapids -std=gnu11 -c -I$L/include -I$L/src -I$L/src/ggml-cpu \
-//       $L/src/ggml-cpu/arch/x86/quants.c -o x86.o                                      # as ggml-cpu
-//   g++ -O3 -march=sapphirerapids -std=gnu++17 -c -I$L/include -I$L/src -I$L/src/ggml-cpu \
-//       $L/src/ggml-cpu/vec.cpp -o vec.o                                                 # as ggml-cpu
+//   gcc -O3 -march=sapphirerapids -mno-avxvnni -std=gnu11 -c -I$L/include -I$L/src \
+//       -I$L/src/ggml-cpu $L/src/ggml-cpu/arch/x86/quants.c -o x86.o                    # as ggml-cpu
+//   g++ -O3 -march=sapphirerapids -mno-avxvnni -std=gnu++17 -c -I$L/include -I$L/src \
+//       -I$L/src/ggml-cpu $L/src/ggml-cpu/vec.cpp -o vec.o                               # as ggml-cpu
 //   gcc -O2 -std=gnu11 -c -I$L/include -I$L/src -I$L/src/ggml-cpu \
 //       $L/src/ggml-cpu/quants.c -o generic.o   # generic kernels; NOT -march=native: GCC 12
 //                                               # -O3 -march=native miscompiles the generic q5_0 dot
@@ -20,13 +20,17 @@
 //   gcc -O2 -march=native -std=gnu11 -I$L/include gen_golden.c base.o x86.o generic.o vec.o \
 //       vec_avx2r.o -lm -lstdc++ -no-pie -o gen
 //   ./gen ggml_golden.bin
-// Needs an x86-64 CPU with AVX-512 F/BW/VL/VNNI (made on an AMD EPYC Zen 4).
+// Needs an x86-64 CPU with AVX-512 F/BW/VL/VNNI (made on an AMD EPYC Zen 4). `-mno-avxvnni`
+// only swaps the VEX dpbusd (absent on Zen 4) for the EVEX one, same integers: with it the
+// objects reproduce the earlier file byte for byte.
 //
-// File format: sections until end of file (2 x 12 quantized, then F32/F16/BF16), little-endian:
-//   u32 type id (bit 8 set: x86 dot from the AVX2-only vec.cpp build), u32 n,
+// File format: sections until end of file (2 x 16 quantized, then F32/F16/BF16), little-endian:
+//   u32 type id (bit 8 set: x86 dot from the AVX2-only vec.cpp build; bit 9 set: no
+//   llama-quantize section), u32 n,
 //   weight bytes (random raw blocks, finite scales), f32 x[n],
 //   activation bytes (ggml-cpu x86 quantize_row_q8_0/q8_1/q8_K of x), f32 dequantized weights[n],
-//   f32 x86 vec_dot, f32 generic vec_dot, weight bytes of quantize_<type>(x, imatrix = NULL).
+//   f32 x86 vec_dot, f32 generic vec_dot, weight bytes of quantize_<type>(x, imatrix = NULL)
+//   (not for the IQ2/IQ3 code-book types: their quantizers need an importance matrix).
 #include <stdio.h>
 #include <stdlib.h>
 #include <stdint.h>
@@ -49,6 +53,8 @@ VD(ggml_vec_dot_iq4_nl_q8_0) VD(ggml_vec_dot_iq4_xs_q8_K)
 VD(ggml_vec_dot_q4_0_q8_0_generic) VD(ggml_vec_dot_q4_1_q8_1_generic) VD(ggml_vec_dot_q5_0_q8_0_generic) VD(ggml_vec_dot_q5_1_q8_1_generic) VD(ggml_vec_dot_q8_0_q8_0_generic)
 VD(ggml_vec_dot_q2_K_q8_K_generic) VD(ggml_vec_dot_q3_K_q8_K_generic) VD(ggml_vec_dot_q4_K_q8_K_generic) VD(ggml_vec_dot_q5_K_q8_K_generic) VD(ggml_vec_dot_q6_K_q8_K_generic)
 VD(ggml_vec_dot_iq4_nl_q8_0_generic) VD(ggml_vec_dot_iq4_xs_q8_K_generic)
+VD(ggml_vec_dot_iq2_xxs_q8_K) VD(ggml_vec_dot_iq2_xs_q8_K) VD(ggml_vec_dot_iq2_s_q8_K) VD(ggml_vec_dot_iq3_xxs_q8_K)
+VD(ggml_vec_dot_iq2_xxs_q8_K_generic) VD(ggml_vec_dot_iq2_xs_q8_K_generic) VD(ggml_vec_dot_iq2_s_q8_K_generic) VD(ggml_vec_dot_iq3_xxs_q8_K_generic)
 // base
 typedef size_t (*qc_t)(const float * src, void * dst, int64_t nrow, int64_t n_per_row, const float * imatrix);
 size_t quantize_q4_0(const float*, void*, int64_t, int64_t, const float*); size_t quantize_q4_1(const float*, void*, int64_t, int64_t, const float*);
@@ -65,6 +71,8 @@ void dequantize_row_q3_K(const void*, float*, int64_t); void dequantize_row_q4_K
 void dequantize_row_q5_K(const void*, float*, int64_t); void dequantize_row_q6_K(const void*, float*, int64_t);
 void dequantize_row_q8_K(const void*, float*, int64_t); void dequantize_row_iq4_nl(const void*, float*, int64_t);
 void dequantize_row_iq4_xs(const void*, float*, int64_t);
+void dequantize_row_iq2_xxs(const void*, float*, int64_t); void dequantize_row_iq2_xs(const void*, float*, int64_t);
+void dequantize_row_iq2_s(const void*, float*, int64_t); void dequantize_row_iq3_xxs(const void*, float*, int64_t);
 void ggml_vec_dot_f32(int n, float * s, size_t bs, const float * x, size_t bx, const float * y, size_t by, int nrc);
 void ggml_vec_dot_f16(int n, float * s, size_t bs, uint16_t * x, size_t bx, uint16_t * y, size_t by, int nrc);
 void ggml_vec_dot_bf16(int n, float * s, size_t bs, uint16_t * x, size_t bx, uint16_t * y, size_t by, int nrc);
@@ -105,6 +113,10 @@ int main(int argc, char ** argv) {
         {14,256,210,dequantize_row_q6_K,ggml_vec_dot_q6_K_q8_K,ggml_vec_dot_q6_K_q8_K_generic,15,quantize_q6_K},
         {20,32,18,dequantize_row_iq4_nl,ggml_vec_dot_iq4_nl_q8_0,ggml_vec_dot_iq4_nl_q8_0_generic,8,quantize_iq4_nl},
         {23,256,136,dequantize_row_iq4_xs,ggml_vec_dot_iq4_xs_q8_K,ggml_vec_dot_iq4_xs_q8_K_generic,15,quantize_iq4_xs},
+        {16,256,66,dequantize_row_iq2_xxs,ggml_vec_dot_iq2_xxs_q8_K,ggml_vec_dot_iq2_xxs_q8_K_generic,15,NULL},
+        {17,256,74,dequantize_row_iq2_xs,ggml_vec_dot_iq2_xs_q8_K,ggml_vec_dot_iq2_xs_q8_K_generic,15,NULL},
+        {22,256,82,dequantize_row_iq2_s,ggml_vec_dot_iq2_s_q8_K,ggml_vec_dot_iq2_s_q8_K_generic,15,NULL},
+        {18,256,98,dequantize_row_iq3_xxs,ggml_vec_dot_iq3_xxs_q8_K,ggml_vec_dot_iq3_xxs_q8_K_generic,15,NULL},
     };
     int ntypes = sizeof(T)/sizeof(T[0]);
     for (int rep = 0; rep < 2; rep++)
@@ -134,8 +146,9 @@ int main(int argc, char ** argv) {
         if (act == 8) quantize_row_q8_0(x, a, n); else if (act == 9) quantize_row_q8_1(x, a, n); else quantize_row_q8_K(x, a, n);
         float * dq = malloc(n*4); T[t].dq(w, dq, n);
         float s1, s2; T[t].vd(n, &s1, 0, w, 0, a, 0, 1); T[t].vdg(n, &s2, 0, w, 0, a, 0, 1);
-        uint32_t hdr[2] = {T[t].id, n};
-        fwrite(hdr, 4, 2, f); fwrite(w, 1, nb*T[t].ts, f); fwrite(x, 4, n, f); fwrite(a, 1, n/abs_*ats, f); fwrite(dq, 4, n, f); fwrite(&s1,4,1,f); fwrite(&s2,4,1,f); uint8_t * wq = malloc(nb*T[t].ts); T[t].qc(x, wq, 1, n, NULL); fwrite(wq,1,nb*T[t].ts,f); free(wq);
+        uint32_t hdr[2] = {T[t].id | (T[t].qc ? 0 : 0x200), n};
+        fwrite(hdr, 4, 2, f); fwrite(w, 1, nb*T[t].ts, f); fwrite(x, 4, n, f); fwrite(a, 1, n/abs_*ats, f); fwrite(dq, 4, n, f); fwrite(&s1,4,1,f); fwrite(&s2,4,1,f);
+        if (T[t].qc) { uint8_t * wq = malloc(nb*T[t].ts); T[t].qc(x, wq, 1, n, NULL); fwrite(wq,1,nb*T[t].ts,f); free(wq); }
         free(w); free(x); free(a); free(dq);
     }
     // F32, F16, BF16 (ids 0, 1, 30); lengths that leave every kind of SIMD tail.

@@ -1,4 +1,4 @@
-// Generator of tests/data/ggml_tiled_golden.bin: runs ggml's tiled K-quant matmul
+// Generator of tests/data/ggml_tiled_golden.bin: runs ggml's tiled K-quant / IQ matmul
 // (ggml-cpu/tiled/tiled.cpp + tiled-kernel.cpp) on random weights and Q8_K activations.
 //
 // Built for the machine that made the golden logits (GCC 12, Sapphire Rapids: the AVX-512 VNNI
@@ -55,6 +55,8 @@ static size_t tsize(enum ggml_type t) {
     switch (t) {
         case GGML_TYPE_Q2_K: return 84; case GGML_TYPE_Q3_K: return 110; case GGML_TYPE_Q4_K: return 144;
         case GGML_TYPE_Q5_K: return 176; case GGML_TYPE_Q6_K: return 210; case GGML_TYPE_IQ4_XS: return 136;
+        case GGML_TYPE_IQ2_XXS: return 66; case GGML_TYPE_IQ2_XS: return 74; case GGML_TYPE_IQ2_S: return 82;
+        case GGML_TYPE_IQ3_XXS: return 98;
         case GGML_TYPE_Q8_K: return 292; case GGML_TYPE_F32: return 4;
         default: abort();
     }
@@ -129,7 +131,8 @@ int main(int argc, char ** argv) {
     void * wdata = aligned_alloc(64, wsize);
     struct ggml_compute_params params = { 0, 1, wsize, wdata, NULL, false };
 
-    const int ids[] = { GGML_TYPE_Q2_K, GGML_TYPE_Q3_K, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_XS };
+    const int ids[] = { GGML_TYPE_Q2_K, GGML_TYPE_Q3_K, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_XS,
+                        GGML_TYPE_IQ2_XXS, GGML_TYPE_IQ2_XS, GGML_TYPE_IQ2_S, GGML_TYPE_IQ3_XXS };
     for (int set = 0; set < 2; set++) {
         for (unsigned t = 0; t < sizeof(ids) / sizeof(ids[0]); t++) {
             const int id = ids[t];
