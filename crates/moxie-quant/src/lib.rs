@@ -7,11 +7,12 @@
 //! * [`legacy`]: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1;
 //! * [`kquants`]: Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K;
 //! * [`iq4`]: IQ4_NL, IQ4_XS;
+//! * [`iq3s`]: IQ3_S; [`iq1`]: IQ1_S, IQ1_M (code books in [`iq_grids`]);
 //! * `table`: the type table, one row per type with everything about it (layout, kernels);
 //! * [`dispatch`]: the per-type entry points over it, run-time SIMD selection and checked
 //!   wrappers;
 //! * [`tinyblas`], [`tiled`]: the summation orders of ggml's batched `mul_mat` paths
-//!   (llamafile tinyBLAS; the tiled K-quant matmul);
+//!   (llamafile tinyBLAS; the tiled K-quant / IQ matmul);
 //! * `simd`: AVX2 / AVX-512 kernels (x86-64 only, selected at run time).
 //!
 //! The unchecked function pointers ([`DequantizeFn`], [`QuantizeFn`], [`VecDotFn`]) assume the
@@ -23,7 +24,7 @@
 //!   `tests/data/gen_golden.c`): dequantization of random raw blocks, x86 activation
 //!   quantization, llama-quantize weight quantization, scalar dots == ggml's generic dots, and
 //!   every SIMD dot == ggml's x86 dot as built on the golden (Intel AVX-512) machine.
-//! * `ggml_tiled_golden.rs`: [`tiled_dot_fn`] bit-exact against ggml's tiled K-quant matmul
+//! * `ggml_tiled_golden.rs`: [`tiled_dot_fn`] bit-exact against ggml's tiled K-quant / IQ matmul
 //!   (`ggml-cpu/tiled/`, generator `tests/data/gen_tiled.c`) through `mul_mat` and `mul_mat_id`.
 //! * `known_answers.rs`: hand-built blocks of every type with per-element expected values.
 //! * `roundtrip.rs`: round-trip error bounds and `vec_dot` vs the f64 dot of dequantized data.
@@ -40,6 +41,8 @@ pub mod dispatch;
 pub mod f16;
 pub mod f32gemm;
 pub mod gemm;
+pub mod iq1;
+pub mod iq3s;
 pub mod iq4;
 pub mod iq_grids;
 pub mod kquants;
@@ -70,6 +73,10 @@ pub mod scalar {
         dequantize_row_bf16, dequantize_row_f16, dequantize_row_f32, quantize_row_bf16,
         quantize_row_f16, quantize_row_f32, vec_dot_bf16_bf16, vec_dot_f16_f16, vec_dot_f32_f32,
     };
+    pub use crate::iq1::{
+        dequantize_row_iq1_m, dequantize_row_iq1_s, vec_dot_iq1_m_q8_k, vec_dot_iq1_s_q8_k,
+    };
+    pub use crate::iq3s::{dequantize_row_iq3_s, vec_dot_iq3_s_q8_k};
     pub use crate::iq4::{
         dequantize_row_iq4_nl, dequantize_row_iq4_xs, quantize_row_iq4_nl, quantize_row_iq4_nl_ref,
         quantize_row_iq4_xs, vec_dot_iq4_nl_q8_0, vec_dot_iq4_xs_q8_k,
