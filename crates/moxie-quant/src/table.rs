@@ -513,12 +513,15 @@ const ROWS: [TypeRow; 35] = [
         f16_scales: &[0],
         ggml_tiled: true,
         rows: Some(dequantize_only(iq1::dequantize_row_iq1_s)),
-        dot: Some(dot(
-            T::Q8_K,
-            iq1::vec_dot_iq1_s_q8_k,
-            x86!(avx2_iq::dot_iq1_s),
-            None,
-        )),
+        dot: Some(Dot {
+            tiled: tiled(tiled::dot_iq1_s, tiled::many_iq1_s),
+            ..dot(
+                T::Q8_K,
+                iq1::vec_dot_iq1_s_q8_k,
+                x86!(avx2_iq::dot_iq1_s),
+                None,
+            )
+        }),
         ..layout(T::IQ1_S, "IQ1_S", QK_K, 50)
     },
     TypeRow {
@@ -549,12 +552,15 @@ const ROWS: [TypeRow; 35] = [
         f16_scales: &[0],
         ggml_tiled: true,
         rows: Some(dequantize_only(iq3s::dequantize_row_iq3_s)),
-        dot: Some(dot(
-            T::Q8_K,
-            iq3s::vec_dot_iq3_s_q8_k,
-            x86!(avx2_iq::dot_iq3_s),
-            None,
-        )),
+        dot: Some(Dot {
+            tiled: tiled(tiled::dot_iq3_s, tiled::many_iq3_s),
+            ..dot(
+                T::Q8_K,
+                iq3s::vec_dot_iq3_s_q8_k,
+                x86!(avx2_iq::dot_iq3_s),
+                None,
+            )
+        }),
         ..layout(T::IQ3_S, "IQ3_S", QK_K, 110)
     },
     TypeRow {
@@ -590,12 +596,15 @@ const ROWS: [TypeRow; 35] = [
     TypeRow {
         ggml_tiled: true,
         rows: Some(dequantize_only(iq1::dequantize_row_iq1_m)),
-        dot: Some(dot(
-            T::Q8_K,
-            iq1::vec_dot_iq1_m_q8_k,
-            x86!(avx2_iq::dot_iq1_m),
-            None,
-        )),
+        dot: Some(Dot {
+            tiled: tiled(tiled::dot_iq1_m, tiled::many_iq1_m),
+            ..dot(
+                T::Q8_K,
+                iq1::vec_dot_iq1_m_q8_k,
+                x86!(avx2_iq::dot_iq1_m),
+                None,
+            )
+        }),
         ..layout(T::IQ1_M, "IQ1_M", QK_K, 56)
     },
     TypeRow {

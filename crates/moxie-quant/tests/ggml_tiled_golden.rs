@@ -1,4 +1,4 @@
-//! Bit-exact comparison of [`moxie_quant::tiled_dot_fn`] with ggml's tiled K-quant matmul
+//! Bit-exact comparison of [`moxie_quant::tiled_dot_fn`] with ggml's tiled K-quant / IQ matmul
 //! (`ggml-cpu/tiled/`), compiled for the Sapphire Rapids machine that made the golden logits
 //! and run through its `mul_mat` and `mul_mat_id` entry points by `data/gen_tiled.c`
 //! (file format described there).
@@ -69,8 +69,9 @@ fn tiled_matches_ggml() {
         }
         types_seen.insert(ty.id());
     }
-    assert_eq!(types_seen.len(), 6);
-    assert_eq!(checked, 6 * 24 * (10 + 9 + 20));
+    // Q2_K..Q6_K, IQ4_XS, IQ3_S, IQ1_S, IQ1_M
+    assert_eq!(types_seen.len(), 9);
+    assert_eq!(checked, 9 * 24 * (10 + 9 + 20));
     // the file would not test anything if vec_dot's order gave the same results
     assert!(
         differs_from_vec_dot > checked / 10,
