@@ -54,12 +54,32 @@ pub fn random_blocks(rng: &mut Rng, ty: GgmlType, n: usize) -> Vec<u8> {
             };
             blk[off..off + 2].copy_from_slice(&f32_to_fp16(v).to_le_bytes());
         }
+        if ty == GgmlType::IQ1_M {
+            // no f16 field: the scale is the top nibbles of the 4 u16 scale words
+            let mag = 2f32.powi(-((rng.next_u64() % 10) as i32) - 2) * (1.0 + rng.f32().abs());
+            let d = f32_to_fp16(if rng.next_u64().is_multiple_of(2) {
+                mag
+            } else {
+                -mag
+            });
+            for k in 0..4 {
+                let hi = &mut blk[48 + 2 * k + 1];
+                *hi = (*hi & 0x0f) | ((((d >> (4 * k)) & 0xf) as u8) << 4);
+            }
+        }
     }
     b
 }
 
-/// The weight types moxie computes with (excluding the float types).
-pub const QUANT_WEIGHT_TYPES: [GgmlType; 12] = [
+/// Whether [`random_blocks`] gives `ty` finite scales (the quantized types; the float types
+/// take quantized random rows instead).
+pub fn has_random_blocks(ty: GgmlType) -> bool {
+    !ty.f16_scale_offsets().is_empty() || ty == GgmlType::IQ1_M
+}
+
+/// The weight types moxie computes with (excluding the float types). IQ3_S, IQ1_S and IQ1_M
+/// have no weight quantizer (llama-quantize needs an importance matrix for them).
+pub const QUANT_WEIGHT_TYPES: [GgmlType; 15] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
@@ -72,9 +92,12 @@ pub const QUANT_WEIGHT_TYPES: [GgmlType; 12] = [
     GgmlType::Q6_K,
     GgmlType::IQ4_NL,
     GgmlType::IQ4_XS,
+    GgmlType::IQ3_S,
+    GgmlType::IQ1_S,
+    GgmlType::IQ1_M,
 ];
 
-pub const ALL_WEIGHT_TYPES: [GgmlType; 15] = [
+pub const ALL_WEIGHT_TYPES: [GgmlType; 18] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -90,4 +113,7 @@ pub const ALL_WEIGHT_TYPES: [GgmlType; 15] = [
     GgmlType::Q6_K,
     GgmlType::IQ4_NL,
     GgmlType::IQ4_XS,
+    GgmlType::IQ3_S,
+    GgmlType::IQ1_S,
+    GgmlType::IQ1_M,
 ];
