@@ -846,6 +846,25 @@ mod tests {
         ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
 
+    /// Random raw blocks of a grid type (no weight quantizer) with the scale 1/64.
+    fn random_grid_blocks(seed: &mut u64, ty: GgmlType, out: &mut [u8]) {
+        for b in out.iter_mut() {
+            *b = (lcg(seed).to_bits() >> 9) as u8;
+        }
+        let d = crate::f32_to_fp16(1.0 / 64.0);
+        for blk in out.chunks_exact_mut(ty.type_size()) {
+            if ty == GgmlType::IQ1_M {
+                // the f16 scale is the top nibbles of the 4 scale words
+                for k in 0..4 {
+                    let hi = &mut blk[48 + 2 * k + 1];
+                    *hi = (*hi & 0x0f) | ((((d >> (4 * k)) & 0xf) as u8) << 4);
+                }
+            } else {
+                blk[..2].copy_from_slice(&d.to_le_bytes());
+            }
+        }
+    }
+
     /// The int8 products equal `vec_dot` up to float rounding, for every supported type,
     /// ragged row and token counts included.
     #[test]
@@ -862,6 +881,9 @@ mod tests {
             GgmlType::Q8_0,
             GgmlType::Q4_0,
             GgmlType::Q5_0,
+            GgmlType::IQ3_S,
+            GgmlType::IQ1_S,
+            GgmlType::IQ1_M,
         ] {
             let n_in = 512;
             let (n_rows, n_tok) = (37, 15);
@@ -869,9 +891,12 @@ mod tests {
             let x: Vec<f32> = (0..n_in * n_tok).map(|_| lcg(&mut seed) * 3.0).collect();
             let rb = ty.row_bytes(n_in as u64).unwrap() as usize;
             let mut wq = vec![0u8; rb * n_rows];
-            let qw = crate::quantize_weights_fn(ty).unwrap();
-            for (src, dst) in w.chunks_exact(n_in).zip(wq.chunks_exact_mut(rb)) {
-                qw(src, dst);
+            if let Some(qw) = crate::quantize_weights_fn(ty) {
+                for (src, dst) in w.chunks_exact(n_in).zip(wq.chunks_exact_mut(rb)) {
+                    qw(src, dst);
+                }
+            } else {
+                random_grid_blocks(&mut seed, ty, &mut wq);
             }
             let act = crate::vec_dot_type(ty).unwrap();
             let arb = act.row_bytes(n_in as u64).unwrap() as usize;

@@ -515,6 +515,13 @@ const ROWS: [TypeRow; 35] = [
         rows: Some(dequantize_only(iq1::dequantize_row_iq1_s)),
         dot: Some(Dot {
             tiled: tiled(tiled::dot_iq1_s, tiled::many_iq1_s),
+            gemm: Some(GemmLayout {
+                sub: 32,
+                mins: false,
+                offset: 128,
+                decode: tiled::gemm_decode_iq1_s,
+                unpack_tile: None,
+            }),
             ..dot(
                 T::Q8_K,
                 iq1::vec_dot_iq1_s_q8_k,
@@ -554,6 +561,13 @@ const ROWS: [TypeRow; 35] = [
         rows: Some(dequantize_only(iq3s::dequantize_row_iq3_s)),
         dot: Some(Dot {
             tiled: tiled(tiled::dot_iq3_s, tiled::many_iq3_s),
+            gemm: Some(GemmLayout {
+                sub: 32,
+                mins: false,
+                offset: 128,
+                decode: tiled::gemm_decode_iq3_s,
+                unpack_tile: None,
+            }),
             ..dot(
                 T::Q8_K,
                 iq3s::vec_dot_iq3_s_q8_k,
@@ -598,6 +612,13 @@ const ROWS: [TypeRow; 35] = [
         rows: Some(dequantize_only(iq1::dequantize_row_iq1_m)),
         dot: Some(Dot {
             tiled: tiled(tiled::dot_iq1_m, tiled::many_iq1_m),
+            gemm: Some(GemmLayout {
+                sub: 16,
+                mins: false,
+                offset: 128,
+                decode: tiled::gemm_decode_iq1_m,
+                unpack_tile: None,
+            }),
             ..dot(
                 T::Q8_K,
                 iq1::vec_dot_iq1_m_q8_k,

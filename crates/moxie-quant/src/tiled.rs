@@ -449,6 +449,39 @@ pub(crate) fn dot_iq1_m(n: usize, w: &[u8], a: &[u8]) -> f32 {
     out[0]
 }
 
+/// The int8 GEMM's row decoder (fast numerics, `gemm.rs`) for the grid types, from their tiled
+/// unpack: the codes (the value plus 128, the GEMM layout's offset; IQ1's 8 times the value)
+/// and `d * scale` per sub-block of `SUBBLK`.
+fn gemm_decode<const SUBBLK: usize>(
+    bytes: usize,
+    unpack: fn(&[u8], &mut Unpacked),
+    row: &[u8],
+    q: &mut [u8],
+    scale: &mut [f32],
+) {
+    let n_sub = QK_K / SUBBLK;
+    let mut t = Unpacked::new();
+    for (b, x) in row.chunks_exact(bytes).enumerate() {
+        unpack(x, &mut t);
+        q[QK_K * b..QK_K * (b + 1)].copy_from_slice(&t.q);
+        for s in 0..n_sub {
+            scale[n_sub * b + s] = t.d * t.scales[s] as f32;
+        }
+    }
+}
+
+pub(crate) fn gemm_decode_iq3_s(row: &[u8], q: &mut [u8], scale: &mut [f32], _min: &mut [f32]) {
+    gemm_decode::<32>(IQ3_S_BYTES, unpack_iq3_s, row, q, scale)
+}
+
+pub(crate) fn gemm_decode_iq1_s(row: &[u8], q: &mut [u8], scale: &mut [f32], _min: &mut [f32]) {
+    gemm_decode::<32>(IQ1_S_BYTES, unpack_iq1_s, row, q, scale)
+}
+
+pub(crate) fn gemm_decode_iq1_m(row: &[u8], q: &mut [u8], scale: &mut [f32], _min: &mut [f32]) {
+    gemm_decode::<16>(IQ1_M_BYTES, unpack_iq1_m, row, q, scale)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
