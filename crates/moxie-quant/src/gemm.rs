@@ -854,11 +854,7 @@ mod tests {
         let d = crate::f32_to_fp16(1.0 / 64.0);
         for blk in out.chunks_exact_mut(ty.type_size()) {
             if ty == GgmlType::IQ1_M {
-                // the f16 scale is the top nibbles of the 4 scale words
-                for k in 0..4 {
-                    let hi = &mut blk[48 + 2 * k + 1];
-                    *hi = (*hi & 0x0f) | ((((d >> (4 * k)) & 0xf) as u8) << 4);
-                }
+                crate::iq1::set_iq1m_scale(blk, d);
             } else {
                 blk[..2].copy_from_slice(&d.to_le_bytes());
             }

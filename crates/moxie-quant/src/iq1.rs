@@ -70,6 +70,15 @@ pub(crate) fn iq1m_scale_bits(x: &[u8]) -> u16 {
     (sc(0) >> 12) | ((sc(1) >> 8) & 0x00f0) | ((sc(2) >> 4) & 0x0f00) | (sc(3) & 0xf000)
 }
 
+/// Store `d` (an f16's bits) as the IQ1_M super-block scale of `block`: the top nibbles of its 4
+/// scale words (the 3-bit sub-block scales below them are kept).
+pub fn set_iq1m_scale(block: &mut [u8], d: u16) {
+    for k in 0..4 {
+        let hi = &mut block[48 + 2 * k + 1];
+        *hi = (*hi & 0x0f) | ((((d >> (4 * k)) & 0xf) as u8) << 4);
+    }
+}
+
 /// IQ1_M scale multiplier `2 * s + 1` of half `h` (0, 1: 16 elements each) of sub-block `ib`.
 #[inline(always)]
 pub(crate) fn iq1m_scale(x: &[u8], ib: usize, h: usize) -> i32 {
@@ -218,4 +227,21 @@ pub fn vec_dot_iq1_m_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
         sumf += d * rd_f32(y, 0) * (sumi1 as f32 + IQ1_DELTA * sumi2 as f32);
     }
     sumf
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn iq1m_scale_round_trips_and_keeps_the_sub_block_scales() {
+        let mut blk = [0xa5u8; IQ1_M_BYTES];
+        for d in [0x0000u16, 0x2c00, 0xb3c1, 0x7bff] {
+            set_iq1m_scale(&mut blk, d);
+            assert_eq!(iq1m_scale_bits(&blk), d);
+            for w in 0..4 {
+                assert_eq!(rd_u16(&blk, 48 + 2 * w) & 0x0fff, 0x05a5);
+            }
+        }
+    }
 }

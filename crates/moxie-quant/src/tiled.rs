@@ -555,10 +555,7 @@ mod tests {
             for blk in w.chunks_exact_mut(ts) {
                 let d = crate::f32_to_fp16(1.0 / 64.0);
                 if ty == GgmlType::IQ1_M {
-                    for k in 0..4 {
-                        let b = &mut blk[48 + 2 * k + 1];
-                        *b = (*b & 0x0f) | ((((d >> (4 * k)) & 0xf) as u8) << 4);
-                    }
+                    crate::iq1::set_iq1m_scale(blk, d);
                 } else {
                     blk[..2].copy_from_slice(&d.to_le_bytes());
                 }

@@ -271,6 +271,7 @@ fn build(ty: GgmlType) -> (Vec<u8>, Vec<f32>) {
                             blk.push(nib(2 * p) | (nib(2 * p + 1) << 4));
                         }
                     }
+                    // the f16 d in the top nibbles of the scale words, typed in again
                     let dbits = f32_to_fp16(d);
                     for w in 0..4 {
                         let mut sc = 0u16;

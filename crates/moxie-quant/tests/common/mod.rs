@@ -62,10 +62,7 @@ pub fn random_blocks(rng: &mut Rng, ty: GgmlType, n: usize) -> Vec<u8> {
             } else {
                 -mag
             });
-            for k in 0..4 {
-                let hi = &mut blk[48 + 2 * k + 1];
-                *hi = (*hi & 0x0f) | ((((d >> (4 * k)) & 0xf) as u8) << 4);
-            }
+            moxie_quant::iq1::set_iq1m_scale(blk, d);
         }
     }
     b
