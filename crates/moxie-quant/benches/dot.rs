@@ -9,8 +9,9 @@
 //! ```
 //!
 //! Groups (all single-threaded, rows of 4096 elements, weights from `quantize_weights_fn` on
-//! deterministic pseudo-random data, or random raw blocks for the IQ2/IQ3 types, which have no
-//! quantizer; activations quantized to `vec_dot_type` outside the timed loop):
+//! deterministic pseudo-random data — random raw blocks with a fixed scale for the IQ1/IQ2/IQ3
+//! types, which moxie does not quantize —, activations quantized to `vec_dot_type` outside
+//! the timed loop):
 //!
 //! * `matvec_l2`: one activation row against a matrix of about 512 KiB (e.g. 224 Q4_0 rows),
 //!   which stays in L2: measures the `vec_dot_fn` kernel's compute speed.
@@ -20,12 +21,12 @@
 //! * `batch32_l2` / `batch32_dram`: 32 activation rows, the same matrices, with the kernels
 //!   that keep llama.cpp's summation order (what moxie-core's `Mat::matmul_q` runs under
 //!   `--exact`, and by default for types without an int8 GEMM): `tiled_dot_many_fn` for
-//!   Q2_K..Q6_K, IQ4_XS and the IQ2/IQ3 types, `tinyblas_dot_many_fn` for Q8_0/Q4_0/Q5_0/IQ4_NL (each weight row
+//!   Q2_K..Q6_K, IQ4_XS and the IQ1/IQ2/IQ3 types, `tinyblas_dot_many_fn` for Q8_0/Q4_0/Q5_0/IQ4_NL (each weight row
 //!   unpacked once for all 32 rows), `tinyblas_dot_fn` for F32/F16 and `vec_dot_fn` for
 //!   BF16/Q4_1/Q5_1 (token by token over the whole matrix). Bytes are the weight bytes, read
 //!   once per iteration, so 32x the figure is the activation-row throughput.
 //! * `batch32_gemm_l2` / `batch32_gemm_dram`: the same with `gemm_q8`, the default batched path
-//!   (int8 AVX-512 VNNI) for Q8_0/Q4_0/Q5_0/Q4_K/Q5_K/Q6_K and the IQ2/IQ3 types; its `GemmActs` are prepared outside
+//!   (int8 AVX-512 VNNI) for Q8_0/Q4_0/Q5_0/Q4_K/Q5_K/Q6_K and the IQ1/IQ2/IQ3 types; its `GemmActs` are prepared outside
 //!   the timed loop. Skipped where `gemm_available()` is false (no AVX-512, or
 //!   `MOXIE_QUANT_SIMD` below `avx512`).
 //!
@@ -40,6 +41,7 @@
 
 use divan::counter::BytesCount;
 use divan::{black_box, Bencher};
+use moxie_quant::iq1::set_iq1m_scale;
 use moxie_quant::{
     f32_to_fp16, gemm_available, gemm_q8, gemm_supports, hardware_simd_level, quantize_fn,
     quantize_weights_fn, simd_level, tiled_dot_many_fn, tinyblas_dot_fn, tinyblas_dot_many_fn,
@@ -60,11 +62,11 @@ const BATCH: usize = 32;
 
 const TYPES: &[GgmlType] = &[
     F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS,
-    IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS,
+    IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M,
 ];
 /// The types `gemm_q8` handles.
 const GEMM_TYPES: &[GgmlType] = &[
-    Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS,
+    Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M,
 ];
 
 fn main() {
@@ -115,27 +117,15 @@ impl Weights {
         let row_bytes = ty.row_bytes(COLS as u64).unwrap() as usize;
         let mat_bytes = rows * row_bytes;
         let copies = min_total_bytes.div_ceil(mat_bytes).max(1);
-        let quantize = quantize_weights_fn(ty);
         let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ u64::from(ty.id()));
         let mut x = vec![0f32; COLS];
         let base: Vec<u8> = (0..rows.min(64))
             .flat_map(|_| {
                 x.iter_mut().for_each(|v| *v = rng.f32());
                 let mut row = vec![0u8; row_bytes];
-                match quantize {
+                match quantize_weights_fn(ty) {
                     Some(quantize) => quantize(&x, &mut row),
-                    // random raw blocks, f16 scales set to finite values
-                    None => {
-                        for (b, v) in row.iter_mut().zip(x.iter().cycle()) {
-                            *b = v.to_bits() as u8;
-                        }
-                        for blk in row.chunks_exact_mut(ty.type_size()) {
-                            for &off in ty.f16_scale_offsets() {
-                                let d = f32_to_fp16(0.01 * (1.0 + rng.f32()));
-                                blk[off..off + 2].copy_from_slice(&d.to_le_bytes());
-                            }
-                        }
-                    }
+                    None => raw_grid_blocks(ty, &x, &mut row),
                 }
                 row
             })
@@ -175,6 +165,24 @@ impl Weights {
     fn matrix(&self, i: usize) -> &[u8] {
         let b = self.mat_bytes();
         &self.data[(i % self.copies) * b..][..b]
+    }
+}
+
+/// Blocks of a type moxie does not quantize (IQ3_S, IQ1_S, IQ1_M) from the bits of `x`, with the
+/// scale 1/64.
+fn raw_grid_blocks(ty: GgmlType, x: &[f32], row: &mut [u8]) {
+    for (b, v) in row.iter_mut().zip(x.iter().cycle()) {
+        *b = (v.to_bits() >> 7) as u8;
+    }
+    let d = f32_to_fp16(1.0 / 64.0);
+    for blk in row.chunks_exact_mut(ty.type_size()) {
+        match ty {
+            IQ1_M => set_iq1m_scale(blk, d),
+            IQ3_S | IQ1_S | IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS => {
+                blk[..2].copy_from_slice(&d.to_le_bytes())
+            }
+            _ => unreachable!("{ty} has a weight quantizer"),
+        }
     }
 }
 

@@ -895,6 +895,21 @@ mod tests {
         ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
 
+    /// Random raw blocks of a grid type (no weight quantizer) with the scale 1/64.
+    fn random_grid_blocks(seed: &mut u64, ty: GgmlType, out: &mut [u8]) {
+        for b in out.iter_mut() {
+            *b = (lcg(seed).to_bits() >> 9) as u8;
+        }
+        let d = crate::f32_to_fp16(1.0 / 64.0);
+        for blk in out.chunks_exact_mut(ty.type_size()) {
+            if ty == GgmlType::IQ1_M {
+                crate::iq1::set_iq1m_scale(blk, d);
+            } else {
+                blk[..2].copy_from_slice(&d.to_le_bytes());
+            }
+        }
+    }
+
     /// The int8 products equal `vec_dot` up to float rounding, for every supported type,
     /// ragged row and token counts included.
     #[test]
@@ -915,6 +930,9 @@ mod tests {
             GgmlType::IQ2_XS,
             GgmlType::IQ2_S,
             GgmlType::IQ3_XXS,
+            GgmlType::IQ3_S,
+            GgmlType::IQ1_S,
+            GgmlType::IQ1_M,
         ] {
             let n_in = 512;
             let (n_rows, n_tok) = (37, 15);
@@ -927,14 +945,7 @@ mod tests {
                     qw(src, dst);
                 }
             } else {
-                // types moxie only reads: random raw blocks with a finite `d` up front
-                for (i, b) in wq.iter_mut().enumerate() {
-                    *b = w[i % w.len()].to_bits() as u8;
-                }
-                for blk in wq.chunks_exact_mut(ty.type_size()) {
-                    let d = crate::f32_to_fp16(0.01 + 0.01 * lcg(&mut seed).abs());
-                    blk[..2].copy_from_slice(&d.to_le_bytes());
-                }
+                random_grid_blocks(&mut seed, ty, &mut wq);
             }
             let act = crate::vec_dot_type(ty).unwrap();
             let arb = act.row_bytes(n_in as u64).unwrap() as usize;

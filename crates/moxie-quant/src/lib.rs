@@ -10,6 +10,7 @@
 //! * [`kquants`]: Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K;
 //! * [`iq4`]: IQ4_NL, IQ4_XS;
 //! * [`iq2_3`]: IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS (read and computed with, not written);
+//! * [`iq3s`]: IQ3_S; [`iq1`]: IQ1_S, IQ1_M (code books in [`iq_grids`]);
 //! * `table`: the type table, one row per type with everything about it (layout, kernels);
 //! * [`dispatch`]: the per-type entry points over it, run-time SIMD selection and checked
 //!   wrappers;
@@ -26,7 +27,7 @@
 //!   `tests/data/gen_golden.c`): dequantization of random raw blocks, x86 activation
 //!   quantization, llama-quantize weight quantization, scalar dots == ggml's generic dots, and
 //!   every SIMD dot == ggml's x86 dot as built on the golden (Intel AVX-512) machine.
-//! * `ggml_tiled_golden.rs`: [`tiled_dot_fn`] bit-exact against ggml's tiled matmul
+//! * `ggml_tiled_golden.rs`: [`tiled_dot_fn`] bit-exact against ggml's tiled K-quant / IQ matmul
 //!   (`ggml-cpu/tiled/`, generator `tests/data/gen_tiled.c`) through `mul_mat` and `mul_mat_id`.
 //! * `known_answers.rs`: hand-built blocks of every type with per-element expected values.
 //! * `roundtrip.rs`: round-trip error bounds and `vec_dot` vs the f64 dot of dequantized data.
@@ -45,6 +46,8 @@ pub mod f16;
 pub mod f32gemm;
 pub mod gemm;
 pub mod iq2_3;
+pub mod iq1;
+pub mod iq3s;
 pub mod iq4;
 pub mod iq_grids;
 pub mod kquants;
@@ -80,6 +83,10 @@ pub mod scalar {
         dequantize_row_iq3_xxs, vec_dot_iq2_s_q8_k, vec_dot_iq2_xs_q8_k, vec_dot_iq2_xxs_q8_k,
         vec_dot_iq3_xxs_q8_k,
     };
+    pub use crate::iq1::{
+        dequantize_row_iq1_m, dequantize_row_iq1_s, vec_dot_iq1_m_q8_k, vec_dot_iq1_s_q8_k,
+    };
+    pub use crate::iq3s::{dequantize_row_iq3_s, vec_dot_iq3_s_q8_k};
     pub use crate::iq4::{
         dequantize_row_iq4_nl, dequantize_row_iq4_xs, quantize_row_iq4_nl, quantize_row_iq4_nl_ref,
         quantize_row_iq4_xs, vec_dot_iq4_nl_q8_0, vec_dot_iq4_xs_q8_k,

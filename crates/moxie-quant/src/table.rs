@@ -15,10 +15,12 @@
 use crate::dispatch::{DequantizeFn, QuantizeFn, SimdLevel, VecDotFn};
 use crate::gemm::{self, GemmLayout};
 #[cfg(target_arch = "x86_64")]
+use crate::simd::x86_avx2_iq1_iq3s as avx2_iq;
+#[cfg(target_arch = "x86_64")]
 use crate::simd::{x86_avx2 as avx2, x86_avx512 as avx512};
 use crate::tiled::{self, DotManyFn};
 use crate::types::{GgmlType, QK_K};
-use crate::{bf16, f16, iq2_3, iq4, kquants, legacy, tinyblas};
+use crate::{bf16, f16, iq1, iq2_3, iq3s, iq4, kquants, legacy, tinyblas};
 
 /// `Some(kernel)` of the x86-64 SIMD modules; `None` when building for another architecture
 /// (the kernel's path is then never resolved).
@@ -485,7 +487,7 @@ const ROWS: [TypeRow; 35] = [
         }),
         ..layout(T::Q6_K, "Q6_K", QK_K, 210)
     },
-    // Activations only (the partner of the K-quants and the IQ types of 256-blocks).
+    // Activations only (the partner of the K-quants and the 256-element IQ types).
     TypeRow {
         rows: Some(conversions(
             kquants::dequantize_row_q8_k,
@@ -562,7 +564,25 @@ const ROWS: [TypeRow; 35] = [
         ..layout(T::IQ3_XXS, "IQ3_XXS", QK_K, 98)
     },
     TypeRow {
+        f16_scales: &[0],
         ggml_tiled: true,
+        rows: Some(dequantize_only(iq1::dequantize_row_iq1_s)),
+        dot: Some(Dot {
+            tiled: tiled(tiled::dot_iq1_s, tiled::many_iq1_s),
+            gemm: Some(GemmLayout {
+                sub: 32,
+                mins: false,
+                offset: 128,
+                decode: tiled::gemm_decode_iq1_s,
+                unpack_tile: None,
+            }),
+            ..dot(
+                T::Q8_K,
+                iq1::vec_dot_iq1_s_q8_k,
+                x86!(avx2_iq::dot_iq1_s),
+                None,
+            )
+        }),
         ..layout(T::IQ1_S, "IQ1_S", QK_K, 50)
     },
     TypeRow {
@@ -590,7 +610,25 @@ const ROWS: [TypeRow; 35] = [
         ..layout(T::IQ4_NL, "IQ4_NL", 32, 18)
     },
     TypeRow {
+        f16_scales: &[0],
         ggml_tiled: true,
+        rows: Some(dequantize_only(iq3s::dequantize_row_iq3_s)),
+        dot: Some(Dot {
+            tiled: tiled(tiled::dot_iq3_s, tiled::many_iq3_s),
+            gemm: Some(GemmLayout {
+                sub: 32,
+                mins: false,
+                offset: 128,
+                decode: tiled::gemm_decode_iq3_s,
+                unpack_tile: None,
+            }),
+            ..dot(
+                T::Q8_K,
+                iq3s::vec_dot_iq3_s_q8_k,
+                x86!(avx2_iq::dot_iq3_s),
+                None,
+            )
+        }),
         ..layout(T::IQ3_S, "IQ3_S", QK_K, 110)
     },
     TypeRow {
@@ -640,8 +678,26 @@ const ROWS: [TypeRow; 35] = [
     layout(T::I32, "I32", 1, 4),
     layout(T::I64, "I64", 1, 8),
     layout(T::F64, "F64", 1, 8),
+    // The f16 scale is spread over the top nibbles of the scale words (no `f16_scales`).
     TypeRow {
         ggml_tiled: true,
+        rows: Some(dequantize_only(iq1::dequantize_row_iq1_m)),
+        dot: Some(Dot {
+            tiled: tiled(tiled::dot_iq1_m, tiled::many_iq1_m),
+            gemm: Some(GemmLayout {
+                sub: 16,
+                mins: false,
+                offset: 128,
+                decode: tiled::gemm_decode_iq1_m,
+                unpack_tile: None,
+            }),
+            ..dot(
+                T::Q8_K,
+                iq1::vec_dot_iq1_m_q8_k,
+                x86!(avx2_iq::dot_iq1_m),
+                None,
+            )
+        }),
         ..layout(T::IQ1_M, "IQ1_M", QK_K, 56)
     },
     TypeRow {

@@ -1,8 +1,7 @@
 //! Dot products in the summation order of ggml-cpu's "tiled" K-quant matmul
 //! (`ggml-cpu/tiled/{tiled.cpp,tiled-kernel.cpp}`), which this llama.cpp version runs instead of
-//! `vec_dot` for Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS (and
-//! IQ1_S, IQ1_M, IQ3_S, not ported here) weights when enough activation rows are multiplied at
-//! once:
+//! `vec_dot` for Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S,
+//! IQ1_S and IQ1_M weights when enough activation rows are multiplied at once:
 //!
 //! * `mul_mat`: when the activation has `ne[1] >= 8` rows ([`tiled_used_for_mul_mat`]);
 //! * `mul_mat_id` (routed experts): per expert, when at least 8 (token, slot) rows are routed to
@@ -23,7 +22,8 @@
 //! s1 = sum_s sc[s] * (raw[s] - BIAS * bsum[s])      s2 = sum_s m[s] * bsum[s]
 //! ```
 //!
-//! and in f32, with `d0`/`dmin` the weight block's halves and `d1` the Q8_K scale:
+//! and in f32, with `d0`/`dmin` the weight block's halves (IQ1_S/IQ1_M: `d / 8`, their codes
+//! being 8 times the grid value plus the ±1 delta) and `d1` the Q8_K scale:
 //!
 //! ```text
 //! r   = d0 * (f32)s1
@@ -34,7 +34,9 @@
 //! with `acc` starting at 0 and the blocks taken in K order. The order does not depend on the
 //! matrix shape or the tile position: the narrow path (<= 16 activation rows) splits K into
 //! chunks (`ggml_tiled_narrow_k_extent`) but still adds one block at a time into the same
-//! accumulator, in K order; tile edges only pad with rows that are never stored.
+//! accumulator, in K order; tile edges only pad with rows that are never stored. (ggml's
+//! `ACTBIAS` template flag of the IQ types, Q3_K and Q6_K only changes the AVX2 microkernel;
+//! the VNNI one ignores it.)
 //!
 //! Verified bit-exact against ggml's tiled.cpp/tiled-kernel.cpp compiled for Sapphire Rapids
 //! (`tests/ggml_tiled_golden.rs`, generator `tests/data/gen_tiled.c`), for both `mul_mat`
@@ -47,6 +49,14 @@ use crate::iq2_3::{
     IQ2_XXS_BYTES, IQ3_XXS_BYTES,
 };
 use crate::iq4::{IQ4_XS_BYTES, KVALUES_IQ4NL};
+// IQ3_S, IQ1_S, IQ1_M
+use crate::f16::fp16_to_f32;
+use crate::iq1::{
+    iq1_grid, iq1m_delta_negative, iq1m_index, iq1m_scale, iq1m_scale_bits, iq1s_index, iq1s_qh,
+    iq1s_scale, IQ1_M_BYTES, IQ1_S_BYTES,
+};
+use crate::iq3s::{iq3s_index, iq3s_scale, iq3s_signs, IQ3_S_BYTES};
+use crate::iq_grids::IQ3S_GRID;
 use crate::kquants::{Q2_K_BYTES, Q3_K_BYTES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_K_BYTES};
 use crate::table::row;
 use crate::types::{GgmlType, QK_K};
@@ -437,6 +447,129 @@ pub(crate) fn dot_iq3_xxs(n: usize, w: &[u8], a: &[u8]) -> f32 {
     out[0]
 }
 
+/// IQ3_S: d, `qs[64]`, `qh[8]`, `signs[32]`, `scales[4]`; codes `128 ± grid magnitude`
+/// (bias 128), scales `1 + 2 * sc` per 32.
+fn unpack_iq3_s(x: &[u8], t: &mut Unpacked) {
+    t.d = rd_f16(x, 0);
+    for ib in 0..QK_K / 32 {
+        t.scales[ib] = iq3s_scale(x, ib);
+        for l in 0..4 {
+            let lo = IQ3S_GRID[iq3s_index(x, ib, 2 * l)].to_le_bytes();
+            let hi = IQ3S_GRID[iq3s_index(x, ib, 2 * l + 1)].to_le_bytes();
+            let signs = iq3s_signs(x, ib, l);
+            for j in 0..8 {
+                let v = if j < 4 { lo[j] } else { hi[j - 4] };
+                t.q[32 * ib + 8 * l + j] = if signs & (1 << j) != 0 {
+                    128 - v
+                } else {
+                    128 + v
+                };
+            }
+        }
+    }
+}
+
+/// IQ1_S / IQ1_M group of 8 as `tiled_unpk_tern8` writes it: `128 + delta + 8 * grid` (bias
+/// 128; the factor 8 keeps the ±1 delta, i.e. ±1/8 of a grid step, an integer, and `d` carries
+/// the 1/8).
+fn unpack_tern8(idx: usize, negative_delta: bool, out: &mut [u8]) {
+    let delta = if negative_delta { -1 } else { 1 };
+    for (o, g) in out.iter_mut().zip(iq1_grid(idx)) {
+        *o = (128 + delta + 8 * g as i32) as u8;
+    }
+}
+
+/// IQ1_S: d, `qs[32]`, `qh[8]` (u16); `d / 8`, scales `2 s + 1` per 32.
+fn unpack_iq1_s(x: &[u8], t: &mut Unpacked) {
+    t.d = rd_f16(x, 0) * 0.125;
+    for ib in 0..QK_K / 32 {
+        let qh = iq1s_qh(x, ib);
+        t.scales[ib] = iq1s_scale(qh);
+        for l in 0..4 {
+            let o = 32 * ib + 8 * l;
+            unpack_tern8(iq1s_index(x, ib, l), qh & 0x8000 != 0, &mut t.q[o..o + 8]);
+        }
+    }
+}
+
+/// IQ1_M: `qs[32]`, `qh[16]`, `scales[8]` (the f16 scale in the top nibbles); `d / 8`, scales
+/// `2 s + 1` per 16.
+fn unpack_iq1_m(x: &[u8], t: &mut Unpacked) {
+    t.d = fp16_to_f32(iq1m_scale_bits(x)) * 0.125;
+    for ib in 0..QK_K / 32 {
+        t.scales[2 * ib] = iq1m_scale(x, ib, 0);
+        t.scales[2 * ib + 1] = iq1m_scale(x, ib, 1);
+        for l in 0..4 {
+            let o = 32 * ib + 8 * l;
+            let neg = iq1m_delta_negative(x, ib, l);
+            unpack_tern8(iq1m_index(x, ib, l), neg, &mut t.q[o..o + 8]);
+        }
+    }
+}
+
+pub(crate) fn many_iq3_s(n: usize, w: &[u8], acts: &[u8], stride: usize, out: &mut [f32]) {
+    dot_tiled_many::<32, false, 128>(n, w, acts, stride, out, IQ3_S_BYTES, unpack_iq3_s)
+}
+
+pub(crate) fn dot_iq3_s(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let mut out = [0f32];
+    many_iq3_s(n, w, a, a.len(), &mut out);
+    out[0]
+}
+
+pub(crate) fn many_iq1_s(n: usize, w: &[u8], acts: &[u8], stride: usize, out: &mut [f32]) {
+    dot_tiled_many::<32, false, 128>(n, w, acts, stride, out, IQ1_S_BYTES, unpack_iq1_s)
+}
+
+pub(crate) fn dot_iq1_s(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let mut out = [0f32];
+    many_iq1_s(n, w, a, a.len(), &mut out);
+    out[0]
+}
+
+pub(crate) fn many_iq1_m(n: usize, w: &[u8], acts: &[u8], stride: usize, out: &mut [f32]) {
+    dot_tiled_many::<16, false, 128>(n, w, acts, stride, out, IQ1_M_BYTES, unpack_iq1_m)
+}
+
+pub(crate) fn dot_iq1_m(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let mut out = [0f32];
+    many_iq1_m(n, w, a, a.len(), &mut out);
+    out[0]
+}
+
+/// The int8 GEMM's row decoder (fast numerics, `gemm.rs`) for the grid types, from their tiled
+/// unpack: the codes (the value plus 128, the GEMM layout's offset; IQ1's 8 times the value)
+/// and `d * scale` per sub-block of `SUBBLK`.
+fn gemm_decode<const SUBBLK: usize>(
+    bytes: usize,
+    unpack: fn(&[u8], &mut Unpacked),
+    row: &[u8],
+    q: &mut [u8],
+    scale: &mut [f32],
+) {
+    let n_sub = QK_K / SUBBLK;
+    let mut t = Unpacked::new();
+    for (b, x) in row.chunks_exact(bytes).enumerate() {
+        unpack(x, &mut t);
+        q[QK_K * b..QK_K * (b + 1)].copy_from_slice(&t.q);
+        for s in 0..n_sub {
+            scale[n_sub * b + s] = t.d * t.scales[s] as f32;
+        }
+    }
+}
+
+pub(crate) fn gemm_decode_iq3_s(row: &[u8], q: &mut [u8], scale: &mut [f32], _min: &mut [f32]) {
+    gemm_decode::<32>(IQ3_S_BYTES, unpack_iq3_s, row, q, scale)
+}
+
+pub(crate) fn gemm_decode_iq1_s(row: &[u8], q: &mut [u8], scale: &mut [f32], _min: &mut [f32]) {
+    gemm_decode::<32>(IQ1_S_BYTES, unpack_iq1_s, row, q, scale)
+}
+
+pub(crate) fn gemm_decode_iq1_m(row: &[u8], q: &mut [u8], scale: &mut [f32], _min: &mut [f32]) {
+    gemm_decode::<16>(IQ1_M_BYTES, unpack_iq1_m, row, q, scale)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -492,26 +625,39 @@ mod tests {
     }
 
     /// Types moxie only reads (no weight quantizer): tested on random raw blocks.
-    const GRID_TYPES: [GgmlType; 4] = [
+    const GRID_TYPES: [GgmlType; 7] = [
         GgmlType::IQ2_XXS,
         GgmlType::IQ2_XS,
         GgmlType::IQ2_S,
         GgmlType::IQ3_XXS,
+        GgmlType::IQ3_S,
+        GgmlType::IQ1_S,
+        GgmlType::IQ1_M,
     ];
 
+    /// The IQ1/IQ2/IQ3 types (no weight quantizer): random raw blocks with a finite scale of
+    /// about 1/64.
     #[test]
-    fn grid_types_close_to_vec_dot_and_dequantized_dot() {
+    fn iq_types_close_to_vec_dot_and_dequantized_dot() {
         let n = 1024;
+        let y = data(n, 2);
         let mut a = vec![0u8; GgmlType::Q8_K.row_bytes(n as u64).unwrap() as usize];
-        quantize_row(GgmlType::Q8_K, &data(n, 3), &mut a).unwrap();
+        quantize_row(GgmlType::Q8_K, &y, &mut a).unwrap();
         let mut ad = vec![0f32; n];
         dequantize_row(GgmlType::Q8_K, &a, &mut ad).unwrap();
         for ty in GRID_TYPES {
-            let bytes = ty.row_bytes(n as u64).unwrap() as usize;
-            let mut w: Vec<u8> = data(bytes, 4).iter().map(|v| v.to_bits() as u8).collect();
-            for (b, blk) in w.chunks_exact_mut(ty.type_size()).enumerate() {
-                let d = crate::f32_to_fp16(0.01 * (1 + b % 3) as f32);
-                blk[..2].copy_from_slice(&d.to_le_bytes());
+            let ts = ty.type_size();
+            let mut w: Vec<u8> = data(n / QK_K * ts, 3)
+                .iter()
+                .map(|v| (v.to_bits() >> 7) as u8)
+                .collect();
+            for blk in w.chunks_exact_mut(ts) {
+                let d = crate::f32_to_fp16(1.0 / 64.0);
+                if ty == GgmlType::IQ1_M {
+                    crate::iq1::set_iq1m_scale(blk, d);
+                } else {
+                    blk[..2].copy_from_slice(&d.to_le_bytes());
+                }
             }
             let mut wd = vec![0f32; n];
             dequantize_row(ty, &w, &mut wd).unwrap();

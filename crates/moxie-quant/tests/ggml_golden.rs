@@ -7,7 +7,7 @@
 //! `x`, ggml's x86 activation quantization of `x`, ggml's `dequantize_row` of the raw blocks,
 //! ggml's x86 and generic `vec_dot` of (raw blocks, quantized activations), and llama-quantize's
 //! quantization (`quantize_<type>` without imatrix) of `x` where the type has one without an
-//! importance matrix (not the IQ2/IQ3 code-book types); likewise for F32/F16/BF16 with
+//! importance matrix (not the IQ1/IQ2/IQ3 code-book types); likewise for F32/F16/BF16 with
 //! ggml-cpu's `ggml_vec_dot_f32/f16/bf16` (vec.cpp) as the x86 dot.
 
 use moxie_quant::*;
@@ -70,8 +70,8 @@ fn cases() -> Vec<Case> {
             wq,
         });
     }
-    assert_eq!(out.len(), 32 + 13);
-    assert_eq!(out.iter().filter(|c| c.wq.is_none()).count(), 8);
+    assert_eq!(out.len(), 32 + 13 + 6);
+    assert_eq!(out.iter().filter(|c| c.wq.is_none()).count(), 14);
     out
 }
 

@@ -1,4 +1,4 @@
-//! Bit-exact comparison of [`moxie_quant::tiled_dot_fn`] with ggml's tiled matmul
+//! Bit-exact comparison of [`moxie_quant::tiled_dot_fn`] with ggml's tiled K-quant / IQ matmul
 //! (`ggml-cpu/tiled/`), compiled for the Sapphire Rapids machine that made the golden logits
 //! and run through its `mul_mat` and `mul_mat_id` entry points by `data/gen_tiled.c`
 //! (file format described there).
@@ -69,8 +69,9 @@ fn tiled_matches_ggml() {
         }
         types_seen.insert(ty.id());
     }
-    assert_eq!(types_seen.len(), 10);
-    assert_eq!(checked, 10 * 24 * (10 + 9 + 20));
+    // Q2_K..Q6_K, IQ4_XS, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M
+    assert_eq!(types_seen.len(), 13);
+    assert_eq!(checked, 13 * 24 * (10 + 9 + 20));
     // the file would not test anything if vec_dot's order gave the same results
     assert!(
         differs_from_vec_dot > checked / 10,

@@ -13,6 +13,23 @@ const KV: [i32; 16] = [
     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
 ];
 
+/// A few `iq3s_grid` entries of ggml-common.h, typed in again: (index, 4 magnitudes).
+const IQ3S_POINTS: [(usize, [i32; 4]); 4] = [
+    (0, [1, 1, 1, 1]),
+    (1, [3, 1, 1, 1]),
+    (256, [7, 5, 9, 5]),
+    (511, [1, 1, 15, 15]),
+];
+
+/// A few `iq1s_grid` entries of ggml-common.h, typed in again: (index, 8 values).
+const IQ1S_POINTS: [(usize, [i32; 8]); 5] = [
+    (0, [-1; 8]),
+    (1028, [-1, 0, 0, 0, 0, 0, 0, 0]),
+    (1029, [0; 8]),
+    (1030, [1, 0, 0, 0, 0, 0, 0, 0]),
+    (2047, [1; 8]),
+];
+
 const N: usize = 512;
 
 fn h(v: f32) -> [u8; 2] {
@@ -273,6 +290,87 @@ fn build(ty: GgmlType) -> (Vec<u8>, Vec<f32>) {
                     };
                     let sub = if ty == IQ3_XXS { 0.5 } else { 0.25 };
                     e[e0 + i] = d * (0.5 + ls_of(i) as f32) * sub * mag * sign;
+                }
+            }
+            IQ3_S => {
+                // d, qs[64], qh[8] (bit k: 9th bit of index k), signs[32], scales[4]
+                let sc = |ib: usize| (ib * 3 + b) % 16;
+                let point = |ib: usize, k: usize| IQ3S_POINTS[(ib + k + b) % 4];
+                let sign = |ib: usize, l: usize| (ib * 37 + l * 11 + b * 5) as u8;
+                blk.extend(h(d));
+                for ib in 0..8 {
+                    blk.extend((0..8).map(|k| point(ib, k).0 as u8));
+                }
+                for ib in 0..8 {
+                    blk.push((0..8).map(|k| ((point(ib, k).0 >> 8) << k) as u8).sum());
+                }
+                for ib in 0..8 {
+                    blk.extend((0..4).map(|l| sign(ib, l)));
+                }
+                for p in 0..4 {
+                    blk.push((sc(2 * p) | (sc(2 * p + 1) << 4)) as u8);
+                }
+                for i in 0..256 {
+                    let (ib, l, j) = (i / 32, i % 32 / 8, i % 8);
+                    let mag = point(ib, 2 * l + j / 4).1[j % 4];
+                    let neg = (sign(ib, l) >> j) & 1 == 1;
+                    let v = d * (1 + 2 * sc(ib)) as f32 * mag as f32;
+                    e.push(if neg { -v } else { v });
+                }
+            }
+            IQ1_S | IQ1_M => {
+                // IQ1_S: d, qs[32], qh[8] (u16: 3 index bits per group, scale in bits 12..14,
+                // delta sign in bit 15). IQ1_M: qs[32], qh[16] (a nibble per group: 3 index
+                // bits, delta sign), scales[8] (u16: 3-bit scales per 16, f16 d in the top
+                // nibbles).
+                let point = |ib: usize, l: usize| IQ1S_POINTS[(ib * 4 + l + b) % 5];
+                let ls = |ib: usize, half: usize| 2 * ((ib + 3 * half + b) % 8) + 1;
+                let neg = |ib: usize, l: usize| match ty {
+                    IQ1_S => (ib + b).is_multiple_of(3),
+                    _ => (ib + l + b).is_multiple_of(3),
+                };
+                if ty == IQ1_S {
+                    blk.extend(h(d));
+                }
+                for ib in 0..8 {
+                    blk.extend((0..4).map(|l| point(ib, l).0 as u8));
+                }
+                if ty == IQ1_S {
+                    for ib in 0..8 {
+                        let mut qh = (((ls(ib, 0) - 1) / 2) << 12) as u16;
+                        qh |= (neg(ib, 0) as u16) << 15;
+                        for l in 0..4 {
+                            qh |= ((point(ib, l).0 >> 8) << (3 * l)) as u16;
+                        }
+                        blk.extend(qh.to_le_bytes());
+                    }
+                } else {
+                    for ib in 0..8 {
+                        for p in 0..2 {
+                            let nib =
+                                |l: usize| (point(ib, l).0 >> 8) as u8 | (neg(ib, l) as u8) << 3;
+                            blk.push(nib(2 * p) | (nib(2 * p + 1) << 4));
+                        }
+                    }
+                    // the f16 d in the top nibbles of the scale words, typed in again
+                    let dbits = f32_to_fp16(d);
+                    for w in 0..4 {
+                        let mut sc = 0u16;
+                        for (k, (ib, half)) in
+                            [(0, 0), (0, 1), (1, 0), (1, 1)].into_iter().enumerate()
+                        {
+                            sc |= (((ls(2 * w + ib, half) - 1) / 2) << (3 * k)) as u16;
+                        }
+                        sc |= ((dbits >> (4 * w)) & 0xf) << 12;
+                        blk.extend(sc.to_le_bytes());
+                    }
+                }
+                for i in 0..256 {
+                    let (ib, l, j) = (i / 32, i % 32 / 8, i % 8);
+                    let half = if ty == IQ1_S { 0 } else { l / 2 };
+                    let delta = if neg(ib, l) { -0.125 } else { 0.125 };
+                    let g = point(ib, l).1[j] as f32;
+                    e.push(d * ls(ib, half) as f32 * (g + delta));
                 }
             }
             _ => unreachable!(),

@@ -159,13 +159,13 @@ fn vec_dot_matches_dequantized_dot() {
             let n = 256 * (1 + rep);
             let xw = random_row(&mut rng, n);
             let x = random_row(&mut rng, n);
-            // the IQ2/IQ3 code-book types have no quantizer without an importance matrix
+            // the IQ1/IQ2/IQ3 code-book types have no weight quantizer: raw blocks only
             if quantize_weights_fn(ty).is_some() {
                 let mut w = vec![0u8; ty.row_bytes(n as u64).unwrap() as usize];
                 quantize_weights_row(ty, &xw, &mut w).unwrap();
                 check_dot(ty, &w, &x, "quantized weights");
             }
-            if ty.f16_scale_offsets().is_empty() {
+            if !has_random_blocks(ty) {
                 continue;
             }
             let w = random_blocks(&mut rng, ty, n);

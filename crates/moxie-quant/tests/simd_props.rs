@@ -29,7 +29,7 @@ fn deq(ty: GgmlType, b: &[u8], n: usize) -> Vec<f32> {
 fn operands(ty: GgmlType, n: usize, seed: u64, scale_pow: i32) -> (Vec<u8>, Vec<u8>) {
     let mut rng = Rng(seed | 1);
     let at = vec_dot_type(ty).unwrap();
-    let w = if ty.f16_scale_offsets().is_empty() {
+    let w = if !has_random_blocks(ty) {
         let xw: Vec<f32> = random_row(&mut rng, n)
             .into_iter()
             .map(|v| v * 2f32.powi(scale_pow))
@@ -89,6 +89,15 @@ proptest! {
     #[test]
     fn quantized_dots_match_scalar(seed in any::<u64>(), blocks in 1usize..9, ti in 0usize..QUANT_WEIGHT_TYPES.len()) {
         let ty = QUANT_WEIGHT_TYPES[ti];
+        let n = blocks * 256;
+        let (w, a) = operands(ty, n, seed, 0);
+        check_all_levels(ty, n, &w, &a)?;
+    }
+
+    // the grid types' AVX2 kernels gather grid rows by index bits spread over several fields
+    #[test]
+    fn iq_grid_dots_match_scalar(seed in any::<u64>(), blocks in 1usize..5, ti in 0usize..3) {
+        let ty = [GgmlType::IQ3_S, GgmlType::IQ1_S, GgmlType::IQ1_M][ti];
         let n = blocks * 256;
         let (w, a) = operands(ty, n, seed, 0);
         check_all_levels(ty, n, &w, &a)?;

@@ -54,12 +54,29 @@ pub fn random_blocks(rng: &mut Rng, ty: GgmlType, n: usize) -> Vec<u8> {
             };
             blk[off..off + 2].copy_from_slice(&f32_to_fp16(v).to_le_bytes());
         }
+        if ty == GgmlType::IQ1_M {
+            // no f16 field: the scale is the top nibbles of the 4 u16 scale words
+            let mag = 2f32.powi(-((rng.next_u64() % 10) as i32) - 2) * (1.0 + rng.f32().abs());
+            let d = f32_to_fp16(if rng.next_u64().is_multiple_of(2) {
+                mag
+            } else {
+                -mag
+            });
+            moxie_quant::iq1::set_iq1m_scale(blk, d);
+        }
     }
     b
 }
 
-/// The weight types moxie computes with (excluding the float types).
-pub const QUANT_WEIGHT_TYPES: [GgmlType; 16] = [
+/// Whether [`random_blocks`] gives `ty` finite scales (the quantized types; the float types
+/// take quantized random rows instead).
+pub fn has_random_blocks(ty: GgmlType) -> bool {
+    !ty.f16_scale_offsets().is_empty() || ty == GgmlType::IQ1_M
+}
+
+/// The weight types moxie computes with (excluding the float types). The IQ1/IQ2/IQ3 types
+/// have no weight quantizer (llama-quantize needs an importance matrix for them).
+pub const QUANT_WEIGHT_TYPES: [GgmlType; 19] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
@@ -76,9 +93,12 @@ pub const QUANT_WEIGHT_TYPES: [GgmlType; 16] = [
     GgmlType::IQ2_XS,
     GgmlType::IQ2_S,
     GgmlType::IQ3_XXS,
+    GgmlType::IQ3_S,
+    GgmlType::IQ1_S,
+    GgmlType::IQ1_M,
 ];
 
-pub const ALL_WEIGHT_TYPES: [GgmlType; 19] = [
+pub const ALL_WEIGHT_TYPES: [GgmlType; 22] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -98,4 +118,7 @@ pub const ALL_WEIGHT_TYPES: [GgmlType; 19] = [
     GgmlType::IQ2_XS,
     GgmlType::IQ2_S,
     GgmlType::IQ3_XXS,
+    GgmlType::IQ3_S,
+    GgmlType::IQ1_S,
+    GgmlType::IQ1_M,
 ];

@@ -20,13 +20,15 @@
 //   gcc -O2 -march=native -std=gnu11 -I$L/include gen_golden.c base.o x86.o generic.o vec.o \
 //       vec_avx2r.o -lm -lstdc++ -no-pie -o gen
 //   ./gen ggml_golden.bin
-// Needs an x86-64 CPU with AVX-512 F/BW/VL/VNNI (made on an AMD EPYC Zen 4). `-mno-avxvnni`
-// only swaps the VEX dpbusd (absent on Zen 4) for the EVEX one, same integers: with it the
-// objects reproduce the earlier file byte for byte.
+// Needs an x86-64 CPU with AVX-512 F/BW/VL/VNNI (made on an AMD EPYC Zen 4). Zen 4 lacks
+// AVX-VNNI, whose VEX encoding GCC picks for -march=sapphirerapids' 256-bit dpbusd: add
+// -mno-avxvnni to the two -march=sapphirerapids lines there (the EVEX AVX512-VNNI instruction
+// computes the same integers; the floating-point code is unchanged).
 //
-// File format: sections until end of file (2 x 16 quantized, then F32/F16/BF16), little-endian:
-//   u32 type id (bit 8 set: x86 dot from the AVX2-only vec.cpp build; bit 9 set: no
-//   llama-quantize section), u32 n,
+// File format: sections until end of file (2 x 16 quantized, then F32/F16/BF16, then 2 x 3 IQ
+// types without a weight quantizer), little-endian:
+//   u32 type id (bit 8 set: x86 dot from the AVX2-only vec.cpp build; bit 9 set: no weight
+//   quantization bytes at the end), u32 n,
 //   weight bytes (random raw blocks, finite scales), f32 x[n],
 //   activation bytes (ggml-cpu x86 quantize_row_q8_0/q8_1/q8_K of x), f32 dequantized weights[n],
 //   f32 x86 vec_dot, f32 generic vec_dot, weight bytes of quantize_<type>(x, imatrix = NULL)
@@ -55,6 +57,8 @@ VD(ggml_vec_dot_q2_K_q8_K_generic) VD(ggml_vec_dot_q3_K_q8_K_generic) VD(ggml_ve
 VD(ggml_vec_dot_iq4_nl_q8_0_generic) VD(ggml_vec_dot_iq4_xs_q8_K_generic)
 VD(ggml_vec_dot_iq2_xxs_q8_K) VD(ggml_vec_dot_iq2_xs_q8_K) VD(ggml_vec_dot_iq2_s_q8_K) VD(ggml_vec_dot_iq3_xxs_q8_K)
 VD(ggml_vec_dot_iq2_xxs_q8_K_generic) VD(ggml_vec_dot_iq2_xs_q8_K_generic) VD(ggml_vec_dot_iq2_s_q8_K_generic) VD(ggml_vec_dot_iq3_xxs_q8_K_generic)
+VD(ggml_vec_dot_iq3_s_q8_K) VD(ggml_vec_dot_iq1_s_q8_K) VD(ggml_vec_dot_iq1_m_q8_K)
+VD(ggml_vec_dot_iq3_s_q8_K_generic) VD(ggml_vec_dot_iq1_s_q8_K_generic) VD(ggml_vec_dot_iq1_m_q8_K_generic)
 // base
 typedef size_t (*qc_t)(const float * src, void * dst, int64_t nrow, int64_t n_per_row, const float * imatrix);
 size_t quantize_q4_0(const float*, void*, int64_t, int64_t, const float*); size_t quantize_q4_1(const float*, void*, int64_t, int64_t, const float*);
@@ -73,6 +77,8 @@ void dequantize_row_q8_K(const void*, float*, int64_t); void dequantize_row_iq4_
 void dequantize_row_iq4_xs(const void*, float*, int64_t);
 void dequantize_row_iq2_xxs(const void*, float*, int64_t); void dequantize_row_iq2_xs(const void*, float*, int64_t);
 void dequantize_row_iq2_s(const void*, float*, int64_t); void dequantize_row_iq3_xxs(const void*, float*, int64_t);
+void dequantize_row_iq3_s(const void*, float*, int64_t); void dequantize_row_iq1_s(const void*, float*, int64_t);
+void dequantize_row_iq1_m(const void*, float*, int64_t);
 void ggml_vec_dot_f32(int n, float * s, size_t bs, const float * x, size_t bx, const float * y, size_t by, int nrc);
 void ggml_vec_dot_f16(int n, float * s, size_t bs, uint16_t * x, size_t bx, uint16_t * y, size_t by, int nrc);
 void ggml_vec_dot_bf16(int n, float * s, size_t bs, uint16_t * x, size_t bx, uint16_t * y, size_t by, int nrc);
@@ -90,6 +96,7 @@ static uint16_t f2h_sw(float f) { // ggml_compute_fp32_to_fp16 (ggml-base, what 
 static uint16_t f2bf(float s) { uint32_t i; memcpy(&i, &s, 4); if ((i & 0x7fffffff) > 0x7f800000) return (i >> 16) | 64; return (i + (0x7fff + ((i >> 16) & 1))) >> 16; }
 static float bf2f(uint16_t h) { uint32_t i = (uint32_t)h << 16; float f; memcpy(&f, &i, 4); return f; }
 static void float_section(FILE * f, int id, int n);
+static void iq_section(FILE * f, int t, int n);
 typedef void (*vd_t)(int n, float * s, size_t bs, const void * vx, size_t bx, const void * vy, size_t by, int nrc);
 
 static uint64_t rs = 88172645463325252ull;
@@ -159,6 +166,9 @@ int main(int argc, char ** argv) {
         for (int k = 0; k < 2; k++) float_section(f, 1 | (v << 8), nf16[k]);
     }
     float_section(f, 30, 232);
+    // IQ3_S, IQ1_S, IQ1_M: no quantize_<type> without an importance matrix
+    for (int rep = 0; rep < 2; rep++)
+        for (int t = 0; t < 3; t++) iq_section(f, t, rep ? 512 : 1024);
     fclose(f);
     return 0;
 }
@@ -204,4 +214,36 @@ static void float_section(FILE * f, int idv, int n) {
     fwrite(hdr, 4, 2, f); fwrite(w, 1, n*es, f); fwrite(x, 4, n, f); fwrite(a, 1, n*es, f); fwrite(dq, 4, n, f);
     fwrite(&s1, 4, 1, f); fwrite(&s2, 4, 1, f); fwrite(wq, 1, n*es, f);
     free(w); free(a); free(wq); free(x); free(wf); free(dq);
+}
+
+// IQ types whose weights llama-quantize only writes with an importance matrix: the section of
+// the quantized types without the quantize_<type> bytes (id bit 9 set).
+static void iq_section(FILE * f, int t, int n) {
+    struct { int id; int ts; deq_t dq; vd_t vd; vd_t vdg; } T[] = {
+        {21,110,dequantize_row_iq3_s,ggml_vec_dot_iq3_s_q8_K,ggml_vec_dot_iq3_s_q8_K_generic},
+        {19,50,dequantize_row_iq1_s,ggml_vec_dot_iq1_s_q8_K,ggml_vec_dot_iq1_s_q8_K_generic},
+        {29,56,dequantize_row_iq1_m,ggml_vec_dot_iq1_m_q8_K,ggml_vec_dot_iq1_m_q8_K_generic},
+    };
+    int nb = n / 256, ts = T[t].ts;
+    uint8_t * w = malloc(nb * ts);
+    for (int i = 0; i < nb*ts; i++) w[i] = xr();
+    for (int b = 0; b < nb; b++) {
+        uint8_t * blk = w + b*ts;
+        uint16_t h = 0x2000 | (xr() & 0x0fff);
+        if (xr() & 1) h |= 0x8000;
+        if (T[t].id == 29) {
+            // IQ1_M: the f16 scale lives in the top nibbles of the 4 u16 scale words
+            for (int k = 0; k < 4; k++) { blk[48 + 2*k + 1] = (blk[48 + 2*k + 1] & 0x0f) | (((h >> (4*k)) & 0xf) << 4); }
+        } else {
+            memcpy(blk, &h, 2);
+        }
+    }
+    float * x = malloc(n*4); for (int i = 0; i < n; i++) x[i] = frand() * (1 + (i%7));
+    uint8_t * a = malloc(n/256*292);
+    quantize_row_q8_K(x, a, n);
+    float * dq = malloc(n*4); T[t].dq(w, dq, n);
+    float s1, s2; T[t].vd(n, &s1, 0, w, 0, a, 0, 1); T[t].vdg(n, &s2, 0, w, 0, a, 0, 1);
+    uint32_t hdr[2] = {T[t].id | 0x200, n};
+    fwrite(hdr, 4, 2, f); fwrite(w, 1, nb*ts, f); fwrite(x, 4, n, f); fwrite(a, 1, n/256*292, f); fwrite(dq, 4, n, f); fwrite(&s1,4,1,f); fwrite(&s2,4,1,f);
+    free(w); free(x); free(a); free(dq);
 }

@@ -18,7 +18,8 @@
 // File format (little-endian):
 //   two activation sets, each: u32 n_in, u32 n_rows, Q8_K rows (quantize_row_q8_K_ref of
 //   random floats). Set 0 feeds mul_mat, set 1 feeds mul_mat_id.
-//   then sections until end of file: u32 set (0: mul_mat, 1: mul_mat_id), u32 type id,
+//   then sections until end of file (the K-quants and IQ4_XS for both sets, then IQ3_S, IQ1_S,
+//   IQ1_M for both sets): u32 set (0: mul_mat, 1: mul_mat_id), u32 type id,
 //   u32 n_out, weight rows (random raw blocks, finite scales), u32 n_calls, and per call:
 //   u32 n_routed, u32 act_row[n_routed], f32 out[n_routed][n_out] (out[i][r] = row r of the
 //   weights times activation row act_row[i], as ggml's tiled path computed it).
@@ -57,6 +58,7 @@ static size_t tsize(enum ggml_type t) {
         case GGML_TYPE_Q5_K: return 176; case GGML_TYPE_Q6_K: return 210; case GGML_TYPE_IQ4_XS: return 136;
         case GGML_TYPE_IQ2_XXS: return 66; case GGML_TYPE_IQ2_XS: return 74; case GGML_TYPE_IQ2_S: return 82;
         case GGML_TYPE_IQ3_XXS: return 98;
+        case GGML_TYPE_IQ3_S: return 110; case GGML_TYPE_IQ1_S: return 50; case GGML_TYPE_IQ1_M: return 56;
         case GGML_TYPE_Q8_K: return 292; case GGML_TYPE_F32: return 4;
         default: abort();
     }
@@ -96,6 +98,11 @@ static uint8_t * random_weights(int id, int nblocks) {
         if (id == GGML_TYPE_Q3_K) { o1 = 108; }
         if (id == GGML_TYPE_Q4_K || id == GGML_TYPE_Q5_K) { o2 = 2; }
         if (id == GGML_TYPE_Q6_K) { o1 = 208; }
+        if (id == GGML_TYPE_IQ1_M) {
+            // no d field: the f16 scale lives in the top nibbles of the 4 u16 scale words
+            for (int k = 0; k < 4; k++) blk[48 + 2 * k + 1] = (blk[48 + 2 * k + 1] & 0x0f) | (((h1 >> (4 * k)) & 0xf) << 4);
+            continue;
+        }
         memcpy(blk + o1, &h1, 2);
         if (o2 >= 0) memcpy(blk + o2, &h2, 2);
     }
@@ -131,10 +138,14 @@ int main(int argc, char ** argv) {
     void * wdata = aligned_alloc(64, wsize);
     struct ggml_compute_params params = { 0, 1, wsize, wdata, NULL, false };
 
-    const int ids[] = { GGML_TYPE_Q2_K, GGML_TYPE_Q3_K, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_XS,
-                        GGML_TYPE_IQ2_XXS, GGML_TYPE_IQ2_XS, GGML_TYPE_IQ2_S, GGML_TYPE_IQ3_XXS };
+    const int ids0[] = { GGML_TYPE_Q2_K, GGML_TYPE_Q3_K, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_XS,
+                         GGML_TYPE_IQ2_XXS, GGML_TYPE_IQ2_XS, GGML_TYPE_IQ2_S, GGML_TYPE_IQ3_XXS };
+    const int ids1[] = { GGML_TYPE_IQ3_S, GGML_TYPE_IQ1_S, GGML_TYPE_IQ1_M };
+    for (int pass = 0; pass < 2; pass++)
     for (int set = 0; set < 2; set++) {
-        for (unsigned t = 0; t < sizeof(ids) / sizeof(ids[0]); t++) {
+        const int * ids = pass ? ids1 : ids0;
+        const unsigned n_ids = pass ? 3 : 10;
+        for (unsigned t = 0; t < n_ids; t++) {
             const int id = ids[t];
             const int n_in = set ? n_in1 : n_in0, n_tok = set ? n_tok1 : n_tok0;
             const size_t wrb = ggml_row_size((enum ggml_type) id, n_in);
