@@ -1,8 +1,8 @@
 // Dequantization of every weight type the GPU kernels read, one 32-value chunk at a time.
 //
 // Every type's block is either 32 values (Q4_0 .. Q8_0, IQ4_NL) or a 256-value super-block
-// of eight 32-value chunks (the K-quants, IQ4_XS, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS; the
-// code books of the IQ2/IQ3 types are in iq_grids.cuh); F32/F16/BF16 rows are cut into chunks of
+// of eight 32-value chunks (the K-quants, IQ4_XS and the IQ1/IQ2/IQ3 types, whose code books
+// are in iq_grids.cuh); F32/F16/BF16 rows are cut into chunks of
 // 32. So `mx_dequant_chunk<TY>(row, c, out)` — chunk c of a row, elements 32c .. 32c+31 —
 // is all a kernel needs to read any type, and the kernels in matmul.cu are generic over TY.
 //
@@ -37,6 +37,9 @@
 #define MX_T_IQ2_XS 16
 #define MX_T_IQ2_S 17
 #define MX_T_IQ3_XXS 18
+#define MX_T_IQ3_S 19
+#define MX_T_IQ1_S 20
+#define MX_T_IQ1_M 21
 
 #ifdef __CUDACC_RTC__
 #define MX_FMUL(a, b) __fmul_rn((a), (b))
@@ -399,7 +402,7 @@ __device__ __forceinline__ void mx_deq_iq4_xs(const uint8_t* row, int c, float* 
     }
 }
 
-// ---- IQ2/IQ3 code-book types -------------------------------------------------------------
+// ---- IQ1/IQ2/IQ3 code-book types -------------------------------------------------------------
 // Blocks of 66/74/82/98 bytes are only 2-byte aligned. Each group of 8 values is one grid
 // entry of magnitudes with a sign byte (bit j negates value j); value db * (±grid), with
 // db = d * (0.5 + ls) * 0.25 (IQ3_XXS: * 0.5) for the 4-bit scale ls of its 32 (IQ2_XS,
@@ -488,6 +491,80 @@ __device__ __forceinline__ void mx_deq_iq3_xxs(const uint8_t* row, int c, float*
     }
 }
 
+// IQ3_S, 110 bytes: d, qs[64] (grid index low bytes, two 4-value entries per 8 values), qh[8]
+// (bit k: index bit 8 of entry k of its 32), signs[32] (8 explicit bits per 8), scales[4]
+// (a nibble per 32); db = d * (1 + 2 ls).
+__device__ __forceinline__ void mx_deq_iq3_s(const uint8_t* row, int c, float* out) {
+    const uint8_t* b = row + (uint64_t)(c >> 3) * 110u;
+    int ib = c & 7;
+    uint32_t qs[2], sg[1];
+    mx_load_words<2, 2>(b + 2 + 8 * ib, qs);
+    mx_load_words<2, 1>(b + 74 + 4 * ib, sg);
+    uint32_t qh = b[66 + ib];
+    uint32_t ls = ((uint32_t)b[106 + (ib >> 1)] >> (4 * (ib & 1))) & 0xfu;
+    float db = MX_FMUL(mx_ld_f16(b), (float)(int)(1 + 2 * ls));
+    MX_UNROLL
+    for (int l = 0; l < 4; ++l) {
+        uint32_t i1 = mx_byte(qs, 2 * l) | ((qh << (8 - 2 * l)) & 256u);
+        uint32_t i2 = mx_byte(qs, 2 * l + 1) | ((qh << (7 - 2 * l)) & 256u);
+        uint64_t g = (uint64_t)mx_iq3s_grid[i1] | ((uint64_t)mx_iq3s_grid[i2] << 32);
+        mx_grid8(g, mx_byte(sg, l), db, out + 8 * l);
+    }
+}
+
+// The 8 values of IQ1 grid entry g (bytes are int8 -1, 0, 1): dl * (value + delta).
+__device__ __forceinline__ void mx_iq1_grid8(uint64_t g, float dl, float delta, float* out) {
+    MX_UNROLL
+    for (int j = 0; j < 8; ++j) {
+        float v = (float)(int)(int8_t)(uint8_t)((g >> (8 * j)) & 0xffu);
+        out[j] = MX_FMUL(dl, MX_FADD(v, delta));
+    }
+}
+
+// IQ1_S, 50 bytes: d, qs[32] (grid index low bytes), qh[8] u16 per 32 (bits 3l..3l+2: index
+// bits 8..10 of group l, 12..14: ls, 15: delta sign); dl = d * (2 ls + 1), delta ±1/8.
+__device__ __forceinline__ void mx_deq_iq1_s(const uint8_t* row, int c, float* out) {
+    const uint8_t* b = row + (uint64_t)(c >> 3) * 50u;
+    int ib = c & 7;
+    uint32_t qs[1];
+    mx_load_words<2, 1>(b + 2 + 4 * ib, qs);
+    uint32_t qh = mx_ld_u16(b + 34 + 2 * ib);
+    float dl = MX_FMUL(mx_ld_f16(b), (float)(int)(2 * ((qh >> 12) & 7u) + 1));
+    float delta = (qh & 0x8000u) ? -0.125f : 0.125f;
+    MX_UNROLL
+    for (int l = 0; l < 4; ++l) {
+        uint32_t idx = mx_byte(qs, l) | (((qh >> (3 * l)) & 7u) << 8);
+        mx_iq1_grid8(mx_iq1s_grid[idx], dl, delta, out + 8 * l);
+    }
+}
+
+// IQ1_M, 56 bytes: qs[32], qh[16] (a nibble per group of 8: index bits 8..10, delta sign),
+// scales[8] (4 u16: 3-bit scales per 16 values; the top nibbles of the four words are the
+// f16 d).
+__device__ __forceinline__ void mx_deq_iq1_m(const uint8_t* row, int c, float* out) {
+    const uint8_t* b = row + (uint64_t)(c >> 3) * 56u;
+    int ib = c & 7;
+    uint32_t sc0 = mx_ld_u16(b + 48), sc1 = mx_ld_u16(b + 50);
+    uint32_t sc2 = mx_ld_u16(b + 52), sc3 = mx_ld_u16(b + 54);
+    uint32_t dbits =
+        (sc0 >> 12) | ((sc1 >> 8) & 0x00f0u) | ((sc2 >> 4) & 0x0f00u) | (sc3 & 0xf000u);
+    float d = mx_f16_to_f32((uint16_t)dbits);
+    uint32_t s = mx_ld_u16(b + 48 + 2 * (ib >> 1));
+    float dl1 = MX_FMUL(d, (float)(int)(2 * ((s >> (6 * (ib & 1))) & 7u) + 1));
+    float dl2 = MX_FMUL(d, (float)(int)(2 * ((s >> (6 * (ib & 1) + 3)) & 7u) + 1));
+    uint32_t qs[1];
+    mx_load_words<4, 1>(b + 4 * ib, qs);
+    uint32_t qh0 = b[32 + 2 * ib], qh1 = b[33 + 2 * ib];
+    uint32_t idx[4] = {mx_byte(qs, 0) | ((qh0 << 8) & 0x700u), mx_byte(qs, 1) | ((qh0 << 4) & 0x700u),
+                       mx_byte(qs, 2) | ((qh1 << 8) & 0x700u), mx_byte(qs, 3) | ((qh1 << 4) & 0x700u)};
+    uint32_t neg[4] = {qh0 & 0x08u, qh0 & 0x80u, qh1 & 0x08u, qh1 & 0x80u};
+    MX_UNROLL
+    for (int l = 0; l < 4; ++l) {
+        mx_iq1_grid8(mx_iq1s_grid[idx[l]], l < 2 ? dl1 : dl2, neg[l] ? -0.125f : 0.125f,
+                     out + 8 * l);
+    }
+}
+
 // ---- dispatch --------------------------------------------------------------------------
 
 // Chunk c of a row (elements 32c .. 32c+31) of type TY into out[32]; TY is a constant, so
@@ -532,5 +609,11 @@ __device__ __forceinline__ void mx_dequant_chunk(const uint8_t* row, int c, floa
         mx_deq_iq2_s(row, c, out);
     } else if (TY == MX_T_IQ3_XXS) {
         mx_deq_iq3_xxs(row, c, out);
+    } else if (TY == MX_T_IQ3_S) {
+        mx_deq_iq3_s(row, c, out);
+    } else if (TY == MX_T_IQ1_S) {
+        mx_deq_iq1_s(row, c, out);
+    } else if (TY == MX_T_IQ1_M) {
+        mx_deq_iq1_m(row, c, out);
     }
 }

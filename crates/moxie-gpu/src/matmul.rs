@@ -76,6 +76,9 @@ fn kernels(ty: GgmlType) -> Option<&'static Kernels> {
         IQ2_XS => k!("iq2_xs", 2),
         IQ2_S => k!("iq2_s", 2),
         IQ3_XXS => k!("iq3_xxs", 2),
+        IQ3_S => k!("iq3_s", 2),
+        IQ1_S => k!("iq1_s", 2),
+        IQ1_M => k!("iq1_m", 8),
         _ => return None,
     })
 }

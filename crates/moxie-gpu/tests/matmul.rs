@@ -62,14 +62,18 @@ impl Tensor {
             let src: Vec<f32> = rng.vec(n_in).iter().map(|v| v * scale).collect();
             match quantize {
                 Some(quantize) => quantize(&src, dst),
-                // types moxie only reads (IQ2/IQ3): random blocks with finite scales
+                // types moxie only reads (IQ1/IQ2/IQ3): random blocks with finite scales
                 None => {
                     for b in dst.iter_mut() {
                         *b = rng.next() as u8;
                     }
                     for blk in dst.chunks_exact_mut(ty.type_size()) {
+                        let d = moxie_quant::f32_to_fp16(scale * 0.01 * (1.0 + rng.unit()));
+                        if ty == GgmlType::IQ1_M {
+                            // its f16 scale is spread over the top nibbles of the scale words
+                            moxie_quant::iq1::set_iq1m_scale(blk, d);
+                        }
                         for &off in ty.f16_scale_offsets() {
-                            let d = moxie_quant::f32_to_fp16(scale * 0.01 * (1.0 + rng.unit()));
                             blk[off..off + 2].copy_from_slice(&d.to_le_bytes());
                         }
                     }
@@ -323,6 +327,9 @@ type_tests! {
     iq2_xs: IQ2_XS,
     iq2_s: IQ2_S,
     iq3_xxs: IQ3_XXS,
+    iq3_s: IQ3_S,
+    iq1_s: IQ1_S,
+    iq1_m: IQ1_M,
 }
 
 #[test]

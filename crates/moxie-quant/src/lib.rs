@@ -45,8 +45,8 @@ pub mod dispatch;
 pub mod f16;
 pub mod f32gemm;
 pub mod gemm;
-pub mod iq2_3;
 pub mod iq1;
+pub mod iq2_3;
 pub mod iq3s;
 pub mod iq4;
 pub mod iq_grids;
@@ -78,13 +78,13 @@ pub mod scalar {
         dequantize_row_bf16, dequantize_row_f16, dequantize_row_f32, quantize_row_bf16,
         quantize_row_f16, quantize_row_f32, vec_dot_bf16_bf16, vec_dot_f16_f16, vec_dot_f32_f32,
     };
+    pub use crate::iq1::{
+        dequantize_row_iq1_m, dequantize_row_iq1_s, vec_dot_iq1_m_q8_k, vec_dot_iq1_s_q8_k,
+    };
     pub use crate::iq2_3::{
         dequantize_row_iq2_s, dequantize_row_iq2_xs, dequantize_row_iq2_xxs,
         dequantize_row_iq3_xxs, vec_dot_iq2_s_q8_k, vec_dot_iq2_xs_q8_k, vec_dot_iq2_xxs_q8_k,
         vec_dot_iq3_xxs_q8_k,
-    };
-    pub use crate::iq1::{
-        dequantize_row_iq1_m, dequantize_row_iq1_s, vec_dot_iq1_m_q8_k, vec_dot_iq1_s_q8_k,
     };
     pub use crate::iq3s::{dequantize_row_iq3_s, vec_dot_iq3_s_q8_k};
     pub use crate::iq4::{
