@@ -260,9 +260,18 @@ fn check_file(path: &Path, par: &Parallel, devices: fn() -> Devices) {
     }
 }
 
+/// The supported fixtures whose every block type the GPU kernels handle (ik_llama.cpp's types
+/// run on the CPU only).
 fn fixture_models() -> Vec<PathBuf> {
     supported_models(&golden_index())
         .into_iter()
+        .filter(|m| {
+            m.entry["tensor_types"]
+                .as_object()
+                .unwrap()
+                .keys()
+                .all(|t| moxie_quant::GgmlType::from_name(t).is_some_and(moxie_gpu::Gpu::supports))
+        })
         .map(|m| m.path)
         .collect()
 }
