@@ -108,7 +108,8 @@ pub(crate) enum Scale {
 }
 
 /// What the generic super-block code needs of one type: its layout and the three parts of a
-/// block's decoding, which the scalar and SIMD kernels share.
+/// block's decoding (the AVX-512 kernels decode scales and quants their own way, and must agree
+/// with these: `tests/iqk.rs`).
 pub(crate) struct Kind {
     pub bytes: usize,
     pub scale: Scale,

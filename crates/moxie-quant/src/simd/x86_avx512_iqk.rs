@@ -1,6 +1,7 @@
 //! AVX-512 (F/BW/VL/VNNI) dot products of ik_llama.cpp's types (`iqk.rs`): IQ2_K .. IQ6_K,
 //! IQ2_KS .. IQ5_KS (x Q8_K) and Q6_0 (x Q8_0).
 //!
+//! A block's group scales are unpacked into i16 lanes at once (one function per scale layout).
 //! A super-block is four 64-value chunks. Each chunk's code-book indices are gathered into one
 //! register in value order (the bit fields are laid out so that every 128-bit lane holds one
 //! 16-value group, or half of a 32-value group), looked up with `vpshufb` in the lower half of
@@ -114,39 +115,130 @@ fn table(values: &[i8], first: usize) -> __m512i {
     _mm512_broadcast_i32x4(ld128(&b, 0))
 }
 
-/// The byte mask of the 128-bit lanes whose bit is set in `bits` (4 bits: 16-value groups).
-#[inline(always)]
-fn lanes16(bits: u16) -> __mmask64 {
-    (0..4).fold(0, |m, l| {
-        m | (((bits >> l) & 1) as u64 * 0xffff) << (16 * l)
-    })
-}
+/// `LANES16[b]`: the byte mask of the 128-bit lanes whose bit is set in `b` (4 groups of 16).
+const LANES16: [u64; 16] = {
+    let mut t = [0u64; 16];
+    let mut b = 0;
+    while b < 16 {
+        let mut l = 0;
+        while l < 4 {
+            if (b >> l) & 1 == 1 {
+                t[b] |= 0xffff << (16 * l);
+            }
+            l += 1;
+        }
+        b += 1;
+    }
+    t
+};
 
-/// The byte mask of the 256-bit halves whose bit is set in `bits` (2 bits: 32-value groups).
-#[inline(always)]
-fn lanes32(bits: u16) -> __mmask64 {
-    (0..2).fold(0, |m, l| {
-        m | (((bits >> l) & 1) as u64 * 0xffff_ffff) << (32 * l)
-    })
-}
+/// `LANES32[b]`: the byte mask of the 256-bit halves whose bit is set in `b` (2 groups of 32).
+const LANES32: [u64; 4] = [0, 0xffff_ffff, 0xffff_ffff << 32, u64::MAX];
 
 /// The half mask of chunk `c`: its 4 groups of 16 or 2 groups of 32.
 #[inline(always)]
 fn chunk_halves(halves: u16, group: usize, c: usize) -> __mmask64 {
     if group == 16 {
-        lanes16(halves >> (4 * c))
+        LANES16[((halves >> (4 * c)) & 0xf) as usize]
     } else {
-        lanes32(halves >> (2 * c))
+        LANES32[((halves >> (2 * c)) & 3) as usize]
     }
 }
 
-/// The group scales as i16 lanes 0..15.
+/// The 16 nibbles of the 8 bytes at `off`, low nibble first, as i16 lanes.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn scales_i16(sc: &[i32; 16]) -> __m512i {
-    // SAFETY: `sc` is 64 readable bytes; `loadu` has no alignment requirement.
-    let v = unsafe { _mm512_loadu_si512(sc.as_ptr().cast()) };
-    _mm512_castsi256_si512(_mm512_cvtepi32_epi16(v))
+fn nibbles16(x: &[u8], off: usize) -> __m256i {
+    let b = _mm_cvtsi64_si128(i64::from_le_bytes(x[off..off + 8].try_into().unwrap()));
+    let m4 = _mm_set1_epi8(0xf);
+    let lo = _mm_and_si128(b, m4);
+    let hi = _mm_and_si128(_mm_srli_epi16::<4>(b), m4);
+    _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(lo, hi))
+}
+
+/// The 8 nibbles of the 4 bytes at `off` as i16 lanes 0..7: interleaved (low nibble of byte
+/// 0, its high nibble, ...) or all low nibbles first.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn nibbles8(x: &[u8], off: usize, interleaved: bool) -> __m256i {
+    let b = _mm_cvtsi32_si128(i32::from_le_bytes(x[off..off + 4].try_into().unwrap()));
+    let m4 = _mm_set1_epi8(0xf);
+    let lo = _mm_and_si128(b, m4);
+    let hi = _mm_and_si128(_mm_srli_epi16::<4>(b), m4);
+    let n = if interleaved {
+        _mm_unpacklo_epi8(lo, hi)
+    } else {
+        _mm_unpacklo_epi32(lo, hi)
+    };
+    _mm256_cvtepu8_epi16(n)
+}
+
+// Group scales as i16 lanes (16, or 8 for the `_KS` types), as `iqk::scales_*` compute them.
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn scales_iq2_k(x: &[u8]) -> __m256i {
+    _mm256_sub_epi16(nibbles16(x, 4), _mm256_set1_epi16(8))
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn scales_iq3_k(x: &[u8]) -> __m256i {
+    let n = nibbles16(x, 6);
+    let v = _mm256_add_epi16(_mm256_add_epi16(n, n), _mm256_set1_epi16(1));
+    let neg = u16::from_le_bytes([x[4], x[5]]);
+    _mm256_mask_sub_epi16(v, neg, _mm256_setzero_si256(), v)
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn scales_k6(x: &[u8]) -> __m256i {
+    // Group g's top bits are bits 2g, 2g + 1 of scales_h as one u32.
+    let h32 = u32::from_le_bytes(x[4..8].try_into().unwrap()) as i32;
+    let shifts = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    let h = _mm512_and_si512(
+        _mm512_srlv_epi32(_mm512_set1_epi32(h32), shifts),
+        _mm512_set1_epi32(3),
+    );
+    let h = _mm512_cvtepi32_epi16(h);
+    let v = _mm256_or_si256(nibbles16(x, 8), _mm256_slli_epi16::<4>(h));
+    _mm256_sub_epi16(v, _mm256_set1_epi16(32))
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn scales_iq6_k(x: &[u8]) -> __m256i {
+    _mm256_cvtepi8_epi16(ld128(x, 4))
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn scales_iq2_ks(x: &[u8]) -> __m256i {
+    let top = x[1]; // bits 8.. of extra: each group's fifth scale bit
+    let v = _mm256_mask_add_epi16(
+        nibbles8(x, 2, true),
+        top as u16,
+        nibbles8(x, 2, true),
+        _mm256_set1_epi16(16),
+    );
+    _mm256_sub_epi16(v, _mm256_set1_epi16(16))
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn scales_iq3_ks(x: &[u8]) -> __m256i {
+    let top = x[0]; // bits 0..8 of extra: each group's fifth scale bit
+    let n = nibbles8(x, 2, false);
+    let v = _mm256_mask_add_epi16(n, top as u16, n, _mm256_set1_epi16(16));
+    _mm256_sub_epi16(v, _mm256_set1_epi16(16))
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn scales_ks(x: &[u8]) -> __m256i {
+    let b = _mm_cvtsi64_si128(i64::from_le_bytes(x[..8].try_into().unwrap()));
+    let v = _mm256_cvtepu8_epi16(_mm_and_si128(b, _mm_set1_epi8(-2)));
+    _mm256_sub_epi16(v, _mm256_set1_epi16(127))
 }
 
 /// For each chunk c, which group scale every i16 pair lane takes (pair lane i holds values
@@ -252,19 +344,17 @@ fn nibbles_5_6(qs: &[u8], c: usize) -> __m512i {
 
 /// One super-block kernel: `$chunk(x, c, books, upper)` gives chunk c's values.
 macro_rules! super_block_kernel {
-    ($imp:ident, $kind:path, $chunk:ident) => {
+    ($imp:ident, $kind:path, $chunk:ident, $scales:ident) => {
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
         fn $imp(w: &[u8], a: &[u8]) -> f32 {
             let k: &Kind = &$kind;
             let books = Books::new(k.values);
             let scale_idx = scale_index(k.group);
             let (row_d, blocks) = k.split_row(w);
-            let mut sc = [0i32; 16];
             let mut sum = 0f32;
             for (x, y) in blocks.chunks_exact(k.bytes).zip(a.chunks_exact(Q8_K_BYTES)) {
                 let d = k.block_d(row_d, x);
-                (k.scales)(x, &mut sc);
-                let sc16 = scales_i16(&sc);
+                let sc16 = _mm512_castsi256_si512($scales(x));
                 let halves = (k.halves)(x);
                 let mut acc = _mm512_setzero_si512();
                 for c in 0..4 {
@@ -354,15 +444,15 @@ fn chunk_iq6_k(x: &[u8], c: usize, b: &Books, upper: __mmask64) -> __m512i {
     b.lookup(nibbles_5_6(&x[20..148], c), hi, upper)
 }
 
-super_block_kernel!(dot_iq2_k_imp, iqk::IQ2_K, chunk_iq2_k);
-super_block_kernel!(dot_iq3_k_imp, iqk::IQ3_K, chunk_iq3_k);
-super_block_kernel!(dot_iq4_k_imp, iqk::IQ4_K, chunk_iq4_k);
-super_block_kernel!(dot_iq5_k_imp, iqk::IQ5_K, chunk_iq5_k);
-super_block_kernel!(dot_iq6_k_imp, iqk::IQ6_K, chunk_iq6_k);
-super_block_kernel!(dot_iq2_ks_imp, iqk::IQ2_KS, chunk_iq2_ks);
-super_block_kernel!(dot_iq3_ks_imp, iqk::IQ3_KS, chunk_iq3_ks);
-super_block_kernel!(dot_iq4_ks_imp, iqk::IQ4_KS, chunk_iq4_ks);
-super_block_kernel!(dot_iq5_ks_imp, iqk::IQ5_KS, chunk_iq5_ks);
+super_block_kernel!(dot_iq2_k_imp, iqk::IQ2_K, chunk_iq2_k, scales_iq2_k);
+super_block_kernel!(dot_iq3_k_imp, iqk::IQ3_K, chunk_iq3_k, scales_iq3_k);
+super_block_kernel!(dot_iq4_k_imp, iqk::IQ4_K, chunk_iq4_k, scales_k6);
+super_block_kernel!(dot_iq5_k_imp, iqk::IQ5_K, chunk_iq5_k, scales_k6);
+super_block_kernel!(dot_iq6_k_imp, iqk::IQ6_K, chunk_iq6_k, scales_iq6_k);
+super_block_kernel!(dot_iq2_ks_imp, iqk::IQ2_KS, chunk_iq2_ks, scales_iq2_ks);
+super_block_kernel!(dot_iq3_ks_imp, iqk::IQ3_KS, chunk_iq3_ks, scales_iq3_ks);
+super_block_kernel!(dot_iq4_ks_imp, iqk::IQ4_KS, chunk_iq4_ks, scales_ks);
+super_block_kernel!(dot_iq5_ks_imp, iqk::IQ5_KS, chunk_iq5_ks, scales_ks);
 
 /// Q6_0: per block the 32 six-bit quants (low nibbles, then high; two bits of `qh[e % 8]` on
 /// top, at bit `4 ((e%16)/8) + 2 (e/16)` for value e), `sum (q - 32) a` from two `vpdpbusd`.
