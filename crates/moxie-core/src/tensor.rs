@@ -194,11 +194,16 @@ impl Tensor {
         self.ty.row_bytes(self.ne[0] as u64).unwrap_or(0) as usize
     }
 
-    /// The whole tensor as f32 (for small tensors: norms, biases).
+    /// The whole tensor as f32 (for small tensors: norms, biases), row by row (a row may
+    /// start with its own scale).
     pub fn to_f32(&self) -> Result<Vec<f32>> {
         let mut out = vec![0f32; self.n_elements()];
-        moxie_quant::dequantize_row(self.ty, self.data(), &mut out)
-            .map_err(|e| Error::Model(format!("tensor '{}': {e}", self.name)))?;
+        if self.ne[0] == 0 {
+            return Ok(out);
+        }
+        for (r, row) in out.chunks_exact_mut(self.ne[0]).enumerate() {
+            self.row_to_f32(r, row)?;
+        }
         Ok(out)
     }
 

@@ -8,6 +8,21 @@
 //! continuations must equal the golden ones up to the first step whose golden top1-top2
 //! margin is below 0.05.
 //!
+//! ik_llama.cpp's files (their own block types; `reference_engine` ik_llama.cpp) have no
+//! summation order to reproduce: ik's kernels change with the batch size (from 32 rows it
+//! re-quantizes weights to int8), and its own batch-1 run differs from its batch-512 goldens by
+//! up to mean KLD 4e-2. Below 32 rows its arithmetic also differs from exact integer sums:
+//! Q8_2 activations (32 values, bf16 scale) for K-quants and Q8_0, the query kept in f32 against
+//! the f16 cache, and for IQ4_K..IQ6_K, IQ4_KS, IQ5_KS unsigned codes in `vpmaddubsw` whose i16
+//! pair sums saturate. Emulating those reproduces its first logits row (measured), but moxie
+//! keeps exact arithmetic, which lands nearer the exact model than ik's goldens do (e.g.
+//! qwen3moe-tiny-IQ5_KS s40: moxie 7e-4 from an f32 run on the dequantized weights, ik 1.3e-2).
+//! Their bound, in both numerics: mean KLD at most max(the quantized-file bound, 2 x ik's own
+//! batch-1 vs batch-512 KLD) and top-1 agreement of at least min(95%, ik's own agreement - 5
+//! points), each taken over all positions of a file's three sequences (the 8 positions of s8
+//! alone, where ik's two batch sizes share one path, make one near-tie or routing flip 12.5
+//! points); the per-sequence verdicts are reported, greedy runs too.
+//!
 //! Fixtures come from $MOXIE_FIXTURES or ../shared/fixtures next to the checkout; a missing
 //! directory fails the test.
 
@@ -18,7 +33,7 @@ use moxie_gguf::GgufFile;
 use serde_json::Value;
 
 mod common;
-use common::{fixtures, golden_index, kld_per_row, supported_models, FixtureModel as Case};
+use common::{fixtures, golden_index, is_ik, kld_per_row, supported_models, FixtureModel as Case};
 
 /// Mean over rows of KL(p ‖ q).
 fn mean_kld(a: &[f32], b: &[f32], n_vocab: usize) -> f64 {
@@ -85,21 +100,39 @@ fn top1_agreement(a: &[f32], b: &[f32], n_vocab: usize) -> f64 {
 /// KLD and greedy bounds are reported alongside).
 #[test]
 fn logits_and_greedy_match_llama_cpp_exact() {
-    check_all_fixtures(Numerics::Exact);
+    check_all_fixtures(Numerics::Exact, false);
 }
 
 /// The fast batched kernels (int8 GEMM, f32 attention) stay inside the same bounds.
 #[test]
 fn logits_and_greedy_match_llama_cpp_fast() {
-    check_all_fixtures(Numerics::Fast);
+    check_all_fixtures(Numerics::Fast, false);
 }
 
-fn check_all_fixtures(numerics: Numerics) {
+/// ik_llama.cpp's files under exact numerics (its types take `vec_dot` at every batch size,
+/// the other tensors llama.cpp's orders), inside the ik bound.
+#[test]
+fn logits_match_ik_llama_cpp_exact() {
+    check_all_fixtures(Numerics::Exact, true);
+}
+
+/// ik_llama.cpp's files under fast numerics (int8 GEMM for batches), inside the ik bound.
+#[test]
+fn logits_match_ik_llama_cpp_fast() {
+    check_all_fixtures(Numerics::Fast, true);
+}
+
+/// Every supported fixture whose goldens come from ik_llama.cpp (`ik`) or from llama.cpp.
+fn check_all_fixtures(numerics: Numerics, ik: bool) {
     let fx = fixtures();
     let index = golden_index();
-    let cases = supported_models(&index);
+    let cases: Vec<Case> = supported_models(&index)
+        .into_iter()
+        .filter(|c| is_ik(c) == ik)
+        .collect();
+    let expected = if ik { 9 } else { 17 };
     assert!(
-        cases.len() >= 17,
+        cases.len() >= expected,
         "expected the fixture models, found {}",
         cases.len()
     );
@@ -111,6 +144,8 @@ fn check_all_fixtures(numerics: Numerics) {
     for case in &cases {
         let model = load_model(case);
         let n_vocab = model.config.n_vocab;
+        // ik files, over all positions: KLD, top-1 matches, and the bound's parts.
+        let mut pooled = Pooled::default();
         for (seq, s) in case.entry["sequences"].as_object().unwrap() {
             let tokens = token_ids(s);
             let (_, golden) =
@@ -120,13 +155,13 @@ fn check_all_fixtures(numerics: Numerics) {
                 .forward(&tokens, &mut cache, &par, Logits::All)
                 .unwrap();
             assert_eq!(ours.len(), golden.len());
-            // Under exact numerics every file must give llama.cpp's logits to the last bit:
-            // activations are converted and every product summed in ggml's order.
+            // Under exact numerics every llama.cpp file must give llama.cpp's logits to the
+            // last bit: activations are converted and every product summed in ggml's order.
             let identical = ours
                 .iter()
                 .zip(&golden)
                 .all(|(a, b)| a.to_bits() == b.to_bits());
-            if numerics == Numerics::Exact && !identical {
+            if numerics == Numerics::Exact && !identical && !ik {
                 let (i, (a, b)) = ours
                     .iter()
                     .zip(&golden)
@@ -143,10 +178,20 @@ fn check_all_fixtures(numerics: Numerics) {
             let kld = klds.iter().sum::<f64>() / klds.len() as f64;
             let top1 = top1_agreement(&golden, &ours, n_vocab);
             let (bound, top1_min) = if case.is_f32 {
-                (1e-5, 0.99)
+                (1e-5, 0.99f64)
             } else {
                 let m = master_kld(&fx, &index, case, seq, n_vocab);
                 ((m / 10.0).max(1e-3), 0.95)
+            };
+            // ik_llama.cpp is measured against itself: its batch-1 vs batch-512 distance.
+            let (bound, top1_min) = if ik {
+                let own = &case.entry["determinism_checks"][seq];
+                let own_kld = own["mean_kld_batch1_vs_512"].as_f64().unwrap();
+                let own_top1 = own["argmax_agree_batch1_vs_512"].as_f64().unwrap();
+                pooled.add(&klds, top1, bound, own_kld, own_top1);
+                (bound.max(2.0 * own_kld), top1_min.min(own_top1 - 0.05))
+            } else {
+                (bound, top1_min)
             };
 
             // Greedy: prompt in one batch, then one token per step.
@@ -179,17 +224,26 @@ fn check_all_fixtures(numerics: Numerics) {
             // Exact numerics must meet the bounds outright. Fast numerics sum in another order,
             // which the quantized files amplify through routing flips (fixtures README): the
             // per-position rule applies to them and greedy runs are reported, not required.
-            let passed = if numerics == Numerics::Exact || case.is_f32 {
+            let passed = if ik {
+                // Per sequence: reported; the file's pooled check below decides.
+                true
+            } else if numerics == Numerics::Exact || case.is_f32 {
                 kld <= bound && top1 >= top1_min && greedy_ok
             } else {
                 per_position_ok(&klds, bound) && top1 >= 0.9
             };
             let same_prefix = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
 
+            let within = if kld <= bound && top1 >= top1_min {
+                ""
+            } else {
+                " (outside)"
+            };
             table.push_str(&format!(
-                "{} | {seq} | {identical} | {kld:.3e} | {bound:.1e} | {:.1}% | {}/{check_n} | {same_prefix}/{}\n",
+                "{} | {seq} | {identical} | {kld:.3e} | {bound:.1e} | {:.1}% (min {:.1}%){within} | {}/{check_n} | {same_prefix}/{}\n",
                 case.stem,
                 top1 * 100.0,
+                top1_min * 100.0,
                 same_prefix.min(check_n),
                 want.len()
             ));
@@ -202,9 +256,59 @@ fn check_all_fixtures(numerics: Numerics) {
                 ));
             }
         }
+        if ik {
+            let (kld, bound, top1, top1_min) = pooled.verdict();
+            let ok = kld <= bound && top1 >= top1_min;
+            table.push_str(&format!(
+                "{} | all | - | {kld:.3e} | {bound:.1e} | {:.1}% (min {:.1}%) | {} | -\n",
+                case.stem,
+                top1 * 100.0,
+                top1_min * 100.0,
+                if ok { "pass" } else { "FAIL" }
+            ));
+            if !ok {
+                failures.push(format!(
+                    "{}: over all positions kld {kld:.3e} (bound {bound:.1e}), top1 {top1:.3} \
+                     (min {top1_min:.3})",
+                    case.stem
+                ));
+            }
+        }
     }
     println!("numerics: {numerics:?}\n{table}");
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// An ik_llama.cpp file's sequences pooled position by position: the sums behind its mean KLD
+/// and top-1 agreement, and behind the position-weighted means of the bound's parts.
+#[derive(Default)]
+struct Pooled {
+    positions: f64,
+    kld: f64,
+    top1: f64,
+    core_bound: f64,
+    own_kld: f64,
+    own_top1: f64,
+}
+
+impl Pooled {
+    fn add(&mut self, klds: &[f64], top1: f64, core_bound: f64, own_kld: f64, own_top1: f64) {
+        let n = klds.len() as f64;
+        self.positions += n;
+        self.kld += klds.iter().sum::<f64>();
+        self.top1 += n * top1;
+        self.core_bound += n * core_bound;
+        self.own_kld += n * own_kld;
+        self.own_top1 += n * own_top1;
+    }
+
+    /// (mean KLD, its bound, top-1 agreement, its minimum).
+    fn verdict(&self) -> (f64, f64, f64, f64) {
+        let n = self.positions;
+        let bound = (self.core_bound / n).max(2.0 * self.own_kld / n);
+        let top1_min = 0.95f64.min(self.own_top1 / n - 0.05);
+        (self.kld / n, bound, self.top1 / n, top1_min)
+    }
 }
 
 /// A q8_0 KV cache (`-ctk q8_0 -ctv q8_0`) moves logits from the f16 cache's by a bounded

@@ -260,8 +260,8 @@ fn check_file(path: &Path, par: &Parallel, devices: fn() -> Devices) {
     }
 }
 
-/// The fixtures moxie runs whose every block type has GPU kernels (a file with a type only
-/// the CPU computes with is `golden.rs`'s; `moxie-gpu` tests which types have kernels).
+/// The supported fixtures whose every block type the GPU kernels handle (ik_llama.cpp's types
+/// run on the CPU only).
 fn fixture_models() -> Vec<PathBuf> {
     supported_models(&golden_index())
         .into_iter()

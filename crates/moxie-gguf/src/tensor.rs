@@ -43,8 +43,9 @@ impl TensorInfo {
         self.dims.first().copied().unwrap_or(1)
     }
 
-    /// Bytes per row: `dims[0] / block_size × type_size` (0 if `dims[0]` is not a whole
-    /// number of blocks, which the reader rejects).
+    /// Bytes per row: `dims[0] / block_size × type_size`, plus the per-row scale of the types
+    /// that store one (`GgmlType::row_meta_bytes`); 0 if `dims[0]` is not a whole number of
+    /// blocks, which the reader rejects.
     pub fn row_bytes(&self) -> u64 {
         self.ty.row_bytes(self.row_len()).unwrap_or(0)
     }

@@ -188,21 +188,23 @@ fn every_ggml_type_row_sizes() {
     for ty in GgmlType::ALL {
         let bs = ty.block_size() as u64;
         let ts = ty.type_size() as u64;
+        // ik_llama.cpp's `_KS`-style types store a scale before each row's blocks.
+        let meta = ty.row_meta_bytes() as u64;
         let t = f.tensor(&format!("{ty}.2d")).unwrap();
         assert_eq!(t.ty, ty);
         assert_eq!(t.dims, vec![bs * 3, 2]);
-        assert_eq!(t.row_bytes(), 3 * ts, "{ty}");
+        assert_eq!(t.row_bytes(), meta + 3 * ts, "{ty}");
         assert_eq!(t.n_rows(), 2);
         assert_eq!(t.n_elements(), bs * 6);
-        assert_eq!(t.n_bytes, 6 * ts, "{ty}");
+        assert_eq!(t.n_bytes, 2 * (meta + 3 * ts), "{ty}");
         assert_eq!(t.offset % 32, 0);
         assert_eq!(t.file_offset, f.data_offset(0).unwrap() + t.offset);
         assert_eq!(f.tensor_data(t).unwrap(), pattern(t).as_slice());
         let t1 = f.tensor(&format!("{ty}.1d")).unwrap();
-        assert_eq!(t1.n_bytes, ts);
+        assert_eq!(t1.n_bytes, meta + ts);
         assert_eq!(t1.n_rows(), 1);
         let t4 = f.tensor(&format!("{ty}.4d")).unwrap();
-        assert_eq!(t4.n_bytes, 2 * ts * 6);
+        assert_eq!(t4.n_bytes, (meta + 2 * ts) * 6);
         assert_eq!(t4.n_rows(), 6);
         assert_eq!(f.tensor_data(t4).unwrap(), pattern(t4).as_slice());
         total += t.n_bytes + t1.n_bytes + t4.n_bytes;

@@ -18,7 +18,7 @@
 
 use std::sync::OnceLock;
 
-use crate::table::row;
+use crate::table::{row, row_index, N_ROWS};
 use crate::types::GgmlType;
 
 /// Dequantize `dst.len()` elements from the packed bytes `src`.
@@ -108,7 +108,7 @@ pub(crate) fn quantize_fn_scalar(ty: GgmlType) -> Option<QuantizeFn> {
 /// (Q8_0/Q8_1: AVX rounding half-to-even with `id = 127/amax`; Q8_K: `quantize_row_q8_K_ref`).
 /// Uses SIMD where available; results are bit-identical to the scalar version.
 pub fn quantize_fn(ty: GgmlType) -> Option<QuantizeFn> {
-    resolved()[ty.id() as usize].quantize
+    resolved()[row_index(ty)].quantize
 }
 
 /// Row quantizer as llama-quantize runs it without an importance matrix — use this to write
@@ -135,12 +135,10 @@ pub fn quantize_fn_for_level(ty: GgmlType, level: SimdLevel) -> Option<QuantizeF
 
 /// Best dot-product kernel for this CPU (selected once).
 pub fn vec_dot_fn(ty: GgmlType) -> Option<VecDotFn> {
-    resolved()[ty.id() as usize].vec_dot
+    resolved()[row_index(ty)].vec_dot
 }
 
-const N_IDS: usize = 64;
-
-/// The SIMD kernels of each type at [`simd_level`], by type id, resolved once: the hot paths
+/// The SIMD kernels of each type at [`simd_level`], by table row, resolved once: the hot paths
 /// (a matrix's dot, the activations' conversion) look them up per matrix.
 #[derive(Clone, Copy, Default)]
 struct Resolved {
@@ -148,13 +146,13 @@ struct Resolved {
     quantize: Option<QuantizeFn>,
 }
 
-fn resolved() -> &'static [Resolved; N_IDS] {
-    static RESOLVED: OnceLock<[Resolved; N_IDS]> = OnceLock::new();
+fn resolved() -> &'static [Resolved; N_ROWS] {
+    static RESOLVED: OnceLock<[Resolved; N_ROWS]> = OnceLock::new();
     RESOLVED.get_or_init(|| {
         let level = simd_level();
-        let mut t = [Resolved::default(); N_IDS];
+        let mut t = [Resolved::default(); N_ROWS];
         for ty in GgmlType::ALL {
-            t[ty.id() as usize] = Resolved {
+            t[row_index(ty)] = Resolved {
                 vec_dot: vec_dot_fn_for_level(ty, level),
                 quantize: quantize_fn_for_level(ty, level),
             };
@@ -182,8 +180,9 @@ fn check_len(what: &'static str, expected: usize, actual: usize) -> Result<(), Q
     Ok(())
 }
 
+/// Bytes of a row of `n` values (`n` checked to be whole blocks).
 fn row_bytes(ty: GgmlType, n: usize) -> usize {
-    n / ty.block_size() * ty.type_size()
+    ty.row_bytes(n as u64).map_or(usize::MAX, |b| b as usize)
 }
 
 /// Checked dequantization of one row: `dst.len()` elements from `src`.

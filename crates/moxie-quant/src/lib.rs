@@ -11,6 +11,7 @@
 //! * [`iq4`]: IQ4_NL, IQ4_XS;
 //! * [`iq2_3`]: IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS (read and computed with, not written);
 //! * [`iq3s`]: IQ3_S; [`iq1`]: IQ1_S, IQ1_M (code books in [`iq_grids`]);
+//! * [`iqk`]: ik_llama.cpp's types IQ2_K .. IQ6_K, IQ2_KS .. IQ5_KS and Q6_0;
 //! * `table`: the type table, one row per type with everything about it (layout, kernels);
 //! * [`dispatch`]: the per-type entry points over it, run-time SIMD selection and checked
 //!   wrappers;
@@ -50,6 +51,7 @@ pub mod iq2_3;
 pub mod iq3s;
 pub mod iq4;
 pub mod iq_grids;
+pub mod iqk;
 pub mod kquants;
 pub mod legacy;
 mod simd;
@@ -90,6 +92,13 @@ pub mod scalar {
     pub use crate::iq4::{
         dequantize_row_iq4_nl, dequantize_row_iq4_xs, quantize_row_iq4_nl, quantize_row_iq4_nl_ref,
         quantize_row_iq4_xs, vec_dot_iq4_nl_q8_0, vec_dot_iq4_xs_q8_k,
+    };
+    pub use crate::iqk::{
+        dequantize_row_iq2_k, dequantize_row_iq2_ks, dequantize_row_iq3_k, dequantize_row_iq3_ks,
+        dequantize_row_iq4_k, dequantize_row_iq4_ks, dequantize_row_iq5_k, dequantize_row_iq5_ks,
+        dequantize_row_iq6_k, dequantize_row_q6_0, vec_dot_iq2_k_q8_k, vec_dot_iq2_ks_q8_k,
+        vec_dot_iq3_k_q8_k, vec_dot_iq3_ks_q8_k, vec_dot_iq4_k_q8_k, vec_dot_iq4_ks_q8_k,
+        vec_dot_iq5_k_q8_k, vec_dot_iq5_ks_q8_k, vec_dot_iq6_k_q8_k, vec_dot_q6_0_q8_0,
     };
     pub use crate::kquants::{
         dequantize_row_q2_k, dequantize_row_q3_k, dequantize_row_q4_k, dequantize_row_q5_k,

@@ -17,10 +17,10 @@ use crate::gemm::{self, GemmLayout};
 #[cfg(target_arch = "x86_64")]
 use crate::simd::x86_avx2_iq1_iq3s as avx2_iq;
 #[cfg(target_arch = "x86_64")]
-use crate::simd::{x86_avx2 as avx2, x86_avx512 as avx512};
+use crate::simd::{x86_avx2 as avx2, x86_avx512 as avx512, x86_avx512_iqk as avx512_iqk};
 use crate::tiled::{self, DotManyFn};
 use crate::types::{GgmlType, QK_K};
-use crate::{bf16, f16, iq1, iq2_3, iq3s, iq4, kquants, legacy, tinyblas};
+use crate::{bf16, f16, iq1, iq2_3, iq3s, iq4, iqk, kquants, legacy, tinyblas};
 
 /// `Some(kernel)` of the x86-64 SIMD modules; `None` when building for another architecture
 /// (the kernel's path is then never resolved).
@@ -46,6 +46,8 @@ pub(crate) struct TypeRow {
     pub block_size: usize,
     /// Bytes per block.
     pub type_size: usize,
+    /// Bytes before a row's blocks (ik_llama.cpp's `_KS` types keep the row's scale there).
+    pub row_meta: usize,
     /// Byte offsets of the f16 scale fields (`d`, and `dmin`/`m`) within one block.
     pub f16_scales: &'static [usize],
     /// ggml-cpu runs batched `mul_mat` / `mul_mat_id` of this type through its tiled matmul
@@ -132,6 +134,7 @@ const fn layout(ty: GgmlType, name: &'static str, block_size: usize, type_size: 
         name,
         block_size,
         type_size,
+        row_meta: 0,
         f16_scales: &[],
         ggml_tiled: false,
         rows: None,
@@ -198,10 +201,45 @@ const fn tiled(dot: VecDotFn, many: DotManyFn) -> Option<Tiled> {
     Some(Tiled { dot, many })
 }
 
+/// How the int8 GEMM reads an ik_llama.cpp type: `sub`-value groups, values + `offset`.
+const fn ik_gemm(sub: usize, offset: i32, decode: gemm::DecodeRowFn) -> GemmLayout {
+    GemmLayout {
+        sub,
+        mins: false,
+        offset,
+        decode,
+        unpack_tile: None,
+    }
+}
+
+/// The row of one of ik_llama.cpp's super-block types (`kind` is its layout in `iqk.rs`):
+/// read-only, Q8_K activations, a scalar reference and an AVX-512 kernel.
+const fn ik_row(
+    ty: GgmlType,
+    name: &'static str,
+    kind: &iqk::Kind,
+    dequantize: DequantizeFn,
+    scalar: VecDotFn,
+    avx512: Option<VecDotFn>,
+    decode: gemm::DecodeRowFn,
+) -> TypeRow {
+    TypeRow {
+        row_meta: kind.row_prefix(),
+        f16_scales: if kind.row_prefix() == 0 { &[0] } else { &[] },
+        rows: Some(dequantize_only(dequantize)),
+        dot: Some(Dot {
+            // Values + 128 are unsigned bytes: every code book lies in -127..127.
+            gemm: Some(ik_gemm(kind.group, 128, decode)),
+            ..dot(T::Q8_K, scalar, None, avx512)
+        }),
+        ..layout(ty, name, QK_K, kind.bytes)
+    }
+}
+
 use GgmlType as T;
 
 /// Every type, in id order.
-const ROWS: [TypeRow; 35] = [
+const ROWS: [TypeRow; 53] = [
     TypeRow {
         rows: Some(conversions(
             f16::dequantize_row_f32,
@@ -719,13 +757,147 @@ const ROWS: [TypeRow; 35] = [
     layout(T::NVFP4, "NVFP4", 64, 36),
     layout(T::Q1_0, "Q1_0", 128, 18),
     layout(T::Q2_0, "Q2_0", 64, 18),
+    // ik_llama.cpp's types (`iqk.rs`). ik's own kernels are its only reference for the dots
+    // (`iqk_mul_mat`, whose order changes with the batch size), so there is no ggml order to
+    // follow: every level computes the reference's integers and float steps, and the int8
+    // GEMM serves batches in fast numerics.
+    TypeRow {
+        f16_scales: &[0],
+        rows: Some(dequantize_only(iqk::dequantize_row_q6_0)),
+        dot: Some(Dot {
+            gemm: Some(ik_gemm(32, 32, iqk::gemm_decode_q6_0)),
+            ..dot(
+                T::Q8_0,
+                iqk::vec_dot_q6_0_q8_0,
+                None,
+                x86!(avx512_iqk::dot_q6_0),
+            )
+        }),
+        ..layout(T::Q6_0, "Q6_0", 32, iqk::Q6_0_BYTES)
+    },
+    TypeRow {
+        row_meta: 2,
+        ..layout(T::IQ1_BN, "IQ1_BN", 64, 13)
+    },
+    TypeRow {
+        row_meta: 4,
+        ..layout(T::IQ2_BN, "IQ2_BN", 64, 16)
+    },
+    ik_row(
+        T::IQ2_K,
+        "IQ2_K",
+        &iqk::IQ2_K,
+        iqk::dequantize_row_iq2_k,
+        iqk::vec_dot_iq2_k_q8_k,
+        x86!(avx512_iqk::dot_iq2_k),
+        iqk::gemm_decode_iq2_k,
+    ),
+    ik_row(
+        T::IQ3_K,
+        "IQ3_K",
+        &iqk::IQ3_K,
+        iqk::dequantize_row_iq3_k,
+        iqk::vec_dot_iq3_k_q8_k,
+        x86!(avx512_iqk::dot_iq3_k),
+        iqk::gemm_decode_iq3_k,
+    ),
+    ik_row(
+        T::IQ4_K,
+        "IQ4_K",
+        &iqk::IQ4_K,
+        iqk::dequantize_row_iq4_k,
+        iqk::vec_dot_iq4_k_q8_k,
+        x86!(avx512_iqk::dot_iq4_k),
+        iqk::gemm_decode_iq4_k,
+    ),
+    ik_row(
+        T::IQ5_K,
+        "IQ5_K",
+        &iqk::IQ5_K,
+        iqk::dequantize_row_iq5_k,
+        iqk::vec_dot_iq5_k_q8_k,
+        x86!(avx512_iqk::dot_iq5_k),
+        iqk::gemm_decode_iq5_k,
+    ),
+    ik_row(
+        T::IQ6_K,
+        "IQ6_K",
+        &iqk::IQ6_K,
+        iqk::dequantize_row_iq6_k,
+        iqk::vec_dot_iq6_k_q8_k,
+        x86!(avx512_iqk::dot_iq6_k),
+        iqk::gemm_decode_iq6_k,
+    ),
+    ik_row(
+        T::IQ4_KS,
+        "IQ4_KS",
+        &iqk::IQ4_KS,
+        iqk::dequantize_row_iq4_ks,
+        iqk::vec_dot_iq4_ks_q8_k,
+        x86!(avx512_iqk::dot_iq4_ks),
+        iqk::gemm_decode_iq4_ks,
+    ),
+    ik_row(
+        T::IQ2_KS,
+        "IQ2_KS",
+        &iqk::IQ2_KS,
+        iqk::dequantize_row_iq2_ks,
+        iqk::vec_dot_iq2_ks_q8_k,
+        x86!(avx512_iqk::dot_iq2_ks),
+        iqk::gemm_decode_iq2_ks,
+    ),
+    TypeRow {
+        row_meta: 4,
+        ..layout(T::IQ4_KSS, "IQ4_KSS", QK_K, 128)
+    },
+    ik_row(
+        T::IQ5_KS,
+        "IQ5_KS",
+        &iqk::IQ5_KS,
+        iqk::dequantize_row_iq5_ks,
+        iqk::vec_dot_iq5_ks_q8_k,
+        x86!(avx512_iqk::dot_iq5_ks),
+        iqk::gemm_decode_iq5_ks,
+    ),
+    TypeRow {
+        row_meta: 4,
+        ..layout(T::IQ2_KT, "IQ2_KT", QK_K, 68)
+    },
+    TypeRow {
+        row_meta: 4,
+        ..layout(T::IQ3_KT, "IQ3_KT", QK_K, 100)
+    },
+    TypeRow {
+        row_meta: 4,
+        ..layout(T::IQ4_KT, "IQ4_KT", QK_K, 128)
+    },
+    ik_row(
+        T::IQ3_KS,
+        "IQ3_KS",
+        &iqk::IQ3_KS,
+        iqk::dequantize_row_iq3_ks,
+        iqk::vec_dot_iq3_ks_q8_k,
+        x86!(avx512_iqk::dot_iq3_ks),
+        iqk::gemm_decode_iq3_ks,
+    ),
+    TypeRow {
+        row_meta: 2,
+        ..layout(T::IQ2_KL, "IQ2_KL", QK_K, 86)
+    },
+    TypeRow {
+        row_meta: 4,
+        ..layout(T::IQ1_KT, "IQ1_KT", QK_K, 56)
+    },
 ];
 
 /// The table, at one address (a `const` would be copied where it is indexed).
 static TABLE: [TypeRow; ROWS.len()] = ROWS;
 
-/// Ids are below this.
-const MAX_ID: usize = 64;
+/// Ids are below this (ik_llama.cpp's reach 158; one byte per id up to here).
+const MAX_ID: usize = 160;
+
+/// Number of rows.
+pub(crate) const N_ROWS: usize = ROWS.len();
 
 /// Row index by type id; ids must be unique and below [`MAX_ID`] (checked when compiling).
 static INDEX: [u8; MAX_ID] = {
@@ -735,7 +907,7 @@ static INDEX: [u8; MAX_ID] = {
         let id = ROWS[i].ty as usize;
         assert!(
             id < MAX_ID && index[id] == u8::MAX,
-            "type ids must be unique and < 64"
+            "type ids must be unique and < MAX_ID"
         );
         index[id] = i as u8;
         i += 1;
@@ -758,9 +930,14 @@ pub(crate) const ALL: [GgmlType; ROWS.len()] = {
     all
 };
 
+/// The position of `ty`'s row (`0..N_ROWS`, in id order).
+pub(crate) fn row_index(ty: GgmlType) -> usize {
+    INDEX[ty as usize] as usize
+}
+
 /// The row of `ty`.
 pub(crate) fn row(ty: GgmlType) -> &'static TypeRow {
-    &TABLE[INDEX[ty as usize] as usize]
+    &TABLE[row_index(ty)]
 }
 
 #[cfg(test)]
@@ -775,14 +952,18 @@ mod tests {
         let all = [
             F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K,
             IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S, IQ4_NL, IQ3_S, IQ2_S, IQ4_XS, I8, I16, I32, I64, F64,
-            IQ1_M, BF16, TQ1_0, TQ2_0, MXFP4, NVFP4, Q1_0, Q2_0,
+            IQ1_M, BF16, TQ1_0, TQ2_0, MXFP4, NVFP4, Q1_0, Q2_0, Q6_0, IQ1_BN, IQ2_BN, IQ2_K,
+            IQ3_K, IQ4_K, IQ5_K, IQ6_K, IQ4_KS, IQ2_KS, IQ4_KSS, IQ5_KS, IQ2_KT, IQ3_KT, IQ4_KT,
+            IQ3_KS, IQ2_KL, IQ1_KT,
         ];
         for ty in all {
             match ty {
                 F32 | F16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | Q2_K | Q3_K | Q4_K | Q5_K
                 | Q6_K | Q8_K | IQ2_XXS | IQ2_XS | IQ3_XXS | IQ1_S | IQ4_NL | IQ3_S | IQ2_S
                 | IQ4_XS | I8 | I16 | I32 | I64 | F64 | IQ1_M | BF16 | TQ1_0 | TQ2_0 | MXFP4
-                | NVFP4 | Q1_0 | Q2_0 => {}
+                | NVFP4 | Q1_0 | Q2_0 | Q6_0 | IQ1_BN | IQ2_BN | IQ2_K | IQ3_K | IQ4_K | IQ5_K
+                | IQ6_K | IQ4_KS | IQ2_KS | IQ4_KSS | IQ5_KS | IQ2_KT | IQ3_KT | IQ4_KT
+                | IQ3_KS | IQ2_KL | IQ1_KT => {}
             }
             assert_eq!(row(ty).ty, ty);
         }

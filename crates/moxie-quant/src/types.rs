@@ -1,7 +1,8 @@
-//! The ggml tensor types: ids as stored in GGUF files (source: ggml's `ggml.h`). Block sizes,
-//! bytes per block, names and everything else about a type are its row in `table.rs`. Every
-//! id a GGUF file may carry is listed so that the reader can compute byte ranges even for
-//! types moxie cannot compute with yet; `GgmlType::from_id` rejects ids that ggml removed.
+//! The ggml tensor types: ids as stored in GGUF files (source: ggml's `ggml.h`, and
+//! ik_llama.cpp's for its own types). Block sizes, bytes per block, names and everything else
+//! about a type are its row in `table.rs`. Every weight type id a GGUF file may carry is listed
+//! so that the reader can compute byte ranges even for types moxie cannot compute with yet;
+//! `GgmlType::from_id` rejects ids that ggml removed.
 
 use crate::table::row;
 
@@ -45,6 +46,27 @@ pub enum GgmlType {
     NVFP4 = 40,
     Q1_0 = 41,
     Q2_0 = 42,
+    // ik_llama.cpp's own types (its ggml.h, commit 8337e4cd). Not listed: its activation-only
+    // types (Q8_K64 ...), the ids it removed (142, 143) and its row-interleaved `_R4`/`_R8`
+    // variants (ids 202 and up), which its run-time repacking makes and files rarely hold.
+    Q6_0 = 133,
+    IQ1_BN = 134,
+    IQ2_BN = 135,
+    IQ2_K = 137,
+    IQ3_K = 138,
+    IQ4_K = 139,
+    IQ5_K = 140,
+    IQ6_K = 141,
+    IQ4_KS = 144,
+    IQ2_KS = 145,
+    IQ4_KSS = 146,
+    IQ5_KS = 152,
+    IQ2_KT = 153,
+    IQ3_KT = 154,
+    IQ4_KT = 155,
+    IQ3_KS = 156,
+    IQ2_KL = 157,
+    IQ1_KT = 158,
 }
 
 /// Super-block size of the K-quants and most IQ types.
@@ -80,6 +102,12 @@ impl GgmlType {
         row(self).type_size
     }
 
+    /// Bytes stored at the start of every row before its blocks: ik_llama.cpp's `_KS` types
+    /// keep one scale per row there (ggml's `row_meta_size`); 0 for every other type.
+    pub fn row_meta_bytes(self) -> usize {
+        row(self).row_meta
+    }
+
     /// The name ggml and llama.cpp print (`Q4_K`, `IQ4_XS`, `F32`, ...).
     pub fn name(self) -> &'static str {
         row(self).name
@@ -93,14 +121,18 @@ impl GgmlType {
             .find(|t| t.name().eq_ignore_ascii_case(name))
     }
 
-    /// Bytes taken by one row of `n` elements, or `None` if `n` is not a whole number of
-    /// blocks or the product overflows.
+    /// Bytes taken by one row of `n` elements (its blocks plus [`row_meta_bytes`]), or `None`
+    /// if `n` is not a whole number of blocks or the size overflows.
+    ///
+    /// [`row_meta_bytes`]: GgmlType::row_meta_bytes
     pub fn row_bytes(self, n: u64) -> Option<u64> {
         let bs = self.block_size() as u64;
         if !n.is_multiple_of(bs) {
             return None;
         }
-        (n / bs).checked_mul(self.type_size() as u64)
+        (n / bs)
+            .checked_mul(self.type_size() as u64)?
+            .checked_add(self.row_meta_bytes() as u64)
     }
 }
 
@@ -120,7 +152,7 @@ mod tests {
             assert_eq!(GgmlType::from_id(t.id()), Some(t));
             assert_eq!(GgmlType::from_name(t.name()), Some(t));
         }
-        for removed in [4, 5, 31, 32, 33, 36, 37, 38, 43, 1000] {
+        for removed in [4, 5, 31, 32, 33, 36, 37, 38, 43, 142, 143, 1000] {
             assert_eq!(GgmlType::from_id(removed), None);
         }
     }
@@ -131,5 +163,10 @@ mod tests {
         assert_eq!(GgmlType::Q4_K.row_bytes(100), None);
         assert_eq!(GgmlType::F32.row_bytes(3), Some(12));
         assert_eq!(GgmlType::F32.row_bytes(u64::MAX), None);
+        // ik_llama.cpp's per-row scale: an f32 before IQ4_KS blocks, an f16 before IQ2_KS ones.
+        assert_eq!(GgmlType::IQ4_KS.row_bytes(512), Some(4 + 2 * 136));
+        assert_eq!(GgmlType::IQ2_KS.row_bytes(256), Some(2 + 70));
+        assert_eq!(GgmlType::IQ4_K.row_bytes(512), Some(2 * 144));
+        assert_eq!(GgmlType::IQ4_KS.row_bytes(100), None);
     }
 }

@@ -40,8 +40,9 @@ pub struct FixtureModel {
 }
 
 /// The fixture models whose architecture moxie runs and whose every block type it can compute
-/// with (others, e.g. ik_llama.cpp's types, belong to later work), sorted by name. Tests that
-/// go over "every fixture" take these, so a model moxie should run never drops out silently.
+/// with, sorted by name. Tests that go over "every fixture" take these, so a model moxie should
+/// run never drops out silently. Their goldens come from llama.cpp or, where the entry's
+/// `reference_engine` says so, from ik_llama.cpp ([`is_ik`]).
 pub fn supported_models(index: &Value) -> Vec<FixtureModel> {
     let mut out = Vec::new();
     for (stem, entry) in index["models"].as_object().expect("models") {
@@ -68,6 +69,11 @@ pub fn supported_models(index: &Value) -> Vec<FixtureModel> {
     }
     out.sort_by(|a, b| a.stem.cmp(&b.stem));
     out
+}
+
+/// Whether this fixture's goldens come from ik_llama.cpp (its own block types), not llama.cpp.
+pub fn is_ik(m: &FixtureModel) -> bool {
+    m.entry["reference_engine"].as_str() == Some("ik_llama.cpp")
 }
 
 /// Layer `il` of a tensor named `blk.{il}.…`, and the rest of its name.

@@ -1,6 +1,7 @@
 //! Run-time selected SIMD kernels (x86-64 only): `x86_avx2.rs` (AVX2 + FMA + F16C),
-//! `x86_avx512.rs` (AVX-512 F/BW/VL/VNNI on top of that) and `x86_avx2_iq1_iq3s.rs` (AVX2 dots
-//! of IQ3_S, IQ1_S, IQ1_M).
+//! `x86_avx512.rs` (AVX-512 F/BW/VL/VNNI on top of that), `x86_avx2_iq1_iq3s.rs` (AVX2 dots
+//! of IQ3_S, IQ1_S, IQ1_M) and `x86_avx512_iqk.rs` (ik_llama.cpp's types, AVX-512; they keep
+//! the scalar reference's float steps instead).
 //!
 //! Kernels keep ggml's x86 float evaluation order (which 8 integer lanes are formed, when they
 //! are converted, the FMA accumulation per block and the final horizontal sum), so results
@@ -22,6 +23,8 @@ pub(crate) mod x86_avx2;
 pub(crate) mod x86_avx2_iq1_iq3s;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86_avx512;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod x86_avx512_iqk;
 
 /// Highest SIMD level supported by this CPU.
 pub(crate) fn detect() -> SimdLevel {

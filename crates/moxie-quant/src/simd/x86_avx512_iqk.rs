@@ -1,0 +1,488 @@
+//! AVX-512 (F/BW/VL/VNNI) dot products of ik_llama.cpp's types (`iqk.rs`): IQ2_K .. IQ6_K,
+//! IQ2_KS .. IQ5_KS (x Q8_K) and Q6_0 (x Q8_0).
+//!
+//! A block's group scales are unpacked into i16 lanes at once (one function per scale layout).
+//! A super-block is four 64-value chunks. Each chunk's code-book indices are gathered into one
+//! register in value order (the bit fields are laid out so that every 128-bit lane holds one
+//! 16-value group, or half of a 32-value group), looked up with `vpshufb` in the lower half of
+//! the code book, and the upper half's constant added where the group's half bit is set. The
+//! products with the activations go through the sign trick (|w| as unsigned times `a` with w's
+//! sign: exact, as Q8_K and Q8_0 activations lie in -127..127), `vpmaddubsw` to pairs and
+//! `vpdpwssd` with the group scales. The block's integer sum is then exactly the scalar
+//! reference's, and the float steps are the reference's too (`sum += (d_w * d_a) * sumi` per
+//! block), so the result is bit-identical to it.
+//!
+//! Verified by: `tests/iqk.rs` (property tests against the scalar reference, bit for bit).
+//!
+//! Every `unsafe` block is an unaligned load through a pointer derived from a slice of checked
+//! length, or a call of a `#[target_feature]` kernel after run-time detection.
+
+use core::arch::x86_64::*;
+
+use super::x86_avx2::{h2f, ld128, ld256};
+use crate::common::rd_f32;
+use crate::iqk::{self, Kind};
+
+const Q8_K_BYTES: usize = 292;
+
+/// Declares the safe entry point `$name` (a `VecDotFn`) of super-block type `$kind`: checks
+/// that `w` holds `n / 256` blocks (after the row's scale) and `a` as many Q8_K blocks, and
+/// calls the `#[target_feature]` kernel `$imp` on exactly those bytes.
+macro_rules! entry {
+    ($name:ident, $imp:ident, $kind:path) => {
+        pub(crate) fn $name(n: usize, w: &[u8], a: &[u8]) -> f32 {
+            let k: &Kind = &$kind;
+            let nb = n / 256;
+            if nb == 0 {
+                return 0.0;
+            }
+            let w = &w[..k.row_prefix() + nb * k.bytes];
+            let a = &a[..nb * Q8_K_BYTES];
+            // SAFETY: this function is only handed out through its type's table row at the
+            // AVX-512 level (`Simd::at`), i.e. after AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C
+            // were detected; the slices were bounds-checked above.
+            unsafe { $imp(w, a) }
+        }
+    };
+}
+
+entry!(dot_iq2_k, dot_iq2_k_imp, iqk::IQ2_K);
+entry!(dot_iq3_k, dot_iq3_k_imp, iqk::IQ3_K);
+entry!(dot_iq4_k, dot_iq4_k_imp, iqk::IQ4_K);
+entry!(dot_iq5_k, dot_iq5_k_imp, iqk::IQ5_K);
+entry!(dot_iq6_k, dot_iq6_k_imp, iqk::IQ6_K);
+entry!(dot_iq2_ks, dot_iq2_ks_imp, iqk::IQ2_KS);
+entry!(dot_iq3_ks, dot_iq3_ks_imp, iqk::IQ3_KS);
+entry!(dot_iq4_ks, dot_iq4_ks_imp, iqk::IQ4_KS);
+entry!(dot_iq5_ks, dot_iq5_ks_imp, iqk::IQ5_KS);
+
+/// Q6_0 x Q8_0: checks that `w` and `a` hold `n / 32` blocks each.
+pub(crate) fn dot_q6_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let nb = n / 32;
+    let w = &w[..nb * iqk::Q6_0_BYTES];
+    let a = &a[..nb * 34];
+    // SAFETY: as for the super-block entry points: handed out at the AVX-512 level only, and
+    // the slices were bounds-checked above.
+    unsafe { dot_q6_0_imp(w, a) }
+}
+
+/// Unaligned 64-byte load.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn ld512(s: &[u8], off: usize) -> __m512i {
+    let s: &[u8; 64] = s[off..off + 64].try_into().unwrap();
+    // SAFETY: `s` is exactly 64 readable bytes; `loadu` has no alignment requirement.
+    unsafe { _mm512_loadu_si512(s.as_ptr().cast()) }
+}
+
+/// The 32 bytes at `off`, twice: `[b0..16, b16..32, b0..16, b16..32]` by 128-bit lane.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn twice(s: &[u8], off: usize) -> __m512i {
+    _mm512_broadcast_i64x4(ld256(s, off))
+}
+
+/// i16 lanes: the low 256 bits all `lo`, the high 256 bits all `hi`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn halves_epi16(lo: i16, hi: i16) -> __m512i {
+    _mm512_inserti64x4::<1>(
+        _mm512_castsi256_si512(_mm256_set1_epi16(lo)),
+        _mm256_set1_epi16(hi),
+    )
+}
+
+/// Bits `[lo, lo + 2)` of every byte of `twice(s, off)`'s lanes 0, 1 and `[hi, hi + 2)` of
+/// lanes 2, 3 (shifts below 8: the 16-bit shift brings in zeros or the next byte's bits, which
+/// the mask drops).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn bits_of_twice(s: &[u8], off: usize, lo: i16, hi: i16, mask: i8) -> __m512i {
+    _mm512_and_si512(
+        _mm512_srlv_epi16(twice(s, off), halves_epi16(lo, hi)),
+        _mm512_set1_epi8(mask),
+    )
+}
+
+/// A 16-entry code-book slice as a register (each 128-bit lane a copy).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn table(values: &[i8], first: usize) -> __m512i {
+    let mut b = [0u8; 16];
+    for (o, &v) in b.iter_mut().zip(&values[first..]) {
+        *o = v as u8;
+    }
+    _mm512_broadcast_i32x4(ld128(&b, 0))
+}
+
+/// `LANES16[b]`: the byte mask of the 128-bit lanes whose bit is set in `b` (4 groups of 16).
+const LANES16: [u64; 16] = {
+    let mut t = [0u64; 16];
+    let mut b = 0;
+    while b < 16 {
+        let mut l = 0;
+        while l < 4 {
+            if (b >> l) & 1 == 1 {
+                t[b] |= 0xffff << (16 * l);
+            }
+            l += 1;
+        }
+        b += 1;
+    }
+    t
+};
+
+/// `LANES32[b]`: the byte mask of the 256-bit halves whose bit is set in `b` (2 groups of 32).
+const LANES32: [u64; 4] = [0, 0xffff_ffff, 0xffff_ffff << 32, u64::MAX];
+
+/// The half mask of chunk `c`: its 4 groups of 16 or 2 groups of 32.
+#[inline(always)]
+fn chunk_halves(halves: u16, group: usize, c: usize) -> __mmask64 {
+    if group == 16 {
+        LANES16[((halves >> (4 * c)) & 0xf) as usize]
+    } else {
+        LANES32[((halves >> (2 * c)) & 3) as usize]
+    }
+}
+
+/// The 16 nibbles of the 8 bytes at `off`, low nibble first, as i16 lanes.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn nibbles16(x: &[u8], off: usize) -> __m256i {
+    let b = _mm_cvtsi64_si128(i64::from_le_bytes(x[off..off + 8].try_into().unwrap()));
+    let m4 = _mm_set1_epi8(0xf);
+    let lo = _mm_and_si128(b, m4);
+    let hi = _mm_and_si128(_mm_srli_epi16::<4>(b), m4);
+    _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(lo, hi))
+}
+
+/// The 8 nibbles of the 4 bytes at `off` as i16 lanes 0..7: interleaved (low nibble of byte
+/// 0, its high nibble, ...) or all low nibbles first.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn nibbles8(x: &[u8], off: usize, interleaved: bool) -> __m256i {
+    let b = _mm_cvtsi32_si128(i32::from_le_bytes(x[off..off + 4].try_into().unwrap()));
+    let m4 = _mm_set1_epi8(0xf);
+    let lo = _mm_and_si128(b, m4);
+    let hi = _mm_and_si128(_mm_srli_epi16::<4>(b), m4);
+    let n = if interleaved {
+        _mm_unpacklo_epi8(lo, hi)
+    } else {
+        _mm_unpacklo_epi32(lo, hi)
+    };
+    _mm256_cvtepu8_epi16(n)
+}
+
+// Group scales as i16 lanes (16, or 8 for the `_KS` types), as `iqk::scales_*` compute them.
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn scales_iq2_k(x: &[u8]) -> __m256i {
+    _mm256_sub_epi16(nibbles16(x, 4), _mm256_set1_epi16(8))
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn scales_iq3_k(x: &[u8]) -> __m256i {
+    let n = nibbles16(x, 6);
+    let v = _mm256_add_epi16(_mm256_add_epi16(n, n), _mm256_set1_epi16(1));
+    let neg = u16::from_le_bytes([x[4], x[5]]);
+    _mm256_mask_sub_epi16(v, neg, _mm256_setzero_si256(), v)
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn scales_k6(x: &[u8]) -> __m256i {
+    // Group g's top bits are bits 2g, 2g + 1 of scales_h as one u32.
+    let h32 = u32::from_le_bytes(x[4..8].try_into().unwrap()) as i32;
+    let shifts = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    let h = _mm512_and_si512(
+        _mm512_srlv_epi32(_mm512_set1_epi32(h32), shifts),
+        _mm512_set1_epi32(3),
+    );
+    let h = _mm512_cvtepi32_epi16(h);
+    let v = _mm256_or_si256(nibbles16(x, 8), _mm256_slli_epi16::<4>(h));
+    _mm256_sub_epi16(v, _mm256_set1_epi16(32))
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn scales_iq6_k(x: &[u8]) -> __m256i {
+    _mm256_cvtepi8_epi16(ld128(x, 4))
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn scales_iq2_ks(x: &[u8]) -> __m256i {
+    let top = x[1]; // bits 8.. of extra: each group's fifth scale bit
+    let v = _mm256_mask_add_epi16(
+        nibbles8(x, 2, true),
+        top as u16,
+        nibbles8(x, 2, true),
+        _mm256_set1_epi16(16),
+    );
+    _mm256_sub_epi16(v, _mm256_set1_epi16(16))
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn scales_iq3_ks(x: &[u8]) -> __m256i {
+    let top = x[0]; // bits 0..8 of extra: each group's fifth scale bit
+    let n = nibbles8(x, 2, false);
+    let v = _mm256_mask_add_epi16(n, top as u16, n, _mm256_set1_epi16(16));
+    _mm256_sub_epi16(v, _mm256_set1_epi16(16))
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn scales_ks(x: &[u8]) -> __m256i {
+    let b = _mm_cvtsi64_si128(i64::from_le_bytes(x[..8].try_into().unwrap()));
+    let v = _mm256_cvtepu8_epi16(_mm_and_si128(b, _mm_set1_epi8(-2)));
+    _mm256_sub_epi16(v, _mm256_set1_epi16(127))
+}
+
+/// For each chunk c, which group scale every i16 pair lane takes (pair lane i holds values
+/// 2i, 2i + 1 of the chunk: group `64c / group + i / (group / 2)`).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn scale_index(group: usize) -> [__m512i; 4] {
+    let per_group = (group / 2) as i16;
+    let mut idx = [[0i16; 32]; 4];
+    for (c, row) in idx.iter_mut().enumerate() {
+        for (i, v) in row.iter_mut().enumerate() {
+            *v = (64 * c / group) as i16 + i as i16 / per_group;
+        }
+    }
+    // SAFETY: each row of `idx` is 64 readable bytes; `loadu` has no alignment requirement.
+    idx.map(|row| unsafe { _mm512_loadu_si512(row.as_ptr().cast()) })
+}
+
+/// `acc` + the products of code values `v` and activations `a`, pairs summed and times their
+/// scale `sc` (i16 lanes).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn madd_chunk(acc: __m512i, v: __m512i, a: __m512i, sc: __m512i) -> __m512i {
+    let neg = _mm512_movepi8_mask(v);
+    let av = _mm512_abs_epi8(v);
+    let sa = _mm512_mask_sub_epi8(a, neg, _mm512_setzero_si512(), a);
+    _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(av, sa), sc)
+}
+
+/// A code book's lower half in 16-entry parts (1 to 4) and the upper half's shift.
+struct Books {
+    t: [__m512i; 4],
+    parts: usize,
+    shift: __m512i,
+}
+
+impl Books {
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    fn new(values: &'static [i8]) -> Books {
+        let half = values.len() / 2;
+        let parts = half.div_ceil(16);
+        let mut t = [_mm512_setzero_si512(); 4];
+        for (p, tp) in t.iter_mut().enumerate().take(parts) {
+            *tp = table(&values[..half], 16 * p);
+        }
+        Books {
+            t,
+            parts,
+            shift: _mm512_set1_epi8(values[half] - values[0]),
+        }
+    }
+
+    /// The values of lower-half index `16 hi + lo` per byte (`hi` 0 where the book has one
+    /// part), moved to the upper half in the bytes of `upper`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    fn lookup(&self, lo: __m512i, hi: __m512i, upper: __mmask64) -> __m512i {
+        let mut v = _mm512_shuffle_epi8(self.t[0], lo);
+        for p in 1..self.parts {
+            let m = _mm512_cmpeq_epi8_mask(hi, _mm512_set1_epi8(p as i8));
+            v = _mm512_mask_shuffle_epi8(v, m, self.t[p], lo);
+        }
+        _mm512_mask_add_epi8(v, upper, v, self.shift)
+    }
+}
+
+/// Chunk `c`'s lower-half indices (and 16-entry part where the book has more than one) of
+/// each layout. The `_K` and `_KS` variants of a bit width share their bit-field layout.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn idx_2bit(qs: &[u8], c: usize) -> __m512i {
+    // Groups 4c..4c+3 (or 32-groups 2c, 2c+1) read bit pairs 2 (c%2) and 2 (c%2) + 1 of
+    // qs[32 (c/2) ..+32].
+    let s = 4 * (c % 2) as i16;
+    bits_of_twice(qs, 32 * (c / 2), s, s + 2, 3)
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn idx_3bit(qs: &[u8], qh: &[u8], c: usize) -> __m512i {
+    let h = bits_of_twice(qh, 0, 2 * c as i16, 2 * c as i16 + 1, 1);
+    _mm512_or_si512(idx_2bit(qs, c), _mm512_slli_epi16::<2>(h))
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn idx_4bit(qs: &[u8], c: usize) -> __m512i {
+    // [lo nibbles of qs[32c..+16], their hi nibbles, the same of qs[32c+16..+16]].
+    let t = _mm512_castsi256_si512(ld256(qs, 32 * c));
+    let z = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3), t);
+    let four = 0x0004_0004_0004_0004;
+    let sh = _mm512_setr_epi64(0, 0, four, four, 0, 0, four, four);
+    _mm512_and_si512(_mm512_srlv_epi16(z, sh), _mm512_set1_epi8(0xf))
+}
+
+/// Nibbles of IQ5/IQ6: nibble `L/2` of `qs[32c + 16 (L%2) + j]` in lane L.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn nibbles_5_6(qs: &[u8], c: usize) -> __m512i {
+    bits_of_twice(qs, 32 * c, 0, 4, 0xf)
+}
+
+/// One super-block kernel: `$chunk(x, c, books, upper)` gives chunk c's values.
+macro_rules! super_block_kernel {
+    ($imp:ident, $kind:path, $chunk:ident, $scales:ident) => {
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+        fn $imp(w: &[u8], a: &[u8]) -> f32 {
+            let k: &Kind = &$kind;
+            let books = Books::new(k.values);
+            let scale_idx = scale_index(k.group);
+            let (row_d, blocks) = k.split_row(w);
+            let mut sum = 0f32;
+            for (x, y) in blocks.chunks_exact(k.bytes).zip(a.chunks_exact(Q8_K_BYTES)) {
+                let d = k.block_d(row_d, x);
+                let sc16 = _mm512_castsi256_si512($scales(x));
+                let halves = (k.halves)(x);
+                let mut acc = _mm512_setzero_si512();
+                for c in 0..4 {
+                    let upper = chunk_halves(halves, k.group, c);
+                    let v = $chunk(x, c, &books, upper);
+                    let s = _mm512_permutexvar_epi16(scale_idx[c], sc16);
+                    acc = madd_chunk(acc, v, ld512(y, 4 + 64 * c), s);
+                }
+                let sumi = _mm512_reduce_add_epi32(acc);
+                sum += (d * rd_f32(y, 0)) * sumi as f32;
+            }
+            sum
+        }
+    };
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn chunk_iq2_k(x: &[u8], c: usize, b: &Books, upper: __mmask64) -> __m512i {
+    b.lookup(idx_2bit(&x[12..76], c), _mm512_setzero_si512(), upper)
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn chunk_iq2_ks(x: &[u8], c: usize, b: &Books, upper: __mmask64) -> __m512i {
+    b.lookup(idx_2bit(&x[6..70], c), _mm512_setzero_si512(), upper)
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn chunk_iq3_k(x: &[u8], c: usize, b: &Books, upper: __mmask64) -> __m512i {
+    b.lookup(
+        idx_3bit(&x[14..78], &x[78..110], c),
+        _mm512_setzero_si512(),
+        upper,
+    )
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn chunk_iq3_ks(x: &[u8], c: usize, b: &Books, upper: __mmask64) -> __m512i {
+    b.lookup(
+        idx_3bit(&x[6..70], &x[70..102], c),
+        _mm512_setzero_si512(),
+        upper,
+    )
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn chunk_iq4_k(x: &[u8], c: usize, b: &Books, upper: __mmask64) -> __m512i {
+    b.lookup(idx_4bit(&x[16..144], c), _mm512_setzero_si512(), upper)
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn chunk_iq4_ks(x: &[u8], c: usize, b: &Books, upper: __mmask64) -> __m512i {
+    b.lookup(idx_4bit(&x[8..136], c), _mm512_setzero_si512(), upper)
+}
+
+/// IQ5_K / IQ5_KS: nibbles as IQ6_K, fifth bit `2c + L/2` of `qh[16 (L%2) + j]`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn chunk_5bit(qs: &[u8], qh: &[u8], c: usize, b: &Books, upper: __mmask64) -> __m512i {
+    let hi = bits_of_twice(qh, 0, 2 * c as i16, 2 * c as i16 + 1, 1);
+    b.lookup(nibbles_5_6(qs, c), hi, upper)
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn chunk_iq5_k(x: &[u8], c: usize, b: &Books, upper: __mmask64) -> __m512i {
+    chunk_5bit(&x[16..144], &x[144..176], c, b, upper)
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn chunk_iq5_ks(x: &[u8], c: usize, b: &Books, upper: __mmask64) -> __m512i {
+    chunk_5bit(&x[8..136], &x[136..168], c, b, upper)
+}
+
+/// IQ6_K: high bit pair `4 (c%2) + 2 (L/2)` of `qh[32 (c/2) + 16 (L%2) + j]`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn chunk_iq6_k(x: &[u8], c: usize, b: &Books, upper: __mmask64) -> __m512i {
+    let s = 4 * (c % 2) as i16;
+    let hi = bits_of_twice(&x[148..212], 32 * (c / 2), s, s + 2, 3);
+    b.lookup(nibbles_5_6(&x[20..148], c), hi, upper)
+}
+
+super_block_kernel!(dot_iq2_k_imp, iqk::IQ2_K, chunk_iq2_k, scales_iq2_k);
+super_block_kernel!(dot_iq3_k_imp, iqk::IQ3_K, chunk_iq3_k, scales_iq3_k);
+super_block_kernel!(dot_iq4_k_imp, iqk::IQ4_K, chunk_iq4_k, scales_k6);
+super_block_kernel!(dot_iq5_k_imp, iqk::IQ5_K, chunk_iq5_k, scales_k6);
+super_block_kernel!(dot_iq6_k_imp, iqk::IQ6_K, chunk_iq6_k, scales_iq6_k);
+super_block_kernel!(dot_iq2_ks_imp, iqk::IQ2_KS, chunk_iq2_ks, scales_iq2_ks);
+super_block_kernel!(dot_iq3_ks_imp, iqk::IQ3_KS, chunk_iq3_ks, scales_iq3_ks);
+super_block_kernel!(dot_iq4_ks_imp, iqk::IQ4_KS, chunk_iq4_ks, scales_ks);
+super_block_kernel!(dot_iq5_ks_imp, iqk::IQ5_KS, chunk_iq5_ks, scales_ks);
+
+/// Q6_0: per block the 32 six-bit quants (low nibbles, then high; two bits of `qh[e % 8]` on
+/// top, at bit `4 ((e%16)/8) + 2 (e/16)` for value e), `sum (q - 32) a` from two `vpdpbusd`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn dot_q6_0_imp(w: &[u8], a: &[u8]) -> f32 {
+    let m4 = _mm_set1_epi8(0xf);
+    let m3 = _mm256_set1_epi8(3);
+    // i16 lanes 0-3: values 0-7, 4-7: 8-15, 8-11: 16-23, 12-15: 24-31.
+    let shifts = _mm256_setr_epi16(0, 0, 0, 0, 4, 4, 4, 4, 2, 2, 2, 2, 6, 6, 6, 6);
+    let k32 = _mm256_set1_epi8(32);
+    let zero = _mm256_setzero_si256();
+    let mut sum = 0f32;
+    for (x, y) in w.chunks_exact(iqk::Q6_0_BYTES).zip(a.chunks_exact(34)) {
+        let qs = ld128(x, 10);
+        let nib = _mm256_set_m128i(
+            _mm_and_si128(_mm_srli_epi16::<4>(qs), m4),
+            _mm_and_si128(qs, m4),
+        );
+        let qh = u64::from_le_bytes(x[2..10].try_into().unwrap());
+        let h = _mm256_and_si256(_mm256_srlv_epi16(_mm256_set1_epi64x(qh as i64), shifts), m3);
+        let q = _mm256_or_si256(nib, _mm256_slli_epi16::<4>(h));
+        let qy = ld256(y, 2);
+        let p = _mm256_sub_epi32(
+            _mm256_dpbusd_epi32(zero, q, qy),
+            _mm256_dpbusd_epi32(zero, k32, qy),
+        );
+        let p4 = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256::<1>(p));
+        let p2 = _mm_add_epi32(p4, _mm_unpackhi_epi64(p4, p4));
+        let sumi = _mm_cvtsi128_si32(_mm_add_epi32(p2, _mm_shuffle_epi32::<1>(p2)));
+        sum += (h2f(x, 0) * h2f(y, 0)) * sumi as f32;
+    }
+    sum
+}
