@@ -119,7 +119,8 @@ struct Job {
 
 pub fn main(a: Args) -> Result<()> {
     let cmd = parse_command_line(&a)?;
-    let input = GgufFile::open(&a.input).with_context(|| format!("input {}", a.input.display()))?;
+    // (The reader's errors name the file.)
+    let input = GgufFile::open(&a.input).context("input")?;
     let model = model_info(&input).with_context(|| format!("input {}", a.input.display()))?;
 
     let mut imx = match &a.imatrix {
@@ -161,7 +162,7 @@ pub fn main(a: Args) -> Result<()> {
         return dry_run(&input, &jobs, &planner.fallbacks);
     }
 
-    let parts = split_parts(&a, &jobs)?;
+    let parts = split_parts(cmd.split_max_size, a.split_max_tensors, &jobs)?;
     let out_paths: Vec<PathBuf> = if parts.len() == 1 {
         vec![cmd.out.clone()]
     } else {
@@ -255,6 +256,7 @@ struct Command {
     ftype: Ftype,
     ftype_name: &'static str,
     threads: usize,
+    split_max_size: Option<u64>,
     output_tensor_type: Option<GgmlType>,
     token_embedding_type: Option<GgmlType>,
     overrides: Vec<(Regex, GgmlType)>,
@@ -334,11 +336,19 @@ fn parse_command_line(a: &Args) -> Result<Command> {
             )?);
         }
     }
+    if a.split_max_tensors == Some(0) {
+        bail!("--split-max-tensors must be at least 1");
+    }
     Ok(Command {
         out,
         ftype,
         ftype_name,
         threads,
+        split_max_size: a
+            .split_max_size
+            .as_deref()
+            .map(parse_split_size)
+            .transpose()?,
         output_tensor_type: a
             .output_tensor_type
             .as_deref()
@@ -509,10 +519,13 @@ fn check_job(
 }
 
 /// Parts of the output as ranges of jobs (gguf-split's strategy on the output sizes).
-fn split_parts(a: &Args, jobs: &[Job]) -> Result<Vec<std::ops::Range<usize>>> {
+fn split_parts(
+    max_size: Option<u64>,
+    max_tensors: Option<usize>,
+    jobs: &[Job],
+) -> Result<Vec<std::ops::Range<usize>>> {
     let mut starts = vec![0usize];
-    if let Some(s) = &a.split_max_size {
-        let max = parse_split_size(s)?;
+    if let Some(max) = max_size {
         let mut cur = 0u64;
         for (i, j) in jobs.iter().enumerate() {
             let n = j.out_bytes.div_ceil(32) * 32;
@@ -525,10 +538,7 @@ fn split_parts(a: &Args, jobs: &[Job]) -> Result<Vec<std::ops::Range<usize>>> {
                 cur += n;
             }
         }
-    } else if let Some(n) = a.split_max_tensors {
-        if n == 0 {
-            bail!("--split-max-tensors must be at least 1");
-        }
+    } else if let Some(n) = max_tensors.filter(|&n| n > 0) {
         starts.extend((n..jobs.len()).step_by(n));
     }
     if starts.len() as u64 > moxie_gguf::MAX_SPLIT_COUNT {
