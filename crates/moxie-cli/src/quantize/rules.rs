@@ -627,3 +627,265 @@ impl<'a> Planner<'a> {
         Ok(new_type)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use GgmlType as T;
+
+    fn params(ftype: Ftype, overrides: &[(&str, T)]) -> Params {
+        Params {
+            ftype,
+            output_tensor_type: None,
+            token_embedding_type: None,
+            pure: false,
+            quantize_output_tensor: true,
+            overrides: overrides
+                .iter()
+                .map(|(p, t)| (Regex::new(p).unwrap(), *t))
+                .collect(),
+            has_imatrix: false,
+        }
+    }
+
+    fn model(n_layer: u32, n_expert: u32, n_gqa: u32) -> ModelInfo {
+        ModelInfo {
+            arch: "test".into(),
+            n_layer,
+            n_expert,
+            n_gqa,
+            is_70b: false,
+        }
+    }
+
+    /// Types of `(name, dims)` in order, F32 inputs.
+    fn plan(m: &ModelInfo, p: &Params, tensors: &[(&str, &[u64])]) -> Result<Vec<T>> {
+        let mut pl = Planner::new(m, p, tensors.iter().map(|t| t.0));
+        tensors
+            .iter()
+            .map(|(n, d)| pl.target_type(n, d, T::F32))
+            .collect()
+    }
+
+    #[test]
+    fn categories_names_and_order() {
+        assert_eq!(category("blk.0.attn_kv_b.weight"), Category::AttnKvB);
+        assert_eq!(category("blk.0.ffn_up_shexp.weight"), Category::FfnUp);
+        assert_eq!(category("blk.0.ffn_gate_inp.weight"), Category::FfnGate);
+        assert_eq!(category("output.weight"), Category::Output);
+        assert_eq!(category("per_layer_token_embd.weight"), Category::TokenEmbd);
+        assert_eq!(category("blk.0.attn_q_a.weight"), Category::Other);
+        assert_eq!(block_number("blk.12.ffn_up.weight"), Some(12));
+        assert_eq!(block_number("blk.x.ffn_up.weight"), None);
+        assert_eq!(block_number("output.weight"), None);
+        let mut v = [
+            "blk.10.a",
+            "blk.2.b",
+            "token_embd.weight",
+            "output.weight",
+            "blk.2.a",
+        ];
+        v.sort_by(|a, b| tensor_order(a, b));
+        assert_eq!(
+            v,
+            [
+                "output.weight",
+                "token_embd.weight",
+                "blk.2.a",
+                "blk.2.b",
+                "blk.10.a"
+            ]
+        );
+        assert_eq!(n_dims(&[256, 1]), 1);
+        assert_eq!(n_dims(&[256, 1, 8]), 3);
+        assert_eq!(n_dims(&[1]), 1);
+    }
+
+    #[test]
+    fn what_is_quantized() {
+        let p = params(Ftype::Q4_K_M, &[]);
+        let q = |n: &str, d: &[u64]| allows_quantization(&p, "test", n, d);
+        assert!(q("blk.0.ffn_up.weight", &[256, 512]));
+        assert!(!q("blk.0.ffn_up.bias", &[256, 512]));
+        assert!(!q("blk.0.attn_norm.weight", &[256, 1]));
+        assert!(!q("blk.0.attn_q_norm.weight", &[64, 4]));
+        assert!(!q("blk.0.ffn_gate_inp.weight", &[256, 8]));
+        assert!(!q("blk.0.ssm_conv1d.weight", &[4, 256]));
+        assert!(!q("blk.0.ffn_up.weight", &[256, 1]));
+        let leave = Params {
+            quantize_output_tensor: false,
+            ..params(Ftype::Q4_K_M, &[])
+        };
+        assert!(!allows_quantization(
+            &leave,
+            "test",
+            "output.weight",
+            &[256, 512]
+        ));
+        assert!(!allows_quantization(
+            &p,
+            "glm5-next",
+            "blk.0.attn_k_b.weight",
+            &[256, 512]
+        ));
+        assert!(allows_quantization(
+            &p,
+            "deepseek2",
+            "blk.0.attn_k_b.weight",
+            &[256, 512]
+        ));
+    }
+
+    #[test]
+    fn q4_k_m_mix_of_a_dense_model() {
+        // 8 layers: use_more_bits is true for layers 0, 3, 6, 7.
+        let m = model(8, 0, 1);
+        let p = params(Ftype::Q4_K_M, &[]);
+        let mut t: Vec<(String, Vec<u64>)> = vec![
+            ("output.weight".into(), vec![256, 1000]),
+            ("token_embd.weight".into(), vec![256, 1000]),
+        ];
+        for i in 0..8 {
+            t.push((format!("blk.{i}.attn_v.weight"), vec![256, 256]));
+            t.push((format!("blk.{i}.ffn_down.weight"), vec![512, 256]));
+        }
+        let tr: Vec<(&str, &[u64])> = t.iter().map(|(n, d)| (n.as_str(), d.as_slice())).collect();
+        let got = plan(&m, &p, &tr).unwrap();
+        assert_eq!(got[0], T::Q6_K);
+        assert_eq!(got[1], T::Q4_K);
+        let more = [true, false, false, true, false, false, true, true];
+        for i in 0..8 {
+            let want = if more[i] { T::Q6_K } else { T::Q4_K };
+            assert_eq!((got[2 + 2 * i], got[3 + 2 * i]), (want, want), "layer {i}");
+        }
+    }
+
+    #[test]
+    fn eight_experts_and_moe_layers() {
+        let m = model(2, 8, 2);
+        let p = params(Ftype::Q4_K_M, &[]);
+        let got = plan(
+            &m,
+            &p,
+            &[
+                ("blk.0.attn_k.weight", &[256, 128]),
+                ("blk.0.attn_v.weight", &[256, 128]),
+                ("blk.0.attn_output.weight", &[256, 256]),
+                ("blk.1.ffn_down_exps.weight", &[256, 256, 8]),
+            ],
+        )
+        .unwrap();
+        assert_eq!(got, [T::Q8_0, T::Q8_0, T::Q5_K, T::Q6_K]);
+        // MoE layers come from the names, which must be in range.
+        let e = plan(&m, &p, &[("blk.2.ffn_down_exps.weight", &[256, 256, 8])]);
+        assert!(e.unwrap_err().to_string().contains("bad layer 2"));
+    }
+
+    #[test]
+    fn fallbacks_for_short_rows() {
+        let m = model(1, 0, 1);
+        let p = params(Ftype::Q4_K_M, &[]);
+        let mut pl = Planner::new(
+            &m,
+            &p,
+            ["a.weight", "b.weight", "c.weight", "output.weight"],
+        );
+        assert_eq!(
+            pl.target_type("a.weight", &[64, 8], T::F32).unwrap(),
+            T::Q5_0
+        );
+        assert_eq!(
+            pl.target_type("b.weight", &[48, 8], T::F32).unwrap(),
+            T::F16
+        );
+        assert_eq!(
+            pl.target_type("c.weight", &[256, 8], T::F32).unwrap(),
+            T::Q4_K
+        );
+        // output: Q8_0 when the default type's blocks do not fit, no fallback needed.
+        assert_eq!(
+            pl.target_type("output.weight", &[64, 8], T::F32).unwrap(),
+            T::Q8_0
+        );
+        assert_eq!(pl.fallbacks.len(), 2);
+        assert_eq!(
+            (pl.fallbacks[0].wanted, pl.fallbacks[0].got),
+            (T::Q4_K, T::Q5_0)
+        );
+    }
+
+    #[test]
+    fn override_precedence() {
+        let m = model(2, 8, 2);
+        let mut p = params(
+            Ftype::Q4_K_M,
+            &[
+                ("ffn_down", T::Q8_0),
+                ("blk\\.1\\.ffn_down", T::Q2_K),
+                ("embd|output", T::Q4_0),
+            ],
+        );
+        p.token_embedding_type = Some(T::Q6_K);
+        p.output_tensor_type = Some(T::Q5_K);
+        let got = plan(
+            &m,
+            &p,
+            &[
+                ("output.weight", &[256, 64]),
+                ("token_embd.weight", &[256, 64]),
+                ("blk.0.attn_v.weight", &[256, 128]),
+                ("blk.1.ffn_down_exps.weight", &[64, 256, 8]),
+            ],
+        )
+        .unwrap();
+        // The type flags beat the patterns (no fallback for them); the first pattern that
+        // matches wins and then falls back (Q8_0 fits 64); attn_v keeps the mix.
+        assert_eq!(got, [T::Q5_K, T::Q6_K, T::Q8_0, T::Q8_0]);
+        // --pure: no mix, the default type with its fallback.
+        let pure = Params {
+            pure: true,
+            ..params(Ftype::Q4_K_M, &[])
+        };
+        let got = plan(
+            &m,
+            &pure,
+            &[
+                ("blk.0.attn_v.weight", &[256, 128]),
+                ("blk.0.ffn_down_exps.weight", &[64, 256, 8]),
+            ],
+        )
+        .unwrap();
+        assert_eq!(got, [T::Q4_K, T::Q5_0]);
+        // Float file types ignore the patterns.
+        let f16 = params(Ftype::F16, &[("ffn", T::Q4_0)]);
+        assert_eq!(
+            plan(&m, &f16, &[("blk.0.ffn_up_exps.weight", &[256, 256, 8])]).unwrap(),
+            [T::F16]
+        );
+    }
+
+    #[test]
+    fn importance_matrix_rules() {
+        let m = model(8, 0, 1);
+        let mut p = params(Ftype::Q4_0, &[]);
+        let t: [(&str, &[u64]); 1] = [("blk.0.ffn_down.weight", &[256, 256])];
+        assert_eq!(plan(&m, &p, &t).unwrap(), [T::Q4_0]);
+        p.has_imatrix = true;
+        assert_eq!(plan(&m, &p, &t).unwrap(), [T::Q4_1]);
+        assert!(requires_imatrix(
+            "blk.0.ffn_up.weight",
+            T::Q2_K,
+            Ftype::Q2_K_S
+        ));
+        assert!(!requires_imatrix(
+            "blk.0.ffn_up.weight",
+            T::Q2_K,
+            Ftype::Q2_K
+        ));
+        assert!(!requires_imatrix(
+            "output.weight",
+            T::IQ2_XXS,
+            Ftype::IQ2_XXS
+        ));
+    }
+}
