@@ -688,10 +688,10 @@ fn dry_run(input: &GgufFile, jobs: &[Job], fallbacks: &[rules::Fallback]) -> Res
         let t = &input.tensors()[j.src];
         let shape: Vec<String> = t.dims.iter().map(u64::to_string).collect();
         s.push_str(&format!(
-            "[{:>w$}/{n}] {:<40} [{}] {:>7} -> {:<7} {:>10} -> {:>10}{}\n",
+            "[{:>w$}/{n}] {:<40} {:<18} {:>7} -> {:<7} {:>10} -> {:>10}{}\n",
             i + 1,
             t.name,
-            shape.join(", "),
+            format!("[{}]", shape.join(", ")),
             t.ty.name(),
             j.target.name(),
             human_bytes(t.n_bytes),
