@@ -372,6 +372,37 @@ fn split_output_loads_like_the_whole_file() {
     assert_eq!(a, b);
 }
 
+/// `--dry-run` reads only the header, so it plans header-only files of real big models. The
+/// fixture headers hold the types llama-quantize's Q4_K_M rules give DeepSeek-V3 and GLM-4.7
+/// (61 and 92+1 blocks, 256 / 160 experts): planning Q4_K_M again must keep every type.
+#[test]
+fn dry_run_on_real_model_headers_keeps_their_q4_k_m_types() {
+    let Some(fx) = fixtures() else { return };
+    for (stem, n) in [("DeepSeek-V3-671B", 1086), ("GLM-4.7-355B", 1759)] {
+        let h = fx.join(format!("headers/{stem}-Q4_K_M.header.gguf"));
+        let o = moxie_in(
+            &data_dir(),
+            &[
+                "quantize",
+                "--dry-run",
+                "--allow-requantize",
+                h.to_str().unwrap(),
+                "Q4_K_M",
+            ],
+        );
+        assert!(o.status.success(), "{stem}: {}", stderr(&o));
+        let out = String::from_utf8(o.stdout).unwrap();
+        let mut rows = 0;
+        for line in out.lines().filter(|l| l.starts_with('[')) {
+            let w: Vec<&str> = line.split_whitespace().collect();
+            let arrow = w.iter().position(|&x| x == "->").unwrap();
+            assert_eq!(w[arrow - 1], w[arrow + 1], "{stem}: {line}");
+            rows += 1;
+        }
+        assert_eq!(rows, n, "{stem}");
+    }
+}
+
 #[test]
 fn bad_input_gives_clear_errors() {
     let tmp = TempDir::new("errors");

@@ -73,7 +73,8 @@ pub struct Args {
     /// Leave output.weight unquantized.
     #[arg(long)]
     leave_output_tensor: bool,
-    /// Print each tensor's type and size without writing anything.
+    /// Print each tensor's type and size without writing anything (reads only the header:
+    /// works on header-only files).
     #[arg(long)]
     dry_run: bool,
     /// Threads (default: all cores).
@@ -119,8 +120,14 @@ struct Job {
 
 pub fn main(a: Args) -> Result<()> {
     let cmd = parse_command_line(&a)?;
-    // (The reader's errors name the file.)
-    let input = GgufFile::open(&a.input).context("input")?;
+    // (The reader's errors name the file.) A dry run reads no tensor data, so header-only
+    // files (moxie gen --header-only) can be planned too.
+    let input = if a.dry_run {
+        GgufFile::open_header_only(&a.input)
+    } else {
+        GgufFile::open(&a.input)
+    }
+    .context("input")?;
     let model = model_info(&input).with_context(|| format!("input {}", a.input.display()))?;
 
     let mut imx = match &a.imatrix {
@@ -158,6 +165,23 @@ pub fn main(a: Args) -> Result<()> {
         jobs.push(check_job(&a, &params, imx.as_ref(), i, t, target)?);
     }
 
+    if let (Some(_), false) = (&imx, a.quiet) {
+        // llama-quantize notes these too: quantized without importance weights.
+        let missing: Vec<&str> = jobs
+            .iter()
+            .map(|j| &input.tensors()[j.src])
+            .zip(&jobs)
+            .filter(|(t, j)| j.target != t.ty && j.imatrix.is_none())
+            .map(|(t, _)| t.name.as_str())
+            .collect();
+        if !missing.is_empty() {
+            eprintln!(
+                "note: the importance matrix has no weights for {} quantized tensors (quantized without): {}",
+                missing.len(),
+                missing.join(", ")
+            );
+        }
+    }
     if a.dry_run {
         return dry_run(&input, &jobs, &planner.fallbacks);
     }
@@ -185,6 +209,7 @@ pub fn main(a: Args) -> Result<()> {
     let meta = output_metadata(&input, &a, &params, imx.as_ref())?;
     let writers = part_writers(&meta, &input, &jobs, &parts)?;
 
+    let source = Source::open(&input)?;
     let total_in: u64 = jobs.iter().map(|j| input.tensors()[j.src].n_bytes).sum();
     let mut progress = Progress::new(a.quiet, jobs.len(), total_in);
     let mut written = Vec::new();
@@ -196,6 +221,7 @@ pub fn main(a: Args) -> Result<()> {
             for ji in range.clone() {
                 write_tensor(
                     &input,
+                    &source,
                     &jobs[ji],
                     ji,
                     imx.as_ref(),
@@ -714,9 +740,40 @@ fn dry_run(input: &GgufFile, jobs: &[Job], fallbacks: &[rules::Fallback]) -> Res
     crate::emit(&s)
 }
 
+/// Reads tensor data from the input's files by offset. The data is read (not touched through
+/// the reader's mapping) so that only the slabs in hand are resident: a mapped input would
+/// keep every page read so far in this process's memory until the end.
+struct Source {
+    files: Vec<(File, PathBuf)>,
+}
+
+impl Source {
+    fn open(input: &GgufFile) -> Result<Source> {
+        let mut files = Vec::new();
+        for p in input.paths() {
+            let f = File::open(p).with_context(|| format!("input {}: cannot open", p.display()))?;
+            files.push((f, p.clone()));
+        }
+        Ok(Source { files })
+    }
+
+    /// `buf.len()` bytes of `t`'s data from byte `off` of it.
+    fn read(&self, t: &TensorInfo, off: u64, buf: &mut [u8]) -> Result<()> {
+        use std::os::unix::fs::FileExt;
+        let (f, p) = self
+            .files
+            .get(t.split)
+            .with_context(|| format!("tensor {}: no input part {}", t.name, t.split))?;
+        f.read_exact_at(buf, t.file_offset + off)
+            .with_context(|| format!("reading tensor {} from {}", t.name, p.display()))
+    }
+}
+
 /// Streams one tensor: a copy when its type does not change, else quantized in slabs.
+#[allow(clippy::too_many_arguments)]
 fn write_tensor(
     input: &GgufFile,
+    source: &Source,
     job: &Job,
     index: usize,
     imx: Option<&imatrix::Imatrix>,
@@ -726,7 +783,6 @@ fn write_tensor(
 ) -> Result<()> {
     let t = &input.tensors()[job.src];
     let name = &t.name;
-    let src = input.tensor_data(t)?;
     let n_per_row = t.dims[0] as usize;
     let n_rows = t.n_rows() as usize;
     let src_rb = t.row_bytes() as usize;
@@ -739,23 +795,24 @@ fn write_tensor(
         };
         anyhow::anyhow!("tensor {name} has invalid data: {what} non-finite value at {unit} {at}")
     };
-    if src.is_empty() || job.out_bytes == 0 {
+    if t.n_bytes == 0 || job.out_bytes == 0 {
         out.write_tensor(name, &[])?;
         return Ok(());
     }
     if job.target == t.ty {
         // Copied in slabs of whole rows, each validated as llama-quantize does.
         let rows = (SLAB_BYTES / src_rb).max(1);
-        for (k, slab) in src.chunks(rows * src_rb).enumerate() {
-            moxie_quant::validate_row_data(t.ty, slab).map_err(|i| {
-                invalid(
-                    "input",
-                    i + k * rows * (n_per_row / t.ty.block_size()),
-                    t.ty,
-                )
-            })?;
+        let mut buf = vec![0u8; (rows * src_rb).min(t.n_bytes as usize)];
+        let mut off = 0usize;
+        while (off as u64) < t.n_bytes {
+            let n = buf.len().min(t.n_bytes as usize - off);
+            let slab = &mut buf[..n];
+            source.read(t, off as u64, slab)?;
+            moxie_quant::validate_row_data(t.ty, slab)
+                .map_err(|i| invalid("input", i + off / t.ty.type_size(), t.ty))?;
             out.write_tensor_chunk(name, slab)?;
-            progress.advance(index, name, slab.len() as u64);
+            progress.advance(index, name, n as u64);
+            off += n;
         }
         return Ok(());
     }
@@ -784,10 +841,13 @@ fn write_tensor(
         .max(1)
         .min(n_rows.max(1));
     let mut buf = vec![0u8; slab_rows * dst_rb];
+    let mut src_buf = vec![0u8; slab_rows * src_rb];
     let mut r0 = 0;
     while r0 < n_rows {
         let nr = slab_rows.min(n_rows - r0);
-        let src_slab = &src[r0 * src_rb..(r0 + nr) * src_rb];
+        let src_slab = &mut src_buf[..nr * src_rb];
+        source.read(t, (r0 * src_rb) as u64, src_slab)?;
+        let src_slab = &*src_slab;
         moxie_quant::validate_row_data(t.ty, src_slab)
             .map_err(|i| invalid("input", i + r0 * (n_per_row / t.ty.block_size()), t.ty))?;
         let dst_slab = &mut buf[..nr * dst_rb];
