@@ -372,6 +372,46 @@ fn split_output_loads_like_the_whole_file() {
     assert_eq!(a, b);
 }
 
+/// A split input (here an F32 master cut into 3 parts by `moxie quantize ... F32
+/// --split-max-tensors 20`) quantizes to the same bytes as the whole master: the split keys
+/// are dropped and the tensor order does not depend on the parts.
+#[test]
+fn split_input_quantizes_like_the_whole_file() {
+    let Some(fx) = fixtures() else { return };
+    let tmp = TempDir::new("split-input");
+    let master = fx.join("models/deepseek2-tiny-F32.gguf");
+    let o = moxie_in(
+        &tmp.0,
+        &[
+            "quantize",
+            "-q",
+            "--split-max-tensors",
+            "20",
+            master.to_str().unwrap(),
+            "f32.gguf",
+            "F32",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = moxie_in(
+        &tmp.0,
+        &[
+            "quantize",
+            "-q",
+            "f32-00002-of-00003.gguf",
+            "q.gguf",
+            "Q4_K_M",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let got = std::fs::read(tmp.0.join("q.gguf")).unwrap();
+    let want = std::fs::read(fx.join("models/deepseek2-tiny-Q4_K_M.gguf")).unwrap();
+    assert!(
+        got == want,
+        "differs from llama-quantize's deepseek2-tiny-Q4_K_M.gguf"
+    );
+}
+
 /// `--dry-run` reads only the header, so it plans header-only files of real big models. The
 /// fixture headers hold the types llama-quantize's Q4_K_M rules give DeepSeek-V3 and GLM-4.7
 /// (61 and 92+1 blocks, 256 / 160 experts): planning Q4_K_M again must keep every type.
