@@ -113,7 +113,7 @@ struct Job {
     /// Index into the input's tensor list.
     src: usize,
     target: GgmlType,
-    /// Importance weights (`n_per_row * n_expert`) when used for this tensor.
+    /// The importance-matrix entry (`n_per_row * n_expert` weights) used for this tensor.
     imatrix: Option<String>,
     out_bytes: u64,
 }
@@ -216,8 +216,9 @@ pub fn main(a: Args) -> Result<()> {
     let res = (|| -> Result<()> {
         for (pi, (w, range)) in writers.iter().zip(&parts).enumerate() {
             let path = &out_paths[pi];
-            written.push(path.clone());
             let mut s = w.begin(path)?;
+            // Only files this run created are removed on failure.
+            written.push(path.clone());
             for ji in range.clone() {
                 write_tensor(
                     &input,
