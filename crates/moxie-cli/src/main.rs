@@ -6,6 +6,7 @@ mod gen;
 mod inspect;
 mod placement_args;
 mod plan;
+mod quantize;
 mod run;
 mod serve;
 mod sweep_bench;
@@ -38,6 +39,9 @@ enum Cmd {
     Tokenize(tokenize::Args),
     /// Write a synthetic model with random weights (for tests and benchmarks).
     Gen(gen::Args),
+    /// Quantize a GGUF like llama-quantize (same arguments, type mixes, --tensor-type,
+    /// --imatrix; byte-identical output), streaming, optionally split into parts.
+    Quantize(quantize::Args),
     /// Measure prompt processing and generation speed (llama-bench's flags and output).
     Bench(bench::Args),
     /// Prompt processing and generation speed over a growing context (ik_llama.cpp's
@@ -86,6 +90,7 @@ fn main() -> ExitCode {
         Cmd::Logits(a) => run::logits(a, subcommand(&matches, "logits")),
         Cmd::Tokenize(a) => tokenize::main(a),
         Cmd::Gen(a) => gen::main(a),
+        Cmd::Quantize(a) => quantize::main(a),
         Cmd::Bench(a) => bench::main(a, subcommand(&matches, "bench")),
         Cmd::SweepBench(a) => sweep_bench::main(a),
         Cmd::Plan(a) => plan::main(a, subcommand(&matches, "plan")),

@@ -174,6 +174,38 @@ impl GgufWriter {
         Ok(())
     }
 
+    /// Sets `key` as ggml's `gguf_set_val_*` does: an existing pair is removed and the new one
+    /// appended, so the key moves to the end (llama-quantize's output order depends on it).
+    pub fn set(&mut self, key: &str, value: impl Into<Value>) -> Result<(), GgufError> {
+        let old = self.remove(key);
+        let res = self.add(key, value);
+        if res.is_err() {
+            if let Some(v) = old {
+                // Put the old pair back (at the end) so a rejected value changes nothing else.
+                let _ = self.add(key, v);
+            }
+        }
+        res
+    }
+
+    /// Removes `key` and returns its value. Removing `general.alignment` restores the default
+    /// alignment.
+    pub fn remove(&mut self, key: &str) -> Option<Value> {
+        let i = self.keys.remove(key)?;
+        let (_, v) = self.metadata.remove(i);
+        for idx in self.keys.values_mut() {
+            if *idx > i {
+                *idx -= 1;
+            }
+        }
+        if key == KEY_ALIGNMENT {
+            self.alignment = DEFAULT_ALIGNMENT;
+            // Offsets only shrink with a smaller alignment; they fitted before.
+            let _ = self.recompute_offsets();
+        }
+        Some(v)
+    }
+
     /// Metadata pairs in insertion order.
     pub fn metadata(&self) -> impl Iterator<Item = (&str, &Value)> {
         self.metadata.iter().map(|(k, v)| (k.as_str(), v))

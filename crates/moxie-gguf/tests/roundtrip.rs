@@ -299,6 +299,35 @@ fn writer_rejects_bad_input() {
 }
 
 #[test]
+fn set_moves_the_key_to_the_end_and_remove_drops_it() {
+    let mut w = GgufWriter::new();
+    w.add("a", Value::U8(1)).unwrap();
+    w.add("b", Value::U8(2)).unwrap();
+    w.add("c", Value::U8(3)).unwrap();
+    w.set("a", Value::U32(4)).unwrap();
+    w.set("d", Value::U8(5)).unwrap();
+    let keys: Vec<&str> = w.metadata().map(|(k, _)| k).collect();
+    assert_eq!(keys, ["b", "c", "a", "d"]);
+    assert_eq!(w.get("a"), Some(&Value::U32(4)));
+    assert_eq!(w.remove("c"), Some(Value::U8(3)));
+    assert_eq!(w.remove("c"), None);
+    let keys: Vec<&str> = w.metadata().map(|(k, _)| k).collect();
+    assert_eq!(keys, ["b", "a", "d"]);
+    assert_eq!(w.get("d"), Some(&Value::U8(5)));
+    // A rejected value leaves the key set.
+    assert!(w.set("general.alignment", Value::U32(3)).is_err());
+    w.set("general.alignment", Value::U32(64)).unwrap();
+    assert!(w.set("general.alignment", Value::U8(64)).is_err());
+    assert_eq!(w.get("general.alignment"), Some(&Value::U32(64)));
+    assert_eq!(w.alignment(), 64);
+    w.remove("general.alignment");
+    assert_eq!(w.alignment(), 32);
+    let f = GgufFile::from_bytes("set", w.write_to_bytes(|_| vec![]).unwrap()).unwrap();
+    let keys: Vec<&str> = f.metadata().keys().collect();
+    assert_eq!(keys, ["b", "a", "d"]);
+}
+
+#[test]
 fn streaming_writer_matches_in_memory_and_checks_order() {
     let w = small_writer();
     let want = w.write_to_bytes(pattern).unwrap();

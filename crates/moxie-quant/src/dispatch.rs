@@ -27,6 +27,18 @@ pub type DequantizeFn = fn(src: &[u8], dst: &mut [f32]);
 pub type QuantizeFn = fn(src: &[f32], dst: &mut [u8]);
 /// Dot product of `n` elements: `w` in the weight type, `a` in its `vec_dot_type`.
 pub type VecDotFn = fn(n: usize, w: &[u8], a: &[u8]) -> f32;
+pub use crate::weighted::QuantizeImatrixFn;
+
+/// What llama-quantize does with a type when it has an importance matrix.
+#[derive(Clone, Copy, Debug)]
+pub enum ImatrixQuantizer {
+    /// The quantizer takes the matrix and ignores it (Q8_0) or there is nothing to weigh
+    /// (F32 / F16 / BF16 conversions): the result is [`quantize_weights_fn`]'s.
+    Ignores,
+    /// `quantize_<type>(src, dst, nrow, n_per_row, quant_weights)`, one row at a time: the
+    /// row and its `n_per_row` importance weights.
+    Weighted(QuantizeImatrixFn),
+}
 
 /// Errors of the checked entry points.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -115,6 +127,48 @@ pub fn quantize_fn(ty: GgmlType) -> Option<QuantizeFn> {
 /// weight files (`quantize_row_*_ref`; for IQ4_NL `quantize_iq4_nl` with `ntry = 7`).
 pub fn quantize_weights_fn(ty: GgmlType) -> Option<QuantizeFn> {
     row(ty).rows.as_ref()?.quantize_weights
+}
+
+/// What llama-quantize runs for `ty` given an importance matrix, or `None` where moxie has not
+/// ported it (callers must then refuse the matrix rather than ignore it).
+pub fn quantize_weights_imatrix(ty: GgmlType) -> Option<ImatrixQuantizer> {
+    row(ty).rows.as_ref()?.quantize_imatrix
+}
+
+/// Whether a row of type `ty` holds only finite values where ggml checks them
+/// (`ggml_validate_row_data`: every element of F32 / F16 / BF16 / F64, the f16 scales of
+/// quantized blocks). Returns the index of the first offending element or block. `data` must
+/// be whole blocks.
+pub fn validate_row_data(ty: GgmlType, data: &[u8]) -> Result<(), usize> {
+    let ts = ty.type_size();
+    match ty {
+        GgmlType::F32 => data
+            .chunks_exact(4)
+            .position(|c| !f32::from_le_bytes([c[0], c[1], c[2], c[3]]).is_finite())
+            .map_or(Ok(()), Err),
+        GgmlType::F64 => data
+            .chunks_exact(8)
+            .position(|c| !f64::from_le_bytes(c.try_into().unwrap_or([0; 8])).is_finite())
+            .map_or(Ok(()), Err),
+        // Exponent all ones: infinity or NaN.
+        GgmlType::F16 => data
+            .chunks_exact(2)
+            .position(|c| u16::from_le_bytes([c[0], c[1]]) & 0x7c00 == 0x7c00)
+            .map_or(Ok(()), Err),
+        GgmlType::BF16 => data
+            .chunks_exact(2)
+            .position(|c| u16::from_le_bytes([c[0], c[1]]) & 0x7f80 == 0x7f80)
+            .map_or(Ok(()), Err),
+        _ => {
+            let offs = ty.f16_scale_offsets();
+            data.chunks_exact(ts)
+                .position(|b| {
+                    offs.iter()
+                        .any(|&o| u16::from_le_bytes([b[o], b[o + 1]]) & 0x7c00 == 0x7c00)
+                })
+                .map_or(Ok(()), Err)
+        }
+    }
 }
 
 /// Scalar reference dot product for weight type `ty` (ggml's `*_generic` kernels).

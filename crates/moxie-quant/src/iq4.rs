@@ -10,8 +10,8 @@
 //! |        |       | of 32, 6-bit scale `ls = lo4 + 16 * hi2`,                 |
 //! |        |       | value `d * (ls - 32) * kv[q]`                             |
 //!
-//! Ports of ggml-quants.c `dequantize_row_iq4_nl/xs`, `quantize_row_iq4_nl_impl` (no importance
-//! matrix) and ggml-cpu/quants.c `ggml_vec_dot_iq4_nl_q8_0_generic` /
+//! Ports of ggml-quants.c `dequantize_row_iq4_nl/xs`, `quantize_row_iq4_nl_impl` (with and
+//! without an importance matrix) and ggml-cpu/quants.c `ggml_vec_dot_iq4_nl_q8_0_generic` /
 //! `ggml_vec_dot_iq4_xs_q8_K_generic`.
 //!
 //! Two IQ4_NL quantizers exist in ggml and they differ: `quantize_row_iq4_nl_ref` (what the CPU
@@ -110,11 +110,23 @@ struct Iq4Out {
     scales_l: [u8; 4],
 }
 
-/// `quantize_row_iq4_nl_impl` without importance weights, `block_size = 32`, for a super-block
-/// of 32 (IQ4_NL) or 256 (IQ4_XS) values. `l` persists between calls like the C stack buffer
-/// (matters only for all-zero IQ4_NL blocks with `ntry <= 0`).
-fn quantize_iq4_impl(x: &[f32], q4: &mut [u8], l: &mut [u8], ntry: i32) -> Iq4Out {
+/// `quantize_row_iq4_nl_impl`, `block_size = 32`, for a super-block of 32 (IQ4_NL) or 256
+/// (IQ4_XS) values, with importance weights `qw` (the super-block's slice) or without (`x^2`).
+/// `l` persists between calls like the C stack buffer (matters only for all-zero IQ4_NL
+/// blocks with `ntry <= 0`).
+fn quantize_iq4_impl(
+    x: &[f32],
+    q4: &mut [u8],
+    l: &mut [u8],
+    ntry: i32,
+    qw: Option<&[f32]>,
+) -> Iq4Out {
     let super_block_size = x.len();
+    let mut sigma2 = 0f32;
+    for v in x {
+        sigma2 += v * v;
+    }
+    sigma2 *= 2.0 / super_block_size as f32;
     let values = &KVALUES_IQ4NL;
     let nblocks = super_block_size / 32;
     let mut scales = [0f32; QK_K / 32];
@@ -131,8 +143,18 @@ fn quantize_iq4_impl(x: &[f32], q4: &mut [u8], l: &mut [u8], ntry: i32) -> Iq4Ou
     for ib in 0..nblocks {
         let xb = &x[32 * ib..32 * ib + 32];
         let lb = &mut l[32 * ib..32 * ib + 32];
-        for (w, v) in weight.iter_mut().zip(xb) {
-            *w = v * v;
+        match qw {
+            Some(qw) => {
+                let qwb = &qw[32 * ib..32 * ib + 32];
+                for j in 0..32 {
+                    weight[j] = qwb[j] * (sigma2 + xb[j] * xb[j]).sqrt();
+                }
+            }
+            None => {
+                for (w, v) in weight.iter_mut().zip(xb) {
+                    *w = v * v;
+                }
+            }
         }
         let mut amax = 0f32;
         let mut max = 0f32;
@@ -236,38 +258,56 @@ fn quantize_iq4_impl(x: &[f32], q4: &mut [u8], l: &mut [u8], ntry: i32) -> Iq4Ou
     out
 }
 
-fn quantize_iq4_nl_with(src: &[f32], dst: &mut [u8], ntry: i32) {
+fn quantize_iq4_nl_with(src: &[f32], dst: &mut [u8], ntry: i32, qw: Option<&[f32]>) {
     let nb = src.len() / QK4_NL;
     let mut l = [0u8; QK4_NL];
-    for (x, y) in src
+    for (ib, (x, y)) in src
         .chunks_exact(QK4_NL)
         .zip(dst[..nb * IQ4_NL_BYTES].chunks_exact_mut(IQ4_NL_BYTES))
+        .enumerate()
     {
-        let out = quantize_iq4_impl(x, &mut y[2..18], &mut l, ntry);
+        let qwb = qw.map(|w| &w[QK4_NL * ib..QK4_NL * (ib + 1)]);
+        let out = quantize_iq4_impl(x, &mut y[2..18], &mut l, ntry, qwb);
         wr_u16(y, 0, out.dh);
     }
 }
 
 /// Quantize a row to IQ4_NL as llama-quantize does (`quantize_iq4_nl`, no imatrix, `ntry = 7`).
 pub fn quantize_row_iq4_nl(src: &[f32], dst: &mut [u8]) {
-    quantize_iq4_nl_with(src, dst, 7);
+    quantize_iq4_nl_with(src, dst, 7, None);
 }
 
 /// Quantize a row to IQ4_NL with `quantize_row_iq4_nl_ref` (`ntry = -1`), which is what
 /// ggml-cpu's `from_float` for IQ4_NL runs.
 pub fn quantize_row_iq4_nl_ref(src: &[f32], dst: &mut [u8]) {
-    quantize_iq4_nl_with(src, dst, -1);
+    quantize_iq4_nl_with(src, dst, -1, None);
+}
+
+/// Quantize a row to IQ4_NL with importance weights (`quantize_iq4_nl` with `quant_weights`).
+pub fn quantize_row_iq4_nl_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
+    quantize_iq4_nl_with(src, dst, 7, Some(qw));
 }
 
 /// Quantize a row to IQ4_XS (`quantize_iq4_xs` / `quantize_row_iq4_xs_ref`, no imatrix).
 pub fn quantize_row_iq4_xs(src: &[f32], dst: &mut [u8]) {
+    quantize_iq4_xs_with(src, dst, None);
+}
+
+/// Quantize a row to IQ4_XS with importance weights (`quantize_iq4_xs` with `quant_weights`).
+pub fn quantize_row_iq4_xs_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
+    quantize_iq4_xs_with(src, dst, Some(qw));
+}
+
+fn quantize_iq4_xs_with(src: &[f32], dst: &mut [u8], qw: Option<&[f32]>) {
     let nb = src.len() / QK_K;
     let mut l = [0u8; QK_K];
-    for (x, y) in src
+    for (ib, (x, y)) in src
         .chunks_exact(QK_K)
         .zip(dst[..nb * IQ4_XS_BYTES].chunks_exact_mut(IQ4_XS_BYTES))
+        .enumerate()
     {
-        let out = quantize_iq4_impl(x, &mut y[8..136], &mut l, 7);
+        let qwb = qw.map(|w| &w[QK_K * ib..QK_K * (ib + 1)]);
+        let out = quantize_iq4_impl(x, &mut y[8..136], &mut l, 7, qwb);
         wr_u16(y, 0, out.dh);
         wr_u16(y, 2, out.scales_h);
         y[4..8].copy_from_slice(&out.scales_l);

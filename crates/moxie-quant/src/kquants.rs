@@ -33,13 +33,20 @@ pub const Q5_K_BYTES: usize = 176;
 pub const Q6_K_BYTES: usize = 210;
 pub const Q8_K_BYTES: usize = 292;
 
-const GROUP_MAX_EPS: f32 = 1e-15;
+pub(crate) const GROUP_MAX_EPS: f32 = 1e-15;
 
 // ---------------------------------------------------------------------------------------------
 // quantization helpers (ggml-quants.c)
 
-/// `make_qx_quants` (used by Q6_K with `rmse_type = 1` and no importance weights).
-fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8], rmse_type: i32) -> f32 {
+/// `make_qx_quants`: symmetric scale search; `qw` are importance weights (`None`: weights from
+/// `rmse_type`). Used by Q6_K and, with weights, by the importance-matrix quantizers.
+pub(crate) fn make_qx_quants(
+    nmax: i32,
+    x: &[f32],
+    l_out: &mut [i8],
+    rmse_type: i32,
+    qw: Option<&[f32]>,
+) -> f32 {
     let n = x.len();
     let mut max = 0f32;
     let mut amax = 0f32;
@@ -68,12 +75,14 @@ fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8], rmse_type: i32) -> f32
         rmse_type = -rmse_type;
         return_early = true;
     }
-    let weight = |xi: f32| -> f32 {
-        match rmse_type {
-            1 => xi * xi,
-            2 => 1.0,
-            3 => xi.abs(),
-            _ => xi.abs().sqrt(),
+    let weight = |i: usize| -> f32 {
+        let xi = x[i];
+        match (qw, rmse_type) {
+            (Some(qw), _) => qw[i],
+            (None, 1) => xi * xi,
+            (None, 2) => 1.0,
+            (None, 3) => xi.abs(),
+            (None, _) => xi.abs().sqrt(),
         }
     };
     let mut sumlx = 0f32;
@@ -82,7 +91,7 @@ fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8], rmse_type: i32) -> f32
         let mut l = nearest_int(iscale * x[i]);
         l = (-nmax).max((nmax - 1).min(l));
         l_out[i] = (l + nmax) as i8;
-        let w = weight(x[i]);
+        let w = weight(i);
         let lf = l as f32;
         sumlx += w * x[i] * lf;
         suml2 += w * lf * lf;
@@ -106,7 +115,7 @@ fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8], rmse_type: i32) -> f32
         for i in 0..n {
             let mut l = nearest_int(iscale * x[i]);
             l = (-nmax).max((nmax - 1).min(l));
-            let w = weight(x[i]);
+            let w = weight(i);
             let lf = l as f32;
             sumlx += w * x[i] * lf;
             suml2 += w * lf * lf;
@@ -977,6 +986,7 @@ pub fn quantize_row_q6_k(src: &[f32], dst: &mut [u8]) {
                 &x[16 * ib..16 * ib + 16],
                 &mut l[16 * ib..16 * ib + 16],
                 1,
+                None,
             );
             scales[ib] = scale;
             let abs_scale = scale.abs();

@@ -12,6 +12,8 @@
 //! * [`iq2_3`]: IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS (read and computed with, not written);
 //! * [`iq3s`]: IQ3_S; [`iq1`]: IQ1_S, IQ1_M (code books in [`iq_grids`]);
 //! * [`iqk`]: ik_llama.cpp's types IQ2_K .. IQ6_K, IQ2_KS .. IQ5_KS and Q6_0;
+//! * [`weighted`]: llama-quantize's quantizers given an importance matrix (K-quants, Q4_0..Q5_1;
+//!   IQ4_NL / IQ4_XS's are in `iq4`), [`quantize_weights_imatrix`] per type;
 //! * `table`: the type table, one row per type with everything about it (layout, kernels);
 //! * [`dispatch`]: the per-type entry points over it, run-time SIMD selection and checked
 //!   wrappers;
@@ -30,6 +32,9 @@
 //!   every SIMD dot == ggml's x86 dot as built on the golden (Intel AVX-512) machine.
 //! * `ggml_tiled_golden.rs`: [`tiled_dot_fn`] bit-exact against ggml's tiled K-quant / IQ matmul
 //!   (`ggml-cpu/tiled/`, generator `tests/data/gen_tiled.c`) through `mul_mat` and `mul_mat_id`.
+//! * `imatrix_golden.rs`: the importance-matrix quantizers ([`quantize_weights_imatrix`])
+//!   bit-exact against ggml's `quantize_<type>(..., quant_weights)` (generator
+//!   `tests/data/gen_imatrix_golden.c`).
 //! * `known_answers.rs`: hand-built blocks of every type with per-element expected values.
 //! * `roundtrip.rs`: round-trip error bounds and `vec_dot` vs the f64 dot of dequantized data.
 //! * `simd_props.rs`: proptest of every SIMD kernel against the scalar reference.
@@ -59,11 +64,13 @@ mod table;
 pub mod tiled;
 pub mod tinyblas;
 pub mod types;
+pub mod weighted;
 
 pub use dispatch::{
     dequantize_fn, dequantize_row, hardware_simd_level, quantize_fn, quantize_fn_for_level,
-    quantize_row, quantize_weights_fn, quantize_weights_row, simd_level, vec_dot, vec_dot_fn,
-    vec_dot_fn_for_level, vec_dot_type, DequantizeFn, QuantError, QuantizeFn, SimdLevel, VecDotFn,
+    quantize_row, quantize_weights_fn, quantize_weights_imatrix, quantize_weights_row, simd_level,
+    validate_row_data, vec_dot, vec_dot_fn, vec_dot_fn_for_level, vec_dot_type, DequantizeFn,
+    ImatrixQuantizer, QuantError, QuantizeFn, QuantizeImatrixFn, SimdLevel, VecDotFn,
 };
 pub use f16::{bf16_to_f32, f32_to_bf16, f32_to_fp16, fp16_to_f32};
 pub use f32gemm::{gemm_f32_ab, gemm_f32_abt};

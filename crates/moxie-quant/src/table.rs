@@ -12,7 +12,7 @@
 //! `type_traits_cpu` (`vec_dot_type`, `from_float`), `llamafile/sgemm.cpp` and
 //! `ggml-cpu/tiled/` (which types take which batched path), as listed in each kernel module.
 
-use crate::dispatch::{DequantizeFn, QuantizeFn, SimdLevel, VecDotFn};
+use crate::dispatch::{DequantizeFn, ImatrixQuantizer, QuantizeFn, SimdLevel, VecDotFn};
 use crate::gemm::{self, GemmLayout};
 #[cfg(target_arch = "x86_64")]
 use crate::simd::x86_avx2_iq1_iq3s as avx2_iq;
@@ -20,7 +20,7 @@ use crate::simd::x86_avx2_iq1_iq3s as avx2_iq;
 use crate::simd::{x86_avx2 as avx2, x86_avx512 as avx512, x86_avx512_iqk as avx512_iqk};
 use crate::tiled::{self, DotManyFn};
 use crate::types::{GgmlType, QK_K};
-use crate::{bf16, f16, iq1, iq2_3, iq3s, iq4, iqk, kquants, legacy, tinyblas};
+use crate::{bf16, f16, iq1, iq2_3, iq3s, iq4, iqk, kquants, legacy, tinyblas, weighted};
 
 /// `Some(kernel)` of the x86-64 SIMD modules; `None` when building for another architecture
 /// (the kernel's path is then never resolved).
@@ -70,6 +70,8 @@ pub(crate) struct Rows {
     /// What llama-quantize writes without an importance matrix (`quantize_row_*_ref`), where
     /// moxie has that quantizer.
     pub quantize_weights: Option<QuantizeFn>,
+    /// What llama-quantize does with an importance matrix, where moxie has ported it.
+    pub quantize_imatrix: Option<ImatrixQuantizer>,
 }
 
 /// Dot products with weights of a type.
@@ -157,6 +159,15 @@ const fn conversions(
             avx512,
         }),
         quantize_weights: Some(quantize),
+        quantize_imatrix: None,
+    }
+}
+
+/// `rows` whose importance-matrix quantizer is `weighted` (or that ignore the matrix).
+const fn with_imatrix(rows: Rows, imatrix: ImatrixQuantizer) -> Rows {
+    Rows {
+        quantize_imatrix: Some(imatrix),
+        ..rows
     }
 }
 
@@ -166,6 +177,7 @@ const fn dequantize_only(dequantize: DequantizeFn) -> Rows {
         dequantize,
         quantize: None,
         quantize_weights: None,
+        quantize_imatrix: None,
     }
 }
 
@@ -241,11 +253,9 @@ use GgmlType as T;
 /// Every type, in id order.
 const ROWS: [TypeRow; 53] = [
     TypeRow {
-        rows: Some(conversions(
-            f16::dequantize_row_f32,
-            f16::quantize_row_f32,
-            None,
-            None,
+        rows: Some(with_imatrix(
+            conversions(f16::dequantize_row_f32, f16::quantize_row_f32, None, None),
+            ImatrixQuantizer::Ignores,
         )),
         dot: Some(Dot {
             tinyblas: tinyblas(tinyblas::dot_f32, None, 16),
@@ -259,11 +269,9 @@ const ROWS: [TypeRow; 53] = [
         ..layout(T::F32, "F32", 1, 4)
     },
     TypeRow {
-        rows: Some(conversions(
-            f16::dequantize_row_f16,
-            f16::quantize_row_f16,
-            None,
-            None,
+        rows: Some(with_imatrix(
+            conversions(f16::dequantize_row_f16, f16::quantize_row_f16, None, None),
+            ImatrixQuantizer::Ignores,
         )),
         dot: Some(Dot {
             tinyblas: tinyblas(tinyblas::dot_f16, None, 16),
@@ -278,11 +286,14 @@ const ROWS: [TypeRow; 53] = [
     },
     TypeRow {
         f16_scales: &[0],
-        rows: Some(conversions(
-            legacy::dequantize_row_q4_0,
-            legacy::quantize_row_q4_0,
-            None,
-            None,
+        rows: Some(with_imatrix(
+            conversions(
+                legacy::dequantize_row_q4_0,
+                legacy::quantize_row_q4_0,
+                None,
+                None,
+            ),
+            ImatrixQuantizer::Weighted(weighted::quantize_row_q4_0_imatrix),
         )),
         dot: Some(Dot {
             tinyblas: tinyblas(tinyblas::dot_q4_0, Some(tinyblas::many_q4_0), 1),
@@ -304,11 +315,14 @@ const ROWS: [TypeRow; 53] = [
     },
     TypeRow {
         f16_scales: &[0, 2],
-        rows: Some(conversions(
-            legacy::dequantize_row_q4_1,
-            legacy::quantize_row_q4_1,
-            None,
-            None,
+        rows: Some(with_imatrix(
+            conversions(
+                legacy::dequantize_row_q4_1,
+                legacy::quantize_row_q4_1,
+                None,
+                None,
+            ),
+            ImatrixQuantizer::Weighted(weighted::quantize_row_q4_1_imatrix),
         )),
         dot: Some(dot(
             T::Q8_1,
@@ -320,11 +334,14 @@ const ROWS: [TypeRow; 53] = [
     },
     TypeRow {
         f16_scales: &[0],
-        rows: Some(conversions(
-            legacy::dequantize_row_q5_0,
-            legacy::quantize_row_q5_0,
-            None,
-            None,
+        rows: Some(with_imatrix(
+            conversions(
+                legacy::dequantize_row_q5_0,
+                legacy::quantize_row_q5_0,
+                None,
+                None,
+            ),
+            ImatrixQuantizer::Weighted(weighted::quantize_row_q5_0_imatrix),
         )),
         dot: Some(Dot {
             tinyblas: tinyblas(tinyblas::dot_q5_0, Some(tinyblas::many_q5_0), 1),
@@ -346,11 +363,14 @@ const ROWS: [TypeRow; 53] = [
     },
     TypeRow {
         f16_scales: &[0, 2],
-        rows: Some(conversions(
-            legacy::dequantize_row_q5_1,
-            legacy::quantize_row_q5_1,
-            None,
-            None,
+        rows: Some(with_imatrix(
+            conversions(
+                legacy::dequantize_row_q5_1,
+                legacy::quantize_row_q5_1,
+                None,
+                None,
+            ),
+            ImatrixQuantizer::Weighted(weighted::quantize_row_q5_1_imatrix),
         )),
         dot: Some(dot(
             T::Q8_1,
@@ -366,6 +386,8 @@ const ROWS: [TypeRow; 53] = [
             // Activations round half to even with `id = 127/amax` (x86); llama-quantize
             // writes the reference rounding.
             quantize_weights: Some(legacy::quantize_row_q8_0_ref),
+            // `quantize_q8_0` takes the weights and ignores them.
+            quantize_imatrix: Some(ImatrixQuantizer::Ignores),
             ..conversions(
                 legacy::dequantize_row_q8_0,
                 legacy::quantize_row_q8_0,
@@ -407,11 +429,14 @@ const ROWS: [TypeRow; 53] = [
     TypeRow {
         f16_scales: &[80, 82],
         ggml_tiled: true,
-        rows: Some(conversions(
-            kquants::dequantize_row_q2_k,
-            kquants::quantize_row_q2_k,
-            None,
-            None,
+        rows: Some(with_imatrix(
+            conversions(
+                kquants::dequantize_row_q2_k,
+                kquants::quantize_row_q2_k,
+                None,
+                None,
+            ),
+            ImatrixQuantizer::Weighted(weighted::quantize_row_q2_k_imatrix),
         )),
         dot: Some(Dot {
             tiled: tiled(tiled::dot_q2_k, tiled::many_q2_k),
@@ -427,11 +452,14 @@ const ROWS: [TypeRow; 53] = [
     TypeRow {
         f16_scales: &[108],
         ggml_tiled: true,
-        rows: Some(conversions(
-            kquants::dequantize_row_q3_k,
-            kquants::quantize_row_q3_k,
-            None,
-            None,
+        rows: Some(with_imatrix(
+            conversions(
+                kquants::dequantize_row_q3_k,
+                kquants::quantize_row_q3_k,
+                None,
+                None,
+            ),
+            ImatrixQuantizer::Weighted(weighted::quantize_row_q3_k_imatrix),
         )),
         dot: Some(Dot {
             tiled: tiled(tiled::dot_q3_k, tiled::many_q3_k),
@@ -447,11 +475,14 @@ const ROWS: [TypeRow; 53] = [
     TypeRow {
         f16_scales: &[0, 2],
         ggml_tiled: true,
-        rows: Some(conversions(
-            kquants::dequantize_row_q4_k,
-            kquants::quantize_row_q4_k,
-            None,
-            None,
+        rows: Some(with_imatrix(
+            conversions(
+                kquants::dequantize_row_q4_k,
+                kquants::quantize_row_q4_k,
+                None,
+                None,
+            ),
+            ImatrixQuantizer::Weighted(weighted::quantize_row_q4_k_imatrix),
         )),
         dot: Some(Dot {
             tiled: tiled(tiled::dot_q4_k, tiled::many_q4_k),
@@ -474,11 +505,14 @@ const ROWS: [TypeRow; 53] = [
     TypeRow {
         f16_scales: &[0, 2],
         ggml_tiled: true,
-        rows: Some(conversions(
-            kquants::dequantize_row_q5_k,
-            kquants::quantize_row_q5_k,
-            None,
-            None,
+        rows: Some(with_imatrix(
+            conversions(
+                kquants::dequantize_row_q5_k,
+                kquants::quantize_row_q5_k,
+                None,
+                None,
+            ),
+            ImatrixQuantizer::Weighted(weighted::quantize_row_q5_k_imatrix),
         )),
         dot: Some(Dot {
             tiled: tiled(tiled::dot_q5_k, tiled::many_q5_k),
@@ -501,11 +535,14 @@ const ROWS: [TypeRow; 53] = [
     TypeRow {
         f16_scales: &[208],
         ggml_tiled: true,
-        rows: Some(conversions(
-            kquants::dequantize_row_q6_k,
-            kquants::quantize_row_q6_k,
-            None,
-            None,
+        rows: Some(with_imatrix(
+            conversions(
+                kquants::dequantize_row_q6_k,
+                kquants::quantize_row_q6_k,
+                None,
+                None,
+            ),
+            ImatrixQuantizer::Weighted(weighted::quantize_row_q6_k_imatrix),
         )),
         dot: Some(Dot {
             tiled: tiled(tiled::dot_q6_k, tiled::many_q6_k),
@@ -629,6 +666,7 @@ const ROWS: [TypeRow; 53] = [
             // llama-quantize searches 7 scales (`quantize_iq4_nl`); `from_float` is the
             // reference quantizer.
             quantize_weights: Some(iq4::quantize_row_iq4_nl),
+            quantize_imatrix: Some(ImatrixQuantizer::Weighted(iq4::quantize_row_iq4_nl_imatrix)),
             ..conversions(
                 iq4::dequantize_row_iq4_nl,
                 iq4::quantize_row_iq4_nl_ref,
@@ -694,11 +732,14 @@ const ROWS: [TypeRow; 53] = [
     TypeRow {
         f16_scales: &[0],
         ggml_tiled: true,
-        rows: Some(conversions(
-            iq4::dequantize_row_iq4_xs,
-            iq4::quantize_row_iq4_xs,
-            None,
-            None,
+        rows: Some(with_imatrix(
+            conversions(
+                iq4::dequantize_row_iq4_xs,
+                iq4::quantize_row_iq4_xs,
+                None,
+                None,
+            ),
+            ImatrixQuantizer::Weighted(iq4::quantize_row_iq4_xs_imatrix),
         )),
         dot: Some(Dot {
             tiled: tiled(tiled::dot_iq4_xs, tiled::many_iq4_xs),
@@ -739,11 +780,9 @@ const ROWS: [TypeRow; 53] = [
         ..layout(T::IQ1_M, "IQ1_M", QK_K, 56)
     },
     TypeRow {
-        rows: Some(conversions(
-            f16::dequantize_row_bf16,
-            f16::quantize_row_bf16,
-            None,
-            None,
+        rows: Some(with_imatrix(
+            conversions(f16::dequantize_row_bf16, f16::quantize_row_bf16, None, None),
+            ImatrixQuantizer::Ignores,
         )),
         dot: Some(Dot {
             tinyblas: tinyblas(bf16::tinyblas_dot, Some(bf16::tinyblas_many), 32),
