@@ -23,12 +23,15 @@ calibration.txt in the working directory, so the file name recorded is relative)
 
 `--make-imatrix` reruns those commands (needs calibration.txt in the data directory);
 llama-imatrix's numbers depend on the machine, so the goldens must then be regenerated too.
+The repo keeps the GGUF matrices as `*.imatrix-gguf` (no .gguf files in git); the commands run
+in a scratch directory where they have the names above, as the test does.
 """
 
 import argparse
 import hashlib
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -175,18 +178,26 @@ def main():
                             "-f", "calibration.txt", "-o", f"{m}-tiny.imatrix.{fmt}", "--output-format", fmt,
                             "-c", "256", "--chunks", "8", "-t", "2", "--no-ppl"], cwd=DATA, check=True,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            if fmt == "gguf":
+                os.replace(os.path.join(DATA, f"{m}-tiny.imatrix.gguf"),
+                           os.path.join(DATA, f"{m}-tiny.imatrix-gguf"))
     cases = []
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory() as work:
+        for name in os.listdir(DATA):
+            if name.endswith(".imatrix-gguf"):
+                shutil.copy(os.path.join(DATA, name), os.path.join(work, name[:-len("-gguf")] + ".gguf"))
+            elif name.endswith(".imatrix.dat"):
+                shutil.copy(os.path.join(DATA, name), os.path.join(work, name))
         for m, flags, t in RECIPES:
             out = os.path.join(tmp, "out.gguf")
-            # run in the data directory: the imatrix path is recorded in the output as given
-            subprocess.run([q] + flags + [f"{models}/{m}-tiny-F32.gguf", out, t, "2"], cwd=DATA,
+            # run where the matrices have their recorded names: the path is kept in the output
+            subprocess.run([q] + flags + [f"{models}/{m}-tiny-F32.gguf", out, t, "2"], cwd=work,
                            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             cases.append({"model": f"{m}-tiny-F32.gguf", "args": flags + [t], "parts": record([out])})
             print(m, " ".join(flags), t, file=sys.stderr)
         for m, flags, t, split in SPLITS:
             out = os.path.join(tmp, "out.gguf")
-            subprocess.run([q] + flags + [f"{models}/{m}-tiny-F32.gguf", out, t, "2"], cwd=DATA,
+            subprocess.run([q] + flags + [f"{models}/{m}-tiny-F32.gguf", out, t, "2"], cwd=work,
                            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             prefix = os.path.join(tmp, "split")
             subprocess.run([os.path.join(a.bin, "llama-gguf-split"), "--split"] + split + [out, prefix],
