@@ -764,7 +764,14 @@ fn k4_subblock_scales(
 }
 
 /// Final quants of Q4_K / Q5_K given the packed scales.
-fn k4_final_quants(x: &[f32], d: u16, dmin: u16, packed: &[u8], nmax: i32, l: &mut [u8; QK_K]) {
+pub(crate) fn k4_final_quants(
+    x: &[f32],
+    d: u16,
+    dmin: u16,
+    packed: &[u8],
+    nmax: i32,
+    l: &mut [u8; QK_K],
+) {
     let d = fp16_to_f32(d);
     let dmin = fp16_to_f32(dmin);
     for j in 0..8 {
@@ -919,28 +926,33 @@ pub fn quantize_row_q5_k(src: &[f32], dst: &mut [u8]) {
         wr_u16(y, 2, dmin);
         let packed: [u8; 12] = y[4..16].try_into().unwrap();
         k4_final_quants(x, d, dmin, &packed, 31, &mut l);
-        let (qh, ql) = y[16..176].split_at_mut(32);
-        qh.fill(0);
-        let mut m1 = 1u8;
-        let mut m2 = 2u8;
-        for nblk in 0..4 {
-            let n = 64 * nblk;
-            for j in 0..32 {
-                let mut l1 = l[n + j];
-                if l1 > 15 {
-                    l1 -= 16;
-                    qh[j] |= m1;
-                }
-                let mut l2 = l[n + j + 32];
-                if l2 > 15 {
-                    l2 -= 16;
-                    qh[j] |= m2;
-                }
-                ql[32 * nblk + j] = l1 | (l2 << 4);
+        pack_q5_k_quants(&l, &mut y[16..176]);
+    }
+}
+
+/// The 5-bit quants `l` of a Q5_K block into its `qh[32]` and `qs[128]` (`out`).
+pub(crate) fn pack_q5_k_quants(l: &[u8; QK_K], out: &mut [u8]) {
+    let (qh, ql) = out.split_at_mut(32);
+    qh.fill(0);
+    let mut m1 = 1u8;
+    let mut m2 = 2u8;
+    for nblk in 0..4 {
+        let n = 64 * nblk;
+        for j in 0..32 {
+            let mut l1 = l[n + j];
+            if l1 > 15 {
+                l1 -= 16;
+                qh[j] |= m1;
             }
-            m1 = m1.wrapping_shl(2);
-            m2 = m2.wrapping_shl(2);
+            let mut l2 = l[n + j + 32];
+            if l2 > 15 {
+                l2 -= 16;
+                qh[j] |= m2;
+            }
+            ql[32 * nblk + j] = l1 | (l2 << 4);
         }
+        m1 = m1.wrapping_shl(2);
+        m2 = m2.wrapping_shl(2);
     }
 }
 

@@ -11,7 +11,7 @@
 
 use crate::common::*;
 use crate::f16::{f32_to_fp16, fp16_to_f32};
-use crate::kquants::{make_qx_quants, GROUP_MAX_EPS};
+use crate::kquants::{k4_final_quants, make_qx_quants, pack_q5_k_quants, GROUP_MAX_EPS};
 use crate::QK_K;
 
 /// Signature of the row quantizers with importance weights.
@@ -411,24 +411,6 @@ fn k4_imatrix_scales(
     (f32_to_fp16(d_block), f32_to_fp16(m_block))
 }
 
-/// Final quants of Q4_K / Q5_K from the packed scales.
-fn k4_final(x: &[f32], d: u16, dmin: u16, packed: &[u8], nmax: i32, l: &mut [u8; QK_K]) {
-    let d = fp16_to_f32(d);
-    let dmin = fp16_to_f32(dmin);
-    for j in 0..8 {
-        let (sc, m) = get_scale_min_k4(j, packed);
-        let dd = d * sc as f32;
-        if dd == 0.0 {
-            continue;
-        }
-        let dm = dmin * m as f32;
-        for ii in 0..32 {
-            let li = nearest_int((x[32 * j + ii] + dm) / dd);
-            l[32 * j + ii] = 0.max(nmax.min(li)) as u8;
-        }
-    }
-}
-
 /// Q4_K with importance weights (`quantize_row_q4_K_impl`).
 pub fn quantize_row_q4_k_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
     const BYTES: usize = 144;
@@ -444,7 +426,7 @@ pub fn quantize_row_q4_k_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
         wr_u16(y, 0, d);
         wr_u16(y, 2, dmin);
         let packed: [u8; 12] = std::array::from_fn(|i| y[4 + i]);
-        k4_final(x, d, dmin, &packed, 15, &mut l);
+        k4_final_quants(x, d, dmin, &packed, 15, &mut l);
         let q = &mut y[16..144];
         for j in 0..4 {
             for k in 0..32 {
@@ -468,29 +450,8 @@ pub fn quantize_row_q5_k_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
         wr_u16(y, 0, d);
         wr_u16(y, 2, dmin);
         let packed: [u8; 12] = std::array::from_fn(|i| y[4 + i]);
-        k4_final(x, d, dmin, &packed, 31, &mut l);
-        let (qh, ql) = y[16..176].split_at_mut(32);
-        qh.fill(0);
-        let mut m1 = 1u8;
-        let mut m2 = 2u8;
-        for nblk in 0..4 {
-            let n = 64 * nblk;
-            for j in 0..32 {
-                let mut l1 = l[n + j];
-                if l1 > 15 {
-                    l1 -= 16;
-                    qh[j] |= m1;
-                }
-                let mut l2 = l[n + j + 32];
-                if l2 > 15 {
-                    l2 -= 16;
-                    qh[j] |= m2;
-                }
-                ql[32 * nblk + j] = l1 | (l2 << 4);
-            }
-            m1 = m1.wrapping_shl(2);
-            m2 = m2.wrapping_shl(2);
-        }
+        k4_final_quants(x, d, dmin, &packed, 31, &mut l);
+        pack_q5_k_quants(&l, &mut y[16..176]);
     }
 }
 
