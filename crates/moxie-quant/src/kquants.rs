@@ -400,12 +400,17 @@ pub fn quantize_row_q2_k(src: &[f32], dst: &mut [u8]) {
                 l[16 * j + ii] = 0.max(3.min(li)) as u8;
             }
         }
-        let qs = &mut rest[0..64];
-        for j in (0..QK_K).step_by(128) {
-            for k in 0..32 {
-                qs[j / 4 + k] =
-                    l[j + k] | (l[j + k + 32] << 2) | (l[j + k + 64] << 4) | (l[j + k + 96] << 6);
-            }
+        pack_2bit(&l, &mut rest[0..64]);
+    }
+}
+
+/// 2-bit quants `l` into Q2_K / Q3_K's `qs[64]`: byte `32 i + k` of each 128-value half holds
+/// values `k`, `k + 32`, `k + 64`, `k + 96` from the low bits up.
+pub(crate) fn pack_2bit(l: &[u8; QK_K], qs: &mut [u8]) {
+    for j in (0..QK_K).step_by(128) {
+        for k in 0..32 {
+            qs[j / 4 + k] =
+                l[j + k] | (l[j + k + 32] << 2) | (l[j + k + 64] << 4) | (l[j + k + 96] << 6);
         }
     }
 }
@@ -531,41 +536,50 @@ pub fn quantize_row_q3_k(src: &[f32], dst: &mut [u8]) {
         } else {
             wr_u16(yd, 0, f32_to_fp16(0.0));
         }
-        let dall = fp16_to_f32(rd_u16(yd, 0));
-        for j in 0..QK_K / 16 {
-            let lo = if j < 8 { ysc[j] & 0xF } else { ysc[j - 8] >> 4 };
-            let sc = (lo | (((ysc[8 + j % 4] >> (2 * (j / 4))) & 3) << 4)) as i32 - 32;
-            let d = dall * sc as f32;
-            if d == 0.0 {
-                continue;
-            }
-            for ii in 0..16 {
-                let li = nearest_int(x[16 * j + ii] / d);
-                l[16 * j + ii] = ((-4).max(3.min(li)) + 4) as i8;
-            }
+        q3_k_final_quants(x, ysc, yd, &mut l, hmask, qs);
+    }
+}
+
+/// The end of both Q3_K quantizers once the packed scales `ysc` and super-block scale `yd`
+/// are written: the 3-bit quants of every value against them, split into the high bit
+/// (`hmask`) and the 2-bit rest (`qs`).
+pub(crate) fn q3_k_final_quants(
+    x: &[f32],
+    ysc: &[u8],
+    yd: &[u8],
+    l: &mut [i8; QK_K],
+    hmask: &mut [u8],
+    qs: &mut [u8],
+) {
+    let dall = fp16_to_f32(rd_u16(yd, 0));
+    for j in 0..QK_K / 16 {
+        let lo = if j < 8 { ysc[j] & 0xF } else { ysc[j - 8] >> 4 };
+        let sc = (lo | (((ysc[8 + j % 4] >> (2 * (j / 4))) & 3) << 4)) as i32 - 32;
+        let d = dall * sc as f32;
+        if d == 0.0 {
+            continue;
         }
-        hmask.fill(0);
-        let mut m = 0;
-        let mut hm = 1u8;
-        for lj in l.iter_mut() {
-            if *lj > 3 {
-                hmask[m] |= hm;
-                *lj -= 4;
-            }
-            m += 1;
-            if m == QK_K / 8 {
-                m = 0;
-                hm = hm.wrapping_shl(1);
-            }
-        }
-        for j in (0..QK_K).step_by(128) {
-            for k in 0..32 {
-                qs[j / 4 + k] =
-                    (l[j + k] | (l[j + k + 32] << 2) | (l[j + k + 64] << 4) | (l[j + k + 96] << 6))
-                        as u8;
-            }
+        for ii in 0..16 {
+            let li = nearest_int(x[16 * j + ii] / d);
+            l[16 * j + ii] = ((-4).max(3.min(li)) + 4) as i8;
         }
     }
+    hmask.fill(0);
+    let mut m = 0;
+    let mut hm = 1u8;
+    for lj in l.iter_mut() {
+        if *lj > 3 {
+            hmask[m] |= hm;
+            *lj -= 4;
+        }
+        m += 1;
+        if m == QK_K / 8 {
+            m = 0;
+            hm = hm.wrapping_shl(1);
+        }
+    }
+    let lu: [u8; QK_K] = std::array::from_fn(|i| l[i] as u8);
+    pack_2bit(&lu, qs);
 }
 
 /// Q3_K weights x Q8_K activations (`ggml_vec_dot_q3_K_q8_K_generic`).

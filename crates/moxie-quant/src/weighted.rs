@@ -11,7 +11,9 @@
 
 use crate::common::*;
 use crate::f16::{f32_to_fp16, fp16_to_f32};
-use crate::kquants::{k4_final_quants, make_qx_quants, pack_q5_k_quants, GROUP_MAX_EPS};
+use crate::kquants::{
+    k4_final_quants, make_qx_quants, pack_2bit, pack_q5_k_quants, q3_k_final_quants, GROUP_MAX_EPS,
+};
 use crate::QK_K;
 
 /// Signature of the row quantizers with importance weights.
@@ -199,16 +201,6 @@ fn sum_sq(x: &[f32]) -> f32 {
     s
 }
 
-/// Pack 256 two-bit quants as Q2_K / Q3_K store them.
-fn pack_2bit(l: &[u8; QK_K], qs: &mut [u8]) {
-    for j in (0..QK_K).step_by(128) {
-        for k in 0..32 {
-            qs[j / 4 + k] =
-                l[j + k] | (l[j + k + 32] << 2) | (l[j + k + 64] << 4) | (l[j + k + 96] << 6);
-        }
-    }
-}
-
 /// Q2_K with importance weights (`quantize_row_q2_K_impl`).
 pub fn quantize_row_q2_k_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
     const BYTES: usize = 84;
@@ -316,35 +308,7 @@ pub fn quantize_row_q3_k_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
             ysc[j % 4 + 8] |= (li << (2 * (j / 4))) as u8;
         }
         wr_u16(yd, 0, f32_to_fp16(d_block));
-        let dall = fp16_to_f32(rd_u16(yd, 0));
-        for j in 0..16 {
-            let lo = if j < 8 { ysc[j] & 0xF } else { ysc[j - 8] >> 4 };
-            let sc = ((lo | (((ysc[8 + j % 4] >> (2 * (j / 4))) & 3) << 4)) as i8).wrapping_sub(32);
-            let d = dall * sc as f32;
-            if d == 0.0 {
-                continue;
-            }
-            for ii in 0..16 {
-                let li = nearest_int(x[16 * j + ii] / d);
-                l[16 * j + ii] = ((-4).max(3.min(li)) + 4) as i8;
-            }
-        }
-        hmask.fill(0);
-        let mut m = 0;
-        let mut hm = 1u8;
-        for lj in l.iter_mut() {
-            if *lj > 3 {
-                hmask[m] |= hm;
-                *lj -= 4;
-            }
-            m += 1;
-            if m == QK_K / 8 {
-                m = 0;
-                hm = hm.wrapping_shl(1);
-            }
-        }
-        let lu: [u8; QK_K] = std::array::from_fn(|i| l[i] as u8);
-        pack_2bit(&lu, qs);
+        q3_k_final_quants(x, ysc, yd, &mut l, hmask, qs);
     }
 }
 
