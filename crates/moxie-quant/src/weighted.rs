@@ -520,13 +520,8 @@ pub fn quantize_row_q5_0_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
         let weight = block_weights(xb, qwb, sigma2);
         let d = make_qx_quants(16, xb, &mut l, 1, Some(&weight));
         wr_u16(y, 0, f32_to_fp16(d));
-        let mut qh = 0u32;
-        for j in 0..16 {
-            let (xi0, xi1) = (l[j] as u8, l[j + 16] as u8);
-            y[6 + j] = (xi0 & 0x0F) | ((xi1 & 0x0F) << 4);
-            qh |= (u32::from(xi0 & 0x10) >> 4) << j;
-            qh |= (u32::from(xi1 & 0x10) >> 4) << (j + 16);
-        }
+        let lu: [u8; 32] = std::array::from_fn(|i| l[i] as u8);
+        let qh = pack_5bit(&lu, &mut y[6..22]);
         wr_u32(y, 2, qh);
     }
 }
@@ -561,6 +556,19 @@ pub fn quantize_row_q4_1_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
     }
 }
 
+/// 5-bit quants of a Q5_0 / Q5_1 block: the low nibbles into `qs[16]` (value `j` low,
+/// `j + 16` high); returns the fifth bits (`qh`, bit `j` for value `j`).
+fn pack_5bit(l: &[u8; 32], qs: &mut [u8]) -> u32 {
+    let mut qh = 0u32;
+    for j in 0..16 {
+        let (xi0, xi1) = (l[j], l[j + 16]);
+        qs[j] = (xi0 & 0x0F) | ((xi1 & 0x0F) << 4);
+        qh |= (u32::from(xi0 & 0x10) >> 4) << j;
+        qh |= (u32::from(xi1 & 0x10) >> 4) << (j + 16);
+    }
+    qh
+}
+
 /// Q5_1 with importance weights (`quantize_row_q5_1_impl`).
 pub fn quantize_row_q5_1_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
     let sigma2 = row_sigma2(src);
@@ -585,13 +593,7 @@ pub fn quantize_row_q5_1_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
         );
         wr_u16(y, 0, f32_to_fp16(d));
         wr_u16(y, 2, f32_to_fp16(-the_min));
-        let mut qh = 0u32;
-        for j in 0..16 {
-            let (xi0, xi1) = (l[j], l[j + 16]);
-            y[8 + j] = (xi0 & 0x0F) | ((xi1 & 0x0F) << 4);
-            qh |= (u32::from(xi0 & 0x10) >> 4) << j;
-            qh |= (u32::from(xi1 & 0x10) >> 4) << (j + 16);
-        }
+        let qh = pack_5bit(&l, &mut y[8..24]);
         wr_u32(y, 4, qh);
     }
 }
