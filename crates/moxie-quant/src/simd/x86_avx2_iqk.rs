@@ -1,5 +1,6 @@
 //! AVX2 (+ FMA, F16C) dot products of ik_llama.cpp's types (`iqk.rs`): IQ2_K .. IQ6_K,
-//! IQ2_KS .. IQ5_KS (x Q8_K) and Q6_0 (x Q8_0).
+//! IQ2_KS .. IQ5_KS (x Q8_K) and Q6_0 (x Q8_0); and the decoding of their group scales into
+//! i16 lanes, which the AVX-512 kernels (`x86_avx512_iqk.rs`) share.
 //!
 //! A super-block is eight 32-value blocks. In every layout a block's code-book indices are one
 //! 32-byte load of the quants (and one of the high bits) shifted by the same count in every
@@ -126,23 +127,36 @@ fn bit_lanes(bits: u16) -> __m256i {
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn scales_iq2_k(x: &[u8]) -> __m256i {
+pub(super) fn scales_iq2_k(x: &[u8]) -> __m256i {
     _mm256_sub_epi16(nibbles16(x, 4), _mm256_set1_epi16(8))
+}
+
+/// IQ3_K's scales before their signs: `2 s + 1`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn scales_iq3_k_abs(x: &[u8]) -> __m256i {
+    let n = nibbles16(x, 6);
+    _mm256_add_epi16(_mm256_add_epi16(n, n), _mm256_set1_epi16(1))
+}
+
+/// Bit g of `scales_h`: group g's scale is negative.
+#[inline(always)]
+pub(super) fn scales_iq3_k_signs(x: &[u8]) -> u16 {
+    u16::from_le_bytes([x[4], x[5]])
 }
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn scales_iq3_k(x: &[u8]) -> __m256i {
-    let n = nibbles16(x, 6);
-    let v = _mm256_add_epi16(_mm256_add_epi16(n, n), _mm256_set1_epi16(1));
-    // Negated (`(v ^ -1) + 1`) where bit g of the u16 `scales_h` is set.
-    let neg = bit_lanes(u16::from_le_bytes([x[4], x[5]]));
+    // `(v ^ -1) + 1` where negative.
+    let neg = bit_lanes(scales_iq3_k_signs(x));
+    let v = scales_iq3_k_abs(x);
     _mm256_sub_epi16(_mm256_xor_si256(v, neg), neg)
 }
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn scales_k6(x: &[u8]) -> __m256i {
+pub(super) fn scales_k6(x: &[u8]) -> __m256i {
     // Group g's top bits are bits 2 (g%4), 2 (g%4) + 1 of scales_h[g/4]: that byte in i16
     // lane g, times 2^(6 - 2 (g%4)) (at most 255 * 64: no overflow) puts them at bits 6, 7.
     let h = _mm_cvtsi32_si128(i32::from_le_bytes(x[4..8].try_into().unwrap()));
@@ -158,7 +172,7 @@ fn scales_k6(x: &[u8]) -> __m256i {
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn scales_iq6_k(x: &[u8]) -> __m256i {
+pub(super) fn scales_iq6_k(x: &[u8]) -> __m256i {
     _mm256_cvtepi8_epi16(ld128(x, 4))
 }
 
@@ -172,21 +186,21 @@ fn scales_5bit(nibbles: __m256i, top: u8) -> __m256i {
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn scales_iq2_ks(x: &[u8]) -> __m256i {
+pub(super) fn scales_iq2_ks(x: &[u8]) -> __m256i {
     // bits 8.. of extra: each group's fifth scale bit
     scales_5bit(nibbles8(x, 2, true), x[1])
 }
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn scales_iq3_ks(x: &[u8]) -> __m256i {
+pub(super) fn scales_iq3_ks(x: &[u8]) -> __m256i {
     // bits 0..8 of extra: each group's fifth scale bit
     scales_5bit(nibbles8(x, 2, false), x[0])
 }
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn scales_ks(x: &[u8]) -> __m256i {
+pub(super) fn scales_ks(x: &[u8]) -> __m256i {
     let b = _mm_cvtsi64_si128(i64::from_le_bytes(x[..8].try_into().unwrap()));
     let v = _mm256_cvtepu8_epi16(_mm_and_si128(b, _mm_set1_epi8(-2)));
     _mm256_sub_epi16(v, _mm256_set1_epi16(127))
