@@ -7,13 +7,14 @@
 //! byte, in value order: each 128-bit lane holds one 16-value group, or half of a 32-value
 //! group. They are looked up with `vpshufb` in the lower half of the code book (16-entry parts
 //! blended by the index's top bits where the half is longer) and the upper half's constant is
-//! added in the lanes whose group has its half bit set. The products with the activations go
-//! through the sign trick (|w| as unsigned times `a` with w's sign: exact, as every code-book
-//! value lies in -127..127 and Q8_K and Q8_0 activations in -127..127, so a pair of products is
-//! at most 2 * 127 * 127 < 2^15), `vpmaddubsw` to pairs and `vpmaddwd` with the group scales
-//! (|scale| <= 128: a lane is at most 2^22; a block's sum at most 2^29). The block's integer
-//! sum is then exactly the scalar reference's, and the float steps are the reference's too
-//! (`sum += (d_w * d_a) * sumi` per block), so the result is bit-identical to it.
+//! added in the lanes whose group has its half bit set (to the table itself where the half is
+//! one part). The products with the activations go through the sign trick (|w| as unsigned
+//! times `a` with w's sign: exact, as every code-book value lies in -127..127 and Q8_K and Q8_0
+//! activations in -127..127, so a pair of products is at most 2 * 127 * 127 < 2^15),
+//! `vpmaddubsw` to pairs and `vpmaddwd` with the group scales (|scale| <= 128: a lane is at
+//! most 2^23; a block's sum at most 2^29). The block's integer sum is then exactly the scalar
+//! reference's, and the float steps are the reference's too (`sum += (d_w * d_a) * sumi` per
+//! block), so the result is bit-identical to it.
 //!
 //! Verified by: `tests/iqk.rs` (property tests against the scalar reference, bit for bit).
 //!
