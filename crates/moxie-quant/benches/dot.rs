@@ -2,7 +2,7 @@
 //! computes with, reported as weight bytes read per second (divan's `BytesCount`, GB/s).
 //!
 //! ```text
-//! cargo bench -p moxie-quant --bench dot                         # everything (~1.5 min)
+//! cargo bench -p moxie-quant --bench dot                         # everything (a few minutes)
 //! cargo bench -p moxie-quant --bench dot -- matvec_dram          # one group (divan filter)
 //! cargo bench -p moxie-quant --bench dot -- 'matvec_l2::Q4_K'    # one type of one group
 //! MOXIE_QUANT_SIMD=avx2 cargo bench -p moxie-quant --bench dot   # compare kernel levels
@@ -23,13 +23,13 @@
 //!   `--exact`, and by default for types without an int8 GEMM): `tiled_dot_many_fn` for
 //!   Q2_K..Q6_K, IQ4_XS and the IQ1/IQ2/IQ3 types, `tinyblas_dot_many_fn` for Q8_0/Q4_0/Q5_0/IQ4_NL (each weight row
 //!   unpacked once for all 32 rows), `tinyblas_dot_fn` for F32/F16 and `vec_dot_fn` for
-//!   BF16/Q4_1/Q5_1 and ik_llama.cpp's types (token by token over the whole matrix). Bytes are the weight bytes, read
-//!   once per iteration, so 32x the figure is the activation-row throughput.
+//!   BF16/Q4_1/Q5_1 and ik_llama.cpp's types (token by token over the whole matrix). Bytes are
+//!   the weight bytes, read once per iteration, so 32x the figure is the activation-row
+//!   throughput.
 //! * `batch32_gemm_l2` / `batch32_gemm_dram`: the same with `gemm_q8`, the default batched path
 //!   (int8 AVX-512 VNNI) for Q8_0/Q4_0/Q5_0/Q4_K/Q5_K/Q6_K, the IQ1/IQ2/IQ3 types and
-//!   ik_llama.cpp's types; its `GemmActs` are prepared outside
-//!   the timed loop. Skipped where `gemm_available()` is false (no AVX-512, or
-//!   `MOXIE_QUANT_SIMD` below `avx512`).
+//!   ik_llama.cpp's types; its `GemmActs` are prepared outside the timed loop. Skipped where
+//!   `gemm_available()` is false (no AVX-512, or `MOXIE_QUANT_SIMD` below `avx512`).
 //!
 //! `MOXIE_QUANT_SIMD` (`scalar`, `avx2`, `avx512`) lowers the level `vec_dot_fn` and
 //! `quantize_fn` pick, as everywhere in moxie, and turns `gemm_q8` off below `avx512`; the level
