@@ -2,7 +2,7 @@
 //! computes with, reported as weight bytes read per second (divan's `BytesCount`, GB/s).
 //!
 //! ```text
-//! cargo bench -p moxie-quant --bench dot                         # everything (~1.5 min)
+//! cargo bench -p moxie-quant --bench dot                         # everything (a few minutes)
 //! cargo bench -p moxie-quant --bench dot -- matvec_dram          # one group (divan filter)
 //! cargo bench -p moxie-quant --bench dot -- 'matvec_l2::Q4_K'    # one type of one group
 //! MOXIE_QUANT_SIMD=avx2 cargo bench -p moxie-quant --bench dot   # compare kernel levels
@@ -10,8 +10,8 @@
 //!
 //! Groups (all single-threaded, rows of 4096 elements, weights from `quantize_weights_fn` on
 //! deterministic pseudo-random data — random raw blocks with a fixed scale for the IQ1/IQ2/IQ3
-//! types, which moxie does not quantize —, activations quantized to `vec_dot_type` outside
-//! the timed loop):
+//! types and ik_llama.cpp's types (IQ2_K .. IQ6_K, IQ2_KS .. IQ5_KS, Q6_0), which moxie does
+//! not quantize —, activations quantized to `vec_dot_type` outside the timed loop):
 //!
 //! * `matvec_l2`: one activation row against a matrix of about 512 KiB (e.g. 224 Q4_0 rows),
 //!   which stays in L2: measures the `vec_dot_fn` kernel's compute speed.
@@ -23,12 +23,13 @@
 //!   `--exact`, and by default for types without an int8 GEMM): `tiled_dot_many_fn` for
 //!   Q2_K..Q6_K, IQ4_XS and the IQ1/IQ2/IQ3 types, `tinyblas_dot_many_fn` for Q8_0/Q4_0/Q5_0/IQ4_NL (each weight row
 //!   unpacked once for all 32 rows), `tinyblas_dot_fn` for F32/F16 and `vec_dot_fn` for
-//!   BF16/Q4_1/Q5_1 (token by token over the whole matrix). Bytes are the weight bytes, read
-//!   once per iteration, so 32x the figure is the activation-row throughput.
+//!   BF16/Q4_1/Q5_1 and ik_llama.cpp's types (token by token over the whole matrix). Bytes are
+//!   the weight bytes, read once per iteration, so 32x the figure is the activation-row
+//!   throughput.
 //! * `batch32_gemm_l2` / `batch32_gemm_dram`: the same with `gemm_q8`, the default batched path
-//!   (int8 AVX-512 VNNI) for Q8_0/Q4_0/Q5_0/Q4_K/Q5_K/Q6_K and the IQ1/IQ2/IQ3 types; its `GemmActs` are prepared outside
-//!   the timed loop. Skipped where `gemm_available()` is false (no AVX-512, or
-//!   `MOXIE_QUANT_SIMD` below `avx512`).
+//!   (int8 AVX-512 VNNI) for Q8_0/Q4_0/Q5_0/Q4_K/Q5_K/Q6_K, the IQ1/IQ2/IQ3 types and
+//!   ik_llama.cpp's types; its `GemmActs` are prepared outside the timed loop. Skipped where
+//!   `gemm_available()` is false (no AVX-512, or `MOXIE_QUANT_SIMD` below `avx512`).
 //!
 //! `MOXIE_QUANT_SIMD` (`scalar`, `avx2`, `avx512`) lowers the level `vec_dot_fn` and
 //! `quantize_fn` pick, as everywhere in moxie, and turns `gemm_q8` off below `avx512`; the level
@@ -62,11 +63,13 @@ const BATCH: usize = 32;
 
 const TYPES: &[GgmlType] = &[
     F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS,
-    IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M,
+    IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M, Q6_0, IQ2_K, IQ3_K, IQ4_K, IQ5_K, IQ6_K,
+    IQ2_KS, IQ3_KS, IQ4_KS, IQ5_KS,
 ];
 /// The types `gemm_q8` handles.
 const GEMM_TYPES: &[GgmlType] = &[
-    Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M,
+    Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M, Q6_0,
+    IQ2_K, IQ3_K, IQ4_K, IQ5_K, IQ6_K, IQ2_KS, IQ3_KS, IQ4_KS, IQ5_KS,
 ];
 
 fn main() {
@@ -125,7 +128,7 @@ impl Weights {
                 let mut row = vec![0u8; row_bytes];
                 match quantize_weights_fn(ty) {
                     Some(quantize) => quantize(&x, &mut row),
-                    None => raw_grid_blocks(ty, &x, &mut row),
+                    None => raw_row(ty, &x, &mut row),
                 }
                 row
             })
@@ -168,20 +171,28 @@ impl Weights {
     }
 }
 
-/// Blocks of a type moxie does not quantize (IQ3_S, IQ1_S, IQ1_M) from the bits of `x`, with the
-/// scale 1/64.
-fn raw_grid_blocks(ty: GgmlType, x: &[f32], row: &mut [u8]) {
+/// A row of a type moxie does not quantize (the IQ1/IQ2/IQ3 types, ik_llama.cpp's types) from
+/// the bits of `x`, every scale 1/64: the f16 ones of each block and, for ik's `_KS` types, the
+/// row's own (f16 or f32) before its blocks.
+fn raw_row(ty: GgmlType, x: &[f32], row: &mut [u8]) {
     for (b, v) in row.iter_mut().zip(x.iter().cycle()) {
         *b = (v.to_bits() >> 7) as u8;
     }
     let d = f32_to_fp16(1.0 / 64.0);
-    for blk in row.chunks_exact_mut(ty.type_size()) {
-        match ty {
-            IQ1_M => set_iq1m_scale(blk, d),
-            IQ3_S | IQ1_S | IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS => {
-                blk[..2].copy_from_slice(&d.to_le_bytes())
+    let meta = ty.row_meta_bytes();
+    match meta {
+        0 => {}
+        2 => row[..2].copy_from_slice(&d.to_le_bytes()),
+        4 => row[..4].copy_from_slice(&(1.0f32 / 64.0).to_le_bytes()),
+        _ => unreachable!("{ty}: row prefix of {meta} bytes"),
+    }
+    for blk in row[meta..].chunks_exact_mut(ty.type_size()) {
+        if ty == IQ1_M {
+            set_iq1m_scale(blk, d);
+        } else {
+            for &off in ty.f16_scale_offsets() {
+                blk[off..off + 2].copy_from_slice(&d.to_le_bytes());
             }
-            _ => unreachable!("{ty} has a weight quantizer"),
         }
     }
 }

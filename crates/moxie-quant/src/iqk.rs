@@ -31,8 +31,8 @@
 //! layout). ik has no reference kernel (only `iqk_mul_mat`, whose order depends on the batch
 //! size), so the reference here is: each group summed in integers, times its integer scale,
 //! summed over the block in integers (all exact), then `sum += (d_w * d_a) * sumi` in f32 per
-//! block, in block order. The AVX-512 kernels compute the same integers and the same float
-//! steps, so they equal it bit for bit.
+//! block, in block order. The AVX2 and AVX-512 kernels compute the same integers and the same
+//! float steps, so they equal it bit for bit.
 //!
 //! Verified by: `tests/iqk.rs` (dequantization of the fixture tensors equals ik_llama.cpp's
 //! own to the bit; hand-built blocks; dot products against the f64 dot of the dequantized
@@ -108,7 +108,7 @@ pub(crate) enum Scale {
 }
 
 /// What the generic super-block code needs of one type: its layout and the three parts of a
-/// block's decoding (the AVX-512 kernels decode scales and quants their own way, and must agree
+/// block's decoding (the SIMD kernels decode scales and quants their own way, and must agree
 /// with these: `tests/iqk.rs`).
 pub(crate) struct Kind {
     pub bytes: usize,

@@ -17,7 +17,9 @@ use crate::gemm::{self, GemmLayout};
 #[cfg(target_arch = "x86_64")]
 use crate::simd::x86_avx2_iq1_iq3s as avx2_iq;
 #[cfg(target_arch = "x86_64")]
-use crate::simd::{x86_avx2 as avx2, x86_avx512 as avx512, x86_avx512_iqk as avx512_iqk};
+use crate::simd::{
+    x86_avx2 as avx2, x86_avx2_iqk as avx2_iqk, x86_avx512 as avx512, x86_avx512_iqk as avx512_iqk,
+};
 use crate::tiled::{self, DotManyFn};
 use crate::types::{GgmlType, QK_K};
 use crate::{bf16, f16, iq1, iq2_3, iq3s, iq4, iqk, kquants, legacy, tinyblas, weighted};
@@ -225,13 +227,15 @@ const fn ik_gemm(sub: usize, offset: i32, decode: gemm::DecodeRowFn) -> GemmLayo
 }
 
 /// The row of one of ik_llama.cpp's super-block types (`kind` is its layout in `iqk.rs`):
-/// read-only, Q8_K activations, a scalar reference and an AVX-512 kernel.
+/// read-only, Q8_K activations, a scalar reference and AVX2 and AVX-512 kernels.
+#[allow(clippy::too_many_arguments)]
 const fn ik_row(
     ty: GgmlType,
     name: &'static str,
     kind: &iqk::Kind,
     dequantize: DequantizeFn,
     scalar: VecDotFn,
+    avx2: Option<VecDotFn>,
     avx512: Option<VecDotFn>,
     decode: gemm::DecodeRowFn,
 ) -> TypeRow {
@@ -242,7 +246,7 @@ const fn ik_row(
         dot: Some(Dot {
             // Values + 128 are unsigned bytes: every code book lies in -127..127.
             gemm: Some(ik_gemm(kind.group, 128, decode)),
-            ..dot(T::Q8_K, scalar, None, avx512)
+            ..dot(T::Q8_K, scalar, avx2, avx512)
         }),
         ..layout(ty, name, QK_K, kind.bytes)
     }
@@ -808,7 +812,7 @@ const ROWS: [TypeRow; 53] = [
             ..dot(
                 T::Q8_0,
                 iqk::vec_dot_q6_0_q8_0,
-                None,
+                x86!(avx2_iqk::dot_q6_0),
                 x86!(avx512_iqk::dot_q6_0),
             )
         }),
@@ -828,6 +832,7 @@ const ROWS: [TypeRow; 53] = [
         &iqk::IQ2_K,
         iqk::dequantize_row_iq2_k,
         iqk::vec_dot_iq2_k_q8_k,
+        x86!(avx2_iqk::dot_iq2_k),
         x86!(avx512_iqk::dot_iq2_k),
         iqk::gemm_decode_iq2_k,
     ),
@@ -837,6 +842,7 @@ const ROWS: [TypeRow; 53] = [
         &iqk::IQ3_K,
         iqk::dequantize_row_iq3_k,
         iqk::vec_dot_iq3_k_q8_k,
+        x86!(avx2_iqk::dot_iq3_k),
         x86!(avx512_iqk::dot_iq3_k),
         iqk::gemm_decode_iq3_k,
     ),
@@ -846,6 +852,7 @@ const ROWS: [TypeRow; 53] = [
         &iqk::IQ4_K,
         iqk::dequantize_row_iq4_k,
         iqk::vec_dot_iq4_k_q8_k,
+        x86!(avx2_iqk::dot_iq4_k),
         x86!(avx512_iqk::dot_iq4_k),
         iqk::gemm_decode_iq4_k,
     ),
@@ -855,6 +862,7 @@ const ROWS: [TypeRow; 53] = [
         &iqk::IQ5_K,
         iqk::dequantize_row_iq5_k,
         iqk::vec_dot_iq5_k_q8_k,
+        x86!(avx2_iqk::dot_iq5_k),
         x86!(avx512_iqk::dot_iq5_k),
         iqk::gemm_decode_iq5_k,
     ),
@@ -864,6 +872,7 @@ const ROWS: [TypeRow; 53] = [
         &iqk::IQ6_K,
         iqk::dequantize_row_iq6_k,
         iqk::vec_dot_iq6_k_q8_k,
+        x86!(avx2_iqk::dot_iq6_k),
         x86!(avx512_iqk::dot_iq6_k),
         iqk::gemm_decode_iq6_k,
     ),
@@ -873,6 +882,7 @@ const ROWS: [TypeRow; 53] = [
         &iqk::IQ4_KS,
         iqk::dequantize_row_iq4_ks,
         iqk::vec_dot_iq4_ks_q8_k,
+        x86!(avx2_iqk::dot_iq4_ks),
         x86!(avx512_iqk::dot_iq4_ks),
         iqk::gemm_decode_iq4_ks,
     ),
@@ -882,6 +892,7 @@ const ROWS: [TypeRow; 53] = [
         &iqk::IQ2_KS,
         iqk::dequantize_row_iq2_ks,
         iqk::vec_dot_iq2_ks_q8_k,
+        x86!(avx2_iqk::dot_iq2_ks),
         x86!(avx512_iqk::dot_iq2_ks),
         iqk::gemm_decode_iq2_ks,
     ),
@@ -895,6 +906,7 @@ const ROWS: [TypeRow; 53] = [
         &iqk::IQ5_KS,
         iqk::dequantize_row_iq5_ks,
         iqk::vec_dot_iq5_ks_q8_k,
+        x86!(avx2_iqk::dot_iq5_ks),
         x86!(avx512_iqk::dot_iq5_ks),
         iqk::gemm_decode_iq5_ks,
     ),
@@ -916,6 +928,7 @@ const ROWS: [TypeRow; 53] = [
         &iqk::IQ3_KS,
         iqk::dequantize_row_iq3_ks,
         iqk::vec_dot_iq3_ks_q8_k,
+        x86!(avx2_iqk::dot_iq3_ks),
         x86!(avx512_iqk::dot_iq3_ks),
         iqk::gemm_decode_iq3_ks,
     ),

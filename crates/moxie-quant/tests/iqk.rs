@@ -339,6 +339,26 @@ proptest! {
     }
 }
 
+/// Every SIMD level the CPU has runs a kernel of its own, not a lower level's (`Simd::at` falls
+/// back to one where a type has none): the property tests above then check each level's code.
+#[test]
+fn every_simd_level_has_its_own_kernel() {
+    for ty in IK_TYPES {
+        let mut seen = vec![scalar::vec_dot_fn(ty).unwrap() as usize];
+        for level in [SimdLevel::Avx2, SimdLevel::Avx512] {
+            if level <= hardware_simd_level() {
+                let f = vec_dot_fn_for_level(ty, level).unwrap() as usize;
+                assert!(
+                    !seen.contains(&f),
+                    "{ty} {}: a lower level's kernel",
+                    level.name()
+                );
+                seen.push(f);
+            }
+        }
+    }
+}
+
 #[test]
 fn zero_length_dots_are_zero() {
     for ty in IK_TYPES {

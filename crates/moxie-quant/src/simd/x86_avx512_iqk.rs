@@ -1,7 +1,8 @@
 //! AVX-512 (F/BW/VL/VNNI) dot products of ik_llama.cpp's types (`iqk.rs`): IQ2_K .. IQ6_K,
 //! IQ2_KS .. IQ5_KS (x Q8_K) and Q6_0 (x Q8_0).
 //!
-//! A block's group scales are unpacked into i16 lanes at once (one function per scale layout).
+//! A block's group scales are unpacked into i16 lanes at once (one function per scale layout,
+//! shared with the AVX2 kernels: `x86_avx2_iqk.rs`).
 //! A super-block is four 64-value chunks. Each chunk's code-book indices are gathered into one
 //! register in value order (the bit fields are laid out so that every 128-bit lane holds one
 //! 16-value group, or half of a 32-value group), looked up with `vpshufb` in the lower half of
@@ -20,6 +21,10 @@
 use core::arch::x86_64::*;
 
 use super::x86_avx2::{h2f, ld128, ld256};
+use super::x86_avx2_iqk::{
+    scales_iq2_k, scales_iq2_ks, scales_iq3_k_abs, scales_iq3_k_signs, scales_iq3_ks, scales_iq6_k,
+    scales_k6, scales_ks,
+};
 use crate::common::rd_f32;
 use crate::iqk::{self, Kind};
 
@@ -145,100 +150,13 @@ fn chunk_halves(halves: u16, group: usize, c: usize) -> __mmask64 {
     }
 }
 
-/// The 16 nibbles of the 8 bytes at `off`, low nibble first, as i16 lanes.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn nibbles16(x: &[u8], off: usize) -> __m256i {
-    let b = _mm_cvtsi64_si128(i64::from_le_bytes(x[off..off + 8].try_into().unwrap()));
-    let m4 = _mm_set1_epi8(0xf);
-    let lo = _mm_and_si128(b, m4);
-    let hi = _mm_and_si128(_mm_srli_epi16::<4>(b), m4);
-    _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(lo, hi))
-}
-
-/// The 8 nibbles of the 4 bytes at `off` as i16 lanes 0..7: interleaved (low nibble of byte
-/// 0, its high nibble, ...) or all low nibbles first.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn nibbles8(x: &[u8], off: usize, interleaved: bool) -> __m256i {
-    let b = _mm_cvtsi32_si128(i32::from_le_bytes(x[off..off + 4].try_into().unwrap()));
-    let m4 = _mm_set1_epi8(0xf);
-    let lo = _mm_and_si128(b, m4);
-    let hi = _mm_and_si128(_mm_srli_epi16::<4>(b), m4);
-    let n = if interleaved {
-        _mm_unpacklo_epi8(lo, hi)
-    } else {
-        _mm_unpacklo_epi32(lo, hi)
-    };
-    _mm256_cvtepu8_epi16(n)
-}
-
-// Group scales as i16 lanes (16, or 8 for the `_KS` types), as `iqk::scales_*` compute them.
-
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn scales_iq2_k(x: &[u8]) -> __m256i {
-    _mm256_sub_epi16(nibbles16(x, 4), _mm256_set1_epi16(8))
-}
-
+/// IQ3_K's scales, negated under a mask (the AVX2 way, a compare and two more operations, is
+/// measurably slower here).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 fn scales_iq3_k(x: &[u8]) -> __m256i {
-    let n = nibbles16(x, 6);
-    let v = _mm256_add_epi16(_mm256_add_epi16(n, n), _mm256_set1_epi16(1));
-    let neg = u16::from_le_bytes([x[4], x[5]]);
-    _mm256_mask_sub_epi16(v, neg, _mm256_setzero_si256(), v)
-}
-
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn scales_k6(x: &[u8]) -> __m256i {
-    // Group g's top bits are bits 2g, 2g + 1 of scales_h as one u32.
-    let h32 = u32::from_le_bytes(x[4..8].try_into().unwrap()) as i32;
-    let shifts = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    let h = _mm512_and_si512(
-        _mm512_srlv_epi32(_mm512_set1_epi32(h32), shifts),
-        _mm512_set1_epi32(3),
-    );
-    let h = _mm512_cvtepi32_epi16(h);
-    let v = _mm256_or_si256(nibbles16(x, 8), _mm256_slli_epi16::<4>(h));
-    _mm256_sub_epi16(v, _mm256_set1_epi16(32))
-}
-
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn scales_iq6_k(x: &[u8]) -> __m256i {
-    _mm256_cvtepi8_epi16(ld128(x, 4))
-}
-
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn scales_iq2_ks(x: &[u8]) -> __m256i {
-    let top = x[1]; // bits 8.. of extra: each group's fifth scale bit
-    let v = _mm256_mask_add_epi16(
-        nibbles8(x, 2, true),
-        top as u16,
-        nibbles8(x, 2, true),
-        _mm256_set1_epi16(16),
-    );
-    _mm256_sub_epi16(v, _mm256_set1_epi16(16))
-}
-
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn scales_iq3_ks(x: &[u8]) -> __m256i {
-    let top = x[0]; // bits 0..8 of extra: each group's fifth scale bit
-    let n = nibbles8(x, 2, false);
-    let v = _mm256_mask_add_epi16(n, top as u16, n, _mm256_set1_epi16(16));
-    _mm256_sub_epi16(v, _mm256_set1_epi16(16))
-}
-
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn scales_ks(x: &[u8]) -> __m256i {
-    let b = _mm_cvtsi64_si128(i64::from_le_bytes(x[..8].try_into().unwrap()));
-    let v = _mm256_cvtepu8_epi16(_mm_and_si128(b, _mm_set1_epi8(-2)));
-    _mm256_sub_epi16(v, _mm256_set1_epi16(127))
+    let v = scales_iq3_k_abs(x);
+    _mm256_mask_sub_epi16(v, scales_iq3_k_signs(x), _mm256_setzero_si256(), v)
 }
 
 /// For each chunk c, which group scale every i16 pair lane takes (pair lane i holds values
