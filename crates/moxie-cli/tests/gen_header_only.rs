@@ -13,9 +13,10 @@ fn moxie(args: &[&str]) -> Output {
         .expect("running moxie")
 }
 
-fn tmp_dir() -> PathBuf {
+/// A fresh directory of test `test`'s own (tests run in parallel threads of one process).
+fn tmp_dir(test: &str) -> PathBuf {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("moxie-gen-header-{}", std::process::id()));
+        .join(format!("moxie-gen-header-{test}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
@@ -23,7 +24,7 @@ fn tmp_dir() -> PathBuf {
 
 #[test]
 fn header_only_presets_write_openable_headers() {
-    let dir = tmp_dir();
+    let dir = tmp_dir("presets");
     for (preset, arch, n_tensors) in [
         ("glm-5.1-744b", "glm-dsa", 1809),
         ("deepseek-v3-671b", "deepseek2", 1086),
@@ -68,8 +69,7 @@ fn header_only_presets_write_openable_headers() {
 
 #[test]
 fn bad_header_only_requests_fail_clearly() {
-    let dir = tmp_dir().join("bad");
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = tmp_dir("bad");
     let out = dir.join("x.gguf");
     let o_path = out.to_str().unwrap();
     let fails = |args: &[&str], wanted: &str| {
@@ -124,5 +124,31 @@ fn bad_header_only_requests_fail_clearly() {
         o_path,
     ];
     fails(&arch, "is a glm4moe model");
+    fails(
+        &[
+            "gen",
+            "--header-only",
+            "--preset",
+            "glm-4.7-355b",
+            "--type",
+            "IQ2_Q",
+            "-o",
+            o_path,
+        ],
+        "unknown file type 'IQ2_Q'",
+    );
+    fails(
+        &[
+            "gen",
+            "--header-only",
+            "--preset",
+            "glm-4.7-355b",
+            "--pure",
+            "-o",
+            o_path,
+        ],
+        "--pure needs --type",
+    );
     assert!(!out.exists());
 }
+
