@@ -57,10 +57,12 @@ fn gen_help() -> String {
     s.push_str("\nTypes (--type): llama-quantize's file types\n  ");
     s.push_str(&synth::ftype_names());
     s.push_str(
-        "\nwith its per-tensor rules (the ones moxie quantize uses). Tensors of IQ1_S, IQ1_M, IQ2_XXS,\n\
-         IQ2_XS, IQ2_S, IQ3_XXS and IQ3_S (most of the IQ1/IQ2/IQ3 file types), which moxie has no\n\
-         quantizer for, are random valid blocks scaled to the weights' spread, not a quantization\n\
-         of them; --header-only writes every type. --pure: one block type for all tensors.\n",
+        "\n(also the aliases Q3_K, Q4_K, Q5_K and the numeric ids), with llama-quantize's per-tensor\n\
+         rules (the ones moxie quantize uses). Tensors of IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S,\n\
+         IQ3_XXS and IQ3_S (most of the IQ1/IQ2/IQ3 file types), which moxie has no quantizer for,\n\
+         are random valid blocks scaled to the weights' spread, not a quantization of them; TQ1_0,\n\
+         TQ2_0, MXFP4, Q1_0 and Q2_0 tensors are refused. --header-only writes every type.\n\
+         --pure: one block type for all tensors.\n",
     );
     s.push_str("\nShape fields for --set:\n");
     for (k, desc) in synth::SHAPE_KEYS {
