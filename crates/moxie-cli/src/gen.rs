@@ -21,10 +21,16 @@ pub struct Args {
     /// needs a header-only preset (below). For planning tests on models too big to have.
     #[arg(long)]
     header_only: bool,
-    /// Block type or mix: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K, IQ4_NL,
-    /// IQ4_XS, Q4_K_M, Q5_K_M [default: F32; with --header-only: Q4_K_M].
+    /// llama-quantize file type (any of its names, below): each tensor gets the block type
+    /// llama-quantize's rules give it, as `llama-quantize` on an F32 master without an
+    /// importance matrix [default: F32; with --header-only: Q4_K_M].
     #[arg(long = "type")]
     ty: Option<String>,
+    /// No mix: --type names one block type (a ggml type such as Q4_K or IQ2_S, or a file type
+    /// for its default block type) for every tensor llama-quantize quantizes, with its
+    /// fallbacks (llama-quantize's --pure).
+    #[arg(long)]
+    pure: bool,
     /// RNG seed (same seed and settings = identical file).
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -48,6 +54,16 @@ fn gen_help() -> String {
     for (name, desc) in synth::header_presets() {
         s.push_str(&format!("  {name:<16} {desc}\n"));
     }
+    s.push_str("\nTypes (--type): llama-quantize's file types\n  ");
+    s.push_str(&synth::ftype_names());
+    s.push_str(
+        "\n(also the aliases Q3_K, Q4_K, Q5_K and the numeric ids), with llama-quantize's per-tensor\n\
+         rules (the ones moxie quantize uses). Tensors of IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S,\n\
+         IQ3_XXS and IQ3_S (most of the IQ1/IQ2/IQ3 file types), which moxie has no quantizer for,\n\
+         are random valid blocks scaled to the weights' spread, not a quantization of them; TQ1_0,\n\
+         TQ2_0, MXFP4, Q1_0 and Q2_0 tensors are refused. --header-only writes every type.\n\
+         --pure: one block type for all tensors.\n",
+    );
     s.push_str("\nShape fields for --set:\n");
     for (k, desc) in synth::SHAPE_KEYS {
         s.push_str(&format!("  {k:<22} {desc}\n"));
@@ -61,7 +77,7 @@ pub fn main(a: Args) -> Result<()> {
     }
     let arch = a.arch.as_deref().map(SynthArch::from_name).transpose()?;
     let mut spec = SynthSpec::preset_for(&a.preset, arch)?;
-    spec.ty = SynthType::parse(a.ty.as_deref().unwrap_or("F32"))?;
+    spec.ty = synth_type(a.ty.as_deref().unwrap_or("F32"), a.pure)?;
     spec.seed = a.seed;
     for kv in &a.set {
         let (k, v) = kv
@@ -110,8 +126,10 @@ fn header_only(a: &Args) -> Result<()> {
             );
         }
     }
-    if let Some(ty) = a.ty.as_deref() {
-        spec.base.ty = SynthType::parse(ty)?;
+    match (a.ty.as_deref(), a.pure) {
+        (Some(ty), pure) => spec.base.ty = synth_type(ty, pure)?,
+        (None, true) => bail!("--pure needs --type (the block type of every tensor)"),
+        (None, false) => {}
     }
     let report = spec.write(&a.out)?;
     println!(
@@ -119,13 +137,22 @@ fn header_only(a: &Args) -> Result<()> {
         report.path.display(),
         report.bytes,
         spec.model_name,
-        spec.base.ty.name(),
+        spec.base.ty,
         report.tensor_bytes,
         report.n_params as f64 / 1e9,
         report.n_tensors,
         type_counts(&report)
     );
     Ok(())
+}
+
+/// `--type NAME [--pure]`.
+fn synth_type(name: &str, pure: bool) -> Result<SynthType> {
+    Ok(if pure {
+        SynthType::parse_pure(name)?
+    } else {
+        SynthType::parse(name)?
+    })
 }
 
 /// "Q4_K 606, Q6_K 58, ...": tensors per block type.

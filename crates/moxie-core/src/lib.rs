@@ -17,6 +17,7 @@ pub mod npy;
 pub mod ops;
 pub mod parallel;
 pub mod placement;
+pub mod quant_rules;
 pub mod sampling;
 mod spin_pool;
 pub mod state;

@@ -160,7 +160,7 @@ fn tiny_q4_k_m_types_follow_llama_quantize() {
 }
 
 #[test]
-fn plain_types_quantize_every_matrix() {
+fn pure_types_quantize_every_matrix() {
     let dir = tmp_dir("plain");
     for (ty, ft) in [
         ("Q8_0", 7),
@@ -168,8 +168,11 @@ fn plain_types_quantize_every_matrix() {
         ("F16", 1),
         ("BF16", 32),
         ("Q6_K", 18),
+        ("IQ2_S", 28),
     ] {
-        let spec = tiny("deepseek2", ty);
+        let mut spec = tiny("deepseek2", "F32");
+        spec.ty = SynthType::parse_pure(ty).unwrap();
+        assert_eq!(spec.ty.to_string(), format!("pure {ty}"));
         let (path, _) = gen(&spec, &dir, &format!("ds-{ty}.gguf"));
         let f = GgufFile::open(&path).unwrap();
         assert_eq!(f.metadata().get_u32("general.file_type"), Some(ft), "{ty}");
@@ -184,12 +187,120 @@ fn plain_types_quantize_every_matrix() {
                 match want {
                     GgmlType::Q4_K => GgmlType::Q5_0,
                     GgmlType::Q6_K => GgmlType::Q8_0,
+                    GgmlType::IQ2_S => GgmlType::IQ4_NL,
                     _ => unreachable!(),
                 }
             };
             assert_eq!(t.ty, expect, "{ty}: {}", t.name);
         }
     }
+    // A file type's name with --pure is its default block type.
+    assert_eq!(
+        SynthType::parse_pure("Q4_K_M").unwrap(),
+        SynthType::Pure(GgmlType::Q4_K)
+    );
+    assert!(SynthType::parse_pure("Q9_9")
+        .unwrap_err()
+        .to_string()
+        .contains("IQ2_S"));
+}
+
+#[test]
+fn file_type_names_are_llama_quantizes() {
+    // Every llama-quantize name (aliases too) parses to its file type, whose id is written.
+    for (name, id) in [
+        ("Q4_K_M", 15),
+        ("q4_k", 15),
+        ("Q2_K", 10),
+        ("IQ2_M", 29),
+        ("IQ1_M", 31),
+        ("IQ3_XXS", 23),
+        ("Q8_0", 7),
+        ("F32", 0),
+        ("29", 29),
+    ] {
+        let t = SynthType::parse(name).unwrap();
+        assert_eq!(t.file_type(), id, "{name}");
+    }
+    assert_eq!(SynthType::parse("q4_k").unwrap().to_string(), "Q4_K_M");
+    // Q8_0's mix is pure Q8_0 for these models; Q4_0's is not (Q6_K output).
+    for arch in ARCHS {
+        let types = |spec: &SynthSpec| -> Vec<GgmlType> {
+            synth::plan(spec).unwrap().iter().map(|t| t.ty).collect()
+        };
+        let mut pure = tiny(arch, "F32");
+        pure.ty = SynthType::parse_pure("Q8_0").unwrap();
+        assert_eq!(types(&tiny(arch, "Q8_0")), types(&pure), "{arch}");
+        let q4_0 = synth::plan(&tiny(arch, "Q4_0")).unwrap();
+        let out = q4_0.iter().find(|t| t.name == "output.weight").unwrap();
+        assert_eq!(out.ty, GgmlType::Q6_K, "{arch}");
+    }
+}
+
+/// Standard deviation of tensor `name`'s values in `f`.
+fn value_std(f: &GgufFile, name: &str) -> f64 {
+    let t = f.tensor(name).unwrap();
+    let data = f.tensor_data(t).unwrap();
+    let mut v = vec![0f32; t.n_elements() as usize];
+    moxie_quant::dequantize_fn(t.ty).unwrap()(data, &mut v);
+    assert!(v.iter().all(|x| x.is_finite()), "{name}: non-finite values");
+    let n = v.len() as f64;
+    let mean = v.iter().map(|&x| x as f64).sum::<f64>() / n;
+    (v.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / n).sqrt()
+}
+
+#[test]
+fn iq_file_types_write_random_blocks_with_the_weights_spread() {
+    let dir = tmp_dir("iq");
+    for arch in ARCHS {
+        for ty in ["IQ2_M", "IQ1_M", "IQ2_XXS", "IQ3_XXS"] {
+            let spec = tiny(arch, ty);
+            let (path, report) = gen(&spec, &dir, &format!("{arch}-{ty}.gguf"));
+            let f = GgufFile::open(&path).unwrap();
+            let plan = synth::plan(&spec).unwrap();
+            let mut n_random = 0;
+            for p in &plan {
+                assert_eq!(f.tensor(&p.name).unwrap().ty, p.ty, "{arch} {ty}");
+                moxie_quant::validate_row_data(
+                    p.ty,
+                    f.tensor_data(f.tensor(&p.name).unwrap()).unwrap(),
+                )
+                .unwrap_or_else(|b| panic!("{arch} {ty} {}: bad block {b}", p.name));
+                if !synth::random_blocks(p.ty) {
+                    continue;
+                }
+                n_random += 1;
+                let synth::TensorInit::Normal { std } = p.init else {
+                    panic!("{}: {:?}", p.name, p.init)
+                };
+                let got = value_std(&f, &p.name);
+                let want = std as f64;
+                assert!(
+                    got > want / 2.0 && got < want * 2.0,
+                    "{arch} {ty} {} ({}): std {got} for {want}",
+                    p.name,
+                    p.ty
+                );
+            }
+            assert!(n_random > 0, "{arch} {ty}: {:?}", report.tensor_types);
+            assert_eq!(
+                f.metadata().get_u32("general.file_type"),
+                Some(spec.ty.file_type())
+            );
+            // The model loads and runs on them.
+            let model = Model::load(Arc::new(f)).unwrap();
+            let mut cache = model.new_state(Some(16)).unwrap();
+            let logits = model
+                .forward(&[1, 2, 3, 4], &mut cache, &Parallel::new(2), Logits::Last)
+                .unwrap();
+            assert!(logits.iter().all(|x| x.is_finite()), "{arch} {ty}");
+        }
+    }
+    // Types moxie can neither quantize to nor write random blocks of are refused by name.
+    let e = synth::plan(&tiny("qwen3moe", "TQ1_0"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("TQ1_0") && e.contains("neither"), "{e}");
 }
 
 #[test]

@@ -6,12 +6,11 @@
 //!
 //! Port of llama.cpp's tools/quantize/quantize.cpp (command line, imatrix loading and keys)
 //! and src/llama-quant.cpp (`llama_model_quantize_impl`: metadata, tensor order, the main
-//! loop); the type rules are in [`rules`], the file types in [`ftype`].
+//! loop); the type rules and file types are moxie-core's [`moxie_core::quant_rules`] (shared
+//! with `moxie gen`).
 
-mod ftype;
 mod imatrix;
 mod progress;
-mod rules;
 
 use std::fs::File;
 use std::io::BufWriter;
@@ -23,9 +22,8 @@ use fancy_regex::Regex;
 use moxie_gguf::{split_path, GgmlType, GgufFile, GgufStreamWriter, GgufWriter, TensorInfo, Value};
 use moxie_quant::ImatrixQuantizer;
 
-use ftype::Ftype;
+use moxie_core::quant_rules::{ftype, rules, Ftype, ModelInfo, Params, Planner};
 use progress::{human_bytes, Progress};
-use rules::{ModelInfo, Params, Planner};
 
 #[derive(clap::Args)]
 #[command(after_help = quantize_help())]
@@ -128,7 +126,8 @@ pub fn main(a: Args) -> Result<()> {
         GgufFile::open(&a.input)
     }
     .context("input")?;
-    let model = model_info(&input).with_context(|| format!("input {}", a.input.display()))?;
+    let model = ModelInfo::from_metadata(input.metadata())
+        .with_context(|| format!("input {}", a.input.display()))?;
 
     let mut imx = match &a.imatrix {
         Some(p) => Some(imatrix::load(p)?),
@@ -415,46 +414,6 @@ fn parse_tensor_type(s: &str, flag: &str) -> Result<(Regex, GgmlType)> {
     let re = Regex::new(&pat)
         .map_err(|e| anyhow::anyhow!("{flag} '{s}': bad regular expression '{pat}': {e}"))?;
     Ok((re, parse_ggml_type(ty, flag)?))
-}
-
-/// The hyper-parameters the type rules read (llama.cpp's `load_hparams` for them).
-fn model_info(f: &GgufFile) -> Result<ModelInfo> {
-    let md = f.metadata();
-    let arch = md.require_str("general.architecture")?.to_owned();
-    let n_layer = md.require_u32(&format!("{arch}.block_count"))?;
-    if n_layer == 0 {
-        bail!("{arch}.block_count is 0");
-    }
-    let first = |key: &str| -> Result<Option<u32>> {
-        match md.get(key) {
-            None => Ok(None),
-            Some(Value::Array(a)) => {
-                let v = a.to_i64_vec().unwrap_or_default();
-                match v.first() {
-                    Some(&x) => Ok(Some(
-                        u32::try_from(x).with_context(|| format!("{key}: {x}"))?,
-                    )),
-                    None => bail!("{key} is an empty array"),
-                }
-            }
-            Some(_) => {
-                Ok(Some(md.get_u32(key).with_context(|| {
-                    format!("{key} is not an unsigned integer")
-                })?))
-            }
-        }
-    };
-    let n_expert = md.get_u32(&format!("{arch}.expert_count")).unwrap_or(0);
-    let n_head = first(&format!("{arch}.attention.head_count"))?.unwrap_or(0);
-    let n_head_kv = first(&format!("{arch}.attention.head_count_kv"))?.unwrap_or(n_head);
-    let n_gqa = n_head.checked_div(n_head_kv).unwrap_or(0);
-    Ok(ModelInfo {
-        is_70b: arch == "llama" && n_expert != 8 && n_layer == 80 && n_head != n_head_kv,
-        arch,
-        n_layer,
-        n_expert,
-        n_gqa,
-    })
 }
 
 /// `--include-weights` / `--exclude-weights`: substring filters on the entry names.

@@ -12,11 +12,14 @@
 //!   DeepSeek sparse attention indexer of GLM-5 (`indexer.*`), expert groups, YaRN betas.
 //! * Order: llama-quantize's (its loader's `weight_name_comparer`): tensors outside blocks
 //!   first, then block by block, names in byte order within each.
-//! * Types: llama-quantize's per-tensor rules for the preset's type (Q4_K_M: Q6_K `output`,
-//!   Q4_K `token_embd`, Q6_K `ffn_down*` and `attn_v` in the `use_more_bits` layers of
-//!   `n_layer_all` blocks, Q4_K elsewhere with its fallback for rows that are not a whole
-//!   number of 256-blocks, e.g. MLA's `attn_k_b` -> Q5_0; F32 for 1-D tensors, norms and the
-//!   router), chosen in that order.
+//! * Types: llama-quantize's per-tensor rules ([`crate::quant_rules`], the port `moxie
+//!   quantize` uses) for the preset's type, any llama-quantize file type (Q4_K_M by default:
+//!   Q6_K `output`, Q4_K `token_embd`, Q6_K `ffn_down*` and `attn_v` in the `use_more_bits`
+//!   layers of `n_layer_all` blocks, Q4_K elsewhere with its fallback for rows that are not a
+//!   whole number of 256-blocks, e.g. MLA's `attn_k_b` -> Q5_0; F32 for 1-D tensors, norms and
+//!   the router), chosen in that order, without an importance matrix (as `llama-quantize
+//!   --dry-run` chooses them; a real IQ1/IQ2/IQ3 file needs one, which changes only the
+//!   IQ3_XXS, IQ4_NL/IQ4_XS and Q4_0/Q5_0 mixes' choices for a few tensor kinds).
 //! * Tokenizer: 4-entry placeholder arrays (the vocabulary size is `<arch>.vocab_size` and the
 //!   `token_embd` / `output` shapes) with the model's real special-token ids.
 //!
@@ -62,9 +65,9 @@ use std::time::Instant;
 
 use moxie_gguf::{Array, GgufWriter, Value};
 
-use super::plan::{self, arch_keys, tensor_list, TypeChooser};
+use super::plan::{self, arch_keys, choose_types, tensor_list};
 use super::SynthArch;
-use super::{count_types, QuantMix, SynthReport, SynthShape, SynthSpec, SynthType, Yarn};
+use super::{count_types, Ftype, SynthReport, SynthShape, SynthSpec, SynthType, Yarn};
 use crate::config::Gating;
 use crate::inventory::layer_of;
 use crate::{Error, Result};
@@ -186,7 +189,7 @@ fn deepseek_v3() -> HeaderSpec {
                 logit_std: LOGIT_STD,
                 router_std: ROUTER_STD,
             },
-            ty: SynthType::Mix(QuantMix::Q4_K_M),
+            ty: SynthType::Ftype(Ftype::Q4_K_M),
             seed: 0,
             name: "deepseek-v3-671b".into(),
         },
@@ -242,7 +245,7 @@ fn glm_4_7() -> HeaderSpec {
                 logit_std: LOGIT_STD,
                 router_std: ROUTER_STD,
             },
-            ty: SynthType::Mix(QuantMix::Q4_K_M),
+            ty: SynthType::Ftype(Ftype::Q4_K_M),
             seed: 0,
             name: "glm-4.7-355b".into(),
         },
@@ -300,7 +303,7 @@ fn glm_5_1() -> HeaderSpec {
                 logit_std: LOGIT_STD,
                 router_std: ROUTER_STD,
             },
-            ty: SynthType::Mix(QuantMix::Q4_K_M),
+            ty: SynthType::Ftype(Ftype::Q4_K_M),
             seed: 0,
             name: "glm-5.1-744b".into(),
         },
@@ -418,7 +421,7 @@ impl HeaderSpec {
                 "moxie.header_only.note".into(),
                 format!(
                     "written by moxie gen --header-only: metadata and tensor index of a llama.cpp {} conversion of {}, without tensor data (the file ends where the data section starts; offsets are the full file's); tokenizer arrays are 4-entry placeholders (vocabulary size: {a}.vocab_size)",
-                    self.base.ty.name(),
+                    self.base.ty,
                     self.model_name
                 )
                 .into(),
@@ -502,19 +505,18 @@ impl HeaderSpec {
     /// and the full file's offsets ([`GgufWriter::tensor_infos`] lists them).
     pub fn writer(&self) -> Result<GgufWriter> {
         let tensors = self.tensor_shapes()?;
-        let s = &self.base.shape;
-        let mut types = TypeChooser::new(
-            self.base.ty,
-            s.n_expert,
-            s.n_layer,
-            tensors.iter().map(|(n, _)| n.as_str()),
-        );
+        let meta = self.metadata();
+        let shapes: Vec<(&str, &[u64])> = tensors
+            .iter()
+            .map(|(n, d)| (n.as_str(), d.as_slice()))
+            .collect();
+        let types = choose_types(self.base.ty, self.arch_name, &meta, &shapes)?;
         let mut w = GgufWriter::new();
-        for (k, v) in self.metadata() {
+        for (k, v) in meta {
             w.add(&k, v)?;
         }
-        for (name, dims) in &tensors {
-            w.add_tensor_info(name, dims, types.choose(name, dims))?;
+        for ((name, dims), ty) in tensors.iter().zip(types) {
+            w.add_tensor_info(name, dims, ty)?;
         }
         Ok(w)
     }

@@ -7,6 +7,13 @@
 //!   `N(0, 0.1²)`, the output head scaled for logit std ≈ `logit_std` (4), the router for
 //!   router-logit std ≈ `router_std` (1.5), `exp_probs_b` `N(0, 0.05²)`: outputs are peaked and
 //!   every expert gets used.
+//! * Types: [`SynthType`], a llama-quantize file type (every name it takes: Q4_K_M, Q2_K,
+//!   IQ2_M, IQ1_M, Q8_0, ...) whose per-tensor types come from [`crate::quant_rules`], the port
+//!   of llama-quantize's rules that `moxie quantize` uses, or one block type for every tensor
+//!   (llama-quantize's `--pure`). Weights are quantized with moxie's ports of llama-quantize's
+//!   quantizers; the IQ1/IQ2/IQ3 types it has none for (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S,
+//!   IQ3_XXS, IQ3_S) are written as random valid blocks scaled to the weights' spread, not as
+//!   a quantization of them (`random_blocks.rs`).
 //! * Deterministic: every tensor row has its own random stream, seeded from the model seed,
 //!   the tensor name and the row index, so the bytes do not depend on threads or order.
 //! * Streaming: tensors are generated, quantized and written a chunk of rows at a time, so a
@@ -28,15 +35,18 @@
 mod corpus;
 mod header;
 mod plan;
+mod random_blocks;
 pub mod rng;
 pub mod vocab;
 mod write;
 
 use std::path::PathBuf;
 
+pub use crate::quant_rules::Ftype;
 pub use header::{header_presets, write_header_only, HeaderSpec, Indexer, SpecialTokens};
 pub use moxie_quant::GgmlType;
 pub use plan::{metadata, plan, PlannedTensor, TensorInit};
+pub use random_blocks::random_blocks;
 pub use write::{generate, generate_with, Progress};
 
 use crate::config::Gating;
@@ -290,89 +300,99 @@ impl SynthShape {
     }
 }
 
-/// Mixes of block types chosen per tensor the way llama-quantize does for its `ftype`s.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[allow(non_camel_case_types)]
-pub enum QuantMix {
-    /// Q4_K, with Q6_K for `output`, for `ffn_down*` / `attn_v` in llama-quantize's
-    /// "use_more_bits" layers, Q8_0 `attn_k`/`attn_v` and Q5_K `attn_output` for 8-expert models.
-    Q4_K_M,
-    /// Q5_K, with Q6_K for `output` and for `ffn_down*` / `attn_v` in the "use_more_bits" layers.
-    Q5_K_M,
-}
-
-/// The tensor type(s) of a synthetic model.
+/// The tensor types of a synthetic model, chosen tensor by tensor by llama-quantize's rules
+/// ([`crate::quant_rules`], the port `moxie quantize` uses): what `llama-quantize` would give
+/// each tensor of an F32 master of the model (1-D tensors, norms and routers stay F32).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SynthType {
-    /// Every 2-D/3-D weight in this type (llama-quantize `--pure`), falling back like
-    /// llama-quantize where a row length is not a multiple of the block size. 1-D tensors,
-    /// norms and the router stay F32.
-    Plain(GgmlType),
-    /// A llama-quantize-style mix.
-    Mix(QuantMix),
+    /// A llama-quantize file type (`Q4_K_M`, `Q2_K`, `IQ2_M`, `Q8_0`, ...): its per-tensor mix,
+    /// as `llama-quantize MASTER OUT FTYPE` without an importance matrix writes it.
+    Ftype(Ftype),
+    /// One block type for every tensor llama-quantize quantizes (its `--pure`), with its
+    /// fallbacks where a row is not a whole number of blocks.
+    Pure(GgmlType),
 }
 
-/// Type names [`SynthType::parse`] accepts.
-pub const TYPE_NAMES: &[&str] = &[
-    "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
-    "Q6_K", "IQ4_NL", "IQ4_XS", "Q4_K_M", "Q5_K_M",
-];
-
 impl SynthType {
-    /// Parses a type name (case-insensitive): a block type or a mix (see [`TYPE_NAMES`]).
+    /// A llama-quantize file type by name (any case, aliases such as `Q4_K` = `Q4_K_M`) or id.
     pub fn parse(name: &str) -> Result<SynthType> {
-        let up = name.trim().to_ascii_uppercase();
-        let t = match up.as_str() {
-            "Q4_K_M" => SynthType::Mix(QuantMix::Q4_K_M),
-            "Q5_K_M" => SynthType::Mix(QuantMix::Q5_K_M),
-            _ => match GgmlType::from_name(&up) {
-                Some(t) if TYPE_NAMES.contains(&t.name()) => SynthType::Plain(t),
-                _ => {
-                    return Err(Error::Model(format!(
-                        "synth: unknown type '{name}'; supported: {}",
-                        TYPE_NAMES.join(", ")
-                    )))
-                }
-            },
-        };
-        Ok(t)
+        match Ftype::parse(name.trim()) {
+            Some((f, _)) => Ok(SynthType::Ftype(f)),
+            None => Err(Error::Model(format!(
+                "synth: unknown file type '{name}'; llama-quantize's file types: {} (for one block type in every tensor, e.g. IQ2_S, use --pure / SynthType::parse_pure)",
+                ftype_names()
+            ))),
+        }
     }
 
-    /// The name as [`parse`](SynthType::parse) accepts it.
+    /// One block type for every quantized tensor (llama-quantize's `--pure`): a ggml type name
+    /// (`Q4_K`, `IQ2_S`, ...), or a file type name for its default block type (`Q4_K_M`:
+    /// Q4_K).
+    pub fn parse_pure(name: &str) -> Result<SynthType> {
+        let name = name.trim();
+        if let Some(t) = GgmlType::from_name(name) {
+            return Ok(SynthType::Pure(t));
+        }
+        match Ftype::parse(name) {
+            Some((f, _)) => Ok(SynthType::Pure(f.default_type())),
+            None => Err(Error::Model(format!(
+                "synth: unknown block type '{name}'; ggml types: {}",
+                GgmlType::ALL
+                    .iter()
+                    .map(|t| t.name())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))),
+        }
+    }
+
+    /// The file type's or block type's name (`Q4_K_M`; `Q4_K` for pure Q4_K).
     pub fn name(&self) -> &'static str {
         match self {
-            SynthType::Plain(t) => t.name(),
-            SynthType::Mix(QuantMix::Q4_K_M) => "Q4_K_M",
-            SynthType::Mix(QuantMix::Q5_K_M) => "Q5_K_M",
+            SynthType::Ftype(f) => f.name(),
+            SynthType::Pure(t) => t.name(),
         }
     }
 
-    /// `general.file_type` (llama.cpp's `llama_ftype`).
+    /// `general.file_type` (llama.cpp's `llama_ftype`). A pure type writes the file type of
+    /// the same name whose bulk type it is (Q3_K/Q4_K/Q5_K: the `_S` mixes, IQ2_S: IQ2_S),
+    /// else 1024 (`LLAMA_FTYPE_GUESSED`).
     pub fn file_type(&self) -> u32 {
         use GgmlType::*;
-        match self {
-            SynthType::Mix(QuantMix::Q4_K_M) => 15,
-            SynthType::Mix(QuantMix::Q5_K_M) => 17,
-            SynthType::Plain(t) => match t {
-                F32 => 0,
-                F16 => 1,
-                Q4_0 => 2,
-                Q4_1 => 3,
-                Q8_0 => 7,
-                Q5_0 => 8,
-                Q5_1 => 9,
-                Q2_K => 10,
-                Q3_K => 11, // Q3_K_S
-                Q4_K => 14, // Q4_K_S
-                Q5_K => 16, // Q5_K_S
-                Q6_K => 18,
-                IQ4_NL => 25,
-                IQ4_XS => 30,
-                BF16 => 32,
-                _ => 1024, // LLAMA_FTYPE_GUESSED
+        match *self {
+            SynthType::Ftype(f) => f.id(),
+            SynthType::Pure(t) => match t {
+                Q3_K => Ftype::Q3_K_S.id(),
+                Q4_K => Ftype::Q4_K_S.id(),
+                Q5_K => Ftype::Q5_K_S.id(),
+                IQ2_S => Ftype::IQ2_S.id(),
+                _ => Ftype::parse(t.name())
+                    .filter(|(f, _)| f.default_type() == t)
+                    .map_or(1024, |(f, _)| f.id()),
             },
         }
     }
+}
+
+impl std::fmt::Display for SynthType {
+    /// `Q4_K_M`, or `pure Q4_K`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SynthType::Ftype(t) => f.write_str(t.name()),
+            SynthType::Pure(t) => write!(f, "pure {}", t.name()),
+        }
+    }
+}
+
+/// llama-quantize's file type names (without aliases), for messages and help.
+pub fn ftype_names() -> String {
+    let mut v: Vec<&str> = Vec::new();
+    for (_, f) in crate::quant_rules::ftype::NAMES {
+        if !v.contains(&f.name()) {
+            v.push(f.name());
+        }
+    }
+    v.join(", ")
 }
 
 /// What to generate.
@@ -570,31 +590,31 @@ impl SynthSpec {
             "deepseek2-tiny" | "tiny-deepseek2" => (
                 SynthArch::Deepseek2,
                 deepseek2_tiny_shape(),
-                SynthType::Plain(GgmlType::F32),
+                SynthType::Ftype(Ftype::F32),
                 1001,
             ),
             "qwen3moe-tiny" | "tiny-qwen3moe" => (
                 SynthArch::Qwen3Moe,
                 qwen3moe_tiny_shape(),
-                SynthType::Plain(GgmlType::F32),
+                SynthType::Ftype(Ftype::F32),
                 2002,
             ),
             "glm4moe-tiny" | "tiny-glm4moe" => (
                 SynthArch::Glm4Moe,
                 glm4moe_tiny_shape(),
-                SynthType::Plain(GgmlType::F32),
+                SynthType::Ftype(Ftype::F32),
                 3003,
             ),
             "bench-deepseek2" | "bench-ds" => (
                 SynthArch::Deepseek2,
                 bench_deepseek2_shape(),
-                SynthType::Mix(QuantMix::Q4_K_M),
+                SynthType::Ftype(Ftype::Q4_K_M),
                 4004,
             ),
             "bench-qwen3moe" | "bench-qwen" => (
                 SynthArch::Qwen3Moe,
                 bench_qwen3moe_shape(),
-                SynthType::Mix(QuantMix::Q4_K_M),
+                SynthType::Ftype(Ftype::Q4_K_M),
                 5005,
             ),
             _ => {
@@ -693,7 +713,7 @@ impl SynthSpec {
             s.n_ff_exp,
             s.n_expert_used,
             s.n_vocab,
-            self.ty.name(),
+            self.ty,
             self.seed
         )
     }

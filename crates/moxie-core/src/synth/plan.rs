@@ -4,11 +4,12 @@
 use moxie_gguf::{Array, Value};
 use moxie_quant::GgmlType;
 
+use super::random_blocks::random_blocks;
 use super::vocab::{self, TokenizerStyle};
 use super::SynthArch;
-use super::{QuantMix, SynthSpec, SynthType};
+use super::{SynthSpec, SynthType};
 use crate::config::Gating;
-use crate::inventory::layer_of;
+use crate::quant_rules::{self, ModelInfo, Params};
 use crate::{Error, Result};
 
 /// How a tensor's values are drawn.
@@ -338,160 +339,35 @@ pub(super) fn tensor_list(spec: &SynthSpec) -> Vec<(String, Vec<u64>, TensorInit
     t
 }
 
-/// Whether llama-quantize would quantize this tensor (2-D/3-D weights except norms and the
-/// router).
-fn quantizable(name: &str, dims: &[u64]) -> bool {
-    dims.len() >= 2
-        && name.ends_with("weight")
-        && !name.contains("_norm.weight")
-        && !name.contains("ffn_gate_inp.weight")
-}
-
-/// llama-quantize's `tensor_type_fallback`: a type whose block fits rows of `ncols`.
-fn fallback(ty: GgmlType, ncols: u64) -> GgmlType {
-    use GgmlType::*;
-    let fits = |t: GgmlType| ncols.is_multiple_of(t.block_size() as u64);
-    if fits(ty) {
-        return ty;
-    }
-    let alt = match ty {
-        IQ1_S | IQ1_M | IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S | IQ4_XS => IQ4_NL,
-        Q2_K | Q3_K | TQ1_0 | TQ2_0 => Q4_0,
-        Q4_K => Q5_0,
-        Q5_K => Q5_1,
-        Q6_K => Q8_0,
-        other => other,
-    };
-    if fits(alt) {
-        alt
-    } else {
-        F16
-    }
-}
-
-/// llama-quantize's `use_more_bits`.
-fn use_more_bits(i_layer: usize, n_layer: usize) -> bool {
-    i_layer < n_layer / 8
-        || i_layer >= 7 * n_layer / 8
-        || (i_layer as i64 - (n_layer / 8) as i64) % 3 == 2
-}
-
-/// Per-tensor types for a llama-quantize-style mix (`llama_tensor_get_type_impl` for the
-/// Q4_K_M / Q5_K_M ftypes, minus architectures moxie does not generate).
-pub(super) struct MixState {
-    mix: QuantMix,
-    n_expert: usize,
-    n_layer: usize,
-    n_attention_wv: usize,
-    i_attention_wv: usize,
-    i_ffn_down: usize,
-}
-
-impl MixState {
-    fn default_type(&self) -> GgmlType {
-        match self.mix {
-            QuantMix::Q4_K_M => GgmlType::Q4_K,
-            QuantMix::Q5_K_M => GgmlType::Q5_K,
+/// The block type of each of `tensors` (names and shapes, in any order) in a file of
+/// architecture `arch` whose other metadata `keys` holds (the `<arch>.*` hyper-parameters
+/// llama-quantize's rules read): llama-quantize's choice for type `ty` from an F32 master
+/// ([`crate::quant_rules`]), asked in llama-quantize's order.
+pub(super) fn choose_types(
+    ty: SynthType,
+    arch: &str,
+    keys: &[(String, Value)],
+    tensors: &[(&str, &[u64])],
+) -> Result<Vec<GgmlType>> {
+    let master = GgmlType::F32;
+    match ty {
+        SynthType::Ftype(f) => {
+            let arch_value = Value::from(arch);
+            let model = ModelInfo::from_lookup("synth", |k| {
+                if k == "general.architecture" {
+                    Some(&arch_value)
+                } else {
+                    keys.iter().find(|(key, _)| key == k).map(|(_, v)| v)
+                }
+            })?;
+            let list: Vec<(&str, &[u64], GgmlType)> =
+                tensors.iter().map(|&(n, d)| (n, d, master)).collect();
+            Ok(quant_rules::tensor_types(&model, &Params::plain(f), &list)?.0)
         }
-    }
-
-    fn choose(&mut self, name: &str, ncols: u64) -> GgmlType {
-        let default = self.default_type();
-        let mut ty = default;
-        if name == "output.weight" {
-            ty = if !ncols.is_multiple_of(default.block_size() as u64) {
-                GgmlType::Q8_0
-            } else {
-                GgmlType::Q6_K
-            };
-        } else if name == "token_embd.weight" {
-            // default type
-        } else if name.contains("attn_v.weight")
-            || name.contains("attn_qkv.weight")
-            || name.contains("attn_kv_b.weight")
-        {
-            if use_more_bits(self.i_attention_wv, self.n_attention_wv) {
-                ty = GgmlType::Q6_K;
-            }
-            if self.n_expert == 8 {
-                ty = GgmlType::Q8_0;
-            }
-            self.i_attention_wv += 1;
-        } else if name.contains("attn_k.weight") {
-            if self.n_expert == 8 {
-                ty = GgmlType::Q8_0;
-            }
-        } else if name.contains("attn_q.weight") {
-            // unchanged for these mixes
-        } else if name.contains("attn_output.weight") {
-            if self.n_expert == 8 && self.mix == QuantMix::Q4_K_M {
-                ty = GgmlType::Q5_K;
-            }
-        } else if name.contains("ffn_up") || name.contains("ffn_gate") {
-            // unchanged for these mixes
-        } else if name.contains("ffn_down") {
-            let i_layer = if self.n_expert > 1 {
-                layer_of(name).unwrap_or(self.i_ffn_down)
-            } else {
-                self.i_ffn_down
-            };
-            if use_more_bits(i_layer, self.n_layer) {
-                ty = GgmlType::Q6_K;
-            }
-            self.i_ffn_down += 1;
-        }
-        ty
-    }
-}
-
-/// Picks each tensor's block type as llama-quantize does for a [`SynthType`], tensor by tensor
-/// in the order llama-quantize visits them (the mixes count `attn_v`-like tensors as they go).
-pub(super) enum TypeChooser {
-    Plain(GgmlType),
-    Mix(MixState),
-}
-
-impl TypeChooser {
-    /// A chooser for a file whose tensors are `names` (llama-quantize counts the `attn_v`-like
-    /// ones up front) with `n_expert` routed experts and `n_layer` blocks, MTP blocks included
-    /// (llama.cpp's `n_layer_all`, which its `use_more_bits` layer rule divides).
-    pub(super) fn new<'a>(
-        ty: SynthType,
-        n_expert: usize,
-        n_layer: usize,
-        names: impl Iterator<Item = &'a str>,
-    ) -> TypeChooser {
-        match ty {
-            SynthType::Plain(t) => TypeChooser::Plain(t),
-            SynthType::Mix(mix) => TypeChooser::Mix(MixState {
-                mix,
-                n_expert,
-                n_layer,
-                n_attention_wv: names
-                    .filter(|n| {
-                        n.contains("attn_v.weight")
-                            || n.contains("attn_qkv.weight")
-                            || n.contains("attn_kv_b.weight")
-                    })
-                    .count(),
-                i_attention_wv: 0,
-                i_ffn_down: 0,
-            }),
-        }
-    }
-
-    /// The type of the next tensor: F32 for what llama-quantize leaves alone (1-D tensors,
-    /// norms, the router), else the mix's choice with llama-quantize's fallback for rows that
-    /// are not a whole number of blocks.
-    pub(super) fn choose(&mut self, name: &str, dims: &[u64]) -> GgmlType {
-        if !quantizable(name, dims) {
-            return GgmlType::F32;
-        }
-        let ncols = dims[0];
-        match self {
-            TypeChooser::Plain(t) => fallback(*t, ncols),
-            TypeChooser::Mix(m) => fallback(m.choose(name, ncols), ncols),
-        }
+        SynthType::Pure(t) => tensors
+            .iter()
+            .map(|&(n, d)| quant_rules::pure_type(arch, n, d, master, t))
+            .collect(),
     }
 }
 
@@ -499,14 +375,7 @@ impl TypeChooser {
 pub fn plan(spec: &SynthSpec) -> Result<Vec<PlannedTensor>> {
     validate(spec)?;
     let list = tensor_list(spec);
-    let mut types = TypeChooser::new(
-        spec.ty,
-        spec.shape.n_expert,
-        spec.shape.n_layer,
-        list.iter().map(|(n, _, _)| n.as_str()),
-    );
-    let mut out = Vec::with_capacity(list.len());
-    for (name, dims, init) in list {
+    for (name, dims, _) in &list {
         if dims.contains(&0) {
             return Err(bad(format!(
                 "tensor '{name}' would have a zero dimension: {dims:?}"
@@ -516,11 +385,24 @@ pub fn plan(spec: &SynthSpec) -> Result<Vec<PlannedTensor>> {
         if n_elements.is_none_or(|n| n > MAX_TENSOR_ELEMENTS) || dims[0] > MAX_DIM as u64 {
             return Err(bad(format!("tensor '{name}' would be too large: {dims:?}")));
         }
+    }
+    let shapes: Vec<(&str, &[u64])> = list
+        .iter()
+        .map(|(n, d, _)| (n.as_str(), d.as_slice()))
+        .collect();
+    let types = choose_types(spec.ty, spec.arch.name(), &arch_keys(spec), &shapes)?;
+    let mut out = Vec::with_capacity(list.len());
+    for ((name, dims, init), ty) in list.into_iter().zip(types) {
         let ncols = dims[0];
-        let ty = types.choose(&name, &dims);
-        if moxie_quant::quantize_weights_fn(ty).is_none() {
+        if random_blocks(ty) {
+            if !matches!(init, TensorInit::Normal { .. }) {
+                return Err(bad(format!(
+                    "tensor '{name}' would be {ty}, written as random blocks, which cannot stand for its initialisation {init:?}"
+                )));
+            }
+        } else if moxie_quant::quantize_weights_fn(ty).is_none() {
             return Err(bad(format!(
-                "tensor '{name}' would be {ty}, which moxie cannot quantize"
+                "tensor '{name}' would be {ty}, which moxie can neither quantize to nor write random blocks of (it writes random IQ1_S/IQ1_M/IQ2_XXS/IQ2_XS/IQ2_S/IQ3_XXS/IQ3_S blocks; --header-only writes any type)"
             )));
         }
         if ty.row_bytes(ncols).is_none() {
@@ -683,29 +565,4 @@ pub fn metadata(spec: &SynthSpec) -> Result<Vec<(String, Value)>> {
     put("tokenizer.ggml.add_eos_token", Value::Bool(false));
     put("tokenizer.chat_template", style.chat_template.into());
     Ok(m)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn use_more_bits_matches_llama_quantize() {
-        // n_layer 3: only the last layer (7*3/8 = 2)
-        let v: Vec<bool> = (0..3).map(|i| use_more_bits(i, 3)).collect();
-        assert_eq!(v, [false, false, true]);
-        // n_layer 20: 0,1 (< 2), 18,19 (>= 17 ... 17 too), and (i-2)%3==2
-        let v: Vec<usize> = (0..20).filter(|&i| use_more_bits(i, 20)).collect();
-        assert_eq!(v, [0, 1, 4, 7, 10, 13, 16, 17, 18, 19]);
-    }
-
-    #[test]
-    fn fallbacks_match_llama_quantize() {
-        assert_eq!(fallback(GgmlType::Q4_K, 64), GgmlType::Q5_0);
-        assert_eq!(fallback(GgmlType::Q6_K, 32), GgmlType::Q8_0);
-        assert_eq!(fallback(GgmlType::Q5_K, 128), GgmlType::Q5_1);
-        assert_eq!(fallback(GgmlType::Q4_K, 512), GgmlType::Q4_K);
-        assert_eq!(fallback(GgmlType::Q8_0, 48), GgmlType::F16);
-        assert_eq!(fallback(GgmlType::IQ4_XS, 64), GgmlType::IQ4_NL);
-    }
 }

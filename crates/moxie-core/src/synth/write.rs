@@ -7,6 +7,7 @@ use std::time::Instant;
 use moxie_gguf::GgufWriter;
 
 use super::plan::{metadata, plan, PlannedTensor, TensorInit};
+use super::random_blocks::{self, random_blocks};
 use super::rng::{tensor_seed, Xoshiro256};
 use super::{count_types, SynthReport, SynthSpec};
 use crate::Result;
@@ -99,7 +100,9 @@ fn partial_path(path: &Path) -> PathBuf {
 }
 
 /// Generates rows `rows` of tensor `t` into `out` (`rows.len() * row_bytes` bytes), using
-/// `f32` scratch space `buf` of one row.
+/// `f32` scratch space `buf` of one row: a Normal draw quantized to the tensor's type, or for
+/// the types moxie has no quantizer for, random blocks with the draw's spread
+/// ([`super::random_blocks`]).
 fn fill_rows(
     t: &PlannedTensor,
     seed: u64,
@@ -107,8 +110,18 @@ fn fill_rows(
     buf: &mut [f32],
     out: &mut [u8],
 ) {
-    let quantize = moxie_quant::quantize_weights_fn(t.ty).expect("checked by plan()");
     let row_bytes = t.row_bytes() as usize;
+    if random_blocks(t.ty) {
+        let TensorInit::Normal { std } = t.init else {
+            unreachable!("checked by plan()")
+        };
+        for (r, dst) in rows.zip(out.chunks_exact_mut(row_bytes)) {
+            let mut rng = Xoshiro256::for_row(seed, r);
+            random_blocks::fill_row(t.ty, &mut rng, std, dst, buf);
+        }
+        return;
+    }
+    let quantize = moxie_quant::quantize_weights_fn(t.ty).expect("checked by plan()");
     for (r, dst) in rows.zip(out.chunks_exact_mut(row_bytes)) {
         let mut rng = Xoshiro256::for_row(seed, r);
         rng.fill_normal(buf);

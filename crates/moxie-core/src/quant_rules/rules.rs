@@ -9,11 +9,15 @@
 //! `attn_v`-like tensors were seen before, so tensors must be asked for in llama-quantize's
 //! order (see [`tensor_order`]).
 
-use anyhow::{bail, Result};
 use fancy_regex::Regex;
 use moxie_quant::GgmlType;
 
 use super::ftype::Ftype;
+use crate::{Error, Result};
+
+fn err(msg: String) -> Error {
+    Error::Model(msg)
+}
 
 /// The hyper-parameters the rules use (`llama_hparams` / `llama_model` fields).
 #[derive(Clone, Debug, Default)]
@@ -135,8 +139,12 @@ pub fn block_number(name: &str) -> Option<i64> {
 
 /// Whether `--tensor-type` pattern `re` is found in `name` (`std::regex_search`).
 fn found(re: &Regex, name: &str) -> Result<bool> {
-    re.is_match(name)
-        .map_err(|e| anyhow::anyhow!("--tensor-type pattern '{}' on {name}: {e}", re.as_str()))
+    re.is_match(name).map_err(|e| {
+        err(format!(
+            "--tensor-type pattern '{}' on {name}: {e}",
+            re.as_str()
+        ))
+    })
 }
 
 /// `tensor_allows_quantization` (without the copy-only mode).
@@ -256,6 +264,34 @@ pub struct Fallback {
     pub got: GgmlType,
 }
 
+/// `tensor_type_fallback`: `ty` if rows of `ncols` split into its blocks, else a type whose
+/// blocks fit them (F16 when even the fallback's do not).
+pub fn type_fallback(name: &str, ncols: u64, ty: GgmlType) -> Result<GgmlType> {
+    use GgmlType::*;
+    let bs = ty.block_size() as u64;
+    if ncols.is_multiple_of(bs) {
+        return Ok(ty);
+    }
+    let mut got = match ty {
+        IQ1_S | IQ1_M | IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S | IQ4_XS => IQ4_NL,
+        Q2_0 | Q2_K | Q3_K | TQ1_0 | TQ2_0 => Q4_0,
+        Q4_K => Q5_0,
+        Q5_K => Q5_1,
+        Q6_K => Q8_0,
+        // A 32-block type has no smaller block to go to: F16 below.
+        _ if bs <= 32 => ty,
+        _ => {
+            return Err(err(format!(
+                "tensor {name}: no fallback type is defined for {ty} (rows of {ncols} are not a multiple of its block size {bs})"
+            )))
+        }
+    };
+    if !ncols.is_multiple_of(got.block_size() as u64) {
+        got = F16;
+    }
+    Ok(got)
+}
+
 /// llama-quantize's `quantize_state_impl`: the parameters and the counters the mixes keep.
 pub struct Planner<'a> {
     model: &'a ModelInfo,
@@ -351,32 +387,17 @@ impl<'a> Planner<'a> {
         Ok(ty)
     }
 
-    /// `tensor_type_fallback`: a type whose blocks fit rows of `ncols`.
+    /// `tensor_type_fallback`, recording the tensors that needed it.
     fn fallback(&mut self, name: &str, ncols: u64, ty: GgmlType) -> Result<GgmlType> {
-        use GgmlType::*;
-        let bs = ty.block_size() as u64;
-        if ncols.is_multiple_of(bs) {
-            return Ok(ty);
+        let got = type_fallback(name, ncols, ty)?;
+        if got != ty {
+            self.fallbacks.push(Fallback {
+                name: name.to_owned(),
+                ncols,
+                wanted: ty,
+                got,
+            });
         }
-        let mut got = match ty {
-            IQ1_S | IQ1_M | IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S | IQ4_XS => IQ4_NL,
-            Q2_0 | Q2_K | Q3_K | TQ1_0 | TQ2_0 => Q4_0,
-            Q4_K => Q5_0,
-            Q5_K => Q5_1,
-            Q6_K => Q8_0,
-            // A 32-block type has no smaller block to go to: F16 below.
-            _ if bs <= 32 => ty,
-            _ => bail!("tensor {name}: no fallback type is defined for {ty} (rows of {ncols} are not a multiple of its block size {bs})"),
-        };
-        if !ncols.is_multiple_of(got.block_size() as u64) {
-            got = F16;
-        }
-        self.fallbacks.push(Fallback {
-            name: name.to_owned(),
-            ncols,
-            wanted: ty,
-            got,
-        });
         Ok(got)
     }
 
@@ -385,10 +406,14 @@ impl<'a> Planner<'a> {
     fn layer_info(&self, counter: i64, n_layer: i64, name: &str) -> Result<(i64, i64)> {
         if self.model.n_expert.max(1) > 1 {
             let Some(i) = block_number(name) else {
-                bail!("failed to determine the layer of tensor {name}");
+                return Err(err(format!(
+                    "failed to determine the layer of tensor {name}"
+                )));
             };
             if i < 0 || i >= n_layer {
-                bail!("bad layer {i} for tensor {name}: must be in [0, {n_layer})");
+                return Err(err(format!(
+                    "bad layer {i} for tensor {name}: must be in [0, {n_layer})"
+                )));
             }
             return Ok((i, n_layer));
         }

@@ -94,6 +94,15 @@ impl Ftype {
         self as u32
     }
 
+    /// The name llama-quantize prints for it (`Q4_K_M`, not its alias `Q4_K`).
+    pub fn name(self) -> &'static str {
+        NAMES
+            .iter()
+            .rev()
+            .find(|(_, f)| *f == self)
+            .map_or("?", |(n, _)| n)
+    }
+
     /// Parses a file type as llama-quantize does: a name from [`NAMES`] in any case, or the
     /// numeric id (the whole argument must be the number; llama-quantize's `stoi` would also
     /// take `7.gguf` as 7). Returns the canonical name (`Q4_K` for the alias) too.
@@ -183,6 +192,11 @@ mod tests {
         assert_eq!(Ftype::parse("q4_k_x"), None);
         assert_eq!(Ftype::parse("COPY"), None);
         assert_eq!(Ftype::parse("4"), None);
+        assert_eq!(Ftype::Q4_K_M.name(), "Q4_K_M");
+        assert_eq!(Ftype::Q3_K_M.name(), "Q3_K_M");
+        for (_, f) in NAMES {
+            assert_eq!(Ftype::parse(f.name()).map(|p| p.0), Some(*f));
+        }
     }
 
     #[test]
