@@ -34,7 +34,10 @@ use moxie_gguf::GgufFile;
 use serde_json::Value;
 
 mod common;
-use common::{fixtures, golden_index, is_ik, kld_per_row, supported_models, FixtureModel as Case};
+use common::{
+    fixtures, golden_index, ik_bound, ik_own, ik_own_pooled, is_ik, kld_per_row, supported_models,
+    FixtureModel as Case,
+};
 
 /// Mean over rows of KL(p ‖ q).
 fn mean_kld(a: &[f32], b: &[f32], n_vocab: usize) -> f64 {
@@ -186,11 +189,9 @@ fn check_all_fixtures(numerics: Numerics, ik: bool) {
             };
             // ik_llama.cpp is measured against itself: its batch-1 vs batch-512 distance.
             let (bound, top1_min) = if ik {
-                let own = &case.entry["determinism_checks"][seq];
-                let own_kld = own["mean_kld_batch1_vs_512"].as_f64().unwrap();
-                let own_top1 = own["argmax_agree_batch1_vs_512"].as_f64().unwrap();
-                pooled.add(&klds, top1, bound, own_kld, own_top1);
-                (bound.max(2.0 * own_kld), top1_min.min(own_top1 - 0.05))
+                pooled.add(&klds, top1, bound);
+                let (own_kld, own_top1) = ik_own(&case.entry, seq);
+                ik_bound(bound, top1_min, own_kld, own_top1)
             } else {
                 (bound, top1_min)
             };
@@ -258,7 +259,7 @@ fn check_all_fixtures(numerics: Numerics, ik: bool) {
             }
         }
         if ik {
-            let (kld, bound, top1, top1_min) = pooled.verdict();
+            let (kld, bound, top1, top1_min) = pooled.verdict(&case.entry);
             let ok = kld <= bound && top1 >= top1_min;
             table.push_str(&format!(
                 "{} | all | - | {kld:.3e} | {bound:.1e} | {:.1}% (min {:.1}%) | {} | -\n",
@@ -281,33 +282,30 @@ fn check_all_fixtures(numerics: Numerics, ik: bool) {
 }
 
 /// An ik_llama.cpp file's sequences pooled position by position: the sums behind its mean KLD
-/// and top-1 agreement, and behind the position-weighted means of the bound's parts.
+/// and top-1 agreement, and behind the position-weighted mean of the core bound.
 #[derive(Default)]
 struct Pooled {
     positions: f64,
     kld: f64,
     top1: f64,
     core_bound: f64,
-    own_kld: f64,
-    own_top1: f64,
 }
 
 impl Pooled {
-    fn add(&mut self, klds: &[f64], top1: f64, core_bound: f64, own_kld: f64, own_top1: f64) {
+    fn add(&mut self, klds: &[f64], top1: f64, core_bound: f64) {
         let n = klds.len() as f64;
         self.positions += n;
         self.kld += klds.iter().sum::<f64>();
         self.top1 += n * top1;
         self.core_bound += n * core_bound;
-        self.own_kld += n * own_kld;
-        self.own_top1 += n * own_top1;
     }
 
-    /// (mean KLD, its bound, top-1 agreement, its minimum).
-    fn verdict(&self) -> (f64, f64, f64, f64) {
+    /// (mean KLD, its bound, top-1 agreement, its minimum), with ik's own distance pooled over
+    /// the same positions (every sequence of `entry` was added).
+    fn verdict(&self, entry: &Value) -> (f64, f64, f64, f64) {
         let n = self.positions;
-        let bound = (self.core_bound / n).max(2.0 * self.own_kld / n);
-        let top1_min = 0.95f64.min(self.own_top1 / n - 0.05);
+        let (own_kld, own_top1) = ik_own_pooled(entry);
+        let (bound, top1_min) = ik_bound(self.core_bound / n, 0.95, own_kld, own_top1);
         (self.kld / n, bound, self.top1 / n, top1_min)
     }
 }

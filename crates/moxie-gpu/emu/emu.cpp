@@ -695,6 +695,7 @@ static int launch(const char* name, void (*fn)(P...), const Request& r, std::str
 
 #include "../kernels/common.cuh"
 #include "../kernels/iq_grids.cuh"
+#include "../kernels/iqk_values.cuh"
 #include "../kernels/quant.cuh"
 #include "../kernels/matmul.cu"
 #include "../kernels/ops.cu"

@@ -1,20 +1,25 @@
 // Dequantization of every weight type the GPU kernels read, one 32-value chunk at a time.
 //
-// Every type's block is either 32 values (Q4_0 .. Q8_0, IQ4_NL) or a 256-value super-block
-// of eight 32-value chunks (the K-quants, IQ4_XS and the IQ1/IQ2/IQ3 types, whose code books
-// are in iq_grids.cuh); F32/F16/BF16 rows are cut into chunks of
+// Every type's block is either 32 values (Q4_0 .. Q8_0, IQ4_NL, Q6_0) or a 256-value
+// super-block of eight 32-value chunks (the K-quants, IQ4_XS, the IQ1/IQ2/IQ3 types, whose
+// code books are in iq_grids.cuh, and ik_llama.cpp's IQ2_K .. IQ6_K and IQ2_KS .. IQ5_KS,
+// whose code books are in iqk_values.cuh); F32/F16/BF16 rows are cut into chunks of
 // 32. So `mx_dequant_chunk<TY>(row, c, out)` — chunk c of a row, elements 32c .. 32c+31 —
 // is all a kernel needs to read any type, and the kernels in matmul.cu are generic over TY.
+// `row` is the start of the row: the _KS types keep their scale there (an f16 or f32 row
+// prefix, ggml's row_meta), before the row's first block.
 //
-// The values equal moxie-quant's `dequantize_row_*` (ggml's) bit for bit: the same f32
-// operations in the same order. On the GPU the multiplies and adds go through __fmul_rn /
-// __fadd_rn, which NVRTC never contracts into an FMA (a plain `d * q - m` may become one).
+// The values equal moxie-quant's `dequantize_row_*` (ggml's, ik_llama.cpp's) bit for bit: the
+// same f32 operations in the same order. On the GPU the multiplies and adds go through
+// __fmul_rn / __fadd_rn, which NVRTC never contracts into an FMA (a plain `d * q - m` may
+// become one); where moxie-quant uses a fused multiply-add (IQ6_K's curve) so does the kernel.
 //
-// Loads: the kernels require the weight's base address to be aligned to mx_type_align
-// (matmul.rs checks it; device allocations are 256-aligned). Since every row and matrix
-// starts a whole number of blocks in, a block's alignment is then the largest power of two
-// (at most 16) dividing its size, and each type loads its fields with the widest accesses
-// that alignment allows (mx_load_words).
+// Loads: the kernels require the weight's base address to be aligned to the type's alignment
+// in src/matmul.rs (`kernels`; matmul.rs checks it; device allocations are 256-aligned). Since
+// every row and matrix starts a whole number of blocks (plus a row prefix) in, a block's
+// alignment is then the largest power of two (at most 16) dividing its size and the row
+// prefix, and each type loads its fields with the widest accesses that alignment allows
+// (mx_load_words).
 #pragma once
 
 // Type tags (template arguments of the generic kernels).
@@ -40,6 +45,16 @@
 #define MX_T_IQ3_S 19
 #define MX_T_IQ1_S 20
 #define MX_T_IQ1_M 21
+#define MX_T_IQ2_K 22
+#define MX_T_IQ3_K 23
+#define MX_T_IQ4_K 24
+#define MX_T_IQ5_K 25
+#define MX_T_IQ6_K 26
+#define MX_T_IQ2_KS 27
+#define MX_T_IQ3_KS 28
+#define MX_T_IQ4_KS 29
+#define MX_T_IQ5_KS 30
+#define MX_T_Q6_0 31
 
 #ifdef __CUDACC_RTC__
 #define MX_FMUL(a, b) __fmul_rn((a), (b))
@@ -107,6 +122,10 @@ __device__ __forceinline__ uint32_t mx_ld_u16(const uint8_t* p) {
 
 __device__ __forceinline__ float mx_ld_f16(const uint8_t* p) {
     return mx_f16_to_f32(*(const uint16_t*)p);
+}
+
+__device__ __forceinline__ float mx_ld_f32(const uint8_t* p) {
+    return __uint_as_float(*(const uint32_t*)p);
 }
 
 // kvalues_iq4nl, the IQ4_NL / IQ4_XS code book, as packed bytes (no table in memory).
@@ -565,6 +584,255 @@ __device__ __forceinline__ void mx_deq_iq1_m(const uint8_t* row, int c, float* o
     }
 }
 
+// ---- ik_llama.cpp's types ----------------------------------------------------------------
+// moxie-quant's iqk.rs has the layouts. A value is (d * scale) * code, with code the entry of
+// its book (iqk_values.cuh) at the value's index, plus the book's half size where its group's
+// `extra` bit is set. The _K types (an f16 d per block) have two 16-value groups per chunk:
+// scale and extra bit 2s for the first 16 values of sub-block s, 2s+1 for the last 16. The _KS
+// types (one d per row, before the blocks) have one 32-value group per chunk.
+
+// IQ2_K, 76 bytes: d, extra (u16), scales[8] (a nibble per 16 values, minus 8), qs[64].
+// Sub-block s: bit pair s%4 of qs[32*(s/4) ..][32].
+__device__ __forceinline__ void mx_deq_iq2_k(const uint8_t* row, int c, float* out) {
+    const uint8_t* b = row + (uint64_t)(c >> 3) * 76u;
+    int s = c & 7;
+    float d = mx_ld_f16(b);
+    uint32_t extra = mx_ld_u16(b + 2) >> (2 * s);
+    uint32_t sc = b[4 + s];
+    uint32_t q[8];
+    mx_load_words<4, 8>(b + 12 + 32 * (s >> 2), q);
+    int shift = 2 * (s & 3);
+    MX_UNROLL
+    for (int part = 0; part < 2; ++part) {
+        float dl = MX_FMUL(d, (float)((int)((sc >> (4 * part)) & 0xfu) - 8));
+        uint32_t up = ((extra >> part) & 1u) * 4u;
+        MX_UNROLL
+        for (int l = 16 * part; l < 16 * part + 16; ++l) {
+            uint32_t i = ((mx_byte(q, l) >> shift) & 3u) + up;
+            out[l] = MX_FMUL(dl, (float)mx_iq2nl_values[i]);
+        }
+    }
+}
+
+// IQ3_K, 110 bytes: d, extra, signs (u16: bit g negates group g's scale), scales[8] (a
+// nibble s per 16 values: 2s + 1), qs[64], qh[32]. Sub-block s: bit pair s%4 of
+// qs[32*(s/4) ..][32], bit s of qh[0 ..][32] as the third bit.
+__device__ __forceinline__ void mx_deq_iq3_k(const uint8_t* row, int c, float* out) {
+    const uint8_t* b = row + (uint64_t)(c >> 3) * 110u;
+    int s = c & 7;
+    float d = mx_ld_f16(b);
+    uint32_t extra = mx_ld_u16(b + 2) >> (2 * s);
+    uint32_t signs = mx_ld_u16(b + 4) >> (2 * s);
+    uint32_t sc = b[6 + s];
+    uint32_t q[8];
+    uint32_t qh[8];
+    mx_load_words<2, 8>(b + 14 + 32 * (s >> 2), q);
+    mx_load_words<2, 8>(b + 78, qh);
+    int shift = 2 * (s & 3);
+    MX_UNROLL
+    for (int part = 0; part < 2; ++part) {
+        int v = 2 * (int)((sc >> (4 * part)) & 0xfu) + 1;
+        float dl = MX_FMUL(d, (float)((signs >> part) & 1u ? -v : v));
+        uint32_t up = ((extra >> part) & 1u) * 8u;
+        MX_UNROLL
+        for (int l = 16 * part; l < 16 * part + 16; ++l) {
+            uint32_t i = (((mx_byte(q, l) >> shift) & 3u) | (((mx_byte(qh, l) >> s) & 1u) << 2)) + up;
+            out[l] = MX_FMUL(dl, (float)mx_iq3nl_values[i]);
+        }
+    }
+}
+
+// The 6-bit scale of group g of IQ4_K / IQ5_K: a nibble of scales_l[g/2] (bytes 8..15) with
+// bits 2(g%4) .. of scales_h[g/4] (bytes 4..7) on top, minus 32.
+__device__ __forceinline__ int mx_iqk_scale6(const uint8_t* b, int g) {
+    uint32_t lo = ((uint32_t)b[8 + (g >> 1)] >> (4 * (g & 1))) & 0xfu;
+    uint32_t hi = ((uint32_t)b[4 + (g >> 2)] >> (2 * (g & 3))) & 3u;
+    return (int)(lo | (hi << 4)) - 32;
+}
+
+// IQ4_K, 144 bytes: d, extra, scales_h[4], scales_l[8], qs[128]. Sub-block s: the low
+// nibbles of qs[16s ..][16], then their high nibbles.
+__device__ __forceinline__ void mx_deq_iq4_k(const uint8_t* row, int c, float* out) {
+    const uint8_t* b = row + (uint64_t)(c >> 3) * 144u;
+    int s = c & 7;
+    float d = mx_ld_f16(b);
+    uint32_t extra = mx_ld_u16(b + 2) >> (2 * s);
+    uint32_t q[4];
+    mx_load_words<16, 4>(b + 16 + 16 * s, q);
+    MX_UNROLL
+    for (int part = 0; part < 2; ++part) {
+        float dl = MX_FMUL(d, (float)mx_iqk_scale6(b, 2 * s + part));
+        uint32_t up = ((extra >> part) & 1u) * 16u;
+        MX_UNROLL
+        for (int j = 0; j < 16; ++j) {
+            uint32_t i = ((mx_byte(q, j) >> (4 * part)) & 0xfu) + up;
+            out[16 * part + j] = MX_FMUL(dl, (float)mx_iq4k_values[i]);
+        }
+    }
+}
+
+// IQ5_K, 176 bytes: as IQ4_K, then qh[32]. Sub-block s: nibble s%2 of qs[32*(s/2) ..][32],
+// bit s of qh[0 ..][32] as the fifth bit.
+__device__ __forceinline__ void mx_deq_iq5_k(const uint8_t* row, int c, float* out) {
+    const uint8_t* b = row + (uint64_t)(c >> 3) * 176u;
+    int s = c & 7;
+    float d = mx_ld_f16(b);
+    uint32_t extra = mx_ld_u16(b + 2) >> (2 * s);
+    uint32_t q[8];
+    uint32_t qh[8];
+    mx_load_words<16, 8>(b + 16 + 32 * (s >> 1), q);
+    mx_load_words<16, 8>(b + 144, qh);
+    int shift = 4 * (s & 1);
+    MX_UNROLL
+    for (int part = 0; part < 2; ++part) {
+        float dl = MX_FMUL(d, (float)mx_iqk_scale6(b, 2 * s + part));
+        uint32_t up = ((extra >> part) & 1u) * 32u;
+        MX_UNROLL
+        for (int l = 16 * part; l < 16 * part + 16; ++l) {
+            uint32_t i = (((mx_byte(q, l) >> shift) & 0xfu) | (((mx_byte(qh, l) >> s) & 1u) << 4)) + up;
+            out[l] = MX_FMUL(dl, (float)mx_iq5nl_values[i]);
+        }
+    }
+}
+
+// IQ6_K's value for a 6-bit index q: ik_llama.cpp's cubic A + q (B + q (-C + q D)) with fused
+// multiply-adds, as moxie-quant's iq6k_curve (and ik's x86 build) evaluates it.
+__device__ __forceinline__ float mx_iq6k_curve(float q) {
+    return fmaf(q, fmaf(q, fmaf(q, 0.0011972f, -0.11218f), 6.2568f), -127.0f);
+}
+
+// IQ6_K, 212 bytes: d, extra, scales[16] (int8), qs[128], qh[64]. Sub-block s: nibble s%2
+// of qs[32*(s/2) ..][32], bits 2(s%4) .. 2(s%4)+1 of qh[32*(s/4) ..][32] on top; value
+// (d * scale) * (curve(q) + extra bit).
+__device__ __forceinline__ void mx_deq_iq6_k(const uint8_t* row, int c, float* out) {
+    const uint8_t* b = row + (uint64_t)(c >> 3) * 212u;
+    int s = c & 7;
+    float d = mx_ld_f16(b);
+    uint32_t extra = mx_ld_u16(b + 2) >> (2 * s);
+    uint32_t sc = mx_ld_u16(b + 4 + 2 * s);
+    uint32_t q[8];
+    uint32_t qh[8];
+    mx_load_words<4, 8>(b + 20 + 32 * (s >> 1), q);
+    mx_load_words<4, 8>(b + 148 + 32 * (s >> 2), qh);
+    int shift = 4 * (s & 1);
+    int hshift = 2 * (s & 3);
+    MX_UNROLL
+    for (int part = 0; part < 2; ++part) {
+        float dl = MX_FMUL(d, (float)(int8_t)(uint8_t)((sc >> (8 * part)) & 0xffu));
+        float m = (float)((extra >> part) & 1u);
+        MX_UNROLL
+        for (int l = 16 * part; l < 16 * part + 16; ++l) {
+            uint32_t i = ((mx_byte(q, l) >> shift) & 0xfu) | (((mx_byte(qh, l) >> hshift) & 3u) << 4);
+            out[l] = MX_FMUL(dl, MX_FADD(mx_iq6k_curve((float)i), m));
+        }
+    }
+}
+
+// IQ2_KS, an f16 d before the row's blocks of 70 bytes: extra (u16: bit s picks the upper
+// half for sub-block s, bit 8+s tops its scale), scales[4] (a nibble per 32 values), qs[64].
+// Scale: nibble | top bit << 4, minus 16. Sub-block s: bit pair s%4 of qs[32*(s/4) ..][32].
+__device__ __forceinline__ void mx_deq_iq2_ks(const uint8_t* row, int c, float* out) {
+    float d = mx_ld_f16(row);
+    const uint8_t* b = row + 2 + (uint64_t)(c >> 3) * 70u;
+    int s = c & 7;
+    uint32_t extra = mx_ld_u16(b);
+    uint32_t nib = ((uint32_t)b[2 + (s >> 1)] >> (4 * (s & 1))) & 0xfu;
+    float dl = MX_FMUL(d, (float)((int)(nib | (((extra >> (8 + s)) & 1u) << 4)) - 16));
+    uint32_t up = ((extra >> s) & 1u) * 4u;
+    uint32_t q[8];
+    mx_load_words<2, 8>(b + 6 + 32 * (s >> 2), q);
+    int shift = 2 * (s & 3);
+    MX_UNROLL
+    for (int l = 0; l < 32; ++l) {
+        out[l] = MX_FMUL(dl, (float)mx_iq2nl_values[((mx_byte(q, l) >> shift) & 3u) + up]);
+    }
+}
+
+// IQ3_KS, an f16 d before the row's blocks of 102 bytes: extra (u16: bit s tops sub-block
+// s's scale, bit 8+s picks its upper half), scales[4] (nibble s/4 of byte s%4), qs[64],
+// qh[32]. Sub-block s: bit pair s%4 of qs[32*(s/4) ..][32], bit s of qh[0 ..][32] third.
+__device__ __forceinline__ void mx_deq_iq3_ks(const uint8_t* row, int c, float* out) {
+    float d = mx_ld_f16(row);
+    const uint8_t* b = row + 2 + (uint64_t)(c >> 3) * 102u;
+    int s = c & 7;
+    uint32_t extra = mx_ld_u16(b);
+    uint32_t nib = ((uint32_t)b[2 + (s & 3)] >> (4 * (s >> 2))) & 0xfu;
+    float dl = MX_FMUL(d, (float)((int)(nib | (((extra >> s) & 1u) << 4)) - 16));
+    uint32_t up = ((extra >> (8 + s)) & 1u) * 8u;
+    uint32_t q[8];
+    uint32_t qh[8];
+    mx_load_words<2, 8>(b + 6 + 32 * (s >> 2), q);
+    mx_load_words<2, 8>(b + 70, qh);
+    int shift = 2 * (s & 3);
+    MX_UNROLL
+    for (int l = 0; l < 32; ++l) {
+        uint32_t i = (((mx_byte(q, l) >> shift) & 3u) | (((mx_byte(qh, l) >> s) & 1u) << 2)) + up;
+        out[l] = MX_FMUL(dl, (float)mx_iq3nl_values[i]);
+    }
+}
+
+// IQ4_KS, an f32 d before the row's blocks of 136 bytes: scales[8] (bits 1..7 minus 127, bit
+// 0 picks the upper half), qs[128]. Sub-block s: the low nibbles of qs[16s ..][16], then their
+// high nibbles.
+__device__ __forceinline__ void mx_deq_iq4_ks(const uint8_t* row, int c, float* out) {
+    float d = mx_ld_f32(row);
+    const uint8_t* b = row + 4 + (uint64_t)(c >> 3) * 136u;
+    int s = c & 7;
+    uint32_t sc = b[s];
+    float dl = MX_FMUL(d, (float)((int)(sc & 254u) - 127));
+    uint32_t up = (sc & 1u) * 16u;
+    uint32_t q[4];
+    mx_load_words<4, 4>(b + 8 + 16 * s, q);
+    MX_UNROLL
+    for (int j = 0; j < 16; ++j) {
+        uint32_t v = mx_byte(q, j);
+        out[j] = MX_FMUL(dl, (float)mx_iq4k_values[(v & 0xfu) + up]);
+        out[j + 16] = MX_FMUL(dl, (float)mx_iq4k_values[(v >> 4) + up]);
+    }
+}
+
+// IQ5_KS, an f32 d before the row's blocks of 168 bytes: scales[8] as IQ4_KS, qs[128],
+// qh[32]. Sub-block s: nibble s%2 of qs[32*(s/2) ..][32], bit s of qh[0 ..][32] fifth.
+__device__ __forceinline__ void mx_deq_iq5_ks(const uint8_t* row, int c, float* out) {
+    float d = mx_ld_f32(row);
+    const uint8_t* b = row + 4 + (uint64_t)(c >> 3) * 168u;
+    int s = c & 7;
+    uint32_t sc = b[s];
+    float dl = MX_FMUL(d, (float)((int)(sc & 254u) - 127));
+    uint32_t up = (sc & 1u) * 32u;
+    uint32_t q[8];
+    uint32_t qh[8];
+    mx_load_words<4, 8>(b + 8 + 32 * (s >> 1), q);
+    mx_load_words<4, 8>(b + 136, qh);
+    int shift = 4 * (s & 1);
+    MX_UNROLL
+    for (int l = 0; l < 32; ++l) {
+        uint32_t i = (((mx_byte(q, l) >> shift) & 0xfu) | (((mx_byte(qh, l) >> s) & 1u) << 4)) + up;
+        out[l] = MX_FMUL(dl, (float)mx_iq5nl_values[i]);
+    }
+}
+
+// Q6_0, 26 bytes (32 values): d, qh[8], qs[16]. Element j < 16: low nibble of qs[j] with bits
+// 4(j/8) .. 4(j/8)+1 of qh[j%8] on top; element j+16: the high nibble with the next two bits;
+// (q - 32) * d.
+__device__ __forceinline__ void mx_deq_q6_0(const uint8_t* row, int c, float* out) {
+    const uint8_t* b = row + (uint64_t)c * 26u;
+    float d = mx_ld_f16(b);
+    uint32_t qh[2];
+    uint32_t q[4];
+    mx_load_words<2, 2>(b + 2, qh);
+    mx_load_words<2, 4>(b + 10, q);
+    MX_UNROLL
+    for (int j = 0; j < 16; ++j) {
+        uint32_t v = mx_byte(q, j);
+        uint32_t h = mx_byte(qh, j & 7) >> (4 * (j >> 3));
+        uint32_t lo = (v & 0xfu) | ((h & 3u) << 4);
+        uint32_t hi = (v >> 4) | (((h >> 2) & 3u) << 4);
+        out[j] = MX_FMUL((float)((int)lo - 32), d);
+        out[j + 16] = MX_FMUL((float)((int)hi - 32), d);
+    }
+}
+
 // ---- dispatch --------------------------------------------------------------------------
 
 // Chunk c of a row (elements 32c .. 32c+31) of type TY into out[32]; TY is a constant, so
@@ -615,5 +883,25 @@ __device__ __forceinline__ void mx_dequant_chunk(const uint8_t* row, int c, floa
         mx_deq_iq1_s(row, c, out);
     } else if (TY == MX_T_IQ1_M) {
         mx_deq_iq1_m(row, c, out);
+    } else if (TY == MX_T_IQ2_K) {
+        mx_deq_iq2_k(row, c, out);
+    } else if (TY == MX_T_IQ3_K) {
+        mx_deq_iq3_k(row, c, out);
+    } else if (TY == MX_T_IQ4_K) {
+        mx_deq_iq4_k(row, c, out);
+    } else if (TY == MX_T_IQ5_K) {
+        mx_deq_iq5_k(row, c, out);
+    } else if (TY == MX_T_IQ6_K) {
+        mx_deq_iq6_k(row, c, out);
+    } else if (TY == MX_T_IQ2_KS) {
+        mx_deq_iq2_ks(row, c, out);
+    } else if (TY == MX_T_IQ3_KS) {
+        mx_deq_iq3_ks(row, c, out);
+    } else if (TY == MX_T_IQ4_KS) {
+        mx_deq_iq4_ks(row, c, out);
+    } else if (TY == MX_T_IQ5_KS) {
+        mx_deq_iq5_ks(row, c, out);
+    } else if (TY == MX_T_Q6_0) {
+        mx_deq_q6_0(row, c, out);
     }
 }

@@ -257,6 +257,7 @@ pub fn kernel_source() -> String {
     [
         include_str!("../kernels/common.cuh"),
         include_str!("../kernels/iq_grids.cuh"),
+        include_str!("../kernels/iqk_values.cuh"),
         include_str!("../kernels/quant.cuh"),
         include_str!("../kernels/matmul.cu"),
         include_str!("../kernels/ops.cu"),

@@ -36,7 +36,9 @@ impl Weight {
 
 /// The kernels of one weight type, and the alignment their loads need of the weight's base
 /// address (the widest access `quant.cuh` makes: the largest power of two, at most 16,
-/// dividing the block size, for whole-row types that of a 32-value chunk).
+/// dividing the block size and the row prefix of ik_llama.cpp's `_KS` types, for whole-row
+/// types that of a 32-value chunk). A `_KS` row is its scale (2 or 4 bytes) and its blocks,
+/// so rows, and the blocks in them, are only 2- or 4-aligned.
 struct Kernels {
     mul_mat: &'static str,
     mul_mat_id: &'static str,
@@ -79,6 +81,16 @@ fn kernels(ty: GgmlType) -> Option<&'static Kernels> {
         IQ3_S => k!("iq3_s", 2),
         IQ1_S => k!("iq1_s", 2),
         IQ1_M => k!("iq1_m", 8),
+        IQ2_K => k!("iq2_k", 4),
+        IQ3_K => k!("iq3_k", 2),
+        IQ4_K => k!("iq4_k", 16),
+        IQ5_K => k!("iq5_k", 16),
+        IQ6_K => k!("iq6_k", 4),
+        IQ2_KS => k!("iq2_ks", 2),
+        IQ3_KS => k!("iq3_ks", 2),
+        IQ4_KS => k!("iq4_ks", 4),
+        IQ5_KS => k!("iq5_ks", 4),
+        Q6_0 => k!("q6_0", 2),
         _ => return None,
     })
 }
@@ -337,20 +349,25 @@ mod tests {
             let deq = moxie_quant::dequantize_fn(ty).is_some();
             // Q8_1 and Q8_K are activation formats, never weights.
             let activation = matches!(ty, GgmlType::Q8_1 | GgmlType::Q8_K);
-            // ik_llama.cpp's own types (ids 133 and up) run on the CPU only for now.
-            let ik = ty.id() >= GgmlType::Q6_0.id();
-            assert_eq!(Gpu::supports(ty), deq && !activation && !ik, "{ty}");
+            assert_eq!(Gpu::supports(ty), deq && !activation, "{ty}");
         }
         for ty in GgmlType::ALL.into_iter().filter(|t| Gpu::supports(*t)) {
             let k = kernels(ty).unwrap();
-            // Blocks (and 32-value chunks of float rows) keep the base alignment.
+            // Blocks (and 32-value chunks of float rows) and row prefixes keep the base
+            // alignment, and the alignment is the largest that does.
             let unit = if ty.block_size() == 1 {
                 32 * ty.type_size()
             } else {
                 ty.type_size()
             } as u64;
+            let prefix = ty.row_meta_bytes() as u64;
             assert_eq!(unit % k.align, 0, "{ty}");
+            assert_eq!(prefix % k.align, 0, "{ty}");
             assert!(k.align.is_power_of_two() && k.align <= 16);
+            let widest = (unit | if prefix == 0 { 16 } else { prefix })
+                .trailing_zeros()
+                .min(4);
+            assert_eq!(k.align, 1 << widest, "{ty}");
         }
     }
 }

@@ -62,12 +62,21 @@ impl Tensor {
             let src: Vec<f32> = rng.vec(n_in).iter().map(|v| v * scale).collect();
             match quantize {
                 Some(quantize) => quantize(&src, dst),
-                // types moxie only reads (IQ1/IQ2/IQ3): random blocks with finite scales
+                // types moxie only reads (IQ1/IQ2/IQ3, ik_llama.cpp's): random blocks with
+                // finite scales, per block or, for the _KS types, in the row prefix
                 None => {
                     for b in dst.iter_mut() {
                         *b = rng.next() as u8;
                     }
-                    for blk in dst.chunks_exact_mut(ty.type_size()) {
+                    let meta = ty.row_meta_bytes();
+                    let d = scale * 0.01 * (1.0 + rng.unit());
+                    match meta {
+                        0 => {}
+                        2 => dst[..2].copy_from_slice(&moxie_quant::f32_to_fp16(d).to_le_bytes()),
+                        4 => dst[..4].copy_from_slice(&d.to_le_bytes()),
+                        _ => unreachable!("{ty}: row prefix of {meta} bytes"),
+                    }
+                    for blk in dst[meta..].chunks_exact_mut(ty.type_size()) {
                         let d = moxie_quant::f32_to_fp16(scale * 0.01 * (1.0 + rng.unit()));
                         if ty == GgmlType::IQ1_M {
                             // its f16 scale is spread over the top nibbles of the scale words
@@ -330,6 +339,16 @@ type_tests! {
     iq3_s: IQ3_S,
     iq1_s: IQ1_S,
     iq1_m: IQ1_M,
+    iq2_k: IQ2_K,
+    iq3_k: IQ3_K,
+    iq4_k: IQ4_K,
+    iq5_k: IQ5_K,
+    iq6_k: IQ6_K,
+    iq2_ks: IQ2_KS,
+    iq3_ks: IQ3_KS,
+    iq4_ks: IQ4_KS,
+    iq5_ks: IQ5_KS,
+    q6_0: Q6_0,
 }
 
 #[test]
@@ -378,6 +397,18 @@ fn bad_arguments_are_errors() {
         ..w
     };
     assert!(gpu.mul_mat(&shifted, 1, p, 256, 0, p, 4, 0, 1).is_err());
+    // A _KS type's rows (f32 prefix + 136-byte blocks) need 4-byte alignment, not 16.
+    let ks = Weight {
+        ty: GgmlType::IQ4_KS,
+        ptr: p.byte_add(4),
+        ..w
+    };
+    gpu.mul_mat(&ks, 1, p, 256, 0, p, 4, 0, 1).unwrap();
+    let ks = Weight {
+        ptr: p.byte_add(2),
+        ..ks
+    };
+    assert!(gpu.mul_mat(&ks, 1, p, 256, 0, p, 4, 0, 1).is_err());
     assert!(gpu.mul_mat_id(&w, p, 1, p, 256, 0, p, 4).is_err());
     // Zero sizes launch nothing and succeed.
     gpu.mul_mat(&w, 0, p, 256, 0, p, 4, 0, 1).unwrap();
@@ -424,5 +455,33 @@ fn counts_past_the_grid_y_limit() {
         } else {
             assert_eq!(row, &t.rows[e as usize][..], "row {j}");
         }
+    }
+}
+
+/// `kernels/iqk_values.cuh` holds moxie-quant's code books of ik_llama.cpp's types (`iqk.rs`),
+/// every entry in order.
+#[test]
+fn ik_code_books_equal_moxie_quants() {
+    use moxie_quant::iqk;
+    let src = include_str!("../kernels/iqk_values.cuh");
+    let table = |name: &str| -> Vec<i8> {
+        let start = src
+            .find(&format!("int8_t {name}["))
+            .unwrap_or_else(|| panic!("{name} not in iqk_values.cuh"));
+        let body = &src[start..];
+        let body = &body[body.find('{').unwrap() + 1..body.find("};").unwrap()];
+        body.split(',')
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+            .map(|v| v.parse().unwrap_or_else(|e| panic!("{name}: {v:?}: {e}")))
+            .collect()
+    };
+    for (name, want) in [
+        ("mx_iq2nl_values", &iqk::IQ2NL[..]),
+        ("mx_iq3nl_values", &iqk::IQ3NL[..]),
+        ("mx_iq4k_values", &iqk::IQ4K[..]),
+        ("mx_iq5nl_values", &iqk::IQ5NL[..]),
+    ] {
+        assert_eq!(table(name), want, "{name}");
     }
 }

@@ -76,6 +76,42 @@ pub fn is_ik(m: &FixtureModel) -> bool {
     m.entry["reference_engine"].as_str() == Some("ik_llama.cpp")
 }
 
+/// ik_llama.cpp measured against itself on sequence `seq` of an ik fixture (`entry`'s
+/// `determinism_checks`): (mean KLD, top-1 agreement) of its batch-1 run against its batch-512
+/// goldens. Its kernels change with the batch size, so this is the scale of the differences
+/// its own arithmetic makes.
+pub fn ik_own(entry: &Value, seq: &str) -> (f64, f64) {
+    let own = &entry["determinism_checks"][seq];
+    let kld = own["mean_kld_batch1_vs_512"]
+        .as_f64()
+        .expect("mean_kld_batch1_vs_512");
+    let top1 = own["argmax_agree_batch1_vs_512"]
+        .as_f64()
+        .expect("argmax_agree_batch1_vs_512");
+    (kld, top1)
+}
+
+/// [`ik_own`] over all positions of an ik fixture's golden sequences (each sequence weighted
+/// by its tokens, as a file's positions are pooled).
+pub fn ik_own_pooled(entry: &Value) -> (f64, f64) {
+    let (mut n, mut kld, mut top1) = (0.0, 0.0, 0.0);
+    for (seq, s) in entry["sequences"].as_object().expect("sequences") {
+        let tokens = s["token_ids"].as_array().expect("token_ids").len() as f64;
+        let (k, t) = ik_own(entry, seq);
+        n += tokens;
+        kld += tokens * k;
+        top1 += tokens * t;
+    }
+    (kld / n, top1 / n)
+}
+
+/// The bounds of an ik_llama.cpp file (golden.rs's module doc), from those of any other
+/// quantized file (`core_kld`, `core_top1`) and ik's own distance ([`ik_own`]): mean KLD at
+/// most max(core, 2 x ik's own), top-1 agreement at least min(core, ik's own - 5 points).
+pub fn ik_bound(core_kld: f64, core_top1: f64, own_kld: f64, own_top1: f64) -> (f64, f64) {
+    (core_kld.max(2.0 * own_kld), core_top1.min(own_top1 - 0.05))
+}
+
 /// Layer `il` of a tensor named `blk.{il}.…`, and the rest of its name.
 pub fn block(name: &str) -> Option<(usize, &str)> {
     let rest = name.strip_prefix("blk.")?;
