@@ -1,5 +1,7 @@
 //! AVX-512 (F/BW/VL/VNNI) dot products of ik_llama.cpp's types (`iqk.rs`): IQ2_K .. IQ6_K,
-//! IQ2_KS .. IQ5_KS (x Q8_K) and Q6_0 (x Q8_0).
+//! IQ2_KS .. IQ5_KS (x Q8_K) and Q6_0 (x Q8_0); and their int8 GEMM tile decoders
+//! (`gemm::UnpackTileFn`), which run the same block decoding on 16 rows and transpose the
+//! results into the tile.
 //!
 //! A block's group scales are unpacked into i16 lanes at once (one function per scale layout,
 //! shared with the AVX2 kernels: `x86_avx2_iqk.rs`).
@@ -13,10 +15,11 @@
 //! reference's, and the float steps are the reference's too (`sum += (d_w * d_a) * sumi` per
 //! block), so the result is bit-identical to it.
 //!
-//! Verified by: `tests/iqk.rs` (property tests against the scalar reference, bit for bit).
+//! Verified by: `tests/iqk.rs` (property tests against the scalar reference, bit for bit; the
+//! tiles against the row decoder's, byte for byte).
 //!
-//! Every `unsafe` block is an unaligned load through a pointer derived from a slice of checked
-//! length, or a call of a `#[target_feature]` kernel after run-time detection.
+//! Every `unsafe` block is an unaligned load or store through a pointer derived from a slice of
+//! checked length, or a call of a `#[target_feature]` kernel after run-time detection.
 
 use core::arch::x86_64::*;
 
@@ -26,6 +29,7 @@ use super::x86_avx2_iqk::{
     scales_k6, scales_ks,
 };
 use crate::common::rd_f32;
+use crate::gemm::{TileOut, GEMM_TILE_ROWS};
 use crate::iqk::{self, Kind};
 
 const Q8_K_BYTES: usize = 292;
@@ -404,3 +408,161 @@ fn dot_q6_0_imp(w: &[u8], a: &[u8]) -> f32 {
     }
     sum
 }
+
+// ---------------------------------------------------------------------------------------------
+// int8 GEMM tiles (`gemm.rs`): 16 rows decoded at once into the interleaved tile
+
+/// The 16 x 16 matrix of 32-bit lanes whose row i is `r[i]`, transposed: lane i of result j is
+/// lane j of `r[i]`. Pairs of lanes, then 4 x 4 blocks inside 128-bit lanes, then the 128-bit
+/// lanes (64 shuffles).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn transpose_16x16(r: [__m512i; 16]) -> [__m512i; 16] {
+    let z = _mm512_setzero_si512();
+    // t[2i] lane L: (2i, 4L), (2i+1, 4L), (2i, 4L+1), (2i+1, 4L+1); t[2i+1] the same of
+    // columns 4L+2, 4L+3 ((row, column) of r).
+    let mut t = [z; 16];
+    for i in 0..8 {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    // u[4i + k] lane L: column 4L + k of rows 4i..4i+3.
+    let mut u = [z; 16];
+    for i in 0..4 {
+        u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    // Column 4L + k is lane L of u[k], u[4+k], u[8+k], u[12+k].
+    let mut o = [z; 16];
+    for k in 0..4 {
+        let s0 = _mm512_shuffle_i32x4::<0x44>(u[k], u[4 + k]);
+        let s1 = _mm512_shuffle_i32x4::<0xEE>(u[k], u[4 + k]);
+        let s2 = _mm512_shuffle_i32x4::<0x44>(u[8 + k], u[12 + k]);
+        let s3 = _mm512_shuffle_i32x4::<0xEE>(u[8 + k], u[12 + k]);
+        o[k] = _mm512_shuffle_i32x4::<0x88>(s0, s2);
+        o[4 + k] = _mm512_shuffle_i32x4::<0xDD>(s0, s2);
+        o[8 + k] = _mm512_shuffle_i32x4::<0x88>(s1, s3);
+        o[12 + k] = _mm512_shuffle_i32x4::<0xDD>(s1, s3);
+    }
+    o
+}
+
+/// `q[off..off + 64] = v`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn st512(q: &mut [u8], off: usize, v: __m512i) {
+    let q: &mut [u8; 64] = (&mut q[off..off + 64]).try_into().unwrap();
+    // SAFETY: `q` is exactly 64 writable bytes; `storeu` has no alignment requirement.
+    unsafe { _mm512_storeu_si512(q.as_mut_ptr().cast(), v) }
+}
+
+/// `s[off..off + 16] = v`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn st512_ps(s: &mut [f32], off: usize, v: __m512) {
+    let s: &mut [f32; 16] = (&mut s[off..off + 16]).try_into().unwrap();
+    // SAFETY: `s` is exactly 16 writable floats; `storeu` has no alignment requirement.
+    unsafe { _mm512_storeu_ps(s.as_mut_ptr(), v) }
+}
+
+/// Declares `$name`, the `gemm::UnpackTileFn` of super-block type `$kind`: checks the sizes
+/// and calls `$imp`. `false` (tile untouched) where the int8 GEMM is unavailable.
+macro_rules! tile_entry {
+    ($name:ident, $imp:ident, $kind:path) => {
+        pub(crate) fn $name(
+            rows: &[u8],
+            n_rows: usize,
+            row_bytes: usize,
+            n_in: usize,
+            _scratch: &mut [u8],
+            out: TileOut,
+        ) -> bool {
+            if !crate::gemm::gemm_available() {
+                return false;
+            }
+            let k: &Kind = &$kind;
+            assert!(n_rows <= GEMM_TILE_ROWS && rows.len() == n_rows * row_bytes);
+            assert!(n_in % 256 == 0 && row_bytes == k.row_prefix() + n_in / 256 * k.bytes);
+            assert!(out.q.len() == GEMM_TILE_ROWS * n_in);
+            assert!(out.scale.len() == n_in / k.group * GEMM_TILE_ROWS);
+            // SAFETY: `gemm_available()` means the AVX-512 level, i.e. AVX-512 F/BW/VL/VNNI,
+            // AVX2, FMA and F16C were detected (`simd::detect`).
+            unsafe { $imp(rows, n_rows, row_bytes, out) };
+            true
+        }
+    };
+}
+
+/// One tile kernel: block by block, the 16 rows' group scales (`$scales`, times the block's
+/// or row's `d`, transposed to `[group][row]`) and their four 64-value chunks (`$chunk`,
+/// values + 128, transposed to groups of 4 values of the 16 rows). As `iqk::gemm_decode`
+/// followed by the tile's interleaving; rows past `n_rows` are zeros.
+macro_rules! tile_kernel {
+    ($imp:ident, $kind:path, $chunk:ident, $scales:ident) => {
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+        fn $imp(rows: &[u8], n_rows: usize, row_bytes: usize, out: TileOut) {
+            let k: &Kind = &$kind;
+            let books = Books::new(k.values);
+            let z = _mm512_setzero_si512();
+            let bias = _mm512_set1_epi8(-128);
+            let groups = 256 / k.group;
+            let nb = (row_bytes - k.row_prefix()) / k.bytes;
+            let row = |m: usize| &rows[m * row_bytes..(m + 1) * row_bytes];
+            let mut row_d = [0f32; GEMM_TILE_ROWS];
+            for (m, d) in row_d.iter_mut().enumerate().take(n_rows) {
+                *d = k.split_row(row(m)).0;
+            }
+            let block = |m: usize, b: usize| {
+                let at = m * row_bytes + k.row_prefix() + b * k.bytes;
+                &rows[at..at + k.bytes]
+            };
+            for b in 0..nb {
+                let mut halves = [0u16; GEMM_TILE_ROWS];
+                let mut sc = [z; GEMM_TILE_ROWS];
+                for m in 0..n_rows {
+                    let x = block(m, b);
+                    halves[m] = (k.halves)(x);
+                    let d = _mm512_set1_ps(k.block_d(row_d[m], x));
+                    let s = _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32($scales(x)));
+                    sc[m] = _mm512_castps_si512(_mm512_mul_ps(d, s));
+                }
+                let sc = transpose_16x16(sc);
+                for (g, &s) in sc.iter().enumerate().take(groups) {
+                    st512_ps(out.scale, (groups * b + g) * 16, _mm512_castsi512_ps(s));
+                }
+                for c in 0..4 {
+                    let mut v = [z; GEMM_TILE_ROWS];
+                    for m in 0..n_rows {
+                        let upper = chunk_halves(halves[m], k.group, c);
+                        v[m] = _mm512_xor_si512($chunk(block(m, b), c, &books, upper), bias);
+                    }
+                    for (j, &g) in transpose_16x16(v).iter().enumerate() {
+                        st512(out.q, 64 * (64 * b + 16 * c + j), g);
+                    }
+                }
+            }
+        }
+    };
+}
+
+tile_entry!(unpack_tile_iq2_k, tile_iq2_k_imp, iqk::IQ2_K);
+tile_entry!(unpack_tile_iq3_k, tile_iq3_k_imp, iqk::IQ3_K);
+tile_entry!(unpack_tile_iq4_k, tile_iq4_k_imp, iqk::IQ4_K);
+tile_entry!(unpack_tile_iq5_k, tile_iq5_k_imp, iqk::IQ5_K);
+tile_entry!(unpack_tile_iq6_k, tile_iq6_k_imp, iqk::IQ6_K);
+tile_entry!(unpack_tile_iq2_ks, tile_iq2_ks_imp, iqk::IQ2_KS);
+tile_entry!(unpack_tile_iq3_ks, tile_iq3_ks_imp, iqk::IQ3_KS);
+tile_entry!(unpack_tile_iq4_ks, tile_iq4_ks_imp, iqk::IQ4_KS);
+tile_entry!(unpack_tile_iq5_ks, tile_iq5_ks_imp, iqk::IQ5_KS);
+
+tile_kernel!(tile_iq2_k_imp, iqk::IQ2_K, chunk_iq2_k, scales_iq2_k);
+tile_kernel!(tile_iq3_k_imp, iqk::IQ3_K, chunk_iq3_k, scales_iq3_k);
+tile_kernel!(tile_iq4_k_imp, iqk::IQ4_K, chunk_iq4_k, scales_k6);
+tile_kernel!(tile_iq5_k_imp, iqk::IQ5_K, chunk_iq5_k, scales_k6);
+tile_kernel!(tile_iq6_k_imp, iqk::IQ6_K, chunk_iq6_k, scales_iq6_k);
+tile_kernel!(tile_iq2_ks_imp, iqk::IQ2_KS, chunk_iq2_ks, scales_iq2_ks);
+tile_kernel!(tile_iq3_ks_imp, iqk::IQ3_KS, chunk_iq3_ks, scales_iq3_ks);
+tile_kernel!(tile_iq4_ks_imp, iqk::IQ4_KS, chunk_iq4_ks, scales_ks);
+tile_kernel!(tile_iq5_ks_imp, iqk::IQ5_KS, chunk_iq5_ks, scales_ks);
