@@ -815,7 +815,12 @@ const ROWS: [TypeRow; 53] = [
         f16_scales: &[0],
         rows: Some(dequantize_only(iqk::dequantize_row_q6_0)),
         dot: Some(Dot {
-            gemm: Some(ik_gemm(32, 32, iqk::gemm_decode_q6_0, None)),
+            gemm: Some(ik_gemm(
+                32,
+                32,
+                iqk::gemm_decode_q6_0,
+                x86!(avx512_iqk::unpack_tile_q6_0),
+            )),
             ..dot(
                 T::Q8_0,
                 iqk::vec_dot_q6_0_q8_0,

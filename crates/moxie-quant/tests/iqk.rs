@@ -384,6 +384,19 @@ proptest! {
         let rows: Vec<u8> = (0..n_rows).flat_map(|_| random_row(&mut rng, ty, n)).collect();
         check_tile(ty, n, &rows)?;
     }
+
+    #[test]
+    fn q6_0_gemm_tile_decoder_equals_row_decoder(
+        seed in any::<u64>(),
+        blocks in 1usize..40,
+        n_rows in 1usize..17,
+    ) {
+        let ty = GgmlType::Q6_0;
+        let n = blocks * 32;
+        let mut rng = Rng(seed | 1);
+        let rows: Vec<u8> = (0..n_rows).flat_map(|_| random_row(&mut rng, ty, n)).collect();
+        check_tile(ty, n, &rows)?;
+    }
 }
 
 /// Every SIMD level the CPU has runs a kernel of its own, not a lower level's (`Simd::at` falls

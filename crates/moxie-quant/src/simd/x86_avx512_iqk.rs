@@ -376,26 +376,35 @@ super_block_kernel!(dot_iq3_ks_imp, iqk::IQ3_KS, chunk_iq3_ks, scales_iq3_ks);
 super_block_kernel!(dot_iq4_ks_imp, iqk::IQ4_KS, chunk_iq4_ks, scales_ks);
 super_block_kernel!(dot_iq5_ks_imp, iqk::IQ5_KS, chunk_iq5_ks, scales_ks);
 
-/// Q6_0: per block the 32 six-bit quants (low nibbles, then high; two bits of `qh[e % 8]` on
-/// top, at bit `4 ((e%16)/8) + 2 (e/16)` for value e), `sum (q - 32) a` from two `vpdpbusd`.
+/// The 32 six-bit quants (0..63) of Q6_0 block `x`: low nibbles, then high; two bits of
+/// `qh[e % 8]` on top, at bit `4 ((e%16)/8) + 2 (e/16)` for value e.
+#[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn dot_q6_0_imp(w: &[u8], a: &[u8]) -> f32 {
+fn q6_0_quants(x: &[u8]) -> __m256i {
     let m4 = _mm_set1_epi8(0xf);
-    let m3 = _mm256_set1_epi8(3);
     // i16 lanes 0-3: values 0-7, 4-7: 8-15, 8-11: 16-23, 12-15: 24-31.
     let shifts = _mm256_setr_epi16(0, 0, 0, 0, 4, 4, 4, 4, 2, 2, 2, 2, 6, 6, 6, 6);
+    let qs = ld128(x, 10);
+    let nib = _mm256_set_m128i(
+        _mm_and_si128(_mm_srli_epi16::<4>(qs), m4),
+        _mm_and_si128(qs, m4),
+    );
+    let qh = u64::from_le_bytes(x[2..10].try_into().unwrap());
+    let h = _mm256_and_si256(
+        _mm256_srlv_epi16(_mm256_set1_epi64x(qh as i64), shifts),
+        _mm256_set1_epi8(3),
+    );
+    _mm256_or_si256(nib, _mm256_slli_epi16::<4>(h))
+}
+
+/// Q6_0: per block [`q6_0_quants`], `sum (q - 32) a` from two `vpdpbusd`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn dot_q6_0_imp(w: &[u8], a: &[u8]) -> f32 {
     let k32 = _mm256_set1_epi8(32);
     let zero = _mm256_setzero_si256();
     let mut sum = 0f32;
     for (x, y) in w.chunks_exact(iqk::Q6_0_BYTES).zip(a.chunks_exact(34)) {
-        let qs = ld128(x, 10);
-        let nib = _mm256_set_m128i(
-            _mm_and_si128(_mm_srli_epi16::<4>(qs), m4),
-            _mm_and_si128(qs, m4),
-        );
-        let qh = u64::from_le_bytes(x[2..10].try_into().unwrap());
-        let h = _mm256_and_si256(_mm256_srlv_epi16(_mm256_set1_epi64x(qh as i64), shifts), m3);
-        let q = _mm256_or_si256(nib, _mm256_slli_epi16::<4>(h));
+        let q = q6_0_quants(x);
         let qy = ld256(y, 2);
         let p = _mm256_sub_epi32(
             _mm256_dpbusd_epi32(zero, q, qy),
@@ -484,7 +493,7 @@ macro_rules! tile_entry {
             }
             let k: &Kind = &$kind;
             assert!(n_rows <= GEMM_TILE_ROWS && rows.len() == n_rows * row_bytes);
-            assert!(n_in % 256 == 0 && row_bytes == k.row_prefix() + n_in / 256 * k.bytes);
+            assert!(n_in.is_multiple_of(256) && row_bytes == k.row_prefix() + n_in / 256 * k.bytes);
             assert!(out.q.len() == GEMM_TILE_ROWS * n_in);
             assert!(out.scale.len() == n_in / k.group * GEMM_TILE_ROWS);
             // SAFETY: `gemm_available()` means the AVX-512 level, i.e. AVX-512 F/BW/VL/VNNI,
@@ -566,3 +575,60 @@ tile_kernel!(tile_iq2_ks_imp, iqk::IQ2_KS, chunk_iq2_ks, scales_iq2_ks);
 tile_kernel!(tile_iq3_ks_imp, iqk::IQ3_KS, chunk_iq3_ks, scales_iq3_ks);
 tile_kernel!(tile_iq4_ks_imp, iqk::IQ4_KS, chunk_iq4_ks, scales_ks);
 tile_kernel!(tile_iq5_ks_imp, iqk::IQ5_KS, chunk_iq5_ks, scales_ks);
+
+/// Q6_0's `gemm::UnpackTileFn`: checks the sizes and calls [`tile_q6_0_imp`]. `false` (tile
+/// untouched) where the int8 GEMM is unavailable.
+pub(crate) fn unpack_tile_q6_0(
+    rows: &[u8],
+    n_rows: usize,
+    row_bytes: usize,
+    n_in: usize,
+    _scratch: &mut [u8],
+    out: TileOut,
+) -> bool {
+    if !crate::gemm::gemm_available() {
+        return false;
+    }
+    assert!(n_rows <= GEMM_TILE_ROWS && rows.len() == n_rows * row_bytes);
+    assert!(n_in.is_multiple_of(32) && row_bytes == n_in / 32 * iqk::Q6_0_BYTES);
+    assert!(out.q.len() == GEMM_TILE_ROWS * n_in);
+    assert!(out.scale.len() == n_in / 32 * GEMM_TILE_ROWS);
+    // SAFETY: as for the super-block types' tile decoders (`tile_entry!`).
+    unsafe { tile_q6_0_imp(rows, n_rows, row_bytes, out) };
+    true
+}
+
+/// Q6_0 rows into the tile, two blocks (64 values) at a time: [`q6_0_quants`] of the 16 rows
+/// transposed (the values are `gemm_decode_q6_0`'s, 0..63), and each block's `d` per row.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn tile_q6_0_imp(rows: &[u8], n_rows: usize, row_bytes: usize, out: TileOut) {
+    const B: usize = iqk::Q6_0_BYTES;
+    let z = _mm512_setzero_si512();
+    let nb = row_bytes / B;
+    let block = |m: usize, b: usize| &rows[m * row_bytes + b * B..m * row_bytes + (b + 1) * B];
+    for c in 0..nb.div_ceil(2) {
+        let pair = 2 * c + 1 < nb;
+        let mut d = [[0u16; GEMM_TILE_ROWS]; 2];
+        let mut v = [z; GEMM_TILE_ROWS];
+        for m in 0..n_rows {
+            let lo = block(m, 2 * c);
+            d[0][m] = u16::from_le_bytes([lo[0], lo[1]]);
+            let mut q = _mm512_castsi256_si512(q6_0_quants(lo));
+            if pair {
+                let hi = block(m, 2 * c + 1);
+                d[1][m] = u16::from_le_bytes([hi[0], hi[1]]);
+                q = _mm512_inserti64x4::<1>(q, q6_0_quants(hi));
+            }
+            v[m] = q;
+        }
+        for (h, d) in d.iter().enumerate().take(1 + pair as usize) {
+            // SAFETY: `d` is 16 readable u16 (32 bytes); `loadu` has no alignment requirement.
+            let d = unsafe { _mm256_loadu_si256(d.as_ptr().cast()) };
+            st512_ps(out.scale, (2 * c + h) * 16, _mm512_cvtph_ps(d));
+        }
+        let groups = if pair { 16 } else { 8 };
+        for (j, &g) in transpose_16x16(v).iter().enumerate().take(groups) {
+            st512(out.q, 64 * (16 * c + j), g);
+        }
+    }
+}
