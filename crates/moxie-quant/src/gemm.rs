@@ -178,8 +178,8 @@ impl GemmActs {
     }
 }
 
-// The row decoders ([`DecodeRowFn`]; Q4_K and Q6_K tiles are usually built by their
-// `unpack_tile` instead).
+// The row decoders ([`DecodeRowFn`]; Q4_K, Q6_K and ik_llama.cpp's super-block types' tiles
+// are usually built by their `unpack_tile` instead).
 
 /// Q4_K / Q5_K: 8 sub-blocks of 32 per block, scale and min from the 6-bit packed pairs.
 fn decode_k4_k5(bytes: usize, row: &[u8], q: &mut [u8], scale: &mut [f32], min: &mut [f32]) {
@@ -289,9 +289,12 @@ pub(crate) fn decode_iq3_xxs(row: &[u8], q: &mut [u8], scale: &mut [f32], _min: 
 
 /// The parts of a [`WeightTile`] an [`UnpackTileFn`] writes.
 pub(crate) struct TileOut<'a> {
-    q: &'a mut [u8],
-    scale: &'a mut [f32],
-    min: &'a mut [f32],
+    /// `[n_in/4][16 rows][4]` unsigned bytes.
+    pub q: &'a mut [u8],
+    /// `[sub-block][16 rows]`.
+    pub scale: &'a mut [f32],
+    /// `[sub-block][16 rows]` (empty without mins).
+    pub min: &'a mut [f32],
 }
 
 /// 16 weight rows, decoded and interleaved for `vpdpbusd`.
@@ -329,12 +332,15 @@ impl WeightTile {
             && self.min.len() == if l.mins { n_sub * GEMM_TILE_ROWS } else { 0 }
     }
 
-    /// Decode `rows` (at most 16 rows of `row_bytes`); missing rows become zeros.
-    fn fill(&mut self, l: Layout, n_in: usize, rows: &[u8], row_bytes: usize) {
+    /// Decode `rows` (at most 16 rows of `row_bytes`); missing rows become zeros. Returns
+    /// whether the layout's tile decoder did it (rather than its row decoder).
+    fn fill(&mut self, l: Layout, n_in: usize, rows: &[u8], row_bytes: usize) -> bool {
         let n_sub = n_in / l.sub;
         let n_rows = rows.len() / row_bytes;
         // Q4_K and Q6_K go from the rows straight into the tile (quants, scales and mins);
-        // `self.rows` is the scratch for the copy of the rows they gather from.
+        // `self.rows` is the scratch for the copy of the rows they gather from. ik_llama.cpp's
+        // super-block types decode each row's blocks and transpose them into the tile
+        // (`x86_avx512_iqk.rs`).
         if let Some(unpack) = l.unpack_tile {
             let out = TileOut {
                 q: &mut self.q,
@@ -342,7 +348,7 @@ impl WeightTile {
                 min: &mut self.min,
             };
             if unpack(rows, n_rows, row_bytes, n_in, &mut self.rows, out) {
-                return;
+                return true;
             }
         }
         for (m, row) in self.rows.chunks_exact_mut(n_in).enumerate() {
@@ -362,7 +368,54 @@ impl WeightTile {
             }
         }
         platform::interleave_quads(&self.rows, n_in, &mut self.q);
+        false
     }
+}
+
+/// A tile as [`gemm_q8`] multiplies it (see [`gemm_decode_tile`]).
+#[doc(hidden)]
+pub struct DecodedTile {
+    /// `[n_in/4][16 rows][4]` unsigned bytes (the values plus the layout's offset).
+    pub q: Vec<u8>,
+    /// `[sub-block][16 rows]`.
+    pub scale: Vec<f32>,
+    /// `[sub-block][16 rows]`, empty for layouts without mins.
+    pub min: Vec<f32>,
+    /// Whether the type's whole-tile decoder made it (rather than its row decoder).
+    pub by_tile_decoder: bool,
+}
+
+/// The tile [`gemm_q8`] multiplies for `rows` (at most 16 rows of type `ty`, `n_in` values
+/// each; missing rows are zeros), decoded by the type's whole-tile decoder where
+/// `tile_decoder` is set and it has one that runs here, otherwise by its row decoder. `None`
+/// where `gemm_q8` does not take `ty` with `n_in` or `rows` is not whole rows. For tests: the
+/// two decoders must give the same tile.
+#[doc(hidden)]
+pub fn gemm_decode_tile(
+    ty: GgmlType,
+    n_in: usize,
+    rows: &[u8],
+    tile_decoder: bool,
+) -> Option<DecodedTile> {
+    let mut l = layout(ty)?;
+    let row_bytes = ty.row_bytes(n_in as u64)? as usize;
+    if !gemm_supports(ty, n_in)
+        || !rows.len().is_multiple_of(row_bytes)
+        || rows.len() > GEMM_TILE_ROWS * row_bytes
+    {
+        return None;
+    }
+    if !tile_decoder {
+        l.unpack_tile = None;
+    }
+    let mut t = WeightTile::new(l, n_in);
+    let by_tile_decoder = t.fill(l, n_in, rows, row_bytes);
+    Some(DecodedTile {
+        q: t.q,
+        scale: t.scale,
+        min: t.min,
+        by_tile_decoder,
+    })
 }
 
 /// `q[(g*16 + m)*4 + i] = rows[m*n_in + 4*g + i]`: groups of four bytes of 16 rows side by side.

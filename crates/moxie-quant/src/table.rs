@@ -216,18 +216,24 @@ const fn tiled(dot: VecDotFn, many: DotManyFn) -> Option<Tiled> {
 }
 
 /// How the int8 GEMM reads an ik_llama.cpp type: `sub`-value groups, values + `offset`.
-const fn ik_gemm(sub: usize, offset: i32, decode: gemm::DecodeRowFn) -> GemmLayout {
+const fn ik_gemm(
+    sub: usize,
+    offset: i32,
+    decode: gemm::DecodeRowFn,
+    unpack_tile: Option<gemm::UnpackTileFn>,
+) -> GemmLayout {
     GemmLayout {
         sub,
         mins: false,
         offset,
         decode,
-        unpack_tile: None,
+        unpack_tile,
     }
 }
 
 /// The row of one of ik_llama.cpp's super-block types (`kind` is its layout in `iqk.rs`):
-/// read-only, Q8_K activations, a scalar reference and AVX2 and AVX-512 kernels.
+/// read-only, Q8_K activations, a scalar reference and AVX2 and AVX-512 kernels, and for the
+/// int8 GEMM a row decoder and an AVX-512 tile decoder.
 #[allow(clippy::too_many_arguments)]
 const fn ik_row(
     ty: GgmlType,
@@ -238,6 +244,7 @@ const fn ik_row(
     avx2: Option<VecDotFn>,
     avx512: Option<VecDotFn>,
     decode: gemm::DecodeRowFn,
+    unpack_tile: Option<gemm::UnpackTileFn>,
 ) -> TypeRow {
     TypeRow {
         row_meta: kind.row_prefix(),
@@ -245,7 +252,7 @@ const fn ik_row(
         rows: Some(dequantize_only(dequantize)),
         dot: Some(Dot {
             // Values + 128 are unsigned bytes: every code book lies in -127..127.
-            gemm: Some(ik_gemm(kind.group, 128, decode)),
+            gemm: Some(ik_gemm(kind.group, 128, decode, unpack_tile)),
             ..dot(T::Q8_K, scalar, avx2, avx512)
         }),
         ..layout(ty, name, QK_K, kind.bytes)
@@ -808,7 +815,12 @@ const ROWS: [TypeRow; 53] = [
         f16_scales: &[0],
         rows: Some(dequantize_only(iqk::dequantize_row_q6_0)),
         dot: Some(Dot {
-            gemm: Some(ik_gemm(32, 32, iqk::gemm_decode_q6_0)),
+            gemm: Some(ik_gemm(
+                32,
+                32,
+                iqk::gemm_decode_q6_0,
+                x86!(avx512_iqk::unpack_tile_q6_0),
+            )),
             ..dot(
                 T::Q8_0,
                 iqk::vec_dot_q6_0_q8_0,
@@ -835,6 +847,7 @@ const ROWS: [TypeRow; 53] = [
         x86!(avx2_iqk::dot_iq2_k),
         x86!(avx512_iqk::dot_iq2_k),
         iqk::gemm_decode_iq2_k,
+        x86!(avx512_iqk::unpack_tile_iq2_k),
     ),
     ik_row(
         T::IQ3_K,
@@ -845,6 +858,7 @@ const ROWS: [TypeRow; 53] = [
         x86!(avx2_iqk::dot_iq3_k),
         x86!(avx512_iqk::dot_iq3_k),
         iqk::gemm_decode_iq3_k,
+        x86!(avx512_iqk::unpack_tile_iq3_k),
     ),
     ik_row(
         T::IQ4_K,
@@ -855,6 +869,7 @@ const ROWS: [TypeRow; 53] = [
         x86!(avx2_iqk::dot_iq4_k),
         x86!(avx512_iqk::dot_iq4_k),
         iqk::gemm_decode_iq4_k,
+        x86!(avx512_iqk::unpack_tile_iq4_k),
     ),
     ik_row(
         T::IQ5_K,
@@ -865,6 +880,7 @@ const ROWS: [TypeRow; 53] = [
         x86!(avx2_iqk::dot_iq5_k),
         x86!(avx512_iqk::dot_iq5_k),
         iqk::gemm_decode_iq5_k,
+        x86!(avx512_iqk::unpack_tile_iq5_k),
     ),
     ik_row(
         T::IQ6_K,
@@ -875,6 +891,7 @@ const ROWS: [TypeRow; 53] = [
         x86!(avx2_iqk::dot_iq6_k),
         x86!(avx512_iqk::dot_iq6_k),
         iqk::gemm_decode_iq6_k,
+        x86!(avx512_iqk::unpack_tile_iq6_k),
     ),
     ik_row(
         T::IQ4_KS,
@@ -885,6 +902,7 @@ const ROWS: [TypeRow; 53] = [
         x86!(avx2_iqk::dot_iq4_ks),
         x86!(avx512_iqk::dot_iq4_ks),
         iqk::gemm_decode_iq4_ks,
+        x86!(avx512_iqk::unpack_tile_iq4_ks),
     ),
     ik_row(
         T::IQ2_KS,
@@ -895,6 +913,7 @@ const ROWS: [TypeRow; 53] = [
         x86!(avx2_iqk::dot_iq2_ks),
         x86!(avx512_iqk::dot_iq2_ks),
         iqk::gemm_decode_iq2_ks,
+        x86!(avx512_iqk::unpack_tile_iq2_ks),
     ),
     TypeRow {
         row_meta: 4,
@@ -909,6 +928,7 @@ const ROWS: [TypeRow; 53] = [
         x86!(avx2_iqk::dot_iq5_ks),
         x86!(avx512_iqk::dot_iq5_ks),
         iqk::gemm_decode_iq5_ks,
+        x86!(avx512_iqk::unpack_tile_iq5_ks),
     ),
     TypeRow {
         row_meta: 4,
@@ -931,6 +951,7 @@ const ROWS: [TypeRow; 53] = [
         x86!(avx2_iqk::dot_iq3_ks),
         x86!(avx512_iqk::dot_iq3_ks),
         iqk::gemm_decode_iq3_ks,
+        x86!(avx512_iqk::unpack_tile_iq3_ks),
     ),
     TypeRow {
         row_meta: 2,

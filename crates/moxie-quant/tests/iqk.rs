@@ -339,6 +339,66 @@ proptest! {
     }
 }
 
+/// The int8 GEMM's whole-tile decoder of `ty` (AVX-512) against its portable row decoder
+/// (`iqk::gemm_decode` then the tile's interleaving): the same bytes and bit-identical scales.
+fn check_tile(ty: GgmlType, n: usize, rows: &[u8]) -> Result<(), TestCaseError> {
+    let want = gemm_decode_tile(ty, n, rows, false).unwrap();
+    let got = gemm_decode_tile(ty, n, rows, true).unwrap();
+    prop_assert!(!want.by_tile_decoder);
+    // The tile decoders run where the int8 GEMM does.
+    prop_assert_eq!(got.by_tile_decoder, gemm_available(), "{}", ty);
+    let n_rows = rows.len() / ty.row_bytes(n as u64).unwrap() as usize;
+    if let Some(i) = (0..want.q.len()).find(|&i| got.q[i] != want.q[i]) {
+        let (g, m, e) = (i / 64, i / 4 % 16, i % 4);
+        prop_assert!(
+            false,
+            "{} n={} rows={}: value {} of row {}: tile decoder {}, row decoder {}",
+            ty,
+            n,
+            n_rows,
+            4 * g + e,
+            m,
+            got.q[i],
+            want.q[i]
+        );
+    }
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    prop_assert_eq!(bits(&got.scale), bits(&want.scale), "{} scales", ty);
+    prop_assert_eq!(bits(&got.min), bits(&want.min), "{} mins", ty);
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::default())]
+
+    #[test]
+    fn gemm_tile_decoders_equal_row_decoder(
+        seed in any::<u64>(),
+        blocks in 1usize..5,
+        n_rows in 1usize..17,
+        ti in 0usize..9,
+    ) {
+        let ty = IK_TYPES[ti];
+        let n = blocks * 256;
+        let mut rng = Rng(seed | 1);
+        let rows: Vec<u8> = (0..n_rows).flat_map(|_| random_row(&mut rng, ty, n)).collect();
+        check_tile(ty, n, &rows)?;
+    }
+
+    #[test]
+    fn q6_0_gemm_tile_decoder_equals_row_decoder(
+        seed in any::<u64>(),
+        blocks in 1usize..40,
+        n_rows in 1usize..17,
+    ) {
+        let ty = GgmlType::Q6_0;
+        let n = blocks * 32;
+        let mut rng = Rng(seed | 1);
+        let rows: Vec<u8> = (0..n_rows).flat_map(|_| random_row(&mut rng, ty, n)).collect();
+        check_tile(ty, n, &rows)?;
+    }
+}
+
 /// Every SIMD level the CPU has runs a kernel of its own, not a lower level's (`Simd::at` falls
 /// back to one where a type has none): the property tests above then check each level's code.
 #[test]

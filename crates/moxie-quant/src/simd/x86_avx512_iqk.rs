@@ -1,5 +1,7 @@
 //! AVX-512 (F/BW/VL/VNNI) dot products of ik_llama.cpp's types (`iqk.rs`): IQ2_K .. IQ6_K,
-//! IQ2_KS .. IQ5_KS (x Q8_K) and Q6_0 (x Q8_0).
+//! IQ2_KS .. IQ5_KS (x Q8_K) and Q6_0 (x Q8_0); and their int8 GEMM tile decoders
+//! (`gemm::UnpackTileFn`), which run the same block decoding on 16 rows and transpose the
+//! results into the tile.
 //!
 //! A block's group scales are unpacked into i16 lanes at once (one function per scale layout,
 //! shared with the AVX2 kernels: `x86_avx2_iqk.rs`).
@@ -13,10 +15,11 @@
 //! reference's, and the float steps are the reference's too (`sum += (d_w * d_a) * sumi` per
 //! block), so the result is bit-identical to it.
 //!
-//! Verified by: `tests/iqk.rs` (property tests against the scalar reference, bit for bit).
+//! Verified by: `tests/iqk.rs` (property tests against the scalar reference, bit for bit; the
+//! tiles against the row decoder's, byte for byte).
 //!
-//! Every `unsafe` block is an unaligned load through a pointer derived from a slice of checked
-//! length, or a call of a `#[target_feature]` kernel after run-time detection.
+//! Every `unsafe` block is an unaligned load or store through a pointer derived from a slice of
+//! checked length, or a call of a `#[target_feature]` kernel after run-time detection.
 
 use core::arch::x86_64::*;
 
@@ -26,6 +29,7 @@ use super::x86_avx2_iqk::{
     scales_k6, scales_ks,
 };
 use crate::common::rd_f32;
+use crate::gemm::{TileOut, GEMM_TILE_ROWS};
 use crate::iqk::{self, Kind};
 
 const Q8_K_BYTES: usize = 292;
@@ -372,26 +376,35 @@ super_block_kernel!(dot_iq3_ks_imp, iqk::IQ3_KS, chunk_iq3_ks, scales_iq3_ks);
 super_block_kernel!(dot_iq4_ks_imp, iqk::IQ4_KS, chunk_iq4_ks, scales_ks);
 super_block_kernel!(dot_iq5_ks_imp, iqk::IQ5_KS, chunk_iq5_ks, scales_ks);
 
-/// Q6_0: per block the 32 six-bit quants (low nibbles, then high; two bits of `qh[e % 8]` on
-/// top, at bit `4 ((e%16)/8) + 2 (e/16)` for value e), `sum (q - 32) a` from two `vpdpbusd`.
+/// The 32 six-bit quants (0..63) of Q6_0 block `x`: low nibbles, then high; two bits of
+/// `qh[e % 8]` on top, at bit `4 ((e%16)/8) + 2 (e/16)` for value e.
+#[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn dot_q6_0_imp(w: &[u8], a: &[u8]) -> f32 {
+fn q6_0_quants(x: &[u8]) -> __m256i {
     let m4 = _mm_set1_epi8(0xf);
-    let m3 = _mm256_set1_epi8(3);
     // i16 lanes 0-3: values 0-7, 4-7: 8-15, 8-11: 16-23, 12-15: 24-31.
     let shifts = _mm256_setr_epi16(0, 0, 0, 0, 4, 4, 4, 4, 2, 2, 2, 2, 6, 6, 6, 6);
+    let qs = ld128(x, 10);
+    let nib = _mm256_set_m128i(
+        _mm_and_si128(_mm_srli_epi16::<4>(qs), m4),
+        _mm_and_si128(qs, m4),
+    );
+    let qh = u64::from_le_bytes(x[2..10].try_into().unwrap());
+    let h = _mm256_and_si256(
+        _mm256_srlv_epi16(_mm256_set1_epi64x(qh as i64), shifts),
+        _mm256_set1_epi8(3),
+    );
+    _mm256_or_si256(nib, _mm256_slli_epi16::<4>(h))
+}
+
+/// Q6_0: per block [`q6_0_quants`], `sum (q - 32) a` from two `vpdpbusd`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn dot_q6_0_imp(w: &[u8], a: &[u8]) -> f32 {
     let k32 = _mm256_set1_epi8(32);
     let zero = _mm256_setzero_si256();
     let mut sum = 0f32;
     for (x, y) in w.chunks_exact(iqk::Q6_0_BYTES).zip(a.chunks_exact(34)) {
-        let qs = ld128(x, 10);
-        let nib = _mm256_set_m128i(
-            _mm_and_si128(_mm_srli_epi16::<4>(qs), m4),
-            _mm_and_si128(qs, m4),
-        );
-        let qh = u64::from_le_bytes(x[2..10].try_into().unwrap());
-        let h = _mm256_and_si256(_mm256_srlv_epi16(_mm256_set1_epi64x(qh as i64), shifts), m3);
-        let q = _mm256_or_si256(nib, _mm256_slli_epi16::<4>(h));
+        let q = q6_0_quants(x);
         let qy = ld256(y, 2);
         let p = _mm256_sub_epi32(
             _mm256_dpbusd_epi32(zero, q, qy),
@@ -403,4 +416,219 @@ fn dot_q6_0_imp(w: &[u8], a: &[u8]) -> f32 {
         sum += (h2f(x, 0) * h2f(y, 0)) * sumi as f32;
     }
     sum
+}
+
+// ---------------------------------------------------------------------------------------------
+// int8 GEMM tiles (`gemm.rs`): 16 rows decoded at once into the interleaved tile
+
+/// The 16 x 16 matrix of 32-bit lanes whose row i is `r[i]`, transposed: lane i of result j is
+/// lane j of `r[i]`. Pairs of lanes, then 4 x 4 blocks inside 128-bit lanes, then the 128-bit
+/// lanes (64 shuffles).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn transpose_16x16(r: [__m512i; 16]) -> [__m512i; 16] {
+    let z = _mm512_setzero_si512();
+    // t[2i] lane L: (2i, 4L), (2i+1, 4L), (2i, 4L+1), (2i+1, 4L+1); t[2i+1] the same of
+    // columns 4L+2, 4L+3 ((row, column) of r).
+    let mut t = [z; 16];
+    for i in 0..8 {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    // u[4i + k] lane L: column 4L + k of rows 4i..4i+3.
+    let mut u = [z; 16];
+    for i in 0..4 {
+        u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    // Column 4L + k is lane L of u[k], u[4+k], u[8+k], u[12+k].
+    let mut o = [z; 16];
+    for k in 0..4 {
+        let s0 = _mm512_shuffle_i32x4::<0x44>(u[k], u[4 + k]);
+        let s1 = _mm512_shuffle_i32x4::<0xEE>(u[k], u[4 + k]);
+        let s2 = _mm512_shuffle_i32x4::<0x44>(u[8 + k], u[12 + k]);
+        let s3 = _mm512_shuffle_i32x4::<0xEE>(u[8 + k], u[12 + k]);
+        o[k] = _mm512_shuffle_i32x4::<0x88>(s0, s2);
+        o[4 + k] = _mm512_shuffle_i32x4::<0xDD>(s0, s2);
+        o[8 + k] = _mm512_shuffle_i32x4::<0x88>(s1, s3);
+        o[12 + k] = _mm512_shuffle_i32x4::<0xDD>(s1, s3);
+    }
+    o
+}
+
+/// `q[off..off + 64] = v`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn st512(q: &mut [u8], off: usize, v: __m512i) {
+    let q: &mut [u8; 64] = (&mut q[off..off + 64]).try_into().unwrap();
+    // SAFETY: `q` is exactly 64 writable bytes; `storeu` has no alignment requirement.
+    unsafe { _mm512_storeu_si512(q.as_mut_ptr().cast(), v) }
+}
+
+/// `s[off..off + 16] = v`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn st512_ps(s: &mut [f32], off: usize, v: __m512) {
+    let s: &mut [f32; 16] = (&mut s[off..off + 16]).try_into().unwrap();
+    // SAFETY: `s` is exactly 16 writable floats; `storeu` has no alignment requirement.
+    unsafe { _mm512_storeu_ps(s.as_mut_ptr(), v) }
+}
+
+/// Declares `$name`, the `gemm::UnpackTileFn` of super-block type `$kind`: checks the sizes
+/// and calls `$imp`. `false` (tile untouched) where the int8 GEMM is unavailable.
+macro_rules! tile_entry {
+    ($name:ident, $imp:ident, $kind:path) => {
+        pub(crate) fn $name(
+            rows: &[u8],
+            n_rows: usize,
+            row_bytes: usize,
+            n_in: usize,
+            _scratch: &mut [u8],
+            out: TileOut,
+        ) -> bool {
+            if !crate::gemm::gemm_available() {
+                return false;
+            }
+            let k: &Kind = &$kind;
+            assert!(n_rows <= GEMM_TILE_ROWS && rows.len() == n_rows * row_bytes);
+            assert!(n_in.is_multiple_of(256) && row_bytes == k.row_prefix() + n_in / 256 * k.bytes);
+            assert!(out.q.len() == GEMM_TILE_ROWS * n_in);
+            assert!(out.scale.len() == n_in / k.group * GEMM_TILE_ROWS);
+            // SAFETY: `gemm_available()` means the AVX-512 level, i.e. AVX-512 F/BW/VL/VNNI,
+            // AVX2, FMA and F16C were detected (`simd::detect`).
+            unsafe { $imp(rows, n_rows, row_bytes, out) };
+            true
+        }
+    };
+}
+
+/// One tile kernel: block by block, the 16 rows' group scales (`$scales`, times the block's
+/// or row's `d`, transposed to `[group][row]`) and their four 64-value chunks (`$chunk`,
+/// values + 128, transposed to groups of 4 values of the 16 rows). As `iqk::gemm_decode`
+/// followed by the tile's interleaving; rows past `n_rows` are zeros.
+macro_rules! tile_kernel {
+    ($imp:ident, $kind:path, $chunk:ident, $scales:ident) => {
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+        fn $imp(rows: &[u8], n_rows: usize, row_bytes: usize, out: TileOut) {
+            let k: &Kind = &$kind;
+            let books = Books::new(k.values);
+            let z = _mm512_setzero_si512();
+            let bias = _mm512_set1_epi8(-128);
+            let groups = 256 / k.group;
+            let nb = (row_bytes - k.row_prefix()) / k.bytes;
+            let row = |m: usize| &rows[m * row_bytes..(m + 1) * row_bytes];
+            let mut row_d = [0f32; GEMM_TILE_ROWS];
+            for (m, d) in row_d.iter_mut().enumerate().take(n_rows) {
+                *d = k.split_row(row(m)).0;
+            }
+            let block = |m: usize, b: usize| {
+                let at = m * row_bytes + k.row_prefix() + b * k.bytes;
+                &rows[at..at + k.bytes]
+            };
+            for b in 0..nb {
+                let mut halves = [0u16; GEMM_TILE_ROWS];
+                let mut sc = [z; GEMM_TILE_ROWS];
+                for m in 0..n_rows {
+                    let x = block(m, b);
+                    halves[m] = (k.halves)(x);
+                    let d = _mm512_set1_ps(k.block_d(row_d[m], x));
+                    let s = _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32($scales(x)));
+                    sc[m] = _mm512_castps_si512(_mm512_mul_ps(d, s));
+                }
+                let sc = transpose_16x16(sc);
+                for (g, &s) in sc.iter().enumerate().take(groups) {
+                    st512_ps(out.scale, (groups * b + g) * 16, _mm512_castsi512_ps(s));
+                }
+                for c in 0..4 {
+                    let mut v = [z; GEMM_TILE_ROWS];
+                    for m in 0..n_rows {
+                        let upper = chunk_halves(halves[m], k.group, c);
+                        v[m] = _mm512_xor_si512($chunk(block(m, b), c, &books, upper), bias);
+                    }
+                    for (j, &g) in transpose_16x16(v).iter().enumerate() {
+                        st512(out.q, 64 * (64 * b + 16 * c + j), g);
+                    }
+                }
+            }
+        }
+    };
+}
+
+tile_entry!(unpack_tile_iq2_k, tile_iq2_k_imp, iqk::IQ2_K);
+tile_entry!(unpack_tile_iq3_k, tile_iq3_k_imp, iqk::IQ3_K);
+tile_entry!(unpack_tile_iq4_k, tile_iq4_k_imp, iqk::IQ4_K);
+tile_entry!(unpack_tile_iq5_k, tile_iq5_k_imp, iqk::IQ5_K);
+tile_entry!(unpack_tile_iq6_k, tile_iq6_k_imp, iqk::IQ6_K);
+tile_entry!(unpack_tile_iq2_ks, tile_iq2_ks_imp, iqk::IQ2_KS);
+tile_entry!(unpack_tile_iq3_ks, tile_iq3_ks_imp, iqk::IQ3_KS);
+tile_entry!(unpack_tile_iq4_ks, tile_iq4_ks_imp, iqk::IQ4_KS);
+tile_entry!(unpack_tile_iq5_ks, tile_iq5_ks_imp, iqk::IQ5_KS);
+
+tile_kernel!(tile_iq2_k_imp, iqk::IQ2_K, chunk_iq2_k, scales_iq2_k);
+tile_kernel!(tile_iq3_k_imp, iqk::IQ3_K, chunk_iq3_k, scales_iq3_k);
+tile_kernel!(tile_iq4_k_imp, iqk::IQ4_K, chunk_iq4_k, scales_k6);
+tile_kernel!(tile_iq5_k_imp, iqk::IQ5_K, chunk_iq5_k, scales_k6);
+tile_kernel!(tile_iq6_k_imp, iqk::IQ6_K, chunk_iq6_k, scales_iq6_k);
+tile_kernel!(tile_iq2_ks_imp, iqk::IQ2_KS, chunk_iq2_ks, scales_iq2_ks);
+tile_kernel!(tile_iq3_ks_imp, iqk::IQ3_KS, chunk_iq3_ks, scales_iq3_ks);
+tile_kernel!(tile_iq4_ks_imp, iqk::IQ4_KS, chunk_iq4_ks, scales_ks);
+tile_kernel!(tile_iq5_ks_imp, iqk::IQ5_KS, chunk_iq5_ks, scales_ks);
+
+/// Q6_0's `gemm::UnpackTileFn`: checks the sizes and calls [`tile_q6_0_imp`]. `false` (tile
+/// untouched) where the int8 GEMM is unavailable.
+pub(crate) fn unpack_tile_q6_0(
+    rows: &[u8],
+    n_rows: usize,
+    row_bytes: usize,
+    n_in: usize,
+    _scratch: &mut [u8],
+    out: TileOut,
+) -> bool {
+    if !crate::gemm::gemm_available() {
+        return false;
+    }
+    assert!(n_rows <= GEMM_TILE_ROWS && rows.len() == n_rows * row_bytes);
+    assert!(n_in.is_multiple_of(32) && row_bytes == n_in / 32 * iqk::Q6_0_BYTES);
+    assert!(out.q.len() == GEMM_TILE_ROWS * n_in);
+    assert!(out.scale.len() == n_in / 32 * GEMM_TILE_ROWS);
+    // SAFETY: as for the super-block types' tile decoders (`tile_entry!`).
+    unsafe { tile_q6_0_imp(rows, n_rows, row_bytes, out) };
+    true
+}
+
+/// Q6_0 rows into the tile, two blocks (64 values) at a time: [`q6_0_quants`] of the 16 rows
+/// transposed (the values are `gemm_decode_q6_0`'s, 0..63), and each block's `d` per row.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn tile_q6_0_imp(rows: &[u8], n_rows: usize, row_bytes: usize, out: TileOut) {
+    const B: usize = iqk::Q6_0_BYTES;
+    let z = _mm512_setzero_si512();
+    let nb = row_bytes / B;
+    let block = |m: usize, b: usize| &rows[m * row_bytes + b * B..m * row_bytes + (b + 1) * B];
+    for c in 0..nb.div_ceil(2) {
+        let pair = 2 * c + 1 < nb;
+        let mut d = [[0u16; GEMM_TILE_ROWS]; 2];
+        let mut v = [z; GEMM_TILE_ROWS];
+        for m in 0..n_rows {
+            let lo = block(m, 2 * c);
+            d[0][m] = u16::from_le_bytes([lo[0], lo[1]]);
+            let mut q = _mm512_castsi256_si512(q6_0_quants(lo));
+            if pair {
+                let hi = block(m, 2 * c + 1);
+                d[1][m] = u16::from_le_bytes([hi[0], hi[1]]);
+                q = _mm512_inserti64x4::<1>(q, q6_0_quants(hi));
+            }
+            v[m] = q;
+        }
+        for (h, d) in d.iter().enumerate().take(1 + pair as usize) {
+            // SAFETY: `d` is 16 readable u16 (32 bytes); `loadu` has no alignment requirement.
+            let d = unsafe { _mm256_loadu_si256(d.as_ptr().cast()) };
+            st512_ps(out.scale, (2 * c + h) * 16, _mm512_cvtph_ps(d));
+        }
+        let groups = if pair { 16 } else { 8 };
+        for (j, &g) in transpose_16x16(v).iter().enumerate().take(groups) {
+            st512(out.q, 64 * (16 * c + j), g);
+        }
+    }
 }
