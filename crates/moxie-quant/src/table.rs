@@ -17,7 +17,10 @@ use crate::gemm::{self, GemmLayout};
 #[cfg(target_arch = "x86_64")]
 use crate::simd::x86_avx2_iq1_iq3s as avx2_iq;
 #[cfg(target_arch = "x86_64")]
-use crate::simd::{x86_avx2 as avx2, x86_avx512 as avx512, x86_avx512_iqk as avx512_iqk};
+use crate::simd::{
+    x86_avx2 as avx2, x86_avx512 as avx512, x86_avx512_iq as avx512_iq,
+    x86_avx512_iqk as avx512_iqk,
+};
 use crate::tiled::{self, DotManyFn};
 use crate::types::{GgmlType, QK_K};
 use crate::{bf16, f16, iq1, iq2_3, iq3s, iq4, iqk, kquants, legacy, tinyblas, weighted};
@@ -589,7 +592,7 @@ const ROWS: [TypeRow; 53] = [
                 T::Q8_K,
                 iq2_3::vec_dot_iq2_xxs_q8_k,
                 x86!(avx2::dot_iq2_xxs),
-                None,
+                x86!(avx512_iq::dot_iq2_xxs),
             )
         }),
         ..layout(T::IQ2_XXS, "IQ2_XXS", QK_K, 66)
@@ -633,7 +636,7 @@ const ROWS: [TypeRow; 53] = [
                 T::Q8_K,
                 iq2_3::vec_dot_iq3_xxs_q8_k,
                 x86!(avx2::dot_iq3_xxs),
-                None,
+                x86!(avx512_iq::dot_iq3_xxs),
             )
         }),
         ..layout(T::IQ3_XXS, "IQ3_XXS", QK_K, 98)
@@ -702,7 +705,7 @@ const ROWS: [TypeRow; 53] = [
                 T::Q8_K,
                 iq3s::vec_dot_iq3_s_q8_k,
                 x86!(avx2_iq::dot_iq3_s),
-                None,
+                x86!(avx512_iq::dot_iq3_s),
             )
         }),
         ..layout(T::IQ3_S, "IQ3_S", QK_K, 110)

@@ -24,6 +24,8 @@ pub(crate) mod x86_avx2_iq1_iq3s;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86_avx512;
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod x86_avx512_iq;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod x86_avx512_iqk;
 
 /// Highest SIMD level supported by this CPU.
@@ -46,6 +48,21 @@ pub(crate) fn detect() -> SimdLevel {
         }
     }
     SimdLevel::Scalar
+}
+
+/// Whether the CPU has AVX512_VBMI (`VPERMB`, `VPERMI2B`, `VPMULTISHIFTQB`), which the
+/// code-book kernels of `x86_avx512_iq.rs` use on top of the AVX-512 level (without it they run
+/// the AVX2 kernels, with the same results).
+pub(crate) fn has_avx512_vbmi() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *HAS.get_or_init(|| {
+            is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512vbmi")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 /// Whether the CPU has AVX512_BF16 (`VDPBF16PS`), which the BF16 kernels use on top of the
