@@ -614,7 +614,7 @@ const ROWS: [TypeRow; 53] = [
                 T::Q8_K,
                 iq2_3::vec_dot_iq2_xs_q8_k,
                 x86!(avx2::dot_iq2_xs),
-                None,
+                x86!(avx512_iq::dot_iq2_xs),
             )
         }),
         ..layout(T::IQ2_XS, "IQ2_XS", QK_K, 74)
@@ -658,7 +658,7 @@ const ROWS: [TypeRow; 53] = [
                 T::Q8_K,
                 iq1::vec_dot_iq1_s_q8_k,
                 x86!(avx2_iq::dot_iq1_s),
-                None,
+                x86!(avx512_iq::dot_iq1_s),
             )
         }),
         ..layout(T::IQ1_S, "IQ1_S", QK_K, 50)
@@ -727,7 +727,7 @@ const ROWS: [TypeRow; 53] = [
                 T::Q8_K,
                 iq2_3::vec_dot_iq2_s_q8_k,
                 x86!(avx2::dot_iq2_s),
-                None,
+                x86!(avx512_iq::dot_iq2_s),
             )
         }),
         ..layout(T::IQ2_S, "IQ2_S", QK_K, 82)
@@ -777,7 +777,7 @@ const ROWS: [TypeRow; 53] = [
                 T::Q8_K,
                 iq1::vec_dot_iq1_m_q8_k,
                 x86!(avx2_iq::dot_iq1_m),
-                None,
+                x86!(avx512_iq::dot_iq1_m),
             )
         }),
         ..layout(T::IQ1_M, "IQ1_M", QK_K, 56)

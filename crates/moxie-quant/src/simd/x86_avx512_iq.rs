@@ -35,11 +35,16 @@
 use core::arch::asm;
 use core::arch::x86_64::*;
 
-use super::x86_avx2::{h2f, hsum_float_8, ld256};
+use super::x86_avx2::{self as avx2, h2f, hsum_float_8, ld128, ld256};
+use super::x86_avx2_iq1_iq3s as avx2_iq;
 use crate::common::{rd_f32, rd_u32};
-use crate::iq2_3::{IQ2_XXS_BYTES, IQ3_XXS_BYTES};
+use crate::f16::fp16_to_f32;
+use crate::iq1::{iq1m_scale_bits, IQ1_DELTA, IQ1_M_BYTES, IQ1_S_BYTES};
+use crate::iq2_3::{IQ2_S_BYTES, IQ2_XS_BYTES, IQ2_XXS_BYTES, IQ3_XXS_BYTES};
 use crate::iq3s::IQ3_S_BYTES;
-use crate::iq_grids::{IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS};
+use crate::iq_grids::{
+    IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS,
+};
 use crate::kquants::Q8_K_BYTES;
 
 /// Declares the safe entry point `$name` (a `VecDotFn`): checks that `w` and `a` hold `n / 256`
@@ -65,21 +70,20 @@ macro_rules! entry {
 entry!(
     dot_iq2_xxs,
     dot_iq2_xxs_imp,
-    super::x86_avx2::dot_iq2_xxs,
+    avx2::dot_iq2_xxs,
     IQ2_XXS_BYTES
 );
+entry!(dot_iq2_xs, dot_iq2_xs_imp, avx2::dot_iq2_xs, IQ2_XS_BYTES);
+entry!(dot_iq2_s, dot_iq2_s_imp, avx2::dot_iq2_s, IQ2_S_BYTES);
 entry!(
     dot_iq3_xxs,
     dot_iq3_xxs_imp,
-    super::x86_avx2::dot_iq3_xxs,
+    avx2::dot_iq3_xxs,
     IQ3_XXS_BYTES
 );
-entry!(
-    dot_iq3_s,
-    dot_iq3_s_imp,
-    super::x86_avx2_iq1_iq3s::dot_iq3_s,
-    IQ3_S_BYTES
-);
+entry!(dot_iq3_s, dot_iq3_s_imp, avx2_iq::dot_iq3_s, IQ3_S_BYTES);
+entry!(dot_iq1_s, dot_iq1_s_imp, avx2_iq::dot_iq1_s, IQ1_S_BYTES);
+entry!(dot_iq1_m, dot_iq1_m_imp, avx2_iq::dot_iq1_m, IQ1_M_BYTES);
 
 // ---------------------------------------------------------------------------------------------
 // compressed code books (built at compile time from `iq_grids`)
@@ -147,6 +151,8 @@ const IQ3XXS_VALUES: [u8; 8] = [4, 12, 20, 28, 36, 44, 52, 62];
 const IQ3S_VALUES: [u8; 8] = [1, 3, 5, 7, 9, 11, 13, 15];
 
 static IQ2XXS_PLANES: [u8; 512] = planes(codes2(&IQ2XXS_GRID, IQ2_VALUES));
+static IQ2XS_PLANES: [u8; 1024] = planes(codes2(&IQ2XS_GRID, IQ2_VALUES));
+static IQ2S_PLANES: [u8; 2048] = planes(codes2(&IQ2S_GRID, IQ2_VALUES));
 static IQ3XXS_PLANES: [u8; 512] = planes(codes3(&IQ3XXS_GRID, IQ3XXS_VALUES));
 static IQ3S_PLANES: [u8; 1024] = planes(codes3(&IQ3S_GRID, IQ3S_VALUES));
 
@@ -212,7 +218,7 @@ fn halves(lo: &u32, hi: &u32) -> __m512i {
             lo = in(reg) lo as *const u32,
             hi = in(reg) hi as *const u32,
             k = in(kreg) k,
-            options(pure, readonly, nostack, preserves_flags),
+            options(readonly, nostack, preserves_flags),
         );
     }
     v
@@ -306,6 +312,133 @@ macro_rules! byte_perm {
 }
 
 // ---------------------------------------------------------------------------------------------
+// the 8-value books (IQ2_XXS, IQ2_XS, IQ2_S): 32 rows per super-block, looked up for two
+// super-blocks at once
+
+/// Where the row codes of the 8-value books go: word 4q + s of a super-block's code register
+/// holds the row of output 64-bit lane q of sub-block pair s, i.e. row q % 4 of sub-block
+/// 2s + q / 4. With `codes_lookup`'s order, index byte p feeds word 8 (p / 16) + p % 8 of
+/// super-block (p / 8) % 2. Returns (super-block, sub-block, row) for index byte p.
+const fn iq2_row_for_byte(p: usize) -> (usize, usize, usize) {
+    let w = 8 * (p / 16) + p % 8;
+    let (q, s) = (w / 4, w % 4);
+    ((p / 8) % 2, 2 * s + q / 4, q % 4)
+}
+
+/// `vpmultishiftqb` controls of the 8-value books: pair s's row in word slot s, value i at
+/// bit 2i.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn iq2_field_shifts() -> [__m512i; 4] {
+    core::array::from_fn(|s| {
+        let o = 16 * s as u8;
+        shifts([o, o + 2, o + 4, o + 6, o + 8, o + 10, o + 12, o + 14])
+    })
+}
+
+/// The super-blocks of `w` and `a` in order, each block's 8 int32 lanes (`block(x, y,
+/// codes)`) accumulated as ggml does (`d * lanes` with one FMA per block); the rows of two
+/// blocks are looked up at a time (`codes(xa, xb)`, the second block repeated for an odd
+/// count).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
+fn two_at_a_time(
+    w: &[u8],
+    a: &[u8],
+    bytes: usize,
+    codes: impl Fn(&[u8], &[u8]) -> (__m512i, __m512i),
+    mut block: impl FnMut(&[u8], &[u8], __m512i) -> __m256i,
+) -> __m256 {
+    let mut accumf = _mm256_setzero_ps();
+    let mut add = |x: &[u8], y: &[u8], codes: __m512i| {
+        let d = h2f(x, 0) * rd_f32(y, 0);
+        let lanes = _mm256_cvtepi32_ps(block(x, y, codes));
+        accumf = _mm256_fmadd_ps(_mm256_set1_ps(d), lanes, accumf);
+    };
+    let mut xs = w.chunks_exact(2 * bytes);
+    let mut ys = a.chunks_exact(2 * Q8_K_BYTES);
+    for (x2, y2) in (&mut xs).zip(&mut ys) {
+        let (xa, xb) = x2.split_at(bytes);
+        let (ya, yb) = y2.split_at(Q8_K_BYTES);
+        let (ca, cb) = codes(xa, xb);
+        add(xa, ya, ca);
+        add(xb, yb, cb);
+    }
+    if xs.remainder().len() == bytes && ys.remainder().len() == Q8_K_BYTES {
+        let (x, y) = (xs.remainder(), ys.remainder());
+        add(x, y, codes(x, x).0);
+    }
+    accumf
+}
+
+/// One super-block of an 8-value book: `masks[j]`, `scales(j)` and the codes of sub-block
+/// pair j, summed into ggml's 8 lanes.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
+fn iq2_block(
+    y: &[u8],
+    codes: __m512i,
+    masks: impl Fn(usize) -> u64,
+    scales: impl Fn(usize) -> __m512i,
+) -> __m256i {
+    let zero = _mm512_setzero_si512();
+    let field_shifts = iq2_field_shifts();
+    let values = ld512(&const { value_table(IQ2_VALUES) }, 0);
+    let mut acc = zero;
+    for j in 0..4 {
+        let q8 = ld512(y, 4 + 64 * j);
+        let q8s = _mm512_mask_sub_epi8(q8, masks(j), zero, q8);
+        let fields = _mm512_multishift_epi64_epi8(field_shifts[j], codes);
+        let q2 = _mm512_permutexvar_epi8(fields, values);
+        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(q2, q8s), scales(j));
+    }
+    fold(acc)
+}
+
+/// i32 lanes 4L..4L+4 all `s[L]` (L < 4), from four broadcast loads (no shuffle).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn quarters(s: &[u32]) -> __m512i {
+    let s: &[u32; 4] = s[..4].try_into().unwrap();
+    let v: __m512i;
+    let (k1, k2, k3): (__mmask16, __mmask16, __mmask16) = (0x00f0, 0x0f00, 0xf000);
+    // SAFETY: reads the four `u32`s of `s`; writes only the output registers.
+    unsafe {
+        asm!(
+            "vpbroadcastd {v}, dword ptr [{p}]",
+            "vpbroadcastd {v} {{{k1}}}, dword ptr [{p} + 4]",
+            "vpbroadcastd {v} {{{k2}}}, dword ptr [{p} + 8]",
+            "vpbroadcastd {v} {{{k3}}}, dword ptr [{p} + 12]",
+            v = out(zmm_reg) v,
+            p = in(reg) s.as_ptr(),
+            k1 = in(kreg) k1,
+            k2 = in(kreg) k2,
+            k3 = in(kreg) k3,
+            options(readonly, nostack, preserves_flags),
+        );
+    }
+    v
+}
+
+/// The 16 scales `2 * ls + 1` of IQ2_XS / IQ2_S (`scales[8]` at `off`: the low nibble weights
+/// the first 16 values of a sub-block, the high nibble the last 16), each twice (i16) in
+/// 32-bit lane 2 ib + half.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn nibble_scales(x: &[u8], off: usize) -> __m512i {
+    let b = _mm_cvtsi64_si128(rd_u64(x, off) as i64);
+    let m4 = _mm_set1_epi8(0xf);
+    let n = _mm_unpacklo_epi8(
+        _mm_and_si128(b, m4),
+        _mm_and_si128(_mm_srli_epi16::<4>(b), m4),
+    );
+    let sc = _mm512_or_si512(
+        _mm512_slli_epi32::<1>(_mm512_cvtepu8_epi32(n)),
+        _mm512_set1_epi32(1),
+    );
+    _mm512_or_si512(sc, _mm512_slli_epi32::<16>(sc))
+}
+
 // IQ2_XXS: 4 x u64 per 32: 4 grid indices (bytes), then 4 x 7 sign bits + the 4-bit scale
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
@@ -314,52 +447,123 @@ fn dot_iq2_xxs_imp(w: &[u8], a: &[u8]) -> f32 {
     let lo_plane = regs::<4>(&IQ2XXS_PLANES[..256]);
     let hi_plane = regs::<4>(&IQ2XXS_PLANES[256..]);
     let ks = ksigns();
-    // Word 4q + s of the codes is the row of output 64-bit lane q of sub-block pair s: byte
-    // 8 * (2s + q / 4) + q % 4 of `qs`; by `codes_lookup`'s order, word w comes from index
-    // byte 16 (w / 8) + w % 8. (The other 32 index bytes are not used.)
+    // grid index r of sub-block ib: byte 8 ib + r of `qs` (bytes 2..66); two blocks' `qs`
     let idx_perm = byte_perm!(|p| {
-        let w = (p / 16) * 8 + p % 8;
-        let (q, s) = (w / 4, w % 4);
-        (8 * (2 * s + q / 4) + q % 4) as u8
+        let (h, sb, r) = iq2_row_for_byte(p);
+        (64 * h + 8 * sb + r) as u8
     });
     let sign_shifts = shifts([32, 39, 46, 53, 32, 39, 46, 53]);
-    let field_shifts: [__m512i; 4] = core::array::from_fn(|s| {
-        let o = 16 * s as u8;
-        shifts([o, o + 2, o + 4, o + 6, o + 8, o + 10, o + 12, o + 14])
-    });
-    let values = ld512(&const { value_table(IQ2_VALUES) }, 0);
     let (mut sbuf, mut cbuf) = ([0u32; 16], [0u32; 16]);
-    let mut accumf = _mm256_setzero_ps();
-    for (x, y) in w
-        .chunks_exact(IQ2_XXS_BYTES)
-        .zip(a.chunks_exact(Q8_K_BYTES))
-    {
-        let d = h2f(x, 0) * rd_f32(y, 0);
+    let codes = |xa: &[u8], xb: &[u8]| {
+        let idx = _mm512_permutex2var_epi8(ld512(xa, 2), idx_perm, ld512(xb, 2));
+        codes_lookup::<2>(idx, &[_mm512_movepi8_mask(idx)], &lo_plane, &hi_plane)
+    };
+    let block = |x: &[u8], y: &[u8], codes: __m512i| {
         let qs = ld512(x, 2);
-        let idx = _mm512_permutexvar_epi8(idx_perm, qs);
-        let (codes, _) = codes_lookup::<2>(idx, &[_mm512_movepi8_mask(idx)], &lo_plane, &hi_plane);
         // sign bytes of sub-block ib in the low 32 bits of 64-bit lane ib
-        let s =
-            _mm512_permutex2var_epi8(ks[0], _mm512_multishift_epi64_epi8(sign_shifts, qs), ks[1]);
-        let signs = spill(s, &mut sbuf);
+        let s = _mm512_multishift_epi64_epi8(sign_shifts, qs);
+        let signs = spill(_mm512_permutex2var_epi8(ks[0], s, ks[1]), &mut sbuf);
         // the scale 2 * (aux >> 28) + 1 twice (i16) in the low 32 bits of 64-bit lane ib
         let sc = _mm512_or_si512(
             _mm512_slli_epi64::<1>(_mm512_srli_epi64::<60>(qs)),
             _mm512_set1_epi64(1),
         );
         let scales = spill(_mm512_or_si512(sc, _mm512_slli_epi64::<16>(sc)), &mut cbuf);
-        let mut acc = zero;
-        for j in 0..4 {
-            let q8 = ld512(y, 4 + 64 * j);
-            let q8s = _mm512_mask_sub_epi8(q8, pair_mask(signs, j), zero, q8);
-            let fields = _mm512_multishift_epi64_epi8(field_shifts[j], codes);
-            let q2 = _mm512_permutexvar_epi8(fields, values);
-            let dot = _mm512_maddubs_epi16(q2, q8s);
-            acc = _mm512_dpwssd_epi32(acc, dot, halves(&scales[4 * j], &scales[4 * j + 2]));
-        }
-        accumf = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(fold(acc)), accumf);
-    }
-    0.125 * hsum_float_8(accumf)
+        let _ = zero;
+        iq2_block(
+            y,
+            codes,
+            |j| pair_mask(signs, j),
+            |j| halves(&scales[4 * j], &scales[4 * j + 2]),
+        )
+    };
+    0.125 * hsum_float_8(two_at_a_time(w, a, IQ2_XXS_BYTES, codes, block))
+}
+
+// IQ2_XS: per 8 values a u16 (9-bit grid index, 7 sign bits), then 8 scale bytes
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
+fn dot_iq2_xs_imp(w: &[u8], a: &[u8]) -> f32 {
+    let lo_plane = regs::<8>(&IQ2XS_PLANES[..512]);
+    let hi_plane = regs::<8>(&IQ2XS_PLANES[512..]);
+    let ks = ksigns();
+    // row r of sub-block ib: u16 4 ib + r of `qs` (bytes 2..66); its low byte, then the high
+    // byte whose bit 0 is the 9th index bit
+    let idx_perm = byte_perm!(|p| {
+        let (h, sb, r) = iq2_row_for_byte(p);
+        (64 * h + 2 * (4 * sb + r)) as u8
+    });
+    let idx_hi_perm = byte_perm!(|p| {
+        let (h, sb, r) = iq2_row_for_byte(p);
+        (64 * h + 2 * (4 * sb + r) + 1) as u8
+    });
+    // the 7 sign bits of u16 r: bits 16 r + 9.. of 64-bit lane ib
+    let sign_shifts = shifts([9, 25, 41, 57, 9, 25, 41, 57]);
+    let (mut sbuf, mut cbuf) = ([0u32; 16], [0u32; 16]);
+    let codes = |xa: &[u8], xb: &[u8]| {
+        let (qa, qb) = (ld512(xa, 2), ld512(xb, 2));
+        let idx = _mm512_permutex2var_epi8(qa, idx_perm, qb);
+        let hi = _mm512_permutex2var_epi8(qa, idx_hi_perm, qb);
+        let k8 = _mm512_test_epi8_mask(hi, _mm512_set1_epi8(1));
+        codes_lookup::<4>(idx, &[_mm512_movepi8_mask(idx), k8], &lo_plane, &hi_plane)
+    };
+    let block = |x: &[u8], y: &[u8], codes: __m512i| {
+        let s = _mm512_multishift_epi64_epi8(sign_shifts, ld512(x, 2));
+        let signs = spill(_mm512_permutex2var_epi8(ks[0], s, ks[1]), &mut sbuf);
+        let scales = spill(nibble_scales(x, 66), &mut cbuf);
+        iq2_block(
+            y,
+            codes,
+            |j| pair_mask(signs, j),
+            |j| quarters(&scales[4 * j..]),
+        )
+    };
+    0.125 * hsum_float_8(two_at_a_time(w, a, IQ2_XS_BYTES, codes, block))
+}
+
+// IQ2_S: 32 grid index low bytes, 32 sign bytes (one bit per value), `qh[8]` (two high index
+// bits per row), 8 scale bytes
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
+fn dot_iq2_s_imp(w: &[u8], a: &[u8]) -> f32 {
+    let lo_plane = regs::<16>(&IQ2S_PLANES[..1024]);
+    let hi_plane = regs::<16>(&IQ2S_PLANES[1024..]);
+    // row r of sub-block ib: byte 4 ib + r of `qs` (bytes 2..34); index bits 8, 9 are bits
+    // 2r, 2r + 1 of qh byte ib (the two blocks' qh side by side)
+    let idx_perm = byte_perm!(|p| {
+        let (h, sb, r) = iq2_row_for_byte(p);
+        (64 * h + 4 * sb + r) as u8
+    });
+    let qh_perm = byte_perm!(|p| {
+        let (h, sb, _) = iq2_row_for_byte(p);
+        (8 * h + sb) as u8
+    });
+    let bit8 = byte_perm!(|p| 1 << (2 * iq2_row_for_byte(p).2));
+    let bit9 = byte_perm!(|p| 2 << (2 * iq2_row_for_byte(p).2));
+    let mut cbuf = [0u32; 16];
+    let codes = |xa: &[u8], xb: &[u8]| {
+        let idx = _mm512_permutex2var_epi8(ld512(xa, 2), idx_perm, ld512(xb, 2));
+        let qh = _mm_set_epi64x(rd_u64(xb, 66) as i64, rd_u64(xa, 66) as i64);
+        let qh = _mm512_permutexvar_epi8(qh_perm, _mm512_castsi128_si512(qh));
+        let k8 = _mm512_test_epi8_mask(qh, bit8);
+        let k9 = _mm512_test_epi8_mask(qh, bit9);
+        codes_lookup::<8>(
+            idx,
+            &[_mm512_movepi8_mask(idx), k8, k9],
+            &lo_plane,
+            &hi_plane,
+        )
+    };
+    let block = |x: &[u8], y: &[u8], codes: __m512i| {
+        let scales = spill(nibble_scales(x, 74), &mut cbuf);
+        iq2_block(
+            y,
+            codes,
+            |j| rd_u64(x, 34 + 8 * j),
+            |j| quarters(&scales[4 * j..]),
+        )
+    };
+    0.125 * hsum_float_8(two_at_a_time(w, a, IQ2_S_BYTES, codes, block))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -485,4 +689,210 @@ fn dot_iq3_s_imp(w: &[u8], a: &[u8]) -> f32 {
         accumf = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(fold(acc)), accumf);
     }
     hsum_float_8(accumf)
+}
+
+// ---------------------------------------------------------------------------------------------
+// IQ1_S / IQ1_M: 11-bit indices into a book of 2048 rows of 8 values -1, 0, 1 (too large to
+// keep in registers: its rows are loaded one by one, as ggml does)
+
+/// The 8 rows whose indices (below 2048) are the u16 lanes of `idx`, row k in 64-bit lane k.
+/// The indices are moved to general registers 4 at a time and split there (an empty `asm!`
+/// hides the two words from LLVM, which would otherwise extract every index with a shuffle or
+/// a load).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn iq1_rows(idx: __m128i) -> __m512i {
+    let mut w = [
+        _mm_cvtsi128_si64(idx) as u64,
+        _mm_extract_epi64::<1>(idx) as u64,
+    ];
+    for v in &mut w {
+        // SAFETY: an empty `asm!` that takes and returns one register.
+        unsafe {
+            asm!(
+                "/* {0} */",
+                inout(reg) * v,
+                options(pure, nomem, nostack, preserves_flags)
+            )
+        };
+    }
+    let i = |k: usize| (w[k / 4] >> (16 * (k % 4))) as u16 as usize;
+    let quad = |k: usize| {
+        let v: __m256i;
+        // SAFETY: the callers form the indices as a byte plus 3 bits times 256, so they are
+        // below 2048, the length of the book: the loads read rows of `IQ1S_GRID`.
+        unsafe {
+            asm!(
+                "vpbroadcastq {v}, qword ptr [{t} + 8 * {i0}]",
+                "vpbroadcastq {v} {{{k1}}}, qword ptr [{t} + 8 * {i1}]",
+                "vpbroadcastq {v} {{{k2}}}, qword ptr [{t} + 8 * {i2}]",
+                "vpbroadcastq {v} {{{k3}}}, qword ptr [{t} + 8 * {i3}]",
+                v = out(ymm_reg) v,
+                t = in(reg) IQ1S_GRID.as_ptr(),
+                i0 = in(reg) i(k),
+                i1 = in(reg) i(k + 1),
+                i2 = in(reg) i(k + 2),
+                i3 = in(reg) i(k + 3),
+                k1 = in(kreg) 2u8,
+                k2 = in(kreg) 4u8,
+                k3 = in(kreg) 8u8,
+                options(pure, readonly, nostack, preserves_flags),
+            );
+        }
+        v
+    };
+    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(quad(0)), quad(4))
+}
+
+/// 128-bit lane `j` of `v`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn lane128(v: __m512i, j: usize) -> __m128i {
+    match j {
+        0 => _mm512_castsi512_si128(v),
+        1 => _mm512_extracti32x4_epi32::<1>(v),
+        2 => _mm512_extracti32x4_epi32::<2>(v),
+        _ => _mm512_extracti32x4_epi32::<3>(v),
+    }
+}
+
+/// `acc` plus, per 32-bit lane, the sum over its 4 values of `s * g * q` for grid values `g`
+/// (-1, 0, 1) and the scale bytes `s` (at most 15): `vpdpbusd` of `s * |g|` (a byte) with `q`
+/// under g's sign, which is ggml's `vpmaddubsw(|g|, sign(q, g))` times the scale, exactly.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn iq1_dot(acc: __m512i, g: __m512i, s: __m512i, q: __m512i) -> __m512i {
+    let qs = _mm512_mask_sub_epi8(q, _mm512_movepi8_mask(g), _mm512_setzero_si512(), q);
+    let sg = _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(g, g), s);
+    _mm512_dpbusd_epi32(acc, sg, qs)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
+fn dot_iq1_s_imp(w: &[u8], a: &[u8]) -> f32 {
+    let zero = _mm512_setzero_si512();
+    // row r = 4 ib + l: qh word ib shifted right by 3 l
+    let qh_perm = _mm512_set_epi16(
+        7, 7, 7, 7, 6, 6, 6, 6, 5, 5, 5, 5, 4, 4, 4, 4, 3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0,
+        0, 0,
+    );
+    let qh_shift = _mm512_set4_epi32(9 << 16 | 6, 3 << 16, 9 << 16 | 6, 3 << 16);
+    let mut cbuf = [0u32; 16];
+    let mut accum = _mm256_setzero_ps();
+    let mut accum1 = 0f32;
+    for (x, y) in w.chunks_exact(IQ1_S_BYTES).zip(a.chunks_exact(Q8_K_BYTES)) {
+        let qh = _mm512_castsi128_si512(ld128(x, 34));
+        let hi = _mm512_srlv_epi16(_mm512_permutexvar_epi16(qh_perm, qh), qh_shift);
+        let qs = _mm512_cvtepu8_epi16(ld256(x, 2));
+        let idx = _mm512_or_si512(
+            qs,
+            _mm512_slli_epi16::<8>(_mm512_and_si512(hi, _mm512_set1_epi16(7))),
+        );
+        // the scale 2 ((qh >> 12) & 7) + 1 in the 4 bytes of 32-bit lane ib (for `iq1_dot`)
+        let sc = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(qh));
+        let sc = _mm512_and_si512(_mm512_srli_epi32::<11>(sc), _mm512_set1_epi32(14));
+        let sc = _mm512_or_si512(sc, _mm512_set1_epi32(1));
+        let scales = spill(
+            _mm512_mullo_epi32(sc, _mm512_set1_epi32(0x0101_0101)),
+            &mut cbuf,
+        );
+        let mut acc = zero;
+        for j in 0..4 {
+            let q8 = ld512(y, 4 + 64 * j);
+            let sc = halves(&scales[2 * j], &scales[2 * j + 1]);
+            acc = iq1_dot(acc, iq1_rows(lane128(idx, j)), sc, q8);
+        }
+        // the delta term: sum over ib of (bsums[2 ib] + bsums[2 ib + 1]) * ls * (-1 where qh
+        // bit 15 is set), an exact integer sum
+        let qh8 = _mm512_castsi512_si128(qh);
+        let ls = _mm_or_si128(
+            _mm_and_si128(_mm_srli_epi16::<11>(qh8), _mm_set1_epi16(14)),
+            _mm_set1_epi16(1),
+        );
+        let neg = _mm_srai_epi16::<15>(qh8);
+        let ls = _mm_sub_epi16(_mm_xor_si128(ls, neg), neg);
+        let ls = _mm256_set_m128i(_mm_unpackhi_epi16(ls, ls), _mm_unpacklo_epi16(ls, ls));
+        let p = _mm256_madd_epi16(ld256(y, 260), ls);
+        let p = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256::<1>(p));
+        let p = _mm_add_epi32(p, _mm_unpackhi_epi64(p, p));
+        let sumi1 = _mm_cvtsi128_si32(_mm_add_epi32(p, _mm_srli_epi64::<32>(p)));
+        let d = rd_f32(y, 0) * h2f(x, 0);
+        accum = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(fold(acc)), accum);
+        // GCC contracts `accum1 += d * sumi1`
+        accum1 = d.mul_add(sumi1 as f32, accum1);
+    }
+    hsum_float_8(accum) + IQ1_DELTA * accum1
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
+fn dot_iq1_m_imp(w: &[u8], a: &[u8]) -> f32 {
+    let zero = _mm512_setzero_si512();
+    // the 3-bit scale of (sub-block ib, half h) at bit 16 (ib / 2) + 6 (ib % 2) + 3 h of the
+    // scale words, in byte 2 ib + h
+    let scale_shifts = _mm_set_epi64x(
+        i64::from_le_bytes([32, 35, 38, 41, 48, 51, 54, 57]),
+        i64::from_le_bytes([0, 3, 6, 9, 16, 19, 22, 25]),
+    );
+    // the delta sign of row r: bit 3 + 4 (r % 2) of qh byte r / 2
+    let delta_bits = _mm256_set1_epi16(0x8008_u16 as i16);
+    let mut dbuf = [0u32; 16];
+    // pair j: scale byte 4 j + L in 128-bit lane L
+    let scale_perm: [__m512i; 4] = core::array::from_fn(|j| {
+        let b = |l: usize| (4 * j + l) as i32 * 0x0101_0101;
+        _mm512_set_epi32(
+            b(3),
+            b(3),
+            b(3),
+            b(3),
+            b(2),
+            b(2),
+            b(2),
+            b(2),
+            b(1),
+            b(1),
+            b(1),
+            b(1),
+            b(0),
+            b(0),
+            b(0),
+            b(0),
+        )
+    });
+    let mut accum1 = _mm256_setzero_ps();
+    let mut accum2 = _mm256_setzero_ps();
+    for (x, y) in w.chunks_exact(IQ1_M_BYTES).zip(a.chunks_exact(Q8_K_BYTES)) {
+        // row r = 4 ib + l: index bits 8..11 in the low 3 bits of nibble r % 2 of qh byte r / 2
+        let qh = ld128(x, 32);
+        let m7 = _mm_set1_epi8(7);
+        let lo = _mm_and_si128(qh, m7);
+        let hi = _mm_and_si128(_mm_srli_epi16::<4>(qh), m7);
+        let nib = _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
+        let idx = _mm512_or_si512(
+            _mm512_cvtepu8_epi16(ld256(x, 0)),
+            _mm512_slli_epi16::<8>(_mm512_cvtepu8_epi16(nib)),
+        );
+        // delta signs: byte r 0xff where row r's delta is negative (so 64-bit lane j is the
+        // element mask of pair j)
+        let qh2 = _mm256_set_m128i(_mm_unpackhi_epi8(qh, qh), _mm_unpacklo_epi8(qh, qh));
+        let neg = _mm256_movm_epi8(_mm256_test_epi8_mask(qh2, delta_bits));
+        let deltas = spill(_mm512_castsi256_si512(neg), &mut dbuf);
+        // scales 2 s + 1 in byte 2 ib + h
+        let sc = _mm_multishift_epi64_epi8(scale_shifts, _mm_set1_epi64x(rd_u64(x, 48) as i64));
+        let sc = _mm_or_si128(_mm_slli_epi16::<1>(_mm_and_si128(sc, m7)), _mm_set1_epi8(1));
+        let sc = _mm512_castsi128_si512(sc);
+        let mut acc1 = zero;
+        let mut acc2 = zero;
+        for j in 0..4 {
+            let q8 = ld512(y, 4 + 64 * j);
+            let sc = _mm512_permutexvar_epi8(scale_perm[j], sc);
+            acc1 = iq1_dot(acc1, iq1_rows(lane128(idx, j)), sc, q8);
+            let m = deltas[2 * j] as u64 | (deltas[2 * j + 1] as u64) << 32;
+            let q8d = _mm512_mask_sub_epi8(q8, m, zero, q8);
+            acc2 = _mm512_dpbusd_epi32(acc2, sc, q8d);
+        }
+        let d = _mm256_set1_ps(rd_f32(y, 0) * fp16_to_f32(iq1m_scale_bits(x)));
+        accum1 = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(fold(acc1)), accum1);
+        accum2 = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(fold(acc2)), accum2);
+    }
+    // GCC contracts `hsum1 + IQ1M_DELTA * hsum2`
+    hsum_float_8(accum2).mul_add(IQ1_DELTA, hsum_float_8(accum1))
 }
