@@ -203,27 +203,6 @@ fn spill(v: __m512i, buf: &mut [u32; 16]) -> &[u32; 16] {
     buf
 }
 
-/// i32 lanes 0..8 all `lo`, lanes 8..16 all `hi`, from two broadcast loads (no shuffle).
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn halves(lo: &u32, hi: &u32) -> __m512i {
-    let v: __m512i;
-    let k: __mmask16 = 0xff00;
-    // SAFETY: reads the two `u32`s behind the references; writes only the output registers.
-    unsafe {
-        asm!(
-            "vpbroadcastd {v}, dword ptr [{lo}]",
-            "vpbroadcastd {v} {{{k}}}, dword ptr [{hi}]",
-            v = out(zmm_reg) v,
-            lo = in(reg) lo as *const u32,
-            hi = in(reg) hi as *const u32,
-            k = in(kreg) k,
-            options(readonly, nostack, preserves_flags),
-        );
-    }
-    v
-}
-
 /// The 64-bit sign mask of sub-blocks `2j`, `2j + 1` from `s`, where the low 32 bits of 64-bit
 /// lane `ib` hold sub-block `ib`'s.
 #[inline(always)]
@@ -395,34 +374,8 @@ fn iq2_block(
     fold(acc)
 }
 
-/// i32 lanes 4L..4L+4 all `s[L]` (L < 4), from four broadcast loads (no shuffle).
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn quarters(s: &[u32]) -> __m512i {
-    let s: &[u32; 4] = s[..4].try_into().unwrap();
-    let v: __m512i;
-    let (k1, k2, k3): (__mmask16, __mmask16, __mmask16) = (0x00f0, 0x0f00, 0xf000);
-    // SAFETY: reads the four `u32`s of `s`; writes only the output registers.
-    unsafe {
-        asm!(
-            "vpbroadcastd {v}, dword ptr [{p}]",
-            "vpbroadcastd {v} {{{k1}}}, dword ptr [{p} + 4]",
-            "vpbroadcastd {v} {{{k2}}}, dword ptr [{p} + 8]",
-            "vpbroadcastd {v} {{{k3}}}, dword ptr [{p} + 12]",
-            v = out(zmm_reg) v,
-            p = in(reg) s.as_ptr(),
-            k1 = in(kreg) k1,
-            k2 = in(kreg) k2,
-            k3 = in(kreg) k3,
-            options(readonly, nostack, preserves_flags),
-        );
-    }
-    v
-}
-
 /// The 16 scales `2 * ls + 1` of IQ2_XS / IQ2_S (`scales[8]` at `off`: the low nibble weights
-/// the first 16 values of a sub-block, the high nibble the last 16), each twice (i16) in
-/// 32-bit lane 2 ib + half.
+/// the first 16 values of a sub-block, the high nibble the last 16), in byte 2 ib + half.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 fn nibble_scales(x: &[u8], off: usize) -> __m512i {
@@ -432,18 +385,28 @@ fn nibble_scales(x: &[u8], off: usize) -> __m512i {
         _mm_and_si128(b, m4),
         _mm_and_si128(_mm_srli_epi16::<4>(b), m4),
     );
-    let sc = _mm512_or_si512(
-        _mm512_slli_epi32::<1>(_mm512_cvtepu8_epi32(n)),
-        _mm512_set1_epi32(1),
-    );
-    _mm512_or_si512(sc, _mm512_slli_epi32::<16>(sc))
+    _mm512_castsi128_si512(_mm_or_si128(_mm_add_epi8(n, n), _mm_set1_epi8(1)))
+}
+
+/// A scale vector of one sub-block pair from a register `s` of scale bytes: 128-bit lane L
+/// all byte `at[L]` of `s`, as i16 lanes (`WIDE`, for `vpdpwssd`) or as bytes (for
+/// `vpdpbusd`). One permute (cheaper than merging broadcast loads).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
+fn scale_lanes<const WIDE: bool>(s: __m512i, at: [usize; 4]) -> __m512i {
+    let q = |l: usize| (at[l] as u64 * 0x0101_0101_0101_0101) as i64;
+    let perm = _mm512_set_epi64(q(3), q(3), q(2), q(2), q(1), q(1), q(0), q(0));
+    if WIDE {
+        _mm512_maskz_permutexvar_epi8(0x5555_5555_5555_5555, perm, s)
+    } else {
+        _mm512_permutexvar_epi8(perm, s)
+    }
 }
 
 // IQ2_XXS: 4 x u64 per 32: 4 grid indices (bytes), then 4 x 7 sign bits + the 4-bit scale
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
 fn dot_iq2_xxs_imp(w: &[u8], a: &[u8]) -> f32 {
-    let zero = _mm512_setzero_si512();
     let lo_plane = regs::<4>(&IQ2XXS_PLANES[..256]);
     let hi_plane = regs::<4>(&IQ2XXS_PLANES[256..]);
     let ks = ksigns();
@@ -453,7 +416,7 @@ fn dot_iq2_xxs_imp(w: &[u8], a: &[u8]) -> f32 {
         (64 * h + 8 * sb + r) as u8
     });
     let sign_shifts = shifts([32, 39, 46, 53, 32, 39, 46, 53]);
-    let (mut sbuf, mut cbuf) = ([0u32; 16], [0u32; 16]);
+    let mut sbuf = [0u32; 16];
     let codes = |xa: &[u8], xb: &[u8]| {
         let idx = _mm512_permutex2var_epi8(ld512(xa, 2), idx_perm, ld512(xb, 2));
         codes_lookup::<2>(idx, &[_mm512_movepi8_mask(idx)], &lo_plane, &hi_plane)
@@ -463,18 +426,19 @@ fn dot_iq2_xxs_imp(w: &[u8], a: &[u8]) -> f32 {
         // sign bytes of sub-block ib in the low 32 bits of 64-bit lane ib
         let s = _mm512_multishift_epi64_epi8(sign_shifts, qs);
         let signs = spill(_mm512_permutex2var_epi8(ks[0], s, ks[1]), &mut sbuf);
-        // the scale 2 * (aux >> 28) + 1 twice (i16) in the low 32 bits of 64-bit lane ib
-        let sc = _mm512_or_si512(
+        // the scale 2 * (aux >> 28) + 1 in byte 8 ib
+        let scales = _mm512_or_si512(
             _mm512_slli_epi64::<1>(_mm512_srli_epi64::<60>(qs)),
             _mm512_set1_epi64(1),
         );
-        let scales = spill(_mm512_or_si512(sc, _mm512_slli_epi64::<16>(sc)), &mut cbuf);
-        let _ = zero;
         iq2_block(
             y,
             codes,
             |j| pair_mask(signs, j),
-            |j| halves(&scales[4 * j], &scales[4 * j + 2]),
+            |j| {
+                let (a, b) = (16 * j, 16 * j + 8);
+                scale_lanes::<true>(scales, [a, a, b, b])
+            },
         )
     };
     0.125 * hsum_float_8(two_at_a_time(w, a, IQ2_XXS_BYTES, codes, block))
@@ -499,7 +463,7 @@ fn dot_iq2_xs_imp(w: &[u8], a: &[u8]) -> f32 {
     });
     // the 7 sign bits of u16 r: bits 16 r + 9.. of 64-bit lane ib
     let sign_shifts = shifts([9, 25, 41, 57, 9, 25, 41, 57]);
-    let (mut sbuf, mut cbuf) = ([0u32; 16], [0u32; 16]);
+    let mut sbuf = [0u32; 16];
     let codes = |xa: &[u8], xb: &[u8]| {
         let (qa, qb) = (ld512(xa, 2), ld512(xb, 2));
         let idx = _mm512_permutex2var_epi8(qa, idx_perm, qb);
@@ -510,12 +474,12 @@ fn dot_iq2_xs_imp(w: &[u8], a: &[u8]) -> f32 {
     let block = |x: &[u8], y: &[u8], codes: __m512i| {
         let s = _mm512_multishift_epi64_epi8(sign_shifts, ld512(x, 2));
         let signs = spill(_mm512_permutex2var_epi8(ks[0], s, ks[1]), &mut sbuf);
-        let scales = spill(nibble_scales(x, 66), &mut cbuf);
+        let scales = nibble_scales(x, 66);
         iq2_block(
             y,
             codes,
             |j| pair_mask(signs, j),
-            |j| quarters(&scales[4 * j..]),
+            |j| scale_lanes::<true>(scales, [4 * j, 4 * j + 1, 4 * j + 2, 4 * j + 3]),
         )
     };
     0.125 * hsum_float_8(two_at_a_time(w, a, IQ2_XS_BYTES, codes, block))
@@ -540,7 +504,6 @@ fn dot_iq2_s_imp(w: &[u8], a: &[u8]) -> f32 {
     });
     let bit8 = byte_perm!(|p| 1 << (2 * iq2_row_for_byte(p).2));
     let bit9 = byte_perm!(|p| 2 << (2 * iq2_row_for_byte(p).2));
-    let mut cbuf = [0u32; 16];
     let codes = |xa: &[u8], xb: &[u8]| {
         let idx = _mm512_permutex2var_epi8(ld512(xa, 2), idx_perm, ld512(xb, 2));
         let qh = _mm_set_epi64x(rd_u64(xb, 66) as i64, rd_u64(xa, 66) as i64);
@@ -555,12 +518,12 @@ fn dot_iq2_s_imp(w: &[u8], a: &[u8]) -> f32 {
         )
     };
     let block = |x: &[u8], y: &[u8], codes: __m512i| {
-        let scales = spill(nibble_scales(x, 74), &mut cbuf);
+        let scales = nibble_scales(x, 74);
         iq2_block(
             y,
             codes,
             |j| rd_u64(x, 34 + 8 * j),
-            |j| quarters(&scales[4 * j..]),
+            |j| scale_lanes::<true>(scales, [4 * j, 4 * j + 1, 4 * j + 2, 4 * j + 3]),
         )
     };
     0.125 * hsum_float_8(two_at_a_time(w, a, IQ2_S_BYTES, codes, block))
@@ -604,7 +567,7 @@ fn dot_iq3_xxs_imp(w: &[u8], a: &[u8]) -> f32 {
     let sign_shifts = shifts([0, 7, 14, 21, 32, 39, 46, 53]);
     let field_shifts = iq3_field_shifts();
     let values = ld512(&const { value_table(IQ3XXS_VALUES) }, 0);
-    let (mut sbuf, mut cbuf) = ([0u32; 16], [0u32; 16]);
+    let mut sbuf = [0u32; 16];
     let mut accumf = _mm256_setzero_ps();
     for (x, y) in w
         .chunks_exact(IQ3_XXS_BYTES)
@@ -618,12 +581,11 @@ fn dot_iq3_xxs_imp(w: &[u8], a: &[u8]) -> f32 {
         let s =
             _mm512_permutex2var_epi8(ks[0], _mm512_multishift_epi64_epi8(sign_shifts, aux), ks[1]);
         let signs = spill(s, &mut sbuf);
-        // the scale 2 * (aux >> 28) + 1 twice (i16) in 32-bit lane ib
-        let sc = _mm512_or_si512(
+        // the scale 2 * (aux >> 28) + 1 in byte 4 ib
+        let scales = _mm512_or_si512(
             _mm512_slli_epi32::<1>(_mm512_srli_epi32::<28>(aux)),
             _mm512_set1_epi32(1),
         );
-        let scales = spill(_mm512_or_si512(sc, _mm512_slli_epi32::<16>(sc)), &mut cbuf);
         let mut acc = zero;
         for j in 0..4 {
             let q8 = ld512(y, 4 + 64 * j);
@@ -635,7 +597,8 @@ fn dot_iq3_xxs_imp(w: &[u8], a: &[u8]) -> f32 {
                 values,
             );
             let dot = _mm512_maddubs_epi16(q3, q8s);
-            acc = _mm512_dpwssd_epi32(acc, dot, halves(&scales[2 * j], &scales[2 * j + 1]));
+            let (a, b) = (8 * j, 8 * j + 4);
+            acc = _mm512_dpwssd_epi32(acc, dot, scale_lanes::<true>(scales, [a, a, b, b]));
         }
         accumf = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(fold(acc)), accumf);
     }
@@ -657,8 +620,6 @@ fn dot_iq3_s_imp(w: &[u8], a: &[u8]) -> f32 {
     let qh_bit = byte_perm!(|p| 1 << (iq3_row_for_byte(p) % 8));
     let field_shifts = iq3_field_shifts();
     let values = ld512(&const { value_table(IQ3S_VALUES) }, 0);
-    let nibble_shift = _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4);
-    let mut cbuf = [0u32; 16];
     let mut accumf = _mm256_setzero_ps();
     for (x, y) in w.chunks_exact(IQ3_S_BYTES).zip(a.chunks_exact(Q8_K_BYTES)) {
         let d = h2f(x, 0) * rd_f32(y, 0);
@@ -666,13 +627,14 @@ fn dot_iq3_s_imp(w: &[u8], a: &[u8]) -> f32 {
         let qh = _mm512_castsi128_si512(_mm_cvtsi64_si128(rd_u64(x, 66) as i64));
         let k8 = _mm512_test_epi8_mask(_mm512_permutexvar_epi8(qh_perm, qh), qh_bit);
         let codes = codes_lookup::<4>(idx, &[_mm512_movepi8_mask(idx), k8], &lo_plane, &hi_plane);
-        // scales: byte ib / 2, nibble ib % 2, as 2 s + 1 twice (i16) in 32-bit lane ib
+        // scales: nibble ib % 2 of byte ib / 2, as 2 s + 1 in byte ib
         let b = _mm_cvtsi32_si128(rd_u32(x, 106) as i32);
-        let b = _mm256_cvtepu8_epi32(_mm_unpacklo_epi8(b, b));
-        let nib = _mm256_and_si256(_mm256_srlv_epi32(b, nibble_shift), _mm256_set1_epi32(0xf));
-        let sc = _mm256_or_si256(_mm256_slli_epi32::<1>(nib), _mm256_set1_epi32(1));
-        let sc = _mm256_or_si256(sc, _mm256_slli_epi32::<16>(sc));
-        let scales = spill(_mm512_castsi256_si512(sc), &mut cbuf);
+        let m4 = _mm_set1_epi8(0xf);
+        let n = _mm_unpacklo_epi8(
+            _mm_and_si128(b, m4),
+            _mm_and_si128(_mm_srli_epi16::<4>(b), m4),
+        );
+        let scales = _mm512_castsi128_si512(_mm_or_si128(_mm_add_epi8(n, n), _mm_set1_epi8(1)));
         let mut acc = zero;
         for j in 0..4 {
             let q8 = ld512(y, 4 + 64 * j);
@@ -684,7 +646,8 @@ fn dot_iq3_s_imp(w: &[u8], a: &[u8]) -> f32 {
                 values,
             );
             let dot = _mm512_maddubs_epi16(q3, q8s);
-            acc = _mm512_dpwssd_epi32(acc, dot, halves(&scales[2 * j], &scales[2 * j + 1]));
+            let (a, b) = (2 * j, 2 * j + 1);
+            acc = _mm512_dpwssd_epi32(acc, dot, scale_lanes::<true>(scales, [a, a, b, b]));
         }
         accumf = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(fold(acc)), accumf);
     }
@@ -776,7 +739,6 @@ fn dot_iq1_s_imp(w: &[u8], a: &[u8]) -> f32 {
         0, 0,
     );
     let qh_shift = _mm512_set4_epi32(9 << 16 | 6, 3 << 16, 9 << 16 | 6, 3 << 16);
-    let mut cbuf = [0u32; 16];
     let mut accum = _mm256_setzero_ps();
     let mut accum1 = 0f32;
     for (x, y) in w.chunks_exact(IQ1_S_BYTES).zip(a.chunks_exact(Q8_K_BYTES)) {
@@ -790,15 +752,12 @@ fn dot_iq1_s_imp(w: &[u8], a: &[u8]) -> f32 {
         // the scale 2 ((qh >> 12) & 7) + 1 in the 4 bytes of 32-bit lane ib (for `iq1_dot`)
         let sc = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(qh));
         let sc = _mm512_and_si512(_mm512_srli_epi32::<11>(sc), _mm512_set1_epi32(14));
-        let sc = _mm512_or_si512(sc, _mm512_set1_epi32(1));
-        let scales = spill(
-            _mm512_mullo_epi32(sc, _mm512_set1_epi32(0x0101_0101)),
-            &mut cbuf,
-        );
+        let scales = _mm512_or_si512(sc, _mm512_set1_epi32(1));
         let mut acc = zero;
         for j in 0..4 {
             let q8 = ld512(y, 4 + 64 * j);
-            let sc = halves(&scales[2 * j], &scales[2 * j + 1]);
+            let (a, b) = (8 * j, 8 * j + 4);
+            let sc = scale_lanes::<false>(scales, [a, a, b, b]);
             acc = iq1_dot(acc, iq1_rows(lane128(idx, j)), sc, q8);
         }
         // the delta term: sum over ib of (bsums[2 ib] + bsums[2 ib + 1]) * ls * (-1 where qh
