@@ -203,11 +203,16 @@ fn spill(v: __m512i, buf: &mut [u32; 16]) -> &[u32; 16] {
     buf
 }
 
-/// The 64-bit sign mask of sub-blocks `2j`, `2j + 1` from `s`, where the low 32 bits of 64-bit
-/// lane `ib` hold sub-block `ib`'s.
-#[inline(always)]
-fn pair_mask(s: &[u32; 16], j: usize) -> u64 {
-    s[4 * j] as u64 | (s[4 * j + 2] as u64) << 32
+/// [`spill`] for 64-bit lanes.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn spill64(v: __m512i, buf: &mut [u64; 8]) -> &[u64; 8] {
+    // SAFETY: as in `spill`.
+    unsafe {
+        _mm512_storeu_si512(buf.as_mut_ptr().cast(), v);
+        asm!("/* {0} */", in(reg) buf.as_mut_ptr(), options(nostack, preserves_flags));
+    }
+    buf
 }
 
 /// One byte plane of a code book of `2 * Q` registers (128 rows each) at the 64 byte indices
@@ -321,15 +326,15 @@ fn iq2_field_shifts() -> [__m512i; 4] {
 /// count).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
-fn two_at_a_time(
+fn two_at_a_time<T>(
     w: &[u8],
     a: &[u8],
     bytes: usize,
-    codes: impl Fn(&[u8], &[u8]) -> (__m512i, __m512i),
-    mut block: impl FnMut(&[u8], &[u8], __m512i) -> __m256i,
+    mut codes: impl FnMut(&[u8], &[u8]) -> (T, T),
+    mut block: impl FnMut(&[u8], &[u8], T) -> __m256i,
 ) -> __m256 {
     let mut accumf = _mm256_setzero_ps();
-    let mut add = |x: &[u8], y: &[u8], codes: __m512i| {
+    let mut add = |x: &[u8], y: &[u8], codes: T| {
         let d = h2f(x, 0) * rd_f32(y, 0);
         let lanes = _mm256_cvtepi32_ps(block(x, y, codes));
         accumf = _mm256_fmadd_ps(_mm256_set1_ps(d), lanes, accumf);
@@ -415,26 +420,36 @@ fn dot_iq2_xxs_imp(w: &[u8], a: &[u8]) -> f32 {
         let (h, sb, r) = iq2_row_for_byte(p);
         (64 * h + 8 * sb + r) as u8
     });
-    let sign_shifts = shifts([32, 39, 46, 53, 32, 39, 46, 53]);
-    let mut sbuf = [0u32; 16];
+    // the sign words are the high halves of the 64-bit lanes: both blocks' in one register,
+    // then the 4 x 7 bits of 32-bit lane i at bits 32 (i % 2) + 7k of 64-bit lane i / 2
+    let sign_words = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+    let sign_shifts = shifts([0, 7, 14, 21, 32, 39, 46, 53]);
+    let mut mbuf = [0u64; 8];
     let codes = |xa: &[u8], xb: &[u8]| {
-        let idx = _mm512_permutex2var_epi8(ld512(xa, 2), idx_perm, ld512(xb, 2));
-        codes_lookup::<2>(idx, &[_mm512_movepi8_mask(idx)], &lo_plane, &hi_plane)
+        let (qa, qb) = (ld512(xa, 2), ld512(xb, 2));
+        let idx = _mm512_permutex2var_epi8(qa, idx_perm, qb);
+        let (ca, cb) = codes_lookup::<2>(idx, &[_mm512_movepi8_mask(idx)], &lo_plane, &hi_plane);
+        // the sign masks of the blocks' pairs, 64-bit lane 4 h + j for pair j of block h
+        let s = _mm512_multishift_epi64_epi8(
+            sign_shifts,
+            _mm512_permutex2var_epi32(qa, sign_words, qb),
+        );
+        let m = spill64(_mm512_permutex2var_epi8(ks[0], s, ks[1]), &mut mbuf);
+        (
+            (ca, [m[0], m[1], m[2], m[3]]),
+            (cb, [m[4], m[5], m[6], m[7]]),
+        )
     };
-    let block = |x: &[u8], y: &[u8], codes: __m512i| {
-        let qs = ld512(x, 2);
-        // sign bytes of sub-block ib in the low 32 bits of 64-bit lane ib
-        let s = _mm512_multishift_epi64_epi8(sign_shifts, qs);
-        let signs = spill(_mm512_permutex2var_epi8(ks[0], s, ks[1]), &mut sbuf);
+    let block = |x: &[u8], y: &[u8], (codes, masks): (__m512i, [u64; 4])| {
         // the scale 2 * (aux >> 28) + 1 in byte 8 ib
         let scales = _mm512_or_si512(
-            _mm512_slli_epi64::<1>(_mm512_srli_epi64::<60>(qs)),
+            _mm512_slli_epi64::<1>(_mm512_srli_epi64::<60>(ld512(x, 2))),
             _mm512_set1_epi64(1),
         );
         iq2_block(
             y,
             codes,
-            |j| pair_mask(signs, j),
+            |j| masks[j],
             |j| {
                 let (a, b) = (16 * j, 16 * j + 8);
                 scale_lanes::<true>(scales, [a, a, b, b])
@@ -461,24 +476,32 @@ fn dot_iq2_xs_imp(w: &[u8], a: &[u8]) -> f32 {
         let (h, sb, r) = iq2_row_for_byte(p);
         (64 * h + 2 * (4 * sb + r) + 1) as u8
     });
-    // the 7 sign bits of u16 r: bits 16 r + 9.. of 64-bit lane ib
-    let sign_shifts = shifts([9, 25, 41, 57, 9, 25, 41, 57]);
-    let mut sbuf = [0u32; 16];
+    // the high bytes in value order (row 8j + k of block h at byte 32 h + 8j + k): the 7 sign
+    // bits of a row are its high byte >> 1
+    let sign_perm = byte_perm!(|p| (64 * (p / 32) + 2 * (p % 32) + 1) as u8);
+    let mut mbuf = [0u64; 8];
     let codes = |xa: &[u8], xb: &[u8]| {
         let (qa, qb) = (ld512(xa, 2), ld512(xb, 2));
         let idx = _mm512_permutex2var_epi8(qa, idx_perm, qb);
         let hi = _mm512_permutex2var_epi8(qa, idx_hi_perm, qb);
         let k8 = _mm512_test_epi8_mask(hi, _mm512_set1_epi8(1));
-        codes_lookup::<4>(idx, &[_mm512_movepi8_mask(idx), k8], &lo_plane, &hi_plane)
+        let (ca, cb) =
+            codes_lookup::<4>(idx, &[_mm512_movepi8_mask(idx), k8], &lo_plane, &hi_plane);
+        // the sign masks of the blocks' pairs, 64-bit lane 4 h + j for pair j of block h
+        // (`vpermi2b` ignores the bit shifted in from the low byte)
+        let s = _mm512_srli_epi16::<1>(_mm512_permutex2var_epi8(qa, sign_perm, qb));
+        let m = spill64(_mm512_permutex2var_epi8(ks[0], s, ks[1]), &mut mbuf);
+        (
+            (ca, [m[0], m[1], m[2], m[3]]),
+            (cb, [m[4], m[5], m[6], m[7]]),
+        )
     };
-    let block = |x: &[u8], y: &[u8], codes: __m512i| {
-        let s = _mm512_multishift_epi64_epi8(sign_shifts, ld512(x, 2));
-        let signs = spill(_mm512_permutex2var_epi8(ks[0], s, ks[1]), &mut sbuf);
+    let block = |x: &[u8], y: &[u8], (codes, masks): (__m512i, [u64; 4])| {
         let scales = nibble_scales(x, 66);
         iq2_block(
             y,
             codes,
-            |j| pair_mask(signs, j),
+            |j| masks[j],
             |j| scale_lanes::<true>(scales, [4 * j, 4 * j + 1, 4 * j + 2, 4 * j + 3]),
         )
     };
@@ -567,7 +590,7 @@ fn dot_iq3_xxs_imp(w: &[u8], a: &[u8]) -> f32 {
     let sign_shifts = shifts([0, 7, 14, 21, 32, 39, 46, 53]);
     let field_shifts = iq3_field_shifts();
     let values = ld512(&const { value_table(IQ3XXS_VALUES) }, 0);
-    let mut sbuf = [0u32; 16];
+    let mut sbuf = [0u64; 8];
     let mut accumf = _mm256_setzero_ps();
     for (x, y) in w
         .chunks_exact(IQ3_XXS_BYTES)
@@ -580,7 +603,7 @@ fn dot_iq3_xxs_imp(w: &[u8], a: &[u8]) -> f32 {
         // sign bytes of pair j in 64-bit lane j
         let s =
             _mm512_permutex2var_epi8(ks[0], _mm512_multishift_epi64_epi8(sign_shifts, aux), ks[1]);
-        let signs = spill(s, &mut sbuf);
+        let signs = spill64(s, &mut sbuf);
         // the scale 2 * (aux >> 28) + 1 in byte 4 ib
         let scales = _mm512_or_si512(
             _mm512_slli_epi32::<1>(_mm512_srli_epi32::<28>(aux)),
@@ -589,8 +612,7 @@ fn dot_iq3_xxs_imp(w: &[u8], a: &[u8]) -> f32 {
         let mut acc = zero;
         for j in 0..4 {
             let q8 = ld512(y, 4 + 64 * j);
-            let m = signs[2 * j] as u64 | (signs[2 * j + 1] as u64) << 32;
-            let q8s = _mm512_mask_sub_epi8(q8, m, zero, q8);
+            let q8s = _mm512_mask_sub_epi8(q8, signs[j], zero, q8);
             let c = if j < 2 { codes.0 } else { codes.1 };
             let q3 = _mm512_permutexvar_epi8(
                 _mm512_multishift_epi64_epi8(field_shifts[j % 2], c),
