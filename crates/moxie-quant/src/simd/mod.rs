@@ -1,7 +1,8 @@
 //! Run-time selected SIMD kernels (x86-64 only): `x86_avx2.rs` (AVX2 + FMA + F16C),
 //! `x86_avx512.rs` (AVX-512 F/BW/VL/VNNI on top of that), `x86_avx2_iq1_iq3s.rs` (AVX2 dots
-//! of IQ3_S, IQ1_S, IQ1_M) and `x86_avx512_iqk.rs` (ik_llama.cpp's types, AVX-512; they keep
-//! the scalar reference's float steps instead).
+//! of IQ3_S, IQ1_S, IQ1_M), `x86_avx512_iq.rs` (AVX-512 + VBMI dots of the seven IQ1/IQ2/IQ3
+//! code-book types, bit-identical to the AVX2 ones) and `x86_avx512_iqk.rs` (ik_llama.cpp's
+//! types, AVX-512; they keep the scalar reference's float steps instead).
 //!
 //! Kernels keep ggml's x86 float evaluation order (which 8 integer lanes are formed, when they
 //! are converted, the FMA accumulation per block and the final horizontal sum), so results

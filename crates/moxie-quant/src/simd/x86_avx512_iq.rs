@@ -1,36 +1,45 @@
-//! AVX-512 dot products of ggml's code-book types with Q8_K activations, bit-identical to the
-//! AVX2 ports (`x86_avx2.rs`, `x86_avx2_iq1_iq3s.rs`) and so to ggml's x86 build.
+//! AVX-512 dot products of ggml's code-book types with Q8_K activations (IQ2_XXS, IQ2_XS,
+//! IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M), bit-identical to the AVX2 ports (`x86_avx2.rs`,
+//! `x86_avx2_iq1_iq3s.rs`) and so to ggml's x86 build.
 //!
-//! What has to match: ggml's AVX2 kernels form, per super-block, 8 int32 lanes (lane k of a
-//! 32-element sub-block holds the products of its elements 4k..4k+3 times the sub-block's scale,
-//! summed over the sub-blocks), convert them to float and accumulate them with one FMA per
-//! block, then `hsum_float_8`. Integer sums are exact (nothing saturates: grid magnitudes are at
-//! most 62, so `vpmaddubsw` pairs stay below 2^14), so any way of forming the same lane sums
-//! gives the same bits. Here one 512-bit register holds two sub-blocks (the low half the even,
-//! the high half the odd one), lanes are formed with `vpmaddubsw` + `vpdpwssd` (scale), and the
-//! two halves are added before the conversion. Signs are applied to the activations with
-//! `vpsubb` under a k-mask (`0 - q` wraps for -128 exactly as `vpsignb` does).
+//! What has to match: ggml's AVX2 kernels form, per super-block, 8 int32 lanes (lane k holds,
+//! summed over the 32-element sub-blocks, the products of a sub-block's elements 4k..4k+3 times
+//! its scale), convert them to float and accumulate them with one FMA per block, then
+//! `hsum_float_8`. Integer sums are exact (nothing saturates: magnitudes are at most 62, so
+//! `vpmaddubsw` pairs stay below 2^14), so any way of forming the same lane sums gives the same
+//! bits. Here one 512-bit register holds two sub-blocks (the low half the even, the high half
+//! the odd one), lanes are formed with `vpmaddubsw` + `vpdpwssd` (the scales) or, for IQ1_S /
+//! IQ1_M, whose grid values are -1, 0, 1 and scales at most 15, with one `vpdpbusd` of
+//! `scale * |g|` (a byte), and the two halves are added before the conversion. Signs are applied
+//! to the activations with `vpsubb` under a k-mask (`0 - q` wraps for -128 exactly as `vpsignb`
+//! does in ggml's kernels), so the results are the AVX2 kernels' for every input.
 //!
-//! The work that dominates ggml's kernels is fetching code-book rows one by one. Here the code
-//! books are compressed (2 bits per value for the 3-level IQ2 books, 3 bits for the 8-level IQ3
-//! books: 16 bits per row) and kept as two byte planes (low and high byte of each row's code)
-//! in registers; 64 rows are looked up at once with `vpermi2b` (128 entries per instruction,
-//! blended by the index's high bits) and expanded to bytes with `vpmultishiftqb` (each output
-//! byte takes its field from the row's code) and `vpermb` (field -> magnitude). The 7-bit sign
-//! fields of IQ2_XXS / IQ2_XS / IQ3_XXS become sign bytes with `vpmultishiftqb` + `vpermi2b`
-//! over ggml's `ksigns_iq2xs`. These need AVX512_VBMI, detected at run time
-//! ([`super::has_avx512_vbmi`]); without it the entry points run the AVX2 kernels (same bits).
+//! The work that dominates ggml's kernels is fetching code-book rows one by one. Here the books
+//! of the IQ2 / IQ3 types are compressed (2 bits per value for the 3-level IQ2 books, 3 bits for
+//! the 8-level IQ3 books: 16 bits per row) and kept as two byte planes (low and high byte of
+//! each row's code) in registers; 64 rows are looked up at once with `vpermi2b` (128 rows per
+//! instruction, blended by the index's high bits; the IQ2 types have 32 rows per super-block
+//! and look up two super-blocks at a time) and expanded to bytes with `vpmultishiftqb` (each
+//! output byte takes its field from the row's code) and `vpermb` (field -> magnitude). The 7-bit
+//! sign fields of IQ2_XXS / IQ2_XS / IQ3_XXS become sign bytes with `vpermi2b` over ggml's
+//! `ksigns_iq2xs`. A sub-block pair's scales come from one `vpermb` of a register holding the
+//! block's scale bytes. IQ1_S / IQ1_M's book (2048 rows) is too large for registers: its rows
+//! are loaded one by one as in ggml, merged into registers with masked broadcast loads.
 //!
-//! Zen 4 (where this was tuned) runs 512-bit shuffles at one per cycle, and those are the
-//! bottleneck: scale vectors are therefore built from two broadcast loads (inline `asm!`, as
-//! LLVM turns the obvious intrinsics back into a permute), and sign masks go through memory.
+//! All kernels need AVX512_VBMI, detected at run time ([`super::has_avx512_vbmi`]); without it
+//! the entry points run the AVX2 kernels (same bits). Tuned on Zen 4, where 512-bit shuffles
+//! issue at one per cycle and bound these kernels; a few values go through memory (behind an
+//! empty `asm!`) or are merged in `asm!` because LLVM would otherwise rebuild them with
+//! shuffles. Speed-ups over the AVX2 kernels there (`cargo bench -p moxie-quant --bench dot --
+//! matvec`, one thread): IQ2_XXS 2.3x, IQ2_XS 1.9x, IQ2_S 1.5x, IQ3_XXS 2.6x, IQ3_S 2.3x,
+//! IQ1_S 1.6x, IQ1_M 1.25x.
 //!
 //! Verified by: `tests/simd_props.rs` (AVX-512 == AVX2 bit for bit, and both against the scalar
 //! reference, on random raw blocks) and `tests/ggml_golden.rs` (bit-exact against ggml).
 //!
 //! Every `unsafe` block is an unaligned load/store through a pointer derived from a slice or
-//! array of sufficient length, an `asm!` broadcast load from such an array, or a call of a
-//! `#[target_feature]` kernel after run-time detection.
+//! array of sufficient length, an `asm!` that loads from such memory (or only names a buffer),
+//! or a call of a `#[target_feature]` kernel after run-time detection.
 
 use core::arch::asm;
 use core::arch::x86_64::*;
@@ -215,8 +224,10 @@ fn spill64(v: __m512i, buf: &mut [u64; 8]) -> &[u64; 8] {
     buf
 }
 
-/// One byte plane of a code book of `2 * Q` registers (128 rows each) at the 64 byte indices
-/// `idx`, whose 9th, 10th... index bits are `hi[0]`, `hi[1]`... (bit 8 of a byte: its bit 7).
+/// One byte plane of a code book of `2 * Q` registers (128 rows each) at the 64 row indices
+/// whose low 8 bits are the bytes of `idx`: `vpermi2b` takes index bits 0..7 from the bytes,
+/// the masks `hi[0]`, `hi[1]`, ... hold index bits 7 (the bytes' top bit), 8, ... and pick
+/// among the `Q` partial results.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
 fn plane_lookup<const Q: usize>(idx: __m512i, hi: &[__mmask64], t: &[__m512i]) -> __m512i {
