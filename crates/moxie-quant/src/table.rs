@@ -18,7 +18,8 @@ use crate::gemm::{self, GemmLayout};
 use crate::simd::x86_avx2_iq1_iq3s as avx2_iq;
 #[cfg(target_arch = "x86_64")]
 use crate::simd::{
-    x86_avx2 as avx2, x86_avx2_iqk as avx2_iqk, x86_avx512 as avx512, x86_avx512_iqk as avx512_iqk,
+    x86_avx2 as avx2, x86_avx2_iqk as avx2_iqk, x86_avx512 as avx512, x86_avx512_iq as avx512_iq,
+    x86_avx512_iqk as avx512_iqk,
 };
 use crate::tiled::{self, DotManyFn};
 use crate::types::{GgmlType, QK_K};
@@ -600,7 +601,7 @@ const ROWS: [TypeRow; 53] = [
                 T::Q8_K,
                 iq2_3::vec_dot_iq2_xxs_q8_k,
                 x86!(avx2::dot_iq2_xxs),
-                None,
+                x86!(avx512_iq::dot_iq2_xxs),
             )
         }),
         ..layout(T::IQ2_XXS, "IQ2_XXS", QK_K, 66)
@@ -622,7 +623,7 @@ const ROWS: [TypeRow; 53] = [
                 T::Q8_K,
                 iq2_3::vec_dot_iq2_xs_q8_k,
                 x86!(avx2::dot_iq2_xs),
-                None,
+                x86!(avx512_iq::dot_iq2_xs),
             )
         }),
         ..layout(T::IQ2_XS, "IQ2_XS", QK_K, 74)
@@ -644,7 +645,7 @@ const ROWS: [TypeRow; 53] = [
                 T::Q8_K,
                 iq2_3::vec_dot_iq3_xxs_q8_k,
                 x86!(avx2::dot_iq3_xxs),
-                None,
+                x86!(avx512_iq::dot_iq3_xxs),
             )
         }),
         ..layout(T::IQ3_XXS, "IQ3_XXS", QK_K, 98)
@@ -666,7 +667,7 @@ const ROWS: [TypeRow; 53] = [
                 T::Q8_K,
                 iq1::vec_dot_iq1_s_q8_k,
                 x86!(avx2_iq::dot_iq1_s),
-                None,
+                x86!(avx512_iq::dot_iq1_s),
             )
         }),
         ..layout(T::IQ1_S, "IQ1_S", QK_K, 50)
@@ -713,7 +714,7 @@ const ROWS: [TypeRow; 53] = [
                 T::Q8_K,
                 iq3s::vec_dot_iq3_s_q8_k,
                 x86!(avx2_iq::dot_iq3_s),
-                None,
+                x86!(avx512_iq::dot_iq3_s),
             )
         }),
         ..layout(T::IQ3_S, "IQ3_S", QK_K, 110)
@@ -735,7 +736,7 @@ const ROWS: [TypeRow; 53] = [
                 T::Q8_K,
                 iq2_3::vec_dot_iq2_s_q8_k,
                 x86!(avx2::dot_iq2_s),
-                None,
+                x86!(avx512_iq::dot_iq2_s),
             )
         }),
         ..layout(T::IQ2_S, "IQ2_S", QK_K, 82)
@@ -785,7 +786,7 @@ const ROWS: [TypeRow; 53] = [
                 T::Q8_K,
                 iq1::vec_dot_iq1_m_q8_k,
                 x86!(avx2_iq::dot_iq1_m),
-                None,
+                x86!(avx512_iq::dot_iq1_m),
             )
         }),
         ..layout(T::IQ1_M, "IQ1_M", QK_K, 56)

@@ -2,8 +2,9 @@
 //!
 //! Formats: dot products for F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL (x Q8_0 / Q8_1),
 //! Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS (x Q8_K); activation
-//! quantizers Q8_0 and Q8_K. (ggml's x86 kernels of the IQ2/IQ3 types have no AVX-512 branch,
-//! so these serve the AVX-512 level too.)
+//! quantizers Q8_0 and Q8_K. (ggml's x86 kernels of the IQ2/IQ3 types have no AVX-512 branch;
+//! `x86_avx512_iq.rs` computes the same bits faster at the AVX-512 level, and falls back to
+//! these where the CPU lacks AVX512_VBMI.)
 //!
 //! Each kernel is a port of the `__AVX2__` branch of the matching function in ggml's
 //! `ggml-cpu/arch/x86/quants.c` (and `vec.cpp` for F32/F16): the same 8 integer lanes per block,

@@ -1,7 +1,8 @@
 //! AVX-512 (F/BW/VL/VNNI) kernels.
 //!
 //! Formats: dot products for F32, F16 (x same), Q8_0, Q4_0 (x Q8_0), Q4_K, Q5_K, Q6_K (x Q8_K);
-//! activation quantizer Q8_K. Other types use the AVX2 kernels at this level.
+//! activation quantizer Q8_K. The IQ1/IQ2/IQ3 code-book types have their own file
+//! (`x86_avx512_iq.rs`); other types use the AVX2 kernels at this level.
 //!
 //! The integer work runs on 512-bit registers (two 32-byte chunks per register, VNNI
 //! `vpdpbusd` / `vpdpwssd` for the multiply-adds), but the float work is kept exactly as in
