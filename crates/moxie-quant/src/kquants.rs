@@ -201,10 +201,22 @@ fn make_q3_quants(nmax: i32, x: &[f32], l_out: &mut [i8], do_rmse: bool) -> f32 
     1.0 / iscale
 }
 
-/// `make_qkx2_quants`: asymmetric (scale + min) search used by Q2_K, Q4_K and Q5_K.
-/// Returns `(scale, the_min)` where `the_min` is the (non-negative) value stored as "min".
+/// ggml's `make_qkx2_quants` and `make_qkx3_quants`: asymmetric (scale + min) search with
+/// weights, used by Q2_K, Q4_K and Q5_K and by the importance-matrix quantizers (Q2_K, Q4_K,
+/// Q5_K, Q4_1, Q5_1). Returns `(scale, the_min)` where `the_min` is the (non-negative) value
+/// stored as "min".
+///
+/// The two C functions do the same float operations in the same order; they differ only in
+/// `make_qkx3_quants` accepting NULL weights (then `x^2`; no caller here passes none) and
+/// testing `max <= min` where `make_qkx2_quants` tests `max == min`. The tests agree: `min <=
+/// x[0] <= max` unless `x[0]` is NaN, and clamping `min` to at most 0 keeps `min <= max`, so
+/// `max < min` never holds; a NaN `x[0]` leaves `min` and `max` NaN and both tests false.
+///
+/// Inlined into each of its six callers, which fix `nmax`, `nstep` and `use_mad` (left to
+/// LLVM, one out-of-line copy serves them all and the quantizers run ~25% more instructions).
 #[allow(clippy::too_many_arguments)]
-fn make_qkx2_quants(
+#[inline(always)]
+pub(crate) fn make_qkx_quants(
     nmax: i32,
     x: &[f32],
     weights: &[f32],
@@ -346,7 +358,7 @@ pub fn quantize_row_q2_k(src: &[f32], dst: &mut [u8]) {
             for (w, v) in weights.iter_mut().zip(xs) {
                 *w = v.abs();
             }
-            let (s, m) = make_qkx2_quants(
+            let (s, m) = make_qkx_quants(
                 3,
                 xs,
                 &weights,
@@ -737,7 +749,7 @@ fn pack_k4_scales(scales: &[f32; 8], mins: &[f32; 8], out: &mut [u8]) -> (u16, u
     (f32_to_fp16(max_scale / 63.0), f32_to_fp16(max_min / 63.0))
 }
 
-/// First stage of Q4_K / Q5_K quantization: per 32-element sub-block `make_qkx2_quants` with
+/// First stage of Q4_K / Q5_K quantization: per 32-element sub-block `make_qkx_quants` with
 /// weights `sqrt(mean(x^2)) + |x|`.
 fn k4_subblock_scales(
     x: &[f32],
@@ -760,7 +772,7 @@ fn k4_subblock_scales(
         for (w, v) in weights.iter_mut().zip(xs) {
             *w = av_x + v.abs();
         }
-        let (s, m) = make_qkx2_quants(
+        let (s, m) = make_qkx_quants(
             nmax,
             xs,
             &weights,

@@ -12,102 +12,13 @@
 use crate::common::*;
 use crate::f16::{f32_to_fp16, fp16_to_f32};
 use crate::kquants::{
-    k4_final_quants, make_qx_quants, pack_2bit, pack_q5_k_quants, q3_k_final_quants, GROUP_MAX_EPS,
+    k4_final_quants, make_qkx_quants, make_qx_quants, pack_2bit, pack_q5_k_quants,
+    q3_k_final_quants, GROUP_MAX_EPS,
 };
 use crate::QK_K;
 
 /// Signature of the row quantizers with importance weights.
 pub type QuantizeImatrixFn = fn(src: &[f32], dst: &mut [u8], qw: &[f32]);
-
-/// `make_qkx3_quants`: asymmetric (scale + min) search with weights (`None`: `x^2`). Returns
-/// `(scale, the_min)` with `the_min = -min` (stored as the block's non-negative "min").
-#[allow(clippy::too_many_arguments)]
-fn make_qkx3_quants(
-    nmax: i32,
-    x: &[f32],
-    weights: Option<&[f32]>,
-    l: &mut [u8],
-    laux: &mut [u8],
-    rmin: f32,
-    rdelta: f32,
-    nstep: i32,
-    use_mad: bool,
-) -> (f32, f32) {
-    let n = x.len();
-    let w = |i: usize| weights.map_or(x[i] * x[i], |w| w[i]);
-    let mut min = x[0];
-    let mut max = x[0];
-    let mut sum_w = w(0);
-    let mut sum_x = sum_w * x[0];
-    for i in 1..n {
-        if x[i] < min {
-            min = x[i];
-        }
-        if x[i] > max {
-            max = x[i];
-        }
-        let wi = w(i);
-        sum_w += wi;
-        sum_x += wi * x[i];
-    }
-    if min > 0.0 {
-        min = 0.0;
-    }
-    if max <= min {
-        l[..n].fill(0);
-        return (0.0, -min);
-    }
-    let mut iscale = nmax as f32 / (max - min);
-    let mut scale = 1.0 / iscale;
-    let mut best_mad = 0f32;
-    for i in 0..n {
-        let li = nearest_int(iscale * (x[i] - min));
-        l[i] = 0.max(nmax.min(li)) as u8;
-        let diff = scale * l[i] as f32 + min - x[i];
-        let diff = if use_mad { diff.abs() } else { diff * diff };
-        best_mad += w(i) * diff;
-    }
-    if nstep < 1 {
-        return (scale, -min);
-    }
-    for is in 0..=nstep {
-        iscale = (rmin + rdelta * is as f32 + nmax as f32) / (max - min);
-        let mut sum_l = 0f32;
-        let mut sum_l2 = 0f32;
-        let mut sum_xl = 0f32;
-        for i in 0..n {
-            let li = 0.max(nmax.min(nearest_int(iscale * (x[i] - min))));
-            laux[i] = li as u8;
-            let wi = w(i);
-            let lf = li as f32;
-            sum_l += wi * lf;
-            sum_l2 += wi * lf * lf;
-            sum_xl += wi * lf * x[i];
-        }
-        let d = sum_w * sum_l2 - sum_l * sum_l;
-        if d > 0.0 {
-            let mut this_scale = (sum_w * sum_xl - sum_x * sum_l) / d;
-            let mut this_min = (sum_l2 * sum_x - sum_l * sum_xl) / d;
-            if this_min > 0.0 {
-                this_min = 0.0;
-                this_scale = sum_xl / sum_l2;
-            }
-            let mut mad = 0f32;
-            for i in 0..n {
-                let diff = this_scale * laux[i] as f32 + this_min - x[i];
-                let diff = if use_mad { diff.abs() } else { diff * diff };
-                mad += w(i) * diff;
-            }
-            if mad < best_mad {
-                l[..n].copy_from_slice(&laux[..n]);
-                best_mad = mad;
-                scale = this_scale;
-                min = this_min;
-            }
-        }
-    }
-    (scale, -min)
-}
 
 /// `make_qp_quants`: quantize non-negative `x` (sub-block scales or mins) to `0..=nmax` with
 /// weights. Like the C code, a negative input wraps when stored in the `u8` quants, while the
@@ -227,10 +138,10 @@ pub fn quantize_row_q2_k_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
             for w in &weight {
                 sw[j] += w;
             }
-            let (s, m) = make_qkx3_quants(
+            let (s, m) = make_qkx_quants(
                 3,
                 xs,
-                Some(&weight),
+                &weight,
                 &mut l[16 * j..16 * j + 16],
                 &mut laux,
                 -0.9,
@@ -341,10 +252,10 @@ fn k4_imatrix_scales(
             sumw += w;
         }
         sw[j] = sumw;
-        let (s, m) = make_qkx3_quants(
+        let (s, m) = make_qkx_quants(
             nmax,
             xs,
-            Some(&weights),
+            &weights,
             &mut l[32 * j..32 * j + 32],
             &mut laux,
             -0.9,
@@ -537,17 +448,8 @@ pub fn quantize_row_q4_1_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
         .zip(qw.chunks_exact(32))
     {
         let weight = block_weights(xb, qwb, sigma2);
-        let (d, the_min) = make_qkx3_quants(
-            15,
-            xb,
-            Some(&weight),
-            &mut l,
-            &mut laux,
-            -0.9,
-            0.05,
-            36,
-            false,
-        );
+        let (d, the_min) =
+            make_qkx_quants(15, xb, &weight, &mut l, &mut laux, -0.9, 0.05, 36, false);
         wr_u16(y, 0, f32_to_fp16(d));
         wr_u16(y, 2, f32_to_fp16(-the_min));
         for j in 0..16 {
@@ -580,17 +482,8 @@ pub fn quantize_row_q5_1_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
         .zip(qw.chunks_exact(32))
     {
         let weight = block_weights(xb, qwb, sigma2);
-        let (d, the_min) = make_qkx3_quants(
-            31,
-            xb,
-            Some(&weight),
-            &mut l,
-            &mut laux,
-            -0.9,
-            0.05,
-            36,
-            false,
-        );
+        let (d, the_min) =
+            make_qkx_quants(31, xb, &weight, &mut l, &mut laux, -0.9, 0.05, 36, false);
         wr_u16(y, 0, f32_to_fp16(d));
         wr_u16(y, 2, f32_to_fp16(-the_min));
         let qh = pack_5bit(&l, &mut y[8..24]);
