@@ -15,6 +15,7 @@ use crate::kquants::{
     k4_final_quants, make_qkx_quants, make_qx_quants, pack_2bit, pack_q5_k_quants,
     q3_k_final_quants, GROUP_MAX_EPS,
 };
+use crate::legacy::{pack_4bit, pack_5bit};
 use crate::QK_K;
 
 /// Signature of the row quantizers with importance weights.
@@ -413,9 +414,8 @@ pub fn quantize_row_q4_0_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
         let weight = block_weights(xb, qwb, sigma2);
         let d = make_qx_quants(8, xb, &mut l, 1, Some(&weight));
         wr_u16(y, 0, f32_to_fp16(d));
-        for j in 0..16 {
-            y[2 + j] = (l[j] | (l[j + 16] << 4)) as u8;
-        }
+        let lu: [u8; 32] = std::array::from_fn(|i| l[i] as u8);
+        pack_4bit(&lu, &mut y[2..18]);
     }
 }
 
@@ -452,23 +452,8 @@ pub fn quantize_row_q4_1_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
             make_qkx_quants(15, xb, &weight, &mut l, &mut laux, -0.9, 0.05, 36, false);
         wr_u16(y, 0, f32_to_fp16(d));
         wr_u16(y, 2, f32_to_fp16(-the_min));
-        for j in 0..16 {
-            y[4 + j] = l[j] | (l[j + 16] << 4);
-        }
+        pack_4bit(&l, &mut y[4..20]);
     }
-}
-
-/// 5-bit quants of a Q5_0 / Q5_1 block: the low nibbles into `qs[16]` (value `j` low,
-/// `j + 16` high); returns the fifth bits (`qh`, bit `j` for value `j`).
-fn pack_5bit(l: &[u8; 32], qs: &mut [u8]) -> u32 {
-    let mut qh = 0u32;
-    for j in 0..16 {
-        let (xi0, xi1) = (l[j], l[j + 16]);
-        qs[j] = (xi0 & 0x0F) | ((xi1 & 0x0F) << 4);
-        qh |= (u32::from(xi0 & 0x10) >> 4) << j;
-        qh |= (u32::from(xi1 & 0x10) >> 4) << (j + 16);
-    }
-    qh
 }
 
 /// Q5_1 with importance weights (`quantize_row_q5_1_impl`).
