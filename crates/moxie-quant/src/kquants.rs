@@ -1010,67 +1010,70 @@ pub fn dequantize_row_q6_k(src: &[u8], dst: &mut [f32]) {
 /// Quantize a row to Q6_K (`quantize_row_q6_K_ref`).
 pub fn quantize_row_q6_k(src: &[f32], dst: &mut [u8]) {
     let nb = src.len() / QK_K;
-    let mut l = [0i8; QK_K];
-    let mut scales = [0f32; QK_K / 16];
     for (x, y) in src
         .chunks_exact(QK_K)
         .zip(dst[..nb * Q6_K_BYTES].chunks_exact_mut(Q6_K_BYTES))
     {
-        let mut max_scale = 0f32;
-        let mut max_abs_scale = 0f32;
-        for ib in 0..QK_K / 16 {
-            let scale = make_qx_quants(
-                32,
-                &x[16 * ib..16 * ib + 16],
-                &mut l[16 * ib..16 * ib + 16],
-                1,
-                None,
-            );
-            scales[ib] = scale;
-            let abs_scale = scale.abs();
-            if abs_scale > max_abs_scale {
-                max_abs_scale = abs_scale;
-                max_scale = scale;
-            }
+        quantize_block_q6_k(x, None, y);
+    }
+}
+
+/// One Q6_K block of both Q6_K quantizers: `quantize_row_q6_K_ref` (`qw` `None`) and, with the
+/// block's importance weights `qw`, `quantize_row_q6_K_impl` (the imatrix values themselves
+/// are the weights of `make_qx_quants`; everything else is the same). Inlined, so that each
+/// quantizer's `make_qx_quants` loops know whether there are weights (out of line, the
+/// reference quantizer ran 30% more instructions).
+#[inline(always)]
+pub(crate) fn quantize_block_q6_k(x: &[f32], qw: Option<&[f32]>, y: &mut [u8]) {
+    let mut l = [0i8; QK_K];
+    let mut scales = [0f32; QK_K / 16];
+    let mut max_scale = 0f32;
+    let mut max_abs_scale = 0f32;
+    for ib in 0..QK_K / 16 {
+        let r = 16 * ib..16 * ib + 16;
+        let scale = make_qx_quants(32, &x[r.clone()], &mut l[r.clone()], 1, qw.map(|qw| &qw[r]));
+        scales[ib] = scale;
+        let abs_scale = scale.abs();
+        if abs_scale > max_abs_scale {
+            max_abs_scale = abs_scale;
+            max_scale = scale;
         }
-        if max_abs_scale < GROUP_MAX_EPS {
-            y.fill(0);
-            wr_u16(y, 208, f32_to_fp16(0.0));
+    }
+    if max_abs_scale < GROUP_MAX_EPS {
+        y.fill(0);
+        wr_u16(y, 208, f32_to_fp16(0.0));
+        return;
+    }
+    let iscale = -128.0f32 / max_scale;
+    wr_u16(y, 208, f32_to_fp16(1.0 / iscale));
+    for ib in 0..QK_K / 16 {
+        y[192 + ib] = 127.min(nearest_int(iscale * scales[ib])) as i8 as u8;
+    }
+    let yd = rd_f16(y, 208);
+    for j in 0..QK_K / 16 {
+        let d = yd * (y[192 + j] as i8) as f32;
+        if d == 0.0 {
             continue;
         }
-        let iscale = -128.0f32 / max_scale;
-        wr_u16(y, 208, f32_to_fp16(1.0 / iscale));
-        for ib in 0..QK_K / 16 {
-            y[192 + ib] = 127.min(nearest_int(iscale * scales[ib])) as i8 as u8;
+        for ii in 0..16 {
+            let li = nearest_int(x[16 * j + ii] / d);
+            l[16 * j + ii] = ((-32).max(31.min(li)) + 32) as i8;
         }
-        let yd = rd_f16(y, 208);
-        for j in 0..QK_K / 16 {
-            let d = yd * (y[192 + j] as i8) as f32;
-            if d == 0.0 {
-                continue;
-            }
-            for ii in 0..16 {
-                let li = nearest_int(x[16 * j + ii] / d);
-                l[16 * j + ii] = ((-32).max(31.min(li)) + 32) as i8;
-            }
-        }
-        let (ql, rest) = y.split_at_mut(128);
-        let qh = &mut rest[0..64];
-        for half in 0..2 {
-            let j = 128 * half;
-            for k in 0..32 {
-                let lu = |o: usize| l[j + k + o] as u8;
-                let q1 = lu(0) & 0xF;
-                let q2 = lu(32) & 0xF;
-                let q3 = lu(64) & 0xF;
-                let q4 = lu(96) & 0xF;
-                ql[64 * half + k] = q1 | (q3 << 4);
-                ql[64 * half + k + 32] = q2 | (q4 << 4);
-                qh[32 * half + k] = (lu(0) >> 4)
-                    | ((lu(32) >> 4) << 2)
-                    | ((lu(64) >> 4) << 4)
-                    | ((lu(96) >> 4) << 6);
-            }
+    }
+    let (ql, rest) = y.split_at_mut(128);
+    let qh = &mut rest[0..64];
+    for half in 0..2 {
+        let j = 128 * half;
+        for k in 0..32 {
+            let lu = |o: usize| l[j + k + o] as u8;
+            let q1 = lu(0) & 0xF;
+            let q2 = lu(32) & 0xF;
+            let q3 = lu(64) & 0xF;
+            let q4 = lu(96) & 0xF;
+            ql[64 * half + k] = q1 | (q3 << 4);
+            ql[64 * half + k + 32] = q2 | (q4 << 4);
+            qh[32 * half + k] =
+                (lu(0) >> 4) | ((lu(32) >> 4) << 2) | ((lu(64) >> 4) << 4) | ((lu(96) >> 4) << 6);
         }
     }
 }

@@ -13,7 +13,7 @@ use crate::common::*;
 use crate::f16::{f32_to_fp16, fp16_to_f32};
 use crate::kquants::{
     k4_final_quants, make_qkx_quants, make_qx_quants, pack_2bit, pack_q5_k_quants,
-    q3_k_final_quants, GROUP_MAX_EPS,
+    q3_k_final_quants, quantize_block_q6_k, GROUP_MAX_EPS,
 };
 use crate::legacy::{pack_4bit, pack_5bit};
 use crate::QK_K;
@@ -331,64 +331,15 @@ pub fn quantize_row_q5_k_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
     }
 }
 
-/// Q6_K with importance weights (`quantize_row_q6_K_impl`: the imatrix values themselves are
-/// the weights of `make_qx_quants`).
+/// Q6_K with importance weights (`quantize_row_q6_K_impl`).
 pub fn quantize_row_q6_k_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
     const BYTES: usize = 210;
-    let mut l = [0i8; QK_K];
-    let mut scales = [0f32; 16];
     for ((x, y), qwb) in src
         .chunks_exact(QK_K)
         .zip(dst.chunks_exact_mut(BYTES))
         .zip(qw.chunks_exact(QK_K))
     {
-        let mut max_scale = 0f32;
-        let mut max_abs_scale = 0f32;
-        for ib in 0..16 {
-            let r = 16 * ib..16 * ib + 16;
-            let scale = make_qx_quants(32, &x[r.clone()], &mut l[r.clone()], 1, Some(&qwb[r]));
-            scales[ib] = scale;
-            let abs_scale = scale.abs();
-            if abs_scale > max_abs_scale {
-                max_abs_scale = abs_scale;
-                max_scale = scale;
-            }
-        }
-        if max_abs_scale < GROUP_MAX_EPS {
-            y.fill(0);
-            wr_u16(y, 208, f32_to_fp16(0.0));
-            continue;
-        }
-        let iscale = -128.0f32 / max_scale;
-        wr_u16(y, 208, f32_to_fp16(1.0 / iscale));
-        for ib in 0..16 {
-            y[192 + ib] = 127.min(nearest_int(iscale * scales[ib])) as i8 as u8;
-        }
-        let yd = rd_f16(y, 208);
-        for j in 0..16 {
-            let d = yd * (y[192 + j] as i8) as f32;
-            if d == 0.0 {
-                continue;
-            }
-            for ii in 0..16 {
-                let li = nearest_int(x[16 * j + ii] / d);
-                l[16 * j + ii] = ((-32).max(31.min(li)) + 32) as i8;
-            }
-        }
-        let (ql, rest) = y.split_at_mut(128);
-        let qh = &mut rest[0..64];
-        for half in 0..2 {
-            let j = 128 * half;
-            for k in 0..32 {
-                let lu = |o: usize| l[j + k + o] as u8;
-                ql[64 * half + k] = (lu(0) & 0xF) | ((lu(64) & 0xF) << 4);
-                ql[64 * half + k + 32] = (lu(32) & 0xF) | ((lu(96) & 0xF) << 4);
-                qh[32 * half + k] = (lu(0) >> 4)
-                    | ((lu(32) >> 4) << 2)
-                    | ((lu(64) >> 4) << 4)
-                    | ((lu(96) >> 4) << 6);
-            }
-        }
+        quantize_block_q6_k(x, Some(qwb), y);
     }
 }
 
