@@ -10,9 +10,9 @@
 //! `tests/imatrix_golden.rs` checks them against ggml's compiled code.
 
 use crate::common::*;
-use crate::f16::{f32_to_fp16, fp16_to_f32};
+use crate::f16::f32_to_fp16;
 use crate::kquants::{
-    k4_final_quants, make_qkx_quants, make_qx_quants, pack_2bit, pack_q5_k_quants,
+    k4_final_quants, make_qkx_quants, make_qx_quants, pack_q5_k_quants, q2_k_final_quants,
     q3_k_final_quants, quantize_block_q6_k, GROUP_MAX_EPS,
 };
 use crate::legacy::{pack_4bit, pack_5bit};
@@ -155,26 +155,12 @@ pub fn quantize_row_q2_k_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
         }
         let dm = make_qp_quants(15, &scales, &mut ls, &sw);
         let mm = make_qp_quants(15, &mins, &mut lm, &sw);
-        let (ysc, rest) = y.split_at_mut(16);
-        wr_u16(rest, 64, f32_to_fp16(dm));
-        wr_u16(rest, 66, f32_to_fp16(mm));
-        let dm = fp16_to_f32(rd_u16(rest, 64));
-        let mm = fp16_to_f32(rd_u16(rest, 66));
+        wr_u16(y, 80, f32_to_fp16(dm));
+        wr_u16(y, 82, f32_to_fp16(mm));
         for j in 0..16 {
-            ysc[j] = ls[j] | (lm[j] << 4);
+            y[j] = ls[j] | (lm[j] << 4);
         }
-        for j in 0..16 {
-            let d = dm * (ysc[j] & 0xF) as f32;
-            if d == 0.0 {
-                continue;
-            }
-            let m = mm * (ysc[j] >> 4) as f32;
-            for ii in 0..16 {
-                let li = nearest_int((x[16 * j + ii] + m) / d);
-                l[16 * j + ii] = 0.max(3.min(li)) as u8;
-            }
-        }
-        pack_2bit(&l, &mut rest[0..64]);
+        q2_k_final_quants(x, y, &mut l);
     }
 }
 
