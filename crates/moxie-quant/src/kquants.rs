@@ -746,16 +746,24 @@ fn pack_k4_scales(scales: &[f32; 8], mins: &[f32; 8], out: &mut [u8]) -> (u16, u
     for j in 0..8 {
         let ls = 63u8.min(nearest_int(inv_scale * scales[j]) as u8);
         let lm = 63u8.min(nearest_int(inv_min * mins[j]) as u8);
-        if j < 4 {
-            out[j] = ls;
-            out[j + 4] = lm;
-        } else {
-            out[j + 4] = (ls & 0xF) | ((lm & 0xF) << 4);
-            out[j - 4] |= (ls >> 4) << 6;
-            out[j] |= (lm >> 4) << 6;
-        }
+        set_scale_min_k4(j, ls, lm, out);
     }
     (f32_to_fp16(max_scale / 63.0), f32_to_fp16(max_min / 63.0))
+}
+
+/// Store sub-block `j`'s 6-bit scale `sc` and min `m` in the 12 packed scale bytes `q` of a
+/// Q4_K / Q5_K block (the inverse of [`get_scale_min_k4`]). Call it for `j` = 0..8 in order:
+/// 4..8 OR their top bits into bytes that 0..4 set.
+#[inline(always)]
+pub(crate) fn set_scale_min_k4(j: usize, sc: u8, m: u8, q: &mut [u8]) {
+    if j < 4 {
+        q[j] = sc;
+        q[j + 4] = m;
+    } else {
+        q[j + 4] = (sc & 0xF) | ((m & 0xF) << 4);
+        q[j - 4] |= (sc >> 4) << 6;
+        q[j] |= (m >> 4) << 6;
+    }
 }
 
 /// First stage of Q4_K / Q5_K quantization: per 32-element sub-block `make_qkx_quants` with
@@ -836,11 +844,16 @@ pub fn quantize_row_q4_k(src: &[f32], dst: &mut [u8]) {
         wr_u16(y, 0, d);
         wr_u16(y, 2, dmin);
         k4_final_quants(x, d, dmin, &y[4..16], 15, &mut l);
-        let q = &mut y[16..144];
-        for j in 0..4 {
-            for k in 0..32 {
-                q[32 * j + k] = l[64 * j + k] | (l[64 * j + k + 32] << 4);
-            }
+        pack_q4_k_quants(&l, &mut y[16..144]);
+    }
+}
+
+/// The 4-bit quants `l` of a Q4_K block into its `qs[128]`: byte `32 j + k` holds value
+/// `64 j + k` in its low nibble and `64 j + k + 32` in its high nibble.
+pub(crate) fn pack_q4_k_quants(l: &[u8; QK_K], qs: &mut [u8]) {
+    for j in 0..4 {
+        for k in 0..32 {
+            qs[32 * j + k] = l[64 * j + k] | (l[64 * j + k + 32] << 4);
         }
     }
 }
@@ -959,8 +972,7 @@ pub fn quantize_row_q5_k(src: &[f32], dst: &mut [u8]) {
         let (d, dmin) = pack_k4_scales(&scales, &mins, &mut y[4..16]);
         wr_u16(y, 0, d);
         wr_u16(y, 2, dmin);
-        let packed: [u8; 12] = y[4..16].try_into().unwrap();
-        k4_final_quants(x, d, dmin, &packed, 31, &mut l);
+        k4_final_quants(x, d, dmin, &y[4..16], 31, &mut l);
         pack_q5_k_quants(&l, &mut y[16..176]);
     }
 }

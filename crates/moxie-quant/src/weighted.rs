@@ -12,8 +12,8 @@
 use crate::common::*;
 use crate::f16::f32_to_fp16;
 use crate::kquants::{
-    k4_final_quants, make_qkx_quants, make_qx_quants, pack_q5_k_quants, q2_k_final_quants,
-    q3_k_final_quants, quantize_block_q6_k, GROUP_MAX_EPS,
+    k4_final_quants, make_qkx_quants, make_qx_quants, pack_q4_k_quants, pack_q5_k_quants,
+    q2_k_final_quants, q3_k_final_quants, quantize_block_q6_k, set_scale_min_k4, GROUP_MAX_EPS,
 };
 use crate::legacy::{pack_4bit, pack_5bit};
 use crate::QK_K;
@@ -261,14 +261,7 @@ fn k4_imatrix_scales(
         } else {
             (ls[j], lm[j])
         };
-        if j < 4 {
-            packed[j] = s;
-            packed[j + 4] = m;
-        } else {
-            packed[j + 4] = (s & 0xF) | ((m & 0xF) << 4);
-            packed[j - 4] |= (s >> 4) << 6;
-            packed[j] |= (m >> 4) << 6;
-        }
+        set_scale_min_k4(j, s, m, packed);
     }
     (f32_to_fp16(d_block), f32_to_fp16(m_block))
 }
@@ -282,19 +275,11 @@ pub fn quantize_row_q4_k_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
         .zip(dst.chunks_exact_mut(BYTES))
         .zip(qw.chunks_exact(QK_K))
     {
-        // The packing ORs into bytes it set earlier in the same pass, so start from zero.
-        y[4..16].fill(0);
         let (d, dmin) = k4_imatrix_scales(x, qwb, 15, false, &mut l, &mut y[4..16]);
         wr_u16(y, 0, d);
         wr_u16(y, 2, dmin);
-        let packed: [u8; 12] = std::array::from_fn(|i| y[4 + i]);
-        k4_final_quants(x, d, dmin, &packed, 15, &mut l);
-        let q = &mut y[16..144];
-        for j in 0..4 {
-            for k in 0..32 {
-                q[32 * j + k] = l[64 * j + k] | (l[64 * j + k + 32] << 4);
-            }
-        }
+        k4_final_quants(x, d, dmin, &y[4..16], 15, &mut l);
+        pack_q4_k_quants(&l, &mut y[16..144]);
     }
 }
 
@@ -307,12 +292,10 @@ pub fn quantize_row_q5_k_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
         .zip(dst.chunks_exact_mut(BYTES))
         .zip(qw.chunks_exact(QK_K))
     {
-        y[4..16].fill(0);
         let (d, dmin) = k4_imatrix_scales(x, qwb, 31, true, &mut l, &mut y[4..16]);
         wr_u16(y, 0, d);
         wr_u16(y, 2, dmin);
-        let packed: [u8; 12] = std::array::from_fn(|i| y[4 + i]);
-        k4_final_quants(x, d, dmin, &packed, 31, &mut l);
+        k4_final_quants(x, d, dmin, &y[4..16], 31, &mut l);
         pack_q5_k_quants(&l, &mut y[16..176]);
     }
 }
