@@ -543,15 +543,8 @@ pub fn quantize_row_q3_k(src: &[f32], dst: &mut [u8]) {
         if max_scale != 0.0 {
             let iscale = -32.0f32 / max_scale;
             for j in 0..QK_K / 16 {
-                let mut li = nearest_int(iscale * scales[j]) as i8;
-                li = (-32i8).max(31i8.min(li)) + 32;
-                if j < 8 {
-                    ysc[j] = (li & 0xF) as u8;
-                } else {
-                    ysc[j - 8] |= ((li & 0xF) << 4) as u8;
-                }
-                li >>= 4;
-                ysc[j % 4 + 8] |= (li << (2 * (j / 4))) as u8;
+                let li = nearest_int(iscale * scales[j]) as i8;
+                set_q3_k_scale(j, ((-32i8).max(31i8.min(li)) + 32) as u8, ysc);
             }
             wr_u16(yd, 0, f32_to_fp16(1.0 / iscale));
         } else {
@@ -559,6 +552,20 @@ pub fn quantize_row_q3_k(src: &[f32], dst: &mut [u8]) {
         }
         q3_k_final_quants(x, ysc, yd, &mut l, hmask, qs);
     }
+}
+
+/// Store sub-block `j`'s 6-bit scale `ls` (0..63) in the 12 scale bytes `ysc` of a Q3_K block
+/// (the inverse of `q3k_scales`): its low four bits in the low nibble of byte `j` (for `j >= 8`
+/// the high nibble of byte `j - 8`), its top two bits at bit `2 (j / 4)` of byte `8 + j % 4`.
+/// `ysc` starts zeroed and `j` goes 0..16 in order (bits are ORed in).
+#[inline(always)]
+pub(crate) fn set_q3_k_scale(j: usize, ls: u8, ysc: &mut [u8]) {
+    if j < 8 {
+        ysc[j] = ls & 0xF;
+    } else {
+        ysc[j - 8] |= (ls & 0xF) << 4;
+    }
+    ysc[j % 4 + 8] |= (ls >> 4) << (2 * (j / 4));
 }
 
 /// The end of both Q3_K quantizers once the packed scales `ysc` and super-block scale `yd`

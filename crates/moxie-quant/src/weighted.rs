@@ -13,7 +13,8 @@ use crate::common::*;
 use crate::f16::f32_to_fp16;
 use crate::kquants::{
     k4_final_quants, make_qkx_quants, make_qx_quants, pack_q4_k_quants, pack_q5_k_quants,
-    q2_k_final_quants, q3_k_final_quants, quantize_block_q6_k, set_scale_min_k4, GROUP_MAX_EPS,
+    q2_k_final_quants, q3_k_final_quants, quantize_block_q6_k, set_q3_k_scale, set_scale_min_k4,
+    GROUP_MAX_EPS,
 };
 use crate::legacy::{pack_4bit, pack_5bit};
 use crate::QK_K;
@@ -196,14 +197,8 @@ pub fn quantize_row_q3_k_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
         ysc.fill(0);
         let d_block = make_qx_quants(32, &scales, &mut ls, 1, Some(&sw));
         for j in 0..16 {
-            let mut li = i32::from(ls[j]);
-            if j < 8 {
-                ysc[j] = (li & 0xF) as u8;
-            } else {
-                ysc[j - 8] |= ((li & 0xF) << 4) as u8;
-            }
-            li >>= 4;
-            ysc[j % 4 + 8] |= (li << (2 * (j / 4))) as u8;
+            // make_qx_quants's quants are 0..2 nmax - 1
+            set_q3_k_scale(j, ls[j] as u8, ysc);
         }
         wr_u16(yd, 0, f32_to_fp16(d_block));
         q3_k_final_quants(x, ysc, yd, &mut l, hmask, qs);
