@@ -105,13 +105,27 @@ fn make_qp_quants(nmax: i32, x: &[f32], l: &mut [u8], qw: &[f32]) -> f32 {
     }
 }
 
-/// Sum of squares of a super-block, in order.
+/// Sum of squares, in order.
 fn sum_sq(x: &[f32]) -> f32 {
     let mut s = 0f32;
     for v in x {
         s += v * v;
     }
     s
+}
+
+/// Sum, in order.
+fn sum(x: &[f32]) -> f32 {
+    let mut s = 0f32;
+    for v in x {
+        s += v;
+    }
+    s
+}
+
+/// The weights of the `N` values of a (sub-)block: `qw * sqrt(sigma2 + x^2)`.
+fn block_weights<const N: usize>(xb: &[f32], qwb: &[f32], sigma2: f32) -> [f32; N] {
+    std::array::from_fn(|j| qwb[j] * (sigma2 + xb[j] * xb[j]).sqrt())
 }
 
 /// Q2_K with importance weights (`quantize_row_q2_K_impl`).
@@ -122,7 +136,6 @@ pub fn quantize_row_q2_k_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
     let mut mins = [0f32; 16];
     let mut scales = [0f32; 16];
     let mut sw = [0f32; 16];
-    let mut weight = [0f32; 16];
     let mut ls = [0u8; 16];
     let mut lm = [0u8; 16];
     for ((x, y), qwb) in src
@@ -130,16 +143,11 @@ pub fn quantize_row_q2_k_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
         .zip(dst.chunks_exact_mut(BYTES))
         .zip(qw.chunks_exact(QK_K))
     {
-        sw.fill(0.0);
         let sigma2 = sum_sq(x) / QK_K as f32;
         for j in 0..16 {
             let xs = &x[16 * j..16 * j + 16];
-            for k in 0..16 {
-                weight[k] = qwb[16 * j + k] * (sigma2 + xs[k] * xs[k]).sqrt();
-            }
-            for w in &weight {
-                sw[j] += w;
-            }
+            let weight: [f32; 16] = block_weights(xs, &qwb[16 * j..], sigma2);
+            sw[j] = sum(&weight);
             let (s, m) = make_qkx_quants(
                 3,
                 xs,
@@ -170,7 +178,6 @@ pub fn quantize_row_q3_k_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
     const BYTES: usize = 110;
     let mut l = [0i8; QK_K];
     let mut scales = [0f32; 16];
-    let mut weight = [0f32; 16];
     let mut sw = [0f32; 16];
     let mut ls = [0i8; 16];
     for ((x, y), qwb) in src
@@ -181,14 +188,8 @@ pub fn quantize_row_q3_k_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
         let sigma2 = 2.0 * sum_sq(x) / QK_K as f32;
         for j in 0..16 {
             let xs = &x[16 * j..16 * j + 16];
-            for k in 0..16 {
-                weight[k] = qwb[16 * j + k] * (sigma2 + xs[k] * xs[k]).sqrt();
-            }
-            let mut sumw = 0f32;
-            for w in &weight {
-                sumw += w;
-            }
-            sw[j] = sumw;
+            let weight: [f32; 16] = block_weights(xs, &qwb[16 * j..], sigma2);
+            sw[j] = sum(&weight);
             scales[j] = make_qx_quants(4, xs, &mut l[16 * j..16 * j + 16], 1, Some(&weight));
         }
         let (hmask, rest) = y.split_at_mut(32);
@@ -219,21 +220,14 @@ fn k4_imatrix_scales(
     let mut laux = [0u8; 32];
     let mut ls = [0u8; 8];
     let mut lm = [0u8; 8];
-    let mut weights = [0f32; 32];
     let mut sw = [0f32; 8];
     let mut mins = [0f32; 8];
     let mut scales = [0f32; 8];
     let sigma2 = 2.0 * sum_sq(x) / QK_K as f32;
     for j in 0..8 {
         let xs = &x[32 * j..32 * j + 32];
-        for k in 0..32 {
-            weights[k] = qwb[32 * j + k] * (sigma2 + xs[k] * xs[k]).sqrt();
-        }
-        let mut sumw = 0f32;
-        for w in &weights {
-            sumw += w;
-        }
-        sw[j] = sumw;
+        let weights: [f32; 32] = block_weights(xs, &qwb[32 * j..], sigma2);
+        sw[j] = sum(&weights);
         let (s, m) = make_qkx_quants(
             nmax,
             xs,
@@ -312,11 +306,6 @@ fn row_sigma2(x: &[f32]) -> f32 {
     sum_sq(x) / x.len() as f32
 }
 
-/// The weights of one 32-block: `qw * sqrt(sigma2 + x^2)`.
-fn block_weights(xb: &[f32], qwb: &[f32], sigma2: f32) -> [f32; 32] {
-    std::array::from_fn(|j| qwb[j] * (sigma2 + xb[j] * xb[j]).sqrt())
-}
-
 /// Q4_0 with importance weights (`quantize_row_q4_0_impl`).
 pub fn quantize_row_q4_0_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
     let sigma2 = row_sigma2(src);
@@ -326,7 +315,7 @@ pub fn quantize_row_q4_0_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
         .zip(dst.chunks_exact_mut(18))
         .zip(qw.chunks_exact(32))
     {
-        let weight = block_weights(xb, qwb, sigma2);
+        let weight: [f32; 32] = block_weights(xb, qwb, sigma2);
         let d = make_qx_quants(8, xb, &mut l, 1, Some(&weight));
         wr_u16(y, 0, f32_to_fp16(d));
         let lu: [u8; 32] = std::array::from_fn(|i| l[i] as u8);
@@ -343,7 +332,7 @@ pub fn quantize_row_q5_0_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
         .zip(dst.chunks_exact_mut(22))
         .zip(qw.chunks_exact(32))
     {
-        let weight = block_weights(xb, qwb, sigma2);
+        let weight: [f32; 32] = block_weights(xb, qwb, sigma2);
         let d = make_qx_quants(16, xb, &mut l, 1, Some(&weight));
         wr_u16(y, 0, f32_to_fp16(d));
         let lu: [u8; 32] = std::array::from_fn(|i| l[i] as u8);
@@ -362,7 +351,7 @@ pub fn quantize_row_q4_1_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
         .zip(dst.chunks_exact_mut(20))
         .zip(qw.chunks_exact(32))
     {
-        let weight = block_weights(xb, qwb, sigma2);
+        let weight: [f32; 32] = block_weights(xb, qwb, sigma2);
         let (d, the_min) =
             make_qkx_quants(15, xb, &weight, &mut l, &mut laux, -0.9, 0.05, 36, false);
         wr_u16(y, 0, f32_to_fp16(d));
@@ -381,7 +370,7 @@ pub fn quantize_row_q5_1_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
         .zip(dst.chunks_exact_mut(24))
         .zip(qw.chunks_exact(32))
     {
-        let weight = block_weights(xb, qwb, sigma2);
+        let weight: [f32; 32] = block_weights(xb, qwb, sigma2);
         let (d, the_min) =
             make_qkx_quants(31, xb, &weight, &mut l, &mut laux, -0.9, 0.05, 36, false);
         wr_u16(y, 0, f32_to_fp16(d));
