@@ -14,9 +14,9 @@ use crate::f16::f32_to_fp16;
 use crate::kquants::{
     k4_final_quants, make_qkx_quants, make_qx_quants, pack_q4_k_quants, pack_q5_k_quants,
     q2_k_final_quants, q3_k_final_quants, quantize_block_q6_k, set_q3_k_scale, set_scale_min_k4,
-    GROUP_MAX_EPS,
+    GROUP_MAX_EPS, Q2_K_BYTES, Q3_K_BYTES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES,
 };
-use crate::legacy::{pack_4bit, pack_5bit};
+use crate::legacy::{pack_4bit, pack_5bit, Q4_0_BYTES, Q4_1_BYTES, Q5_0_BYTES, Q5_1_BYTES, QK};
 use crate::QK_K;
 
 /// Signature of the row quantizers with importance weights.
@@ -130,7 +130,6 @@ fn block_weights<const N: usize>(xb: &[f32], qwb: &[f32], sigma2: f32) -> [f32; 
 
 /// Q2_K with importance weights (`quantize_row_q2_K_impl`).
 pub fn quantize_row_q2_k_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
-    const BYTES: usize = 84;
     let mut l = [0u8; QK_K];
     let mut laux = [0u8; 16];
     let mut mins = [0f32; 16];
@@ -140,7 +139,7 @@ pub fn quantize_row_q2_k_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
     let mut lm = [0u8; 16];
     for ((x, y), qwb) in src
         .chunks_exact(QK_K)
-        .zip(dst.chunks_exact_mut(BYTES))
+        .zip(dst.chunks_exact_mut(Q2_K_BYTES))
         .zip(qw.chunks_exact(QK_K))
     {
         let sigma2 = sum_sq(x) / QK_K as f32;
@@ -175,14 +174,13 @@ pub fn quantize_row_q2_k_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
 
 /// Q3_K with importance weights (`quantize_row_q3_K_impl`).
 pub fn quantize_row_q3_k_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
-    const BYTES: usize = 110;
     let mut l = [0i8; QK_K];
     let mut scales = [0f32; 16];
     let mut sw = [0f32; 16];
     let mut ls = [0i8; 16];
     for ((x, y), qwb) in src
         .chunks_exact(QK_K)
-        .zip(dst.chunks_exact_mut(BYTES))
+        .zip(dst.chunks_exact_mut(Q3_K_BYTES))
         .zip(qw.chunks_exact(QK_K))
     {
         let sigma2 = 2.0 * sum_sq(x) / QK_K as f32;
@@ -257,11 +255,10 @@ fn k4_imatrix_scales(
 
 /// Q4_K with importance weights (`quantize_row_q4_K_impl`).
 pub fn quantize_row_q4_k_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
-    const BYTES: usize = 144;
     let mut l = [0u8; QK_K];
     for ((x, y), qwb) in src
         .chunks_exact(QK_K)
-        .zip(dst.chunks_exact_mut(BYTES))
+        .zip(dst.chunks_exact_mut(Q4_K_BYTES))
         .zip(qw.chunks_exact(QK_K))
     {
         let (d, dmin) = k4_imatrix_scales(x, qwb, 15, false, &mut l, &mut y[4..16]);
@@ -274,11 +271,10 @@ pub fn quantize_row_q4_k_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
 
 /// Q5_K with importance weights (`quantize_row_q5_K_impl`).
 pub fn quantize_row_q5_k_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
-    const BYTES: usize = 176;
     let mut l = [0u8; QK_K];
     for ((x, y), qwb) in src
         .chunks_exact(QK_K)
-        .zip(dst.chunks_exact_mut(BYTES))
+        .zip(dst.chunks_exact_mut(Q5_K_BYTES))
         .zip(qw.chunks_exact(QK_K))
     {
         let (d, dmin) = k4_imatrix_scales(x, qwb, 31, true, &mut l, &mut y[4..16]);
@@ -291,10 +287,9 @@ pub fn quantize_row_q5_k_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
 
 /// Q6_K with importance weights (`quantize_row_q6_K_impl`).
 pub fn quantize_row_q6_k_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
-    const BYTES: usize = 210;
     for ((x, y), qwb) in src
         .chunks_exact(QK_K)
-        .zip(dst.chunks_exact_mut(BYTES))
+        .zip(dst.chunks_exact_mut(Q6_K_BYTES))
         .zip(qw.chunks_exact(QK_K))
     {
         quantize_block_q6_k(x, Some(qwb), y);
@@ -309,16 +304,16 @@ fn row_sigma2(x: &[f32]) -> f32 {
 /// Q4_0 with importance weights (`quantize_row_q4_0_impl`).
 pub fn quantize_row_q4_0_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
     let sigma2 = row_sigma2(src);
-    let mut l = [0i8; 32];
+    let mut l = [0i8; QK];
     for ((xb, y), qwb) in src
-        .chunks_exact(32)
-        .zip(dst.chunks_exact_mut(18))
-        .zip(qw.chunks_exact(32))
+        .chunks_exact(QK)
+        .zip(dst.chunks_exact_mut(Q4_0_BYTES))
+        .zip(qw.chunks_exact(QK))
     {
-        let weight: [f32; 32] = block_weights(xb, qwb, sigma2);
+        let weight: [f32; QK] = block_weights(xb, qwb, sigma2);
         let d = make_qx_quants(8, xb, &mut l, 1, Some(&weight));
         wr_u16(y, 0, f32_to_fp16(d));
-        let lu: [u8; 32] = std::array::from_fn(|i| l[i] as u8);
+        let lu: [u8; QK] = std::array::from_fn(|i| l[i] as u8);
         pack_4bit(&lu, &mut y[2..18]);
     }
 }
@@ -326,16 +321,16 @@ pub fn quantize_row_q4_0_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
 /// Q5_0 with importance weights (`quantize_row_q5_0_impl`).
 pub fn quantize_row_q5_0_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
     let sigma2 = row_sigma2(src);
-    let mut l = [0i8; 32];
+    let mut l = [0i8; QK];
     for ((xb, y), qwb) in src
-        .chunks_exact(32)
-        .zip(dst.chunks_exact_mut(22))
-        .zip(qw.chunks_exact(32))
+        .chunks_exact(QK)
+        .zip(dst.chunks_exact_mut(Q5_0_BYTES))
+        .zip(qw.chunks_exact(QK))
     {
-        let weight: [f32; 32] = block_weights(xb, qwb, sigma2);
+        let weight: [f32; QK] = block_weights(xb, qwb, sigma2);
         let d = make_qx_quants(16, xb, &mut l, 1, Some(&weight));
         wr_u16(y, 0, f32_to_fp16(d));
-        let lu: [u8; 32] = std::array::from_fn(|i| l[i] as u8);
+        let lu: [u8; QK] = std::array::from_fn(|i| l[i] as u8);
         let qh = pack_5bit(&lu, &mut y[6..22]);
         wr_u32(y, 2, qh);
     }
@@ -344,14 +339,14 @@ pub fn quantize_row_q5_0_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
 /// Q4_1 with importance weights (`quantize_row_q4_1_impl`).
 pub fn quantize_row_q4_1_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
     let sigma2 = row_sigma2(src);
-    let mut l = [0u8; 32];
-    let mut laux = [0u8; 32];
+    let mut l = [0u8; QK];
+    let mut laux = [0u8; QK];
     for ((xb, y), qwb) in src
-        .chunks_exact(32)
-        .zip(dst.chunks_exact_mut(20))
-        .zip(qw.chunks_exact(32))
+        .chunks_exact(QK)
+        .zip(dst.chunks_exact_mut(Q4_1_BYTES))
+        .zip(qw.chunks_exact(QK))
     {
-        let weight: [f32; 32] = block_weights(xb, qwb, sigma2);
+        let weight: [f32; QK] = block_weights(xb, qwb, sigma2);
         let (d, the_min) =
             make_qkx_quants(15, xb, &weight, &mut l, &mut laux, -0.9, 0.05, 36, false);
         wr_u16(y, 0, f32_to_fp16(d));
@@ -363,14 +358,14 @@ pub fn quantize_row_q4_1_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
 /// Q5_1 with importance weights (`quantize_row_q5_1_impl`).
 pub fn quantize_row_q5_1_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
     let sigma2 = row_sigma2(src);
-    let mut l = [0u8; 32];
-    let mut laux = [0u8; 32];
+    let mut l = [0u8; QK];
+    let mut laux = [0u8; QK];
     for ((xb, y), qwb) in src
-        .chunks_exact(32)
-        .zip(dst.chunks_exact_mut(24))
-        .zip(qw.chunks_exact(32))
+        .chunks_exact(QK)
+        .zip(dst.chunks_exact_mut(Q5_1_BYTES))
+        .zip(qw.chunks_exact(QK))
     {
-        let weight: [f32; 32] = block_weights(xb, qwb, sigma2);
+        let weight: [f32; QK] = block_weights(xb, qwb, sigma2);
         let (d, the_min) =
             make_qkx_quants(31, xb, &weight, &mut l, &mut laux, -0.9, 0.05, 36, false);
         wr_u16(y, 0, f32_to_fp16(d));
