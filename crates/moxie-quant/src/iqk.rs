@@ -39,12 +39,9 @@
 //! values; SIMD against scalar).
 
 use crate::common::*;
+use crate::kquants::Q8_K_BYTES;
+use crate::legacy::Q8_0_BYTES;
 use crate::QK_K;
-
-/// Q8_K: d (f32), `qs[256]`, `bsums[16]`.
-const Q8_K_BYTES: usize = 292;
-/// Q8_0: d (f16), `qs[32]`.
-const Q8_0_BYTES: usize = 34;
 
 pub const Q6_0_BYTES: usize = 26;
 pub const IQ2_K_BYTES: usize = 76;

@@ -201,10 +201,22 @@ fn make_q3_quants(nmax: i32, x: &[f32], l_out: &mut [i8], do_rmse: bool) -> f32 
     1.0 / iscale
 }
 
-/// `make_qkx2_quants`: asymmetric (scale + min) search used by Q2_K, Q4_K and Q5_K.
-/// Returns `(scale, the_min)` where `the_min` is the (non-negative) value stored as "min".
+/// ggml's `make_qkx2_quants` and `make_qkx3_quants`: asymmetric (scale + min) search with
+/// weights, used by Q2_K, Q4_K and Q5_K and by the importance-matrix quantizers (Q2_K, Q4_K,
+/// Q5_K, Q4_1, Q5_1). Returns `(scale, the_min)` where `the_min` is the (non-negative) value
+/// stored as "min".
+///
+/// The two C functions do the same float operations in the same order; they differ only in
+/// `make_qkx3_quants` accepting NULL weights (then `x^2`; no caller here passes none) and
+/// testing `max <= min` where `make_qkx2_quants` tests `max == min`. The tests agree: `min <=
+/// x[0] <= max` unless `x[0]` is NaN, and clamping `min` to at most 0 keeps `min <= max`, so
+/// `max < min` never holds; a NaN `x[0]` leaves `min` and `max` NaN and both tests false.
+///
+/// Inlined into each of its six callers, which fix `nmax`, `nstep` and `use_mad` (left to
+/// LLVM, one out-of-line copy serves them all and the quantizers run ~25% more instructions).
 #[allow(clippy::too_many_arguments)]
-fn make_qkx2_quants(
+#[inline(always)]
+pub(crate) fn make_qkx_quants(
     nmax: i32,
     x: &[f32],
     weights: &[f32],
@@ -346,7 +358,7 @@ pub fn quantize_row_q2_k(src: &[f32], dst: &mut [u8]) {
             for (w, v) in weights.iter_mut().zip(xs) {
                 *w = v.abs();
             }
-            let (s, m) = make_qkx2_quants(
+            let (s, m) = make_qkx_quants(
                 3,
                 xs,
                 &weights,
@@ -387,26 +399,35 @@ pub fn quantize_row_q2_k(src: &[f32], dst: &mut [u8]) {
         } else {
             wr_u16(rest, 66, f32_to_fp16(0.0));
         }
-        let yd = fp16_to_f32(rd_u16(rest, 64));
-        let ydmin = fp16_to_f32(rd_u16(rest, 66));
-        for j in 0..QK_K / 16 {
-            let d = yd * (ysc[j] & 0xF) as f32;
-            if d == 0.0 {
-                continue;
-            }
-            let dm = ydmin * (ysc[j] >> 4) as f32;
-            for ii in 0..16 {
-                let li = nearest_int((x[16 * j + ii] + dm) / d);
-                l[16 * j + ii] = 0.max(3.min(li)) as u8;
-            }
-        }
-        pack_2bit(&l, &mut rest[0..64]);
+        q2_k_final_quants(x, y, &mut l);
     }
+}
+
+/// The end of both Q2_K quantizers once the block's packed scales (`y[0..16]`) and `d`,
+/// `dmin` (`y[80..84]`) are written: the 2-bit quants of every value against them, packed
+/// into `y[16..80]`. `l` holds the first pass's quants, kept where a scale is 0. Inlined (out
+/// of line the reference Q2_K quantizer ran 5% more instructions).
+#[inline(always)]
+pub(crate) fn q2_k_final_quants(x: &[f32], y: &mut [u8], l: &mut [u8; QK_K]) {
+    let yd = rd_f16(y, 80);
+    let ydmin = rd_f16(y, 82);
+    for j in 0..QK_K / 16 {
+        let d = yd * (y[j] & 0xF) as f32;
+        if d == 0.0 {
+            continue;
+        }
+        let dm = ydmin * (y[j] >> 4) as f32;
+        for ii in 0..16 {
+            let li = nearest_int((x[16 * j + ii] + dm) / d);
+            l[16 * j + ii] = 0.max(3.min(li)) as u8;
+        }
+    }
+    pack_2bit(l, &mut y[16..80]);
 }
 
 /// 2-bit quants `l` into Q2_K / Q3_K's `qs[64]`: byte `32 i + k` of each 128-value half holds
 /// values `k`, `k + 32`, `k + 64`, `k + 96` from the low bits up.
-pub(crate) fn pack_2bit(l: &[u8; QK_K], qs: &mut [u8]) {
+fn pack_2bit(l: &[u8; QK_K], qs: &mut [u8]) {
     for j in (0..QK_K).step_by(128) {
         for k in 0..32 {
             qs[j / 4 + k] =
@@ -522,15 +543,8 @@ pub fn quantize_row_q3_k(src: &[f32], dst: &mut [u8]) {
         if max_scale != 0.0 {
             let iscale = -32.0f32 / max_scale;
             for j in 0..QK_K / 16 {
-                let mut li = nearest_int(iscale * scales[j]) as i8;
-                li = (-32i8).max(31i8.min(li)) + 32;
-                if j < 8 {
-                    ysc[j] = (li & 0xF) as u8;
-                } else {
-                    ysc[j - 8] |= ((li & 0xF) << 4) as u8;
-                }
-                li >>= 4;
-                ysc[j % 4 + 8] |= (li << (2 * (j / 4))) as u8;
+                let li = nearest_int(iscale * scales[j]) as i8;
+                set_q3_k_scale(j, ((-32i8).max(31i8.min(li)) + 32) as u8, ysc);
             }
             wr_u16(yd, 0, f32_to_fp16(1.0 / iscale));
         } else {
@@ -538,6 +552,20 @@ pub fn quantize_row_q3_k(src: &[f32], dst: &mut [u8]) {
         }
         q3_k_final_quants(x, ysc, yd, &mut l, hmask, qs);
     }
+}
+
+/// Store sub-block `j`'s 6-bit scale `ls` (0..63) in the 12 scale bytes `ysc` of a Q3_K block
+/// (the inverse of `q3k_scales`): its low four bits in the low nibble of byte `j` (for `j >= 8`
+/// the high nibble of byte `j - 8`), its top two bits at bit `2 (j / 4)` of byte `8 + j % 4`.
+/// `ysc` starts zeroed and `j` goes 0..16 in order (bits are ORed in).
+#[inline(always)]
+pub(crate) fn set_q3_k_scale(j: usize, ls: u8, ysc: &mut [u8]) {
+    if j < 8 {
+        ysc[j] = ls & 0xF;
+    } else {
+        ysc[j - 8] |= (ls & 0xF) << 4;
+    }
+    ysc[j % 4 + 8] |= (ls >> 4) << (2 * (j / 4));
 }
 
 /// The end of both Q3_K quantizers once the packed scales `ysc` and super-block scale `yd`
@@ -725,19 +753,27 @@ fn pack_k4_scales(scales: &[f32; 8], mins: &[f32; 8], out: &mut [u8]) -> (u16, u
     for j in 0..8 {
         let ls = 63u8.min(nearest_int(inv_scale * scales[j]) as u8);
         let lm = 63u8.min(nearest_int(inv_min * mins[j]) as u8);
-        if j < 4 {
-            out[j] = ls;
-            out[j + 4] = lm;
-        } else {
-            out[j + 4] = (ls & 0xF) | ((lm & 0xF) << 4);
-            out[j - 4] |= (ls >> 4) << 6;
-            out[j] |= (lm >> 4) << 6;
-        }
+        set_scale_min_k4(j, ls, lm, out);
     }
     (f32_to_fp16(max_scale / 63.0), f32_to_fp16(max_min / 63.0))
 }
 
-/// First stage of Q4_K / Q5_K quantization: per 32-element sub-block `make_qkx2_quants` with
+/// Store sub-block `j`'s 6-bit scale `sc` and min `m` in the 12 packed scale bytes `q` of a
+/// Q4_K / Q5_K block (the inverse of [`get_scale_min_k4`]). Call it for `j` = 0..8 in order:
+/// 4..8 OR their top bits into bytes that 0..4 set.
+#[inline(always)]
+pub(crate) fn set_scale_min_k4(j: usize, sc: u8, m: u8, q: &mut [u8]) {
+    if j < 4 {
+        q[j] = sc;
+        q[j + 4] = m;
+    } else {
+        q[j + 4] = (sc & 0xF) | ((m & 0xF) << 4);
+        q[j - 4] |= (sc >> 4) << 6;
+        q[j] |= (m >> 4) << 6;
+    }
+}
+
+/// First stage of Q4_K / Q5_K quantization: per 32-element sub-block `make_qkx_quants` with
 /// weights `sqrt(mean(x^2)) + |x|`.
 fn k4_subblock_scales(
     x: &[f32],
@@ -760,7 +796,7 @@ fn k4_subblock_scales(
         for (w, v) in weights.iter_mut().zip(xs) {
             *w = av_x + v.abs();
         }
-        let (s, m) = make_qkx2_quants(
+        let (s, m) = make_qkx_quants(
             nmax,
             xs,
             &weights,
@@ -815,11 +851,16 @@ pub fn quantize_row_q4_k(src: &[f32], dst: &mut [u8]) {
         wr_u16(y, 0, d);
         wr_u16(y, 2, dmin);
         k4_final_quants(x, d, dmin, &y[4..16], 15, &mut l);
-        let q = &mut y[16..144];
-        for j in 0..4 {
-            for k in 0..32 {
-                q[32 * j + k] = l[64 * j + k] | (l[64 * j + k + 32] << 4);
-            }
+        pack_q4_k_quants(&l, &mut y[16..144]);
+    }
+}
+
+/// The 4-bit quants `l` of a Q4_K block into its `qs[128]`: byte `32 j + k` holds value
+/// `64 j + k` in its low nibble and `64 j + k + 32` in its high nibble.
+pub(crate) fn pack_q4_k_quants(l: &[u8; QK_K], qs: &mut [u8]) {
+    for j in 0..4 {
+        for k in 0..32 {
+            qs[32 * j + k] = l[64 * j + k] | (l[64 * j + k + 32] << 4);
         }
     }
 }
@@ -938,8 +979,7 @@ pub fn quantize_row_q5_k(src: &[f32], dst: &mut [u8]) {
         let (d, dmin) = pack_k4_scales(&scales, &mins, &mut y[4..16]);
         wr_u16(y, 0, d);
         wr_u16(y, 2, dmin);
-        let packed: [u8; 12] = y[4..16].try_into().unwrap();
-        k4_final_quants(x, d, dmin, &packed, 31, &mut l);
+        k4_final_quants(x, d, dmin, &y[4..16], 31, &mut l);
         pack_q5_k_quants(&l, &mut y[16..176]);
     }
 }
@@ -998,67 +1038,70 @@ pub fn dequantize_row_q6_k(src: &[u8], dst: &mut [f32]) {
 /// Quantize a row to Q6_K (`quantize_row_q6_K_ref`).
 pub fn quantize_row_q6_k(src: &[f32], dst: &mut [u8]) {
     let nb = src.len() / QK_K;
-    let mut l = [0i8; QK_K];
-    let mut scales = [0f32; QK_K / 16];
     for (x, y) in src
         .chunks_exact(QK_K)
         .zip(dst[..nb * Q6_K_BYTES].chunks_exact_mut(Q6_K_BYTES))
     {
-        let mut max_scale = 0f32;
-        let mut max_abs_scale = 0f32;
-        for ib in 0..QK_K / 16 {
-            let scale = make_qx_quants(
-                32,
-                &x[16 * ib..16 * ib + 16],
-                &mut l[16 * ib..16 * ib + 16],
-                1,
-                None,
-            );
-            scales[ib] = scale;
-            let abs_scale = scale.abs();
-            if abs_scale > max_abs_scale {
-                max_abs_scale = abs_scale;
-                max_scale = scale;
-            }
+        quantize_block_q6_k(x, None, y);
+    }
+}
+
+/// One Q6_K block of both Q6_K quantizers: `quantize_row_q6_K_ref` (`qw` `None`) and, with the
+/// block's importance weights `qw`, `quantize_row_q6_K_impl` (the imatrix values themselves
+/// are the weights of `make_qx_quants`; everything else is the same). Inlined, so that each
+/// quantizer's `make_qx_quants` loops know whether there are weights (out of line, the
+/// reference quantizer ran 30% more instructions).
+#[inline(always)]
+pub(crate) fn quantize_block_q6_k(x: &[f32], qw: Option<&[f32]>, y: &mut [u8]) {
+    let mut l = [0i8; QK_K];
+    let mut scales = [0f32; QK_K / 16];
+    let mut max_scale = 0f32;
+    let mut max_abs_scale = 0f32;
+    for ib in 0..QK_K / 16 {
+        let r = 16 * ib..16 * ib + 16;
+        let scale = make_qx_quants(32, &x[r.clone()], &mut l[r.clone()], 1, qw.map(|qw| &qw[r]));
+        scales[ib] = scale;
+        let abs_scale = scale.abs();
+        if abs_scale > max_abs_scale {
+            max_abs_scale = abs_scale;
+            max_scale = scale;
         }
-        if max_abs_scale < GROUP_MAX_EPS {
-            y.fill(0);
-            wr_u16(y, 208, f32_to_fp16(0.0));
+    }
+    if max_abs_scale < GROUP_MAX_EPS {
+        y.fill(0);
+        wr_u16(y, 208, f32_to_fp16(0.0));
+        return;
+    }
+    let iscale = -128.0f32 / max_scale;
+    wr_u16(y, 208, f32_to_fp16(1.0 / iscale));
+    for ib in 0..QK_K / 16 {
+        y[192 + ib] = 127.min(nearest_int(iscale * scales[ib])) as i8 as u8;
+    }
+    let yd = rd_f16(y, 208);
+    for j in 0..QK_K / 16 {
+        let d = yd * (y[192 + j] as i8) as f32;
+        if d == 0.0 {
             continue;
         }
-        let iscale = -128.0f32 / max_scale;
-        wr_u16(y, 208, f32_to_fp16(1.0 / iscale));
-        for ib in 0..QK_K / 16 {
-            y[192 + ib] = 127.min(nearest_int(iscale * scales[ib])) as i8 as u8;
+        for ii in 0..16 {
+            let li = nearest_int(x[16 * j + ii] / d);
+            l[16 * j + ii] = ((-32).max(31.min(li)) + 32) as i8;
         }
-        let yd = rd_f16(y, 208);
-        for j in 0..QK_K / 16 {
-            let d = yd * (y[192 + j] as i8) as f32;
-            if d == 0.0 {
-                continue;
-            }
-            for ii in 0..16 {
-                let li = nearest_int(x[16 * j + ii] / d);
-                l[16 * j + ii] = ((-32).max(31.min(li)) + 32) as i8;
-            }
-        }
-        let (ql, rest) = y.split_at_mut(128);
-        let qh = &mut rest[0..64];
-        for half in 0..2 {
-            let j = 128 * half;
-            for k in 0..32 {
-                let lu = |o: usize| l[j + k + o] as u8;
-                let q1 = lu(0) & 0xF;
-                let q2 = lu(32) & 0xF;
-                let q3 = lu(64) & 0xF;
-                let q4 = lu(96) & 0xF;
-                ql[64 * half + k] = q1 | (q3 << 4);
-                ql[64 * half + k + 32] = q2 | (q4 << 4);
-                qh[32 * half + k] = (lu(0) >> 4)
-                    | ((lu(32) >> 4) << 2)
-                    | ((lu(64) >> 4) << 4)
-                    | ((lu(96) >> 4) << 6);
-            }
+    }
+    let (ql, rest) = y.split_at_mut(128);
+    let qh = &mut rest[0..64];
+    for half in 0..2 {
+        let j = 128 * half;
+        for k in 0..32 {
+            let lu = |o: usize| l[j + k + o] as u8;
+            let q1 = lu(0) & 0xF;
+            let q2 = lu(32) & 0xF;
+            let q3 = lu(64) & 0xF;
+            let q4 = lu(96) & 0xF;
+            ql[64 * half + k] = q1 | (q3 << 4);
+            ql[64 * half + k + 32] = q2 | (q4 << 4);
+            qh[32 * half + k] =
+                (lu(0) >> 4) | ((lu(32) >> 4) << 2) | ((lu(64) >> 4) << 4) | ((lu(96) >> 4) << 6);
         }
     }
 }

@@ -60,6 +60,29 @@ pub(crate) fn quants_5bit(qs: &[u8], qh: u32) -> [u8; QK] {
     q
 }
 
+/// The inverse of [`quants_4bit`]: 32 four-bit quants into a Q4_0 / Q4_1 block's 16 bytes
+/// (element `j` in the low nibble of byte `j`, element `j + 16` in the high nibble).
+#[inline]
+pub(crate) fn pack_4bit(l: &[u8; QK], qs: &mut [u8]) {
+    for j in 0..16 {
+        qs[j] = l[j] | (l[j + 16] << 4);
+    }
+}
+
+/// The inverse of [`quants_5bit`]: 32 five-bit quants into a Q5_0 / Q5_1 block's 16 bytes of
+/// low nibbles (as [`pack_4bit`]); returns the fifth bits (`qh`, bit `j` for element `j`).
+#[inline]
+pub(crate) fn pack_5bit(l: &[u8; QK], qs: &mut [u8]) -> u32 {
+    let mut qh = 0u32;
+    for j in 0..16 {
+        let (xi0, xi1) = (l[j], l[j + 16]);
+        qs[j] = (xi0 & 0x0F) | ((xi1 & 0x0F) << 4);
+        qh |= (u32::from(xi0 & 0x10) >> 4) << j;
+        qh |= (u32::from(xi1 & 0x10) >> 4) << (j + 16);
+    }
+    qh
+}
+
 /// Dequantize a Q4_0 row (`dst.len()` a multiple of 32).
 pub fn dequantize_row_q4_0(src: &[u8], dst: &mut [f32]) {
     let nb = dst.len() / QK;
@@ -189,13 +212,9 @@ pub fn quantize_row_q4_0(src: &[f32], dst: &mut [u8]) {
         let d = max / -8.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         wr_u16(y, 0, f32_to_fp16(d));
-        for j in 0..16 {
-            let x0 = x[j] * id;
-            let x1 = x[16 + j] * id;
-            let xi0 = 15.min(c_f32_to_i8(x0 + 8.5) as i32) as u8;
-            let xi1 = 15.min(c_f32_to_i8(x1 + 8.5) as i32) as u8;
-            y[2 + j] = xi0 | (xi1 << 4);
-        }
+        let l: [u8; QK] =
+            std::array::from_fn(|j| 15.min(c_f32_to_i8(x[j] * id + 8.5) as i32) as u8);
+        pack_4bit(&l, &mut y[2..18]);
     }
 }
 
@@ -211,13 +230,9 @@ pub fn quantize_row_q4_1(src: &[f32], dst: &mut [u8]) {
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         wr_u16(y, 0, f32_to_fp16(d));
         wr_u16(y, 2, f32_to_fp16(min));
-        for j in 0..16 {
-            let x0 = (x[j] - min) * id;
-            let x1 = (x[16 + j] - min) * id;
-            let xi0 = 15.min(c_f32_to_i8(x0 + 0.5) as i32) as u8;
-            let xi1 = 15.min(c_f32_to_i8(x1 + 0.5) as i32) as u8;
-            y[4 + j] = xi0 | (xi1 << 4);
-        }
+        let l: [u8; QK] =
+            std::array::from_fn(|j| 15.min(c_f32_to_i8((x[j] - min) * id + 0.5) as i32) as u8);
+        pack_4bit(&l, &mut y[4..20]);
     }
 }
 
@@ -232,16 +247,9 @@ pub fn quantize_row_q5_0(src: &[f32], dst: &mut [u8]) {
         let d = max / -16.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         wr_u16(y, 0, f32_to_fp16(d));
-        let mut qh = 0u32;
-        for j in 0..16 {
-            let x0 = x[j] * id;
-            let x1 = x[16 + j] * id;
-            let xi0 = 31.min(c_f32_to_i8(x0 + 16.5) as i32) as u8;
-            let xi1 = 31.min(c_f32_to_i8(x1 + 16.5) as i32) as u8;
-            y[6 + j] = (xi0 & 0x0F) | ((xi1 & 0x0F) << 4);
-            qh |= (((xi0 & 0x10) as u32) >> 4) << j;
-            qh |= (((xi1 & 0x10) as u32) >> 4) << (j + 16);
-        }
+        let l: [u8; QK] =
+            std::array::from_fn(|j| 31.min(c_f32_to_i8(x[j] * id + 16.5) as i32) as u8);
+        let qh = pack_5bit(&l, &mut y[6..22]);
         wr_u32(y, 2, qh);
     }
 }
@@ -258,16 +266,8 @@ pub fn quantize_row_q5_1(src: &[f32], dst: &mut [u8]) {
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         wr_u16(y, 0, f32_to_fp16(d));
         wr_u16(y, 2, f32_to_fp16(min));
-        let mut qh = 0u32;
-        for j in 0..16 {
-            let x0 = (x[j] - min) * id;
-            let x1 = (x[16 + j] - min) * id;
-            let xi0 = c_f32_to_u8(x0 + 0.5);
-            let xi1 = c_f32_to_u8(x1 + 0.5);
-            y[8 + j] = (xi0 & 0x0F) | ((xi1 & 0x0F) << 4);
-            qh |= (((xi0 & 0x10) as u32) >> 4) << j;
-            qh |= (((xi1 & 0x10) as u32) >> 4) << (j + 16);
-        }
+        let l: [u8; QK] = std::array::from_fn(|j| c_f32_to_u8((x[j] - min) * id + 0.5));
+        let qh = pack_5bit(&l, &mut y[8..24]);
         wr_u32(y, 4, qh);
     }
 }

@@ -10,104 +10,17 @@
 //! `tests/imatrix_golden.rs` checks them against ggml's compiled code.
 
 use crate::common::*;
-use crate::f16::{f32_to_fp16, fp16_to_f32};
+use crate::f16::f32_to_fp16;
 use crate::kquants::{
-    k4_final_quants, make_qx_quants, pack_2bit, pack_q5_k_quants, q3_k_final_quants, GROUP_MAX_EPS,
+    k4_final_quants, make_qkx_quants, make_qx_quants, pack_q4_k_quants, pack_q5_k_quants,
+    q2_k_final_quants, q3_k_final_quants, quantize_block_q6_k, set_q3_k_scale, set_scale_min_k4,
+    GROUP_MAX_EPS, Q2_K_BYTES, Q3_K_BYTES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES,
 };
+use crate::legacy::{pack_4bit, pack_5bit, Q4_0_BYTES, Q4_1_BYTES, Q5_0_BYTES, Q5_1_BYTES, QK};
 use crate::QK_K;
 
 /// Signature of the row quantizers with importance weights.
 pub type QuantizeImatrixFn = fn(src: &[f32], dst: &mut [u8], qw: &[f32]);
-
-/// `make_qkx3_quants`: asymmetric (scale + min) search with weights (`None`: `x^2`). Returns
-/// `(scale, the_min)` with `the_min = -min` (stored as the block's non-negative "min").
-#[allow(clippy::too_many_arguments)]
-fn make_qkx3_quants(
-    nmax: i32,
-    x: &[f32],
-    weights: Option<&[f32]>,
-    l: &mut [u8],
-    laux: &mut [u8],
-    rmin: f32,
-    rdelta: f32,
-    nstep: i32,
-    use_mad: bool,
-) -> (f32, f32) {
-    let n = x.len();
-    let w = |i: usize| weights.map_or(x[i] * x[i], |w| w[i]);
-    let mut min = x[0];
-    let mut max = x[0];
-    let mut sum_w = w(0);
-    let mut sum_x = sum_w * x[0];
-    for i in 1..n {
-        if x[i] < min {
-            min = x[i];
-        }
-        if x[i] > max {
-            max = x[i];
-        }
-        let wi = w(i);
-        sum_w += wi;
-        sum_x += wi * x[i];
-    }
-    if min > 0.0 {
-        min = 0.0;
-    }
-    if max <= min {
-        l[..n].fill(0);
-        return (0.0, -min);
-    }
-    let mut iscale = nmax as f32 / (max - min);
-    let mut scale = 1.0 / iscale;
-    let mut best_mad = 0f32;
-    for i in 0..n {
-        let li = nearest_int(iscale * (x[i] - min));
-        l[i] = 0.max(nmax.min(li)) as u8;
-        let diff = scale * l[i] as f32 + min - x[i];
-        let diff = if use_mad { diff.abs() } else { diff * diff };
-        best_mad += w(i) * diff;
-    }
-    if nstep < 1 {
-        return (scale, -min);
-    }
-    for is in 0..=nstep {
-        iscale = (rmin + rdelta * is as f32 + nmax as f32) / (max - min);
-        let mut sum_l = 0f32;
-        let mut sum_l2 = 0f32;
-        let mut sum_xl = 0f32;
-        for i in 0..n {
-            let li = 0.max(nmax.min(nearest_int(iscale * (x[i] - min))));
-            laux[i] = li as u8;
-            let wi = w(i);
-            let lf = li as f32;
-            sum_l += wi * lf;
-            sum_l2 += wi * lf * lf;
-            sum_xl += wi * lf * x[i];
-        }
-        let d = sum_w * sum_l2 - sum_l * sum_l;
-        if d > 0.0 {
-            let mut this_scale = (sum_w * sum_xl - sum_x * sum_l) / d;
-            let mut this_min = (sum_l2 * sum_x - sum_l * sum_xl) / d;
-            if this_min > 0.0 {
-                this_min = 0.0;
-                this_scale = sum_xl / sum_l2;
-            }
-            let mut mad = 0f32;
-            for i in 0..n {
-                let diff = this_scale * laux[i] as f32 + this_min - x[i];
-                let diff = if use_mad { diff.abs() } else { diff * diff };
-                mad += w(i) * diff;
-            }
-            if mad < best_mad {
-                l[..n].copy_from_slice(&laux[..n]);
-                best_mad = mad;
-                scale = this_scale;
-                min = this_min;
-            }
-        }
-    }
-    (scale, -min)
-}
 
 /// `make_qp_quants`: quantize non-negative `x` (sub-block scales or mins) to `0..=nmax` with
 /// weights. Like the C code, a negative input wraps when stored in the `u8` quants, while the
@@ -192,7 +105,7 @@ fn make_qp_quants(nmax: i32, x: &[f32], l: &mut [u8], qw: &[f32]) -> f32 {
     }
 }
 
-/// Sum of squares of a super-block, in order.
+/// Sum of squares, in order.
 fn sum_sq(x: &[f32]) -> f32 {
     let mut s = 0f32;
     for v in x {
@@ -201,36 +114,43 @@ fn sum_sq(x: &[f32]) -> f32 {
     s
 }
 
+/// Sum, in order.
+fn sum(x: &[f32]) -> f32 {
+    let mut s = 0f32;
+    for v in x {
+        s += v;
+    }
+    s
+}
+
+/// The weights of the `N` values of a (sub-)block: `qw * sqrt(sigma2 + x^2)`.
+fn block_weights<const N: usize>(xb: &[f32], qwb: &[f32], sigma2: f32) -> [f32; N] {
+    std::array::from_fn(|j| qwb[j] * (sigma2 + xb[j] * xb[j]).sqrt())
+}
+
 /// Q2_K with importance weights (`quantize_row_q2_K_impl`).
 pub fn quantize_row_q2_k_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
-    const BYTES: usize = 84;
     let mut l = [0u8; QK_K];
     let mut laux = [0u8; 16];
     let mut mins = [0f32; 16];
     let mut scales = [0f32; 16];
     let mut sw = [0f32; 16];
-    let mut weight = [0f32; 16];
     let mut ls = [0u8; 16];
     let mut lm = [0u8; 16];
     for ((x, y), qwb) in src
         .chunks_exact(QK_K)
-        .zip(dst.chunks_exact_mut(BYTES))
+        .zip(dst.chunks_exact_mut(Q2_K_BYTES))
         .zip(qw.chunks_exact(QK_K))
     {
-        sw.fill(0.0);
         let sigma2 = sum_sq(x) / QK_K as f32;
         for j in 0..16 {
             let xs = &x[16 * j..16 * j + 16];
-            for k in 0..16 {
-                weight[k] = qwb[16 * j + k] * (sigma2 + xs[k] * xs[k]).sqrt();
-            }
-            for w in &weight {
-                sw[j] += w;
-            }
-            let (s, m) = make_qkx3_quants(
+            let weight: [f32; 16] = block_weights(xs, &qwb[16 * j..], sigma2);
+            sw[j] = sum(&weight);
+            let (s, m) = make_qkx_quants(
                 3,
                 xs,
-                Some(&weight),
+                &weight,
                 &mut l[16 * j..16 * j + 16],
                 &mut laux,
                 -0.9,
@@ -243,53 +163,31 @@ pub fn quantize_row_q2_k_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
         }
         let dm = make_qp_quants(15, &scales, &mut ls, &sw);
         let mm = make_qp_quants(15, &mins, &mut lm, &sw);
-        let (ysc, rest) = y.split_at_mut(16);
-        wr_u16(rest, 64, f32_to_fp16(dm));
-        wr_u16(rest, 66, f32_to_fp16(mm));
-        let dm = fp16_to_f32(rd_u16(rest, 64));
-        let mm = fp16_to_f32(rd_u16(rest, 66));
+        wr_u16(y, 80, f32_to_fp16(dm));
+        wr_u16(y, 82, f32_to_fp16(mm));
         for j in 0..16 {
-            ysc[j] = ls[j] | (lm[j] << 4);
+            y[j] = ls[j] | (lm[j] << 4);
         }
-        for j in 0..16 {
-            let d = dm * (ysc[j] & 0xF) as f32;
-            if d == 0.0 {
-                continue;
-            }
-            let m = mm * (ysc[j] >> 4) as f32;
-            for ii in 0..16 {
-                let li = nearest_int((x[16 * j + ii] + m) / d);
-                l[16 * j + ii] = 0.max(3.min(li)) as u8;
-            }
-        }
-        pack_2bit(&l, &mut rest[0..64]);
+        q2_k_final_quants(x, y, &mut l);
     }
 }
 
 /// Q3_K with importance weights (`quantize_row_q3_K_impl`).
 pub fn quantize_row_q3_k_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
-    const BYTES: usize = 110;
     let mut l = [0i8; QK_K];
     let mut scales = [0f32; 16];
-    let mut weight = [0f32; 16];
     let mut sw = [0f32; 16];
     let mut ls = [0i8; 16];
     for ((x, y), qwb) in src
         .chunks_exact(QK_K)
-        .zip(dst.chunks_exact_mut(BYTES))
+        .zip(dst.chunks_exact_mut(Q3_K_BYTES))
         .zip(qw.chunks_exact(QK_K))
     {
         let sigma2 = 2.0 * sum_sq(x) / QK_K as f32;
         for j in 0..16 {
             let xs = &x[16 * j..16 * j + 16];
-            for k in 0..16 {
-                weight[k] = qwb[16 * j + k] * (sigma2 + xs[k] * xs[k]).sqrt();
-            }
-            let mut sumw = 0f32;
-            for w in &weight {
-                sumw += w;
-            }
-            sw[j] = sumw;
+            let weight: [f32; 16] = block_weights(xs, &qwb[16 * j..], sigma2);
+            sw[j] = sum(&weight);
             scales[j] = make_qx_quants(4, xs, &mut l[16 * j..16 * j + 16], 1, Some(&weight));
         }
         let (hmask, rest) = y.split_at_mut(32);
@@ -298,14 +196,8 @@ pub fn quantize_row_q3_k_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
         ysc.fill(0);
         let d_block = make_qx_quants(32, &scales, &mut ls, 1, Some(&sw));
         for j in 0..16 {
-            let mut li = i32::from(ls[j]);
-            if j < 8 {
-                ysc[j] = (li & 0xF) as u8;
-            } else {
-                ysc[j - 8] |= ((li & 0xF) << 4) as u8;
-            }
-            li >>= 4;
-            ysc[j % 4 + 8] |= (li << (2 * (j / 4))) as u8;
+            // make_qx_quants's quants are 0..2 nmax - 1
+            set_q3_k_scale(j, ls[j] as u8, ysc);
         }
         wr_u16(yd, 0, f32_to_fp16(d_block));
         q3_k_final_quants(x, ysc, yd, &mut l, hmask, qs);
@@ -326,25 +218,18 @@ fn k4_imatrix_scales(
     let mut laux = [0u8; 32];
     let mut ls = [0u8; 8];
     let mut lm = [0u8; 8];
-    let mut weights = [0f32; 32];
     let mut sw = [0f32; 8];
     let mut mins = [0f32; 8];
     let mut scales = [0f32; 8];
     let sigma2 = 2.0 * sum_sq(x) / QK_K as f32;
     for j in 0..8 {
         let xs = &x[32 * j..32 * j + 32];
-        for k in 0..32 {
-            weights[k] = qwb[32 * j + k] * (sigma2 + xs[k] * xs[k]).sqrt();
-        }
-        let mut sumw = 0f32;
-        for w in &weights {
-            sumw += w;
-        }
-        sw[j] = sumw;
-        let (s, m) = make_qkx3_quants(
+        let weights: [f32; 32] = block_weights(xs, &qwb[32 * j..], sigma2);
+        sw[j] = sum(&weights);
+        let (s, m) = make_qkx_quants(
             nmax,
             xs,
-            Some(&weights),
+            &weights,
             &mut l[32 * j..32 * j + 32],
             &mut laux,
             -0.9,
@@ -363,120 +248,51 @@ fn k4_imatrix_scales(
         } else {
             (ls[j], lm[j])
         };
-        if j < 4 {
-            packed[j] = s;
-            packed[j + 4] = m;
-        } else {
-            packed[j + 4] = (s & 0xF) | ((m & 0xF) << 4);
-            packed[j - 4] |= (s >> 4) << 6;
-            packed[j] |= (m >> 4) << 6;
-        }
+        set_scale_min_k4(j, s, m, packed);
     }
     (f32_to_fp16(d_block), f32_to_fp16(m_block))
 }
 
 /// Q4_K with importance weights (`quantize_row_q4_K_impl`).
 pub fn quantize_row_q4_k_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
-    const BYTES: usize = 144;
     let mut l = [0u8; QK_K];
     for ((x, y), qwb) in src
         .chunks_exact(QK_K)
-        .zip(dst.chunks_exact_mut(BYTES))
+        .zip(dst.chunks_exact_mut(Q4_K_BYTES))
         .zip(qw.chunks_exact(QK_K))
     {
-        // The packing ORs into bytes it set earlier in the same pass, so start from zero.
-        y[4..16].fill(0);
         let (d, dmin) = k4_imatrix_scales(x, qwb, 15, false, &mut l, &mut y[4..16]);
         wr_u16(y, 0, d);
         wr_u16(y, 2, dmin);
-        let packed: [u8; 12] = std::array::from_fn(|i| y[4 + i]);
-        k4_final_quants(x, d, dmin, &packed, 15, &mut l);
-        let q = &mut y[16..144];
-        for j in 0..4 {
-            for k in 0..32 {
-                q[32 * j + k] = l[64 * j + k] | (l[64 * j + k + 32] << 4);
-            }
-        }
+        k4_final_quants(x, d, dmin, &y[4..16], 15, &mut l);
+        pack_q4_k_quants(&l, &mut y[16..144]);
     }
 }
 
 /// Q5_K with importance weights (`quantize_row_q5_K_impl`).
 pub fn quantize_row_q5_k_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
-    const BYTES: usize = 176;
     let mut l = [0u8; QK_K];
     for ((x, y), qwb) in src
         .chunks_exact(QK_K)
-        .zip(dst.chunks_exact_mut(BYTES))
+        .zip(dst.chunks_exact_mut(Q5_K_BYTES))
         .zip(qw.chunks_exact(QK_K))
     {
-        y[4..16].fill(0);
         let (d, dmin) = k4_imatrix_scales(x, qwb, 31, true, &mut l, &mut y[4..16]);
         wr_u16(y, 0, d);
         wr_u16(y, 2, dmin);
-        let packed: [u8; 12] = std::array::from_fn(|i| y[4 + i]);
-        k4_final_quants(x, d, dmin, &packed, 31, &mut l);
+        k4_final_quants(x, d, dmin, &y[4..16], 31, &mut l);
         pack_q5_k_quants(&l, &mut y[16..176]);
     }
 }
 
-/// Q6_K with importance weights (`quantize_row_q6_K_impl`: the imatrix values themselves are
-/// the weights of `make_qx_quants`).
+/// Q6_K with importance weights (`quantize_row_q6_K_impl`).
 pub fn quantize_row_q6_k_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
-    const BYTES: usize = 210;
-    let mut l = [0i8; QK_K];
-    let mut scales = [0f32; 16];
     for ((x, y), qwb) in src
         .chunks_exact(QK_K)
-        .zip(dst.chunks_exact_mut(BYTES))
+        .zip(dst.chunks_exact_mut(Q6_K_BYTES))
         .zip(qw.chunks_exact(QK_K))
     {
-        let mut max_scale = 0f32;
-        let mut max_abs_scale = 0f32;
-        for ib in 0..16 {
-            let r = 16 * ib..16 * ib + 16;
-            let scale = make_qx_quants(32, &x[r.clone()], &mut l[r.clone()], 1, Some(&qwb[r]));
-            scales[ib] = scale;
-            let abs_scale = scale.abs();
-            if abs_scale > max_abs_scale {
-                max_abs_scale = abs_scale;
-                max_scale = scale;
-            }
-        }
-        if max_abs_scale < GROUP_MAX_EPS {
-            y.fill(0);
-            wr_u16(y, 208, f32_to_fp16(0.0));
-            continue;
-        }
-        let iscale = -128.0f32 / max_scale;
-        wr_u16(y, 208, f32_to_fp16(1.0 / iscale));
-        for ib in 0..16 {
-            y[192 + ib] = 127.min(nearest_int(iscale * scales[ib])) as i8 as u8;
-        }
-        let yd = rd_f16(y, 208);
-        for j in 0..16 {
-            let d = yd * (y[192 + j] as i8) as f32;
-            if d == 0.0 {
-                continue;
-            }
-            for ii in 0..16 {
-                let li = nearest_int(x[16 * j + ii] / d);
-                l[16 * j + ii] = ((-32).max(31.min(li)) + 32) as i8;
-            }
-        }
-        let (ql, rest) = y.split_at_mut(128);
-        let qh = &mut rest[0..64];
-        for half in 0..2 {
-            let j = 128 * half;
-            for k in 0..32 {
-                let lu = |o: usize| l[j + k + o] as u8;
-                ql[64 * half + k] = (lu(0) & 0xF) | ((lu(64) & 0xF) << 4);
-                ql[64 * half + k + 32] = (lu(32) & 0xF) | ((lu(96) & 0xF) << 4);
-                qh[32 * half + k] = (lu(0) >> 4)
-                    | ((lu(32) >> 4) << 2)
-                    | ((lu(64) >> 4) << 4)
-                    | ((lu(96) >> 4) << 6);
-            }
-        }
+        quantize_block_q6_k(x, Some(qwb), y);
     }
 }
 
@@ -485,42 +301,36 @@ fn row_sigma2(x: &[f32]) -> f32 {
     sum_sq(x) / x.len() as f32
 }
 
-/// The weights of one 32-block: `qw * sqrt(sigma2 + x^2)`.
-fn block_weights(xb: &[f32], qwb: &[f32], sigma2: f32) -> [f32; 32] {
-    std::array::from_fn(|j| qwb[j] * (sigma2 + xb[j] * xb[j]).sqrt())
-}
-
 /// Q4_0 with importance weights (`quantize_row_q4_0_impl`).
 pub fn quantize_row_q4_0_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
     let sigma2 = row_sigma2(src);
-    let mut l = [0i8; 32];
+    let mut l = [0i8; QK];
     for ((xb, y), qwb) in src
-        .chunks_exact(32)
-        .zip(dst.chunks_exact_mut(18))
-        .zip(qw.chunks_exact(32))
+        .chunks_exact(QK)
+        .zip(dst.chunks_exact_mut(Q4_0_BYTES))
+        .zip(qw.chunks_exact(QK))
     {
-        let weight = block_weights(xb, qwb, sigma2);
+        let weight: [f32; QK] = block_weights(xb, qwb, sigma2);
         let d = make_qx_quants(8, xb, &mut l, 1, Some(&weight));
         wr_u16(y, 0, f32_to_fp16(d));
-        for j in 0..16 {
-            y[2 + j] = (l[j] | (l[j + 16] << 4)) as u8;
-        }
+        let lu: [u8; QK] = std::array::from_fn(|i| l[i] as u8);
+        pack_4bit(&lu, &mut y[2..18]);
     }
 }
 
 /// Q5_0 with importance weights (`quantize_row_q5_0_impl`).
 pub fn quantize_row_q5_0_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
     let sigma2 = row_sigma2(src);
-    let mut l = [0i8; 32];
+    let mut l = [0i8; QK];
     for ((xb, y), qwb) in src
-        .chunks_exact(32)
-        .zip(dst.chunks_exact_mut(22))
-        .zip(qw.chunks_exact(32))
+        .chunks_exact(QK)
+        .zip(dst.chunks_exact_mut(Q5_0_BYTES))
+        .zip(qw.chunks_exact(QK))
     {
-        let weight = block_weights(xb, qwb, sigma2);
+        let weight: [f32; QK] = block_weights(xb, qwb, sigma2);
         let d = make_qx_quants(16, xb, &mut l, 1, Some(&weight));
         wr_u16(y, 0, f32_to_fp16(d));
-        let lu: [u8; 32] = std::array::from_fn(|i| l[i] as u8);
+        let lu: [u8; QK] = std::array::from_fn(|i| l[i] as u8);
         let qh = pack_5bit(&lu, &mut y[6..22]);
         wr_u32(y, 2, qh);
     }
@@ -529,68 +339,35 @@ pub fn quantize_row_q5_0_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
 /// Q4_1 with importance weights (`quantize_row_q4_1_impl`).
 pub fn quantize_row_q4_1_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
     let sigma2 = row_sigma2(src);
-    let mut l = [0u8; 32];
-    let mut laux = [0u8; 32];
+    let mut l = [0u8; QK];
+    let mut laux = [0u8; QK];
     for ((xb, y), qwb) in src
-        .chunks_exact(32)
-        .zip(dst.chunks_exact_mut(20))
-        .zip(qw.chunks_exact(32))
+        .chunks_exact(QK)
+        .zip(dst.chunks_exact_mut(Q4_1_BYTES))
+        .zip(qw.chunks_exact(QK))
     {
-        let weight = block_weights(xb, qwb, sigma2);
-        let (d, the_min) = make_qkx3_quants(
-            15,
-            xb,
-            Some(&weight),
-            &mut l,
-            &mut laux,
-            -0.9,
-            0.05,
-            36,
-            false,
-        );
+        let weight: [f32; QK] = block_weights(xb, qwb, sigma2);
+        let (d, the_min) =
+            make_qkx_quants(15, xb, &weight, &mut l, &mut laux, -0.9, 0.05, 36, false);
         wr_u16(y, 0, f32_to_fp16(d));
         wr_u16(y, 2, f32_to_fp16(-the_min));
-        for j in 0..16 {
-            y[4 + j] = l[j] | (l[j + 16] << 4);
-        }
+        pack_4bit(&l, &mut y[4..20]);
     }
-}
-
-/// 5-bit quants of a Q5_0 / Q5_1 block: the low nibbles into `qs[16]` (value `j` low,
-/// `j + 16` high); returns the fifth bits (`qh`, bit `j` for value `j`).
-fn pack_5bit(l: &[u8; 32], qs: &mut [u8]) -> u32 {
-    let mut qh = 0u32;
-    for j in 0..16 {
-        let (xi0, xi1) = (l[j], l[j + 16]);
-        qs[j] = (xi0 & 0x0F) | ((xi1 & 0x0F) << 4);
-        qh |= (u32::from(xi0 & 0x10) >> 4) << j;
-        qh |= (u32::from(xi1 & 0x10) >> 4) << (j + 16);
-    }
-    qh
 }
 
 /// Q5_1 with importance weights (`quantize_row_q5_1_impl`).
 pub fn quantize_row_q5_1_imatrix(src: &[f32], dst: &mut [u8], qw: &[f32]) {
     let sigma2 = row_sigma2(src);
-    let mut l = [0u8; 32];
-    let mut laux = [0u8; 32];
+    let mut l = [0u8; QK];
+    let mut laux = [0u8; QK];
     for ((xb, y), qwb) in src
-        .chunks_exact(32)
-        .zip(dst.chunks_exact_mut(24))
-        .zip(qw.chunks_exact(32))
+        .chunks_exact(QK)
+        .zip(dst.chunks_exact_mut(Q5_1_BYTES))
+        .zip(qw.chunks_exact(QK))
     {
-        let weight = block_weights(xb, qwb, sigma2);
-        let (d, the_min) = make_qkx3_quants(
-            31,
-            xb,
-            Some(&weight),
-            &mut l,
-            &mut laux,
-            -0.9,
-            0.05,
-            36,
-            false,
-        );
+        let weight: [f32; QK] = block_weights(xb, qwb, sigma2);
+        let (d, the_min) =
+            make_qkx_quants(31, xb, &weight, &mut l, &mut laux, -0.9, 0.05, 36, false);
         wr_u16(y, 0, f32_to_fp16(d));
         wr_u16(y, 2, f32_to_fp16(-the_min));
         let qh = pack_5bit(&l, &mut y[8..24]);
