@@ -46,6 +46,7 @@ use core::arch::x86_64::*;
 
 use super::x86_avx2::{self as avx2, h2f, hsum_float_8, ld128, ld256};
 use super::x86_avx2_iq1_iq3s as avx2_iq;
+use super::x86_avx512::{fold, join, ld512};
 use crate::common::{rd_f32, rd_u32};
 use crate::f16::fp16_to_f32;
 use crate::iq1::{iq1m_scale_bits, IQ1_DELTA, IQ1_M_BYTES, IQ1_S_BYTES};
@@ -174,27 +175,11 @@ fn rd_u64(s: &[u8], off: usize) -> u64 {
     u64::from_le_bytes(s[off..off + 8].try_into().unwrap())
 }
 
-/// Unaligned 64-byte load.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn ld512(s: &[u8], off: usize) -> __m512i {
-    let s: &[u8; 64] = s[off..off + 64].try_into().unwrap();
-    // SAFETY: `s` is exactly 64 readable bytes; `loadu` has no alignment requirement.
-    unsafe { _mm512_loadu_si512(s.as_ptr().cast()) }
-}
-
 /// The `R` consecutive 64-byte registers of `t`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 fn regs<const R: usize>(t: &[u8]) -> [__m512i; R] {
     core::array::from_fn(|r| ld512(t, 64 * r))
-}
-
-/// Low 256 bits + high 256 bits (i32 lanes): the 8 lanes of ggml's AVX2 kernels.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn fold(v: __m512i) -> __m256i {
-    _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v))
 }
 
 /// Stores `v` in `buf` and returns the array behind an optimization barrier, so that reads of
@@ -737,7 +722,7 @@ fn iq1_rows(idx: __m128i) -> __m512i {
         }
         v
     };
-    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(quad(0)), quad(4))
+    join(quad(0), quad(4))
 }
 
 /// 128-bit lane `j` of `v`.

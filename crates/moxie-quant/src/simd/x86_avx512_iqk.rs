@@ -28,6 +28,7 @@ use super::x86_avx2_iqk::{
     scales_iq2_k, scales_iq2_ks, scales_iq3_k_abs, scales_iq3_k_signs, scales_iq3_ks, scales_iq6_k,
     scales_k6, scales_ks,
 };
+use super::x86_avx512::{halves_epi16, ld512};
 use crate::common::rd_f32;
 use crate::gemm::{TileOut, GEMM_TILE_ROWS};
 use crate::iqk::{self, Kind};
@@ -75,30 +76,11 @@ pub(crate) fn dot_q6_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
     unsafe { dot_q6_0_imp(w, a) }
 }
 
-/// Unaligned 64-byte load.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn ld512(s: &[u8], off: usize) -> __m512i {
-    let s: &[u8; 64] = s[off..off + 64].try_into().unwrap();
-    // SAFETY: `s` is exactly 64 readable bytes; `loadu` has no alignment requirement.
-    unsafe { _mm512_loadu_si512(s.as_ptr().cast()) }
-}
-
 /// The 32 bytes at `off`, twice: `[b0..16, b16..32, b0..16, b16..32]` by 128-bit lane.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 fn twice(s: &[u8], off: usize) -> __m512i {
     _mm512_broadcast_i64x4(ld256(s, off))
-}
-
-/// i16 lanes: the low 256 bits all `lo`, the high 256 bits all `hi`.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn halves_epi16(lo: i16, hi: i16) -> __m512i {
-    _mm512_inserti64x4::<1>(
-        _mm512_castsi256_si512(_mm256_set1_epi16(lo)),
-        _mm256_set1_epi16(hi),
-    )
 }
 
 /// Bits `[lo, lo + 2)` of every byte of `twice(s, off)`'s lanes 0, 1 and `[hi, hi + 2)` of
