@@ -26,49 +26,11 @@ use core::arch::x86_64::*;
 use super::x86_avx2::{bytes_from_nibbles_32, h2f, ld128, ld256, mul_add_epi8};
 use crate::common::rd_f32;
 use crate::iqk::{self, Kind};
+use crate::kquants::Q8_K_BYTES;
+use crate::legacy::Q8_0_BYTES;
 
-const Q8_K_BYTES: usize = 292;
-
-/// Declares the safe entry point `$name` (a `VecDotFn`) of super-block type `$kind`: checks
-/// that `w` holds `n / 256` blocks (after the row's scale) and `a` as many Q8_K blocks, and
-/// calls the `#[target_feature]` kernel `$imp` on exactly those bytes.
-macro_rules! entry {
-    ($name:ident, $imp:ident, $kind:path) => {
-        pub(crate) fn $name(n: usize, w: &[u8], a: &[u8]) -> f32 {
-            let k: &Kind = &$kind;
-            let nb = n / 256;
-            if nb == 0 {
-                return 0.0;
-            }
-            let w = &w[..k.row_prefix() + nb * k.bytes];
-            let a = &a[..nb * Q8_K_BYTES];
-            // SAFETY: this function is only handed out through its type's table row at a
-            // level the CPU supports (AVX2, FMA and F16C detected: `Simd::at`); the slices were
-            // bounds-checked above.
-            unsafe { $imp(w, a) }
-        }
-    };
-}
-
-entry!(dot_iq2_k, dot_iq2_k_imp, iqk::IQ2_K);
-entry!(dot_iq3_k, dot_iq3_k_imp, iqk::IQ3_K);
-entry!(dot_iq4_k, dot_iq4_k_imp, iqk::IQ4_K);
-entry!(dot_iq5_k, dot_iq5_k_imp, iqk::IQ5_K);
-entry!(dot_iq6_k, dot_iq6_k_imp, iqk::IQ6_K);
-entry!(dot_iq2_ks, dot_iq2_ks_imp, iqk::IQ2_KS);
-entry!(dot_iq3_ks, dot_iq3_ks_imp, iqk::IQ3_KS);
-entry!(dot_iq4_ks, dot_iq4_ks_imp, iqk::IQ4_KS);
-entry!(dot_iq5_ks, dot_iq5_ks_imp, iqk::IQ5_KS);
-
-/// Q6_0 x Q8_0: checks that `w` and `a` hold `n / 32` blocks each.
-pub(crate) fn dot_q6_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let nb = n / 32;
-    let w = &w[..nb * iqk::Q6_0_BYTES];
-    let a = &a[..nb * 34];
-    // SAFETY: as for the super-block entry points: handed out at a level with AVX2, FMA and
-    // F16C only, and the slices were bounds-checked above.
-    unsafe { dot_q6_0_imp(w, a) }
-}
+// The entry points `dot_iq2_k` .. `dot_iq5_ks`, `dot_q6_0` (`VecDotFn`s, at the AVX2 level).
+iqk_dot_entries!();
 
 // ---------------------------------------------------------------------------------------------
 // group scales as i16 lanes (16, or 8 for the `_KS` types), as `iqk::scales_*` compute them
@@ -466,7 +428,10 @@ fn dot_q6_0_imp(w: &[u8], a: &[u8]) -> f32 {
     let k32 = _mm256_set1_epi8(32);
     let ones = _mm256_set1_epi16(1);
     let mut sum = 0f32;
-    for (x, y) in w.chunks_exact(iqk::Q6_0_BYTES).zip(a.chunks_exact(34)) {
+    for (x, y) in w
+        .chunks_exact(iqk::Q6_0_BYTES)
+        .zip(a.chunks_exact(Q8_0_BYTES))
+    {
         let qs = ld128(x, 10);
         let nib = _mm256_set_m128i(
             _mm_and_si128(_mm_srli_epi16::<4>(qs), m4),
