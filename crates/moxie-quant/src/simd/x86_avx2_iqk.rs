@@ -273,43 +273,62 @@ fn bits(s: &[u8], off: usize, shift: usize, mask: i8) -> __m256i {
     _mm256_and_si256(v, _mm256_set1_epi8(mask))
 }
 
-// Block b's lower-half indices of each layout (the `_K` and `_KS` variants of a bit width share
-// their bit-field layout for 32-value blocks).
+/// The quants `qs` (`qs_len` bytes) and high bits `qh` (`qh_len` bytes) of block `x`: in every
+/// layout (`iqk.rs`) they end the block, in this order, after its scales (so the `_K` and `_KS`
+/// variants of a bit width differ only in where they start).
+#[inline(always)]
+pub(super) fn quant_fields(x: &[u8], qs_len: usize, qh_len: usize) -> (&[u8], &[u8]) {
+    let (head, qh) = x.split_at(x.len() - qh_len);
+    (&head[head.len() - qs_len..], qh)
+}
+
+// Block b's lower-half indices of each layout, from the super-block `x` (the `_K` and `_KS`
+// variants of a bit width share their bit-field layout).
 
 /// Bit pair `b % 4` of `qs[32 (b/4) ..+32]`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn idx_2bit(qs: &[u8], b: usize) -> __m256i {
+fn pairs(qs: &[u8], b: usize) -> __m256i {
     bits(qs, 32 * (b / 4), 2 * (b % 4), 3)
+}
+
+/// [`pairs`] of `qs[..64]`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn idx_2bit(x: &[u8], b: usize) -> __m256i {
+    pairs(quant_fields(x, 64, 0).0, b)
 }
 
 /// As `idx_2bit`, with bit b of `qh[..32]` as the third bit.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn idx_3bit(qs: &[u8], qh: &[u8], b: usize) -> __m256i {
-    _mm256_or_si256(idx_2bit(qs, b), _mm256_slli_epi16::<2>(bits(qh, 0, b, 1)))
+fn idx_3bit(x: &[u8], b: usize) -> __m256i {
+    let (qs, qh) = quant_fields(x, 64, 32);
+    _mm256_or_si256(pairs(qs, b), _mm256_slli_epi16::<2>(bits(qh, 0, b, 1)))
 }
 
-/// The low nibbles of `qs[16b..+16]`, then their high nibbles.
+/// The low nibbles of `qs[16b..+16]`, then their high nibbles (`qs[..128]`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn idx_4bit(qs: &[u8], b: usize) -> __m256i {
-    bytes_from_nibbles_32(qs, 16 * b)
+fn idx_4bit(x: &[u8], b: usize) -> __m256i {
+    bytes_from_nibbles_32(quant_fields(x, 128, 0).0, 16 * b)
 }
 
 /// Nibble `b % 2` of `qs[32 (b/2) ..+32]` with bit b of `qh[..32]` on top.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn idx_5bit(qs: &[u8], qh: &[u8], b: usize) -> __m256i {
+fn idx_5bit(x: &[u8], b: usize) -> __m256i {
+    let (qs, qh) = quant_fields(x, 128, 32);
     let lo = bits(qs, 32 * (b / 2), 4 * (b % 2), 0xf);
     _mm256_or_si256(lo, _mm256_slli_epi16::<4>(bits(qh, 0, b, 1)))
 }
 
 /// Nibble `b % 2` of `qs[32 (b/2) ..+32]` with bit pair `b % 4` of `qh[32 (b/4) ..+32]` on
-/// top.
+/// top (`qh[..64]`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn idx_6bit(qs: &[u8], qh: &[u8], b: usize) -> __m256i {
+fn idx_6bit(x: &[u8], b: usize) -> __m256i {
+    let (qs, qh) = quant_fields(x, 128, 64);
     let lo = bits(qs, 32 * (b / 2), 4 * (b % 2), 0xf);
     let hi = bits(qh, 32 * (b / 4), 2 * (b % 4), 3);
     _mm256_or_si256(lo, _mm256_slli_epi16::<4>(hi))
@@ -326,7 +345,7 @@ fn hsum_i32_8(v: __m256i) -> i32 {
 
 /// One super-block kernel: `$idx(x, b)` gives block b's lower-half indices.
 macro_rules! super_block_kernel {
-    ($imp:ident, $kind:path, $idx:expr, $scales:ident) => {
+    ($imp:ident, $kind:path, $idx:ident, $scales:ident) => {
         #[target_feature(enable = "avx2,fma,f16c")]
         fn $imp(w: &[u8], a: &[u8]) -> f32 {
             let k: &Kind = &$kind;
@@ -359,60 +378,15 @@ macro_rules! super_block_kernel {
     };
 }
 
-super_block_kernel!(
-    dot_iq2_k_imp,
-    iqk::IQ2_K,
-    |x: &[u8], b| idx_2bit(&x[12..76], b),
-    scales_iq2_k
-);
-super_block_kernel!(
-    dot_iq3_k_imp,
-    iqk::IQ3_K,
-    |x: &[u8], b| idx_3bit(&x[14..78], &x[78..110], b),
-    scales_iq3_k
-);
-super_block_kernel!(
-    dot_iq4_k_imp,
-    iqk::IQ4_K,
-    |x: &[u8], b| idx_4bit(&x[16..144], b),
-    scales_k6
-);
-super_block_kernel!(
-    dot_iq5_k_imp,
-    iqk::IQ5_K,
-    |x: &[u8], b| idx_5bit(&x[16..144], &x[144..176], b),
-    scales_k6
-);
-super_block_kernel!(
-    dot_iq6_k_imp,
-    iqk::IQ6_K,
-    |x: &[u8], b| idx_6bit(&x[20..148], &x[148..212], b),
-    scales_iq6_k
-);
-super_block_kernel!(
-    dot_iq2_ks_imp,
-    iqk::IQ2_KS,
-    |x: &[u8], b| idx_2bit(&x[6..70], b),
-    scales_iq2_ks
-);
-super_block_kernel!(
-    dot_iq3_ks_imp,
-    iqk::IQ3_KS,
-    |x: &[u8], b| idx_3bit(&x[6..70], &x[70..102], b),
-    scales_iq3_ks
-);
-super_block_kernel!(
-    dot_iq4_ks_imp,
-    iqk::IQ4_KS,
-    |x: &[u8], b| idx_4bit(&x[8..136], b),
-    scales_ks
-);
-super_block_kernel!(
-    dot_iq5_ks_imp,
-    iqk::IQ5_KS,
-    |x: &[u8], b| idx_5bit(&x[8..136], &x[136..168], b),
-    scales_ks
-);
+super_block_kernel!(dot_iq2_k_imp, iqk::IQ2_K, idx_2bit, scales_iq2_k);
+super_block_kernel!(dot_iq3_k_imp, iqk::IQ3_K, idx_3bit, scales_iq3_k);
+super_block_kernel!(dot_iq4_k_imp, iqk::IQ4_K, idx_4bit, scales_k6);
+super_block_kernel!(dot_iq5_k_imp, iqk::IQ5_K, idx_5bit, scales_k6);
+super_block_kernel!(dot_iq6_k_imp, iqk::IQ6_K, idx_6bit, scales_iq6_k);
+super_block_kernel!(dot_iq2_ks_imp, iqk::IQ2_KS, idx_2bit, scales_iq2_ks);
+super_block_kernel!(dot_iq3_ks_imp, iqk::IQ3_KS, idx_3bit, scales_iq3_ks);
+super_block_kernel!(dot_iq4_ks_imp, iqk::IQ4_KS, idx_4bit, scales_ks);
+super_block_kernel!(dot_iq5_ks_imp, iqk::IQ5_KS, idx_5bit, scales_ks);
 
 /// Q6_0: per block the 32 six-bit quants q (low nibbles, then high; two bits of `qh[e % 8]` on
 /// top, at bit `4 ((e%16)/8) + 2 (e/16)` for value e), `sum (q - 32) a` as `vpmaddubsw` of q

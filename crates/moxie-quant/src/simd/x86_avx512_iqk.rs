@@ -25,8 +25,8 @@ use core::arch::x86_64::*;
 
 use super::x86_avx2::{h2f, ld128, ld256};
 use super::x86_avx2_iqk::{
-    scales_iq2_k, scales_iq2_ks, scales_iq3_k_abs, scales_iq3_k_signs, scales_iq3_ks, scales_iq6_k,
-    scales_k6, scales_ks,
+    quant_fields, scales_iq2_k, scales_iq2_ks, scales_iq3_k_abs, scales_iq3_k_signs, scales_iq3_ks,
+    scales_iq6_k, scales_k6, scales_ks,
 };
 use super::x86_avx512::{halves_epi16, ld512};
 use crate::common::rd_f32;
@@ -172,33 +172,13 @@ impl Books {
     }
 }
 
-/// Chunk `c`'s lower-half indices (and 16-entry part where the book has more than one) of
-/// each layout. The `_K` and `_KS` variants of a bit width share their bit-field layout.
+/// Groups 4c..4c+3 (or 32-groups 2c, 2c+1) of the 2- and 3-bit layouts read bit pairs
+/// 2 (c%2) and 2 (c%2) + 1 of `qs[32 (c/2) ..+32]`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn idx_2bit(qs: &[u8], c: usize) -> __m512i {
-    // Groups 4c..4c+3 (or 32-groups 2c, 2c+1) read bit pairs 2 (c%2) and 2 (c%2) + 1 of
-    // qs[32 (c/2) ..+32].
+fn pairs(qs: &[u8], c: usize) -> __m512i {
     let s = 4 * (c % 2) as i16;
     bits_of_twice(qs, 32 * (c / 2), s, s + 2, 3)
-}
-
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn idx_3bit(qs: &[u8], qh: &[u8], c: usize) -> __m512i {
-    let h = bits_of_twice(qh, 0, 2 * c as i16, 2 * c as i16 + 1, 1);
-    _mm512_or_si512(idx_2bit(qs, c), _mm512_slli_epi16::<2>(h))
-}
-
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn idx_4bit(qs: &[u8], c: usize) -> __m512i {
-    // [lo nibbles of qs[32c..+16], their hi nibbles, the same of qs[32c+16..+16]].
-    let t = _mm512_castsi256_si512(ld256(qs, 32 * c));
-    let z = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3), t);
-    let four = 0x0004_0004_0004_0004;
-    let sh = _mm512_setr_epi64(0, 0, four, four, 0, 0, four, four);
-    _mm512_and_si512(_mm512_srlv_epi16(z, sh), _mm512_set1_epi8(0xf))
 }
 
 /// Nibbles of IQ5/IQ6: nibble `L/2` of `qs[32c + 16 (L%2) + j]` in lane L.
@@ -206,6 +186,59 @@ fn idx_4bit(qs: &[u8], c: usize) -> __m512i {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 fn nibbles_5_6(qs: &[u8], c: usize) -> __m512i {
     bits_of_twice(qs, 32 * c, 0, 4, 0xf)
+}
+
+// Chunk `c`'s values of each layout, from the super-block `x` (the `_K` and `_KS` variants of a
+// bit width share their bit-field layout: `quant_fields`): its lower-half indices (and 16-entry
+// part where the book has more than one) looked up in `b`, moved to the upper half in `upper`.
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn chunk_2bit(x: &[u8], c: usize, b: &Books, upper: __mmask64) -> __m512i {
+    let (qs, _) = quant_fields(x, 64, 0);
+    b.lookup(pairs(qs, c), _mm512_setzero_si512(), upper)
+}
+
+/// [`pairs`] with bit `2c + L/2` of `qh[16 (L%2) + j]` as the third bit.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn chunk_3bit(x: &[u8], c: usize, b: &Books, upper: __mmask64) -> __m512i {
+    let (qs, qh) = quant_fields(x, 64, 32);
+    let h = bits_of_twice(qh, 0, 2 * c as i16, 2 * c as i16 + 1, 1);
+    let idx = _mm512_or_si512(pairs(qs, c), _mm512_slli_epi16::<2>(h));
+    b.lookup(idx, _mm512_setzero_si512(), upper)
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn chunk_4bit(x: &[u8], c: usize, b: &Books, upper: __mmask64) -> __m512i {
+    let (qs, _) = quant_fields(x, 128, 0);
+    // [lo nibbles of qs[32c..+16], their hi nibbles, the same of qs[32c+16..+16]].
+    let t = _mm512_castsi256_si512(ld256(qs, 32 * c));
+    let z = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3), t);
+    let four = 0x0004_0004_0004_0004;
+    let sh = _mm512_setr_epi64(0, 0, four, four, 0, 0, four, four);
+    let idx = _mm512_and_si512(_mm512_srlv_epi16(z, sh), _mm512_set1_epi8(0xf));
+    b.lookup(idx, _mm512_setzero_si512(), upper)
+}
+
+/// Nibbles as IQ6_K, fifth bit `2c + L/2` of `qh[16 (L%2) + j]`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn chunk_5bit(x: &[u8], c: usize, b: &Books, upper: __mmask64) -> __m512i {
+    let (qs, qh) = quant_fields(x, 128, 32);
+    let hi = bits_of_twice(qh, 0, 2 * c as i16, 2 * c as i16 + 1, 1);
+    b.lookup(nibbles_5_6(qs, c), hi, upper)
+}
+
+/// IQ6_K: high bit pair `4 (c%2) + 2 (L/2)` of `qh[32 (c/2) + 16 (L%2) + j]`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn chunk_6bit(x: &[u8], c: usize, b: &Books, upper: __mmask64) -> __m512i {
+    let (qs, qh) = quant_fields(x, 128, 64);
+    let s = 4 * (c % 2) as i16;
+    let hi = bits_of_twice(qh, 32 * (c / 2), s, s + 2, 3);
+    b.lookup(nibbles_5_6(qs, c), hi, upper)
 }
 
 /// One super-block kernel: `$chunk(x, c, books, upper)` gives chunk c's values.
@@ -237,88 +270,15 @@ macro_rules! super_block_kernel {
     };
 }
 
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn chunk_iq2_k(x: &[u8], c: usize, b: &Books, upper: __mmask64) -> __m512i {
-    b.lookup(idx_2bit(&x[12..76], c), _mm512_setzero_si512(), upper)
-}
-
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn chunk_iq2_ks(x: &[u8], c: usize, b: &Books, upper: __mmask64) -> __m512i {
-    b.lookup(idx_2bit(&x[6..70], c), _mm512_setzero_si512(), upper)
-}
-
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn chunk_iq3_k(x: &[u8], c: usize, b: &Books, upper: __mmask64) -> __m512i {
-    b.lookup(
-        idx_3bit(&x[14..78], &x[78..110], c),
-        _mm512_setzero_si512(),
-        upper,
-    )
-}
-
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn chunk_iq3_ks(x: &[u8], c: usize, b: &Books, upper: __mmask64) -> __m512i {
-    b.lookup(
-        idx_3bit(&x[6..70], &x[70..102], c),
-        _mm512_setzero_si512(),
-        upper,
-    )
-}
-
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn chunk_iq4_k(x: &[u8], c: usize, b: &Books, upper: __mmask64) -> __m512i {
-    b.lookup(idx_4bit(&x[16..144], c), _mm512_setzero_si512(), upper)
-}
-
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn chunk_iq4_ks(x: &[u8], c: usize, b: &Books, upper: __mmask64) -> __m512i {
-    b.lookup(idx_4bit(&x[8..136], c), _mm512_setzero_si512(), upper)
-}
-
-/// IQ5_K / IQ5_KS: nibbles as IQ6_K, fifth bit `2c + L/2` of `qh[16 (L%2) + j]`.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn chunk_5bit(qs: &[u8], qh: &[u8], c: usize, b: &Books, upper: __mmask64) -> __m512i {
-    let hi = bits_of_twice(qh, 0, 2 * c as i16, 2 * c as i16 + 1, 1);
-    b.lookup(nibbles_5_6(qs, c), hi, upper)
-}
-
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn chunk_iq5_k(x: &[u8], c: usize, b: &Books, upper: __mmask64) -> __m512i {
-    chunk_5bit(&x[16..144], &x[144..176], c, b, upper)
-}
-
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn chunk_iq5_ks(x: &[u8], c: usize, b: &Books, upper: __mmask64) -> __m512i {
-    chunk_5bit(&x[8..136], &x[136..168], c, b, upper)
-}
-
-/// IQ6_K: high bit pair `4 (c%2) + 2 (L/2)` of `qh[32 (c/2) + 16 (L%2) + j]`.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn chunk_iq6_k(x: &[u8], c: usize, b: &Books, upper: __mmask64) -> __m512i {
-    let s = 4 * (c % 2) as i16;
-    let hi = bits_of_twice(&x[148..212], 32 * (c / 2), s, s + 2, 3);
-    b.lookup(nibbles_5_6(&x[20..148], c), hi, upper)
-}
-
-super_block_kernel!(dot_iq2_k_imp, iqk::IQ2_K, chunk_iq2_k, scales_iq2_k);
-super_block_kernel!(dot_iq3_k_imp, iqk::IQ3_K, chunk_iq3_k, scales_iq3_k);
-super_block_kernel!(dot_iq4_k_imp, iqk::IQ4_K, chunk_iq4_k, scales_k6);
-super_block_kernel!(dot_iq5_k_imp, iqk::IQ5_K, chunk_iq5_k, scales_k6);
-super_block_kernel!(dot_iq6_k_imp, iqk::IQ6_K, chunk_iq6_k, scales_iq6_k);
-super_block_kernel!(dot_iq2_ks_imp, iqk::IQ2_KS, chunk_iq2_ks, scales_iq2_ks);
-super_block_kernel!(dot_iq3_ks_imp, iqk::IQ3_KS, chunk_iq3_ks, scales_iq3_ks);
-super_block_kernel!(dot_iq4_ks_imp, iqk::IQ4_KS, chunk_iq4_ks, scales_ks);
-super_block_kernel!(dot_iq5_ks_imp, iqk::IQ5_KS, chunk_iq5_ks, scales_ks);
+super_block_kernel!(dot_iq2_k_imp, iqk::IQ2_K, chunk_2bit, scales_iq2_k);
+super_block_kernel!(dot_iq3_k_imp, iqk::IQ3_K, chunk_3bit, scales_iq3_k);
+super_block_kernel!(dot_iq4_k_imp, iqk::IQ4_K, chunk_4bit, scales_k6);
+super_block_kernel!(dot_iq5_k_imp, iqk::IQ5_K, chunk_5bit, scales_k6);
+super_block_kernel!(dot_iq6_k_imp, iqk::IQ6_K, chunk_6bit, scales_iq6_k);
+super_block_kernel!(dot_iq2_ks_imp, iqk::IQ2_KS, chunk_2bit, scales_iq2_ks);
+super_block_kernel!(dot_iq3_ks_imp, iqk::IQ3_KS, chunk_3bit, scales_iq3_ks);
+super_block_kernel!(dot_iq4_ks_imp, iqk::IQ4_KS, chunk_4bit, scales_ks);
+super_block_kernel!(dot_iq5_ks_imp, iqk::IQ5_KS, chunk_5bit, scales_ks);
 
 /// The 32 six-bit quants (0..63) of Q6_0 block `x`: low nibbles, then high; two bits of
 /// `qh[e % 8]` on top, at bit `4 ((e%16)/8) + 2 (e/16)` for value e.
@@ -513,15 +473,15 @@ tile_entry!(unpack_tile_iq3_ks, tile_iq3_ks_imp, iqk::IQ3_KS);
 tile_entry!(unpack_tile_iq4_ks, tile_iq4_ks_imp, iqk::IQ4_KS);
 tile_entry!(unpack_tile_iq5_ks, tile_iq5_ks_imp, iqk::IQ5_KS);
 
-tile_kernel!(tile_iq2_k_imp, iqk::IQ2_K, chunk_iq2_k, scales_iq2_k);
-tile_kernel!(tile_iq3_k_imp, iqk::IQ3_K, chunk_iq3_k, scales_iq3_k);
-tile_kernel!(tile_iq4_k_imp, iqk::IQ4_K, chunk_iq4_k, scales_k6);
-tile_kernel!(tile_iq5_k_imp, iqk::IQ5_K, chunk_iq5_k, scales_k6);
-tile_kernel!(tile_iq6_k_imp, iqk::IQ6_K, chunk_iq6_k, scales_iq6_k);
-tile_kernel!(tile_iq2_ks_imp, iqk::IQ2_KS, chunk_iq2_ks, scales_iq2_ks);
-tile_kernel!(tile_iq3_ks_imp, iqk::IQ3_KS, chunk_iq3_ks, scales_iq3_ks);
-tile_kernel!(tile_iq4_ks_imp, iqk::IQ4_KS, chunk_iq4_ks, scales_ks);
-tile_kernel!(tile_iq5_ks_imp, iqk::IQ5_KS, chunk_iq5_ks, scales_ks);
+tile_kernel!(tile_iq2_k_imp, iqk::IQ2_K, chunk_2bit, scales_iq2_k);
+tile_kernel!(tile_iq3_k_imp, iqk::IQ3_K, chunk_3bit, scales_iq3_k);
+tile_kernel!(tile_iq4_k_imp, iqk::IQ4_K, chunk_4bit, scales_k6);
+tile_kernel!(tile_iq5_k_imp, iqk::IQ5_K, chunk_5bit, scales_k6);
+tile_kernel!(tile_iq6_k_imp, iqk::IQ6_K, chunk_6bit, scales_iq6_k);
+tile_kernel!(tile_iq2_ks_imp, iqk::IQ2_KS, chunk_2bit, scales_iq2_ks);
+tile_kernel!(tile_iq3_ks_imp, iqk::IQ3_KS, chunk_3bit, scales_iq3_ks);
+tile_kernel!(tile_iq4_ks_imp, iqk::IQ4_KS, chunk_4bit, scales_ks);
+tile_kernel!(tile_iq5_ks_imp, iqk::IQ5_KS, chunk_5bit, scales_ks);
 
 /// Q6_0's `gemm::UnpackTileFn`: checks the sizes and calls [`tile_q6_0_imp`]. `false` (tile
 /// untouched) where the int8 GEMM is unavailable.
