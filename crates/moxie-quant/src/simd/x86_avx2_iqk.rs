@@ -337,7 +337,7 @@ fn idx_6bit(x: &[u8], b: usize) -> __m256i {
 /// Sum of the 8 i32 lanes (wrapping, like the scalar reference's i32 sums).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn hsum_i32_8(v: __m256i) -> i32 {
+pub(super) fn hsum_i32_8(v: __m256i) -> i32 {
     let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
     let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
     _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<1>(s)))
@@ -388,17 +388,33 @@ super_block_kernel!(dot_iq3_ks_imp, iqk::IQ3_KS, idx_3bit, scales_iq3_ks);
 super_block_kernel!(dot_iq4_ks_imp, iqk::IQ4_KS, idx_4bit, scales_ks);
 super_block_kernel!(dot_iq5_ks_imp, iqk::IQ5_KS, idx_5bit, scales_ks);
 
-/// Q6_0: per block the 32 six-bit quants q (low nibbles, then high; two bits of `qh[e % 8]` on
-/// top, at bit `4 ((e%16)/8) + 2 (e/16)` for value e), `sum (q - 32) a` as `vpmaddubsw` of q
-/// minus that of 32 (each pair at most 2 * 63 * 127 in magnitude, their difference at most
-/// 2 * 32 * 127: exact in i16).
+/// The 32 six-bit quants (0..63) of Q6_0 block `x`: low nibbles, then high; two bits of
+/// `qh[e % 8]` on top, at bit `4 ((e%16)/8) + 2 (e/16)` for value e.
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn dot_q6_0_imp(w: &[u8], a: &[u8]) -> f32 {
+pub(super) fn q6_0_quants(x: &[u8]) -> __m256i {
     let m4 = _mm_set1_epi8(0xf);
-    let m3 = _mm256_set1_epi8(3);
     // 64-bit lanes (8 values each) 0: values 0-7, 1: 8-15, 2: 16-23, 3: 24-31 (the shift keeps
     // each byte's own bits: at most 6 + 2 bits, the rest masked off).
     let shifts = _mm256_setr_epi64x(0, 4, 2, 6);
+    let qs = ld128(x, 10);
+    let nib = _mm256_set_m128i(
+        _mm_and_si128(_mm_srli_epi16::<4>(qs), m4),
+        _mm_and_si128(qs, m4),
+    );
+    let qh = i64::from_le_bytes(x[2..10].try_into().unwrap());
+    let h = _mm256_and_si256(
+        _mm256_srlv_epi64(_mm256_set1_epi64x(qh), shifts),
+        _mm256_set1_epi8(3),
+    );
+    _mm256_or_si256(nib, _mm256_slli_epi16::<4>(h))
+}
+
+/// Q6_0: per block [`q6_0_quants`] q, `sum (q - 32) a` as `vpmaddubsw` of q minus that of 32
+/// (each pair at most 2 * 63 * 127 in magnitude, their difference at most 2 * 32 * 127: exact
+/// in i16).
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_q6_0_imp(w: &[u8], a: &[u8]) -> f32 {
     let k32 = _mm256_set1_epi8(32);
     let ones = _mm256_set1_epi16(1);
     let mut sum = 0f32;
@@ -406,14 +422,7 @@ fn dot_q6_0_imp(w: &[u8], a: &[u8]) -> f32 {
         .chunks_exact(iqk::Q6_0_BYTES)
         .zip(a.chunks_exact(Q8_0_BYTES))
     {
-        let qs = ld128(x, 10);
-        let nib = _mm256_set_m128i(
-            _mm_and_si128(_mm_srli_epi16::<4>(qs), m4),
-            _mm_and_si128(qs, m4),
-        );
-        let qh = i64::from_le_bytes(x[2..10].try_into().unwrap());
-        let h = _mm256_and_si256(_mm256_srlv_epi64(_mm256_set1_epi64x(qh), shifts), m3);
-        let q = _mm256_or_si256(nib, _mm256_slli_epi16::<4>(h));
+        let q = q6_0_quants(x);
         let qy = ld256(y, 2);
         let p = _mm256_sub_epi16(_mm256_maddubs_epi16(q, qy), _mm256_maddubs_epi16(k32, qy));
         let sumi = hsum_i32_8(_mm256_madd_epi16(p, ones));

@@ -25,8 +25,8 @@ use core::arch::x86_64::*;
 
 use super::x86_avx2::{h2f, ld128, ld256};
 use super::x86_avx2_iqk::{
-    quant_fields, scales_iq2_k, scales_iq2_ks, scales_iq3_k_abs, scales_iq3_k_signs, scales_iq3_ks,
-    scales_iq6_k, scales_k6, scales_ks,
+    hsum_i32_8, q6_0_quants, quant_fields, scales_iq2_k, scales_iq2_ks, scales_iq3_k_abs,
+    scales_iq3_k_signs, scales_iq3_ks, scales_iq6_k, scales_k6, scales_ks,
 };
 use super::x86_avx512::{halves_epi16, ld512};
 use crate::common::rd_f32;
@@ -280,27 +280,6 @@ super_block_kernel!(dot_iq3_ks_imp, iqk::IQ3_KS, chunk_3bit, scales_iq3_ks);
 super_block_kernel!(dot_iq4_ks_imp, iqk::IQ4_KS, chunk_4bit, scales_ks);
 super_block_kernel!(dot_iq5_ks_imp, iqk::IQ5_KS, chunk_5bit, scales_ks);
 
-/// The 32 six-bit quants (0..63) of Q6_0 block `x`: low nibbles, then high; two bits of
-/// `qh[e % 8]` on top, at bit `4 ((e%16)/8) + 2 (e/16)` for value e.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn q6_0_quants(x: &[u8]) -> __m256i {
-    let m4 = _mm_set1_epi8(0xf);
-    // i16 lanes 0-3: values 0-7, 4-7: 8-15, 8-11: 16-23, 12-15: 24-31.
-    let shifts = _mm256_setr_epi16(0, 0, 0, 0, 4, 4, 4, 4, 2, 2, 2, 2, 6, 6, 6, 6);
-    let qs = ld128(x, 10);
-    let nib = _mm256_set_m128i(
-        _mm_and_si128(_mm_srli_epi16::<4>(qs), m4),
-        _mm_and_si128(qs, m4),
-    );
-    let qh = u64::from_le_bytes(x[2..10].try_into().unwrap());
-    let h = _mm256_and_si256(
-        _mm256_srlv_epi16(_mm256_set1_epi64x(qh as i64), shifts),
-        _mm256_set1_epi8(3),
-    );
-    _mm256_or_si256(nib, _mm256_slli_epi16::<4>(h))
-}
-
 /// Q6_0: per block [`q6_0_quants`], `sum (q - 32) a` from two `vpdpbusd`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 fn dot_q6_0_imp(w: &[u8], a: &[u8]) -> f32 {
@@ -317,10 +296,7 @@ fn dot_q6_0_imp(w: &[u8], a: &[u8]) -> f32 {
             _mm256_dpbusd_epi32(zero, q, qy),
             _mm256_dpbusd_epi32(zero, k32, qy),
         );
-        let p4 = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256::<1>(p));
-        let p2 = _mm_add_epi32(p4, _mm_unpackhi_epi64(p4, p4));
-        let sumi = _mm_cvtsi128_si32(_mm_add_epi32(p2, _mm_shuffle_epi32::<1>(p2)));
-        sum += (h2f(x, 0) * h2f(y, 0)) * sumi as f32;
+        sum += (h2f(x, 0) * h2f(y, 0)) * hsum_i32_8(p) as f32;
     }
     sum
 }
