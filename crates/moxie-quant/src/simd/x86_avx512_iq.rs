@@ -183,25 +183,13 @@ fn regs<const R: usize>(t: &[u8]) -> [__m512i; R] {
 }
 
 /// Stores `v` in `buf` and returns the array behind an optimization barrier, so that reads of
-/// single elements are loads (LLVM would otherwise extract them from `v` with shuffles).
+/// single 64-bit lanes are loads (LLVM would otherwise extract them from `v` with shuffles).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn spill(v: __m512i, buf: &mut [u32; 16]) -> &[u32; 16] {
+fn spill(v: __m512i, buf: &mut [u64; 8]) -> &[u64; 8] {
     // SAFETY: `buf` is 64 writable bytes; `storeu` has no alignment requirement. The empty
     // `asm!` only names the buffer's address: to LLVM it may read and write the buffer, so
     // the store stays and later reads load from memory.
-    unsafe {
-        _mm512_storeu_si512(buf.as_mut_ptr().cast(), v);
-        asm!("/* {0} */", in(reg) buf.as_mut_ptr(), options(nostack, preserves_flags));
-    }
-    buf
-}
-
-/// [`spill`] for 64-bit lanes.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn spill64(v: __m512i, buf: &mut [u64; 8]) -> &[u64; 8] {
-    // SAFETY: as in `spill`.
     unsafe {
         _mm512_storeu_si512(buf.as_mut_ptr().cast(), v);
         asm!("/* {0} */", in(reg) buf.as_mut_ptr(), options(nostack, preserves_flags));
@@ -430,7 +418,7 @@ fn dot_iq2_xxs_imp(w: &[u8], a: &[u8]) -> f32 {
             sign_shifts,
             _mm512_permutex2var_epi32(qa, sign_words, qb),
         );
-        let m = spill64(_mm512_permutex2var_epi8(ks[0], s, ks[1]), &mut mbuf);
+        let m = spill(_mm512_permutex2var_epi8(ks[0], s, ks[1]), &mut mbuf);
         (
             (ca, [m[0], m[1], m[2], m[3]]),
             (cb, [m[4], m[5], m[6], m[7]]),
@@ -486,7 +474,7 @@ fn dot_iq2_xs_imp(w: &[u8], a: &[u8]) -> f32 {
         // the sign masks of the blocks' pairs, 64-bit lane 4 h + j for pair j of block h
         // (`vpermi2b` ignores the bit shifted in from the low byte)
         let s = _mm512_srli_epi16::<1>(_mm512_permutex2var_epi8(qa, sign_perm, qb));
-        let m = spill64(_mm512_permutex2var_epi8(ks[0], s, ks[1]), &mut mbuf);
+        let m = spill(_mm512_permutex2var_epi8(ks[0], s, ks[1]), &mut mbuf);
         (
             (ca, [m[0], m[1], m[2], m[3]]),
             (cb, [m[4], m[5], m[6], m[7]]),
@@ -599,7 +587,7 @@ fn dot_iq3_xxs_imp(w: &[u8], a: &[u8]) -> f32 {
         // sign bytes of pair j in 64-bit lane j
         let s =
             _mm512_permutex2var_epi8(ks[0], _mm512_multishift_epi64_epi8(sign_shifts, aux), ks[1]);
-        let signs = spill64(s, &mut sbuf);
+        let signs = spill(s, &mut sbuf);
         // the scale 2 * (aux >> 28) + 1 in byte 4 ib
         let scales = _mm512_or_si512(
             _mm512_slli_epi32::<1>(_mm512_srli_epi32::<28>(aux)),
@@ -811,7 +799,7 @@ fn dot_iq1_m_imp(w: &[u8], a: &[u8]) -> f32 {
     );
     // the delta sign of row r: bit 3 + 4 (r % 2) of qh byte r / 2
     let delta_bits = _mm256_set1_epi16(0x8008_u16 as i16);
-    let mut dbuf = [0u32; 16];
+    let mut dbuf = [0u64; 8];
     // pair j: scale byte 4 j + L in 128-bit lane L
     let scale_perm: [__m512i; 4] = core::array::from_fn(|j| {
         let b = |l: usize| (4 * j + l) as i32 * 0x0101_0101;
@@ -862,8 +850,7 @@ fn dot_iq1_m_imp(w: &[u8], a: &[u8]) -> f32 {
             let q8 = ld512(y, 4 + 64 * j);
             let sc = _mm512_permutexvar_epi8(scale_perm[j], sc);
             acc1 = iq1_dot(acc1, iq1_rows(lane128(idx, j)), sc, q8);
-            let m = deltas[2 * j] as u64 | (deltas[2 * j + 1] as u64) << 32;
-            let q8d = _mm512_mask_sub_epi8(q8, m, zero, q8);
+            let q8d = _mm512_mask_sub_epi8(q8, deltas[j], zero, q8);
             acc2 = _mm512_dpbusd_epi32(acc2, sc, q8d);
         }
         let d = _mm256_set1_ps(rd_f32(y, 0) * fp16_to_f32(iq1m_scale_bits(x)));
