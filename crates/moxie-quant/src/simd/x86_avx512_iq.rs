@@ -363,12 +363,14 @@ fn iq2_block(
     fold(acc)
 }
 
-/// The 16 scales `2 * ls + 1` of IQ2_XS / IQ2_S (`scales[8]` at `off`: the low nibble weights
-/// the first 16 values of a sub-block, the high nibble the last 16), in byte 2 ib + half.
+/// The scales `2 * s + 1` of the 4-bit fields `s` of `scales` (up to 8 bytes, little-endian),
+/// field k (nibble k % 2 of byte k / 2) in byte k. IQ2_XS / IQ2_S: 16 fields, the low nibble
+/// weighting the first 16 values of a sub-block, the high nibble the last 16; IQ3_S: 8 fields,
+/// one per sub-block.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn nibble_scales(x: &[u8], off: usize) -> __m512i {
-    let b = _mm_cvtsi64_si128(rd_u64(x, off) as i64);
+fn nibble_scales(scales: u64) -> __m512i {
+    let b = _mm_cvtsi64_si128(scales as i64);
     let m4 = _mm_set1_epi8(0xf);
     let n = _mm_unpacklo_epi8(
         _mm_and_si128(b, m4),
@@ -481,7 +483,7 @@ fn dot_iq2_xs_imp(w: &[u8], a: &[u8]) -> f32 {
         )
     };
     let block = |x: &[u8], y: &[u8], (codes, masks): (__m512i, [u64; 4])| {
-        let scales = nibble_scales(x, 66);
+        let scales = nibble_scales(rd_u64(x, 66));
         iq2_block(
             y,
             codes,
@@ -525,7 +527,7 @@ fn dot_iq2_s_imp(w: &[u8], a: &[u8]) -> f32 {
         )
     };
     let block = |x: &[u8], y: &[u8], codes: __m512i| {
-        let scales = nibble_scales(x, 74);
+        let scales = nibble_scales(rd_u64(x, 74));
         iq2_block(
             y,
             codes,
@@ -634,13 +636,7 @@ fn dot_iq3_s_imp(w: &[u8], a: &[u8]) -> f32 {
         let k8 = _mm512_test_epi8_mask(_mm512_permutexvar_epi8(qh_perm, qh), qh_bit);
         let codes = codes_lookup::<4>(idx, &[_mm512_movepi8_mask(idx), k8], &lo_plane, &hi_plane);
         // scales: nibble ib % 2 of byte ib / 2, as 2 s + 1 in byte ib
-        let b = _mm_cvtsi32_si128(rd_u32(x, 106) as i32);
-        let m4 = _mm_set1_epi8(0xf);
-        let n = _mm_unpacklo_epi8(
-            _mm_and_si128(b, m4),
-            _mm_and_si128(_mm_srli_epi16::<4>(b), m4),
-        );
-        let scales = _mm512_castsi128_si512(_mm_or_si128(_mm_add_epi8(n, n), _mm_set1_epi8(1)));
+        let scales = nibble_scales(rd_u32(x, 106) as u64);
         let mut acc = zero;
         for j in 0..4 {
             let q8 = ld512(y, 4 + 64 * j);
