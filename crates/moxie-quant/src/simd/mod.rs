@@ -101,14 +101,12 @@ pub(crate) fn detect() -> SimdLevel {
 
 /// Whether the CPU has AVX512_VBMI (`VPERMB`, `VPERMI2B`, `VPMULTISHIFTQB`), which the
 /// code-book kernels of `x86_avx512_iq.rs` use on top of the AVX-512 level (without it they run
-/// the AVX2 kernels, with the same results).
+/// the AVX2 kernels, with the same results). `is_x86_feature_detected!` caches what it found,
+/// so a call is a load and a bit test.
 pub(crate) fn has_avx512_vbmi() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *HAS.get_or_init(|| {
-            is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512vbmi")
-        })
+        is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512vbmi")
     }
     #[cfg(not(target_arch = "x86_64"))]
     false
@@ -116,13 +114,11 @@ pub(crate) fn has_avx512_vbmi() -> bool {
 
 /// Whether the CPU has AVX512_BF16 (`VDPBF16PS`), which the BF16 kernels use on top of the
 /// AVX-512 level (`bf16.rs`; without it they emulate the instruction, with the same results).
+/// Cached as [`has_avx512_vbmi`].
 pub(crate) fn has_avx512_bf16() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *HAS.get_or_init(|| {
-            is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bf16")
-        })
+        is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bf16")
     }
     #[cfg(not(target_arch = "x86_64"))]
     false
