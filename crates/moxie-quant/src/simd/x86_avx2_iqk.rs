@@ -175,18 +175,21 @@ pub(super) fn scales_ks(x: &[u8]) -> __m256i {
 /// For each 32-value block b, the `vpshufb` control that broadcasts its groups' scales over the
 /// i16 lanes of its 128-bit lanes, from the scales' low 8 (blocks 0..3 of a 16-group type, or
 /// any block of an 8-group one) or high 8 (blocks 4..7 of a 16-group type) copied to both
-/// 128-bit lanes: group `2b + L` (16-value groups) or b (32-value groups) in lane L.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn scale_shuffles(group: usize) -> [__m256i; 8] {
+/// 128-bit lanes: group `2b + L` (16-value groups) or b (32-value groups) in lane L. Evaluated
+/// at compile time (`const` blocks in the kernels).
+const fn scale_shuffles(group: usize) -> [[u8; 32]; 8] {
     let mut ctl = [[0u8; 32]; 8];
-    for (b, row) in ctl.iter_mut().enumerate() {
-        for (i, v) in row.iter_mut().enumerate() {
+    let mut b = 0;
+    while b < 8 {
+        let mut i = 0;
+        while i < 32 {
             let g = if group == 16 { (2 * b + i / 16) % 8 } else { b };
-            *v = (2 * g + i % 2) as u8;
+            ctl[b][i] = (2 * g + i % 2) as u8;
+            i += 1;
         }
+        b += 1;
     }
-    ctl.map(|row| ld256(&row, 0))
+    ctl
 }
 
 /// The half bits of block b as an index into [`Books::shift`]: bit L set where the group in
@@ -350,7 +353,13 @@ macro_rules! super_block_kernel {
         fn $imp(w: &[u8], a: &[u8]) -> f32 {
             let k: &Kind = &$kind;
             let books = Books::new(k.values);
-            let shuffles = scale_shuffles(k.group);
+            let mut shuffles = [_mm256_setzero_si256(); 8];
+            for (s, ctl) in shuffles
+                .iter_mut()
+                .zip(&const { scale_shuffles($kind.group) })
+            {
+                *s = ld256(ctl, 0);
+            }
             let (row_d, blocks) = k.split_row(w);
             let mut sum = 0f32;
             for (x, y) in blocks.chunks_exact(k.bytes).zip(a.chunks_exact(Q8_K_BYTES)) {
