@@ -623,6 +623,24 @@ fn signs_4x7(aux: u32) -> __m256i {
     )
 }
 
+/// `q8` with the signs of the 32 bits of `signs` applied (byte j negated where bit j is set),
+/// as ggml's IQ2_S and IQ3_S kernels do: `(q ^ s) - s`, `s` 0xff where the bit is set.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn apply_sign_bits(signs: u32, q8: __m256i) -> __m256i {
+    // byte b of the 4 sign bytes to lanes 8b..8b+8, then bit j of it in lane 8b + j
+    let spread = _mm256_set_epi64x(
+        0x0303_0303_0303_0303,
+        0x0202_0202_0202_0202,
+        0x0101_0101_0101_0101,
+        0,
+    );
+    let bits = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
+    let s = _mm256_shuffle_epi8(_mm256_set1_epi32(signs as i32), spread);
+    let s = _mm256_cmpeq_epi8(_mm256_and_si256(s, bits), bits);
+    _mm256_sub_epi8(_mm256_xor_si256(s, q8), s)
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 fn dot_iq2_xxs_imp(w: &[u8], a: &[u8]) -> f32 {
     let mut accumf = _mm256_setzero_ps();
@@ -779,14 +797,6 @@ fn dot_iq2_xs_imp(w: &[u8], a: &[u8]) -> f32 {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 fn dot_iq2_s_imp(w: &[u8], a: &[u8]) -> f32 {
-    // byte k of a 32-bit sign word goes to elements 8k..8k+8, one bit each
-    let mask1 = _mm256_set_epi64x(
-        0x0303_0303_0303_0303,
-        0x0202_0202_0202_0202,
-        0x0101_0101_0101_0101,
-        0,
-    );
-    let mask2 = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
     let m4 = _mm_set1_epi8(0xf);
     let m1 = _mm_set1_epi8(1);
 
@@ -820,14 +830,8 @@ fn dot_iq2_s_imp(w: &[u8], a: &[u8]) -> f32 {
             let q2_2 =
                 _mm256_set_epi64x(grid(7, 1, 2), grid(6, 1, 4), grid(5, 1, 6), grid(4, 1, 8));
 
-            let sign = |word: u32, q8: __m256i| {
-                let aux256 = _mm256_set1_epi32(word as i32);
-                let aux256 = _mm256_and_si256(_mm256_shuffle_epi8(aux256, mask1), mask2);
-                let s2 = _mm256_cmpeq_epi8(aux256, mask2);
-                _mm256_sub_epi8(_mm256_xor_si256(s2, q8), s2)
-            };
-            let q8s_1 = sign(rd_u32(x, 34 + 4 * ib32), q8_1);
-            let q8s_2 = sign(rd_u32(x, 34 + 4 * ib32 + 4), q8_2);
+            let q8s_1 = apply_sign_bits(rd_u32(x, 34 + 4 * ib32), q8_1);
+            let q8s_2 = apply_sign_bits(rd_u32(x, 34 + 4 * ib32 + 4), q8_2);
 
             let dot1 = _mm256_maddubs_epi16(q2_1, q8s_1);
             let dot2 = _mm256_maddubs_epi16(q2_2, q8s_2);

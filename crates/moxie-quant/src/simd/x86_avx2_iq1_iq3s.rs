@@ -18,7 +18,7 @@
 
 use core::arch::x86_64::*;
 
-use super::x86_avx2::{h2f, hsum_float_8, ld128, ld256, mul_add_epi8};
+use super::x86_avx2::{apply_sign_bits, h2f, hsum_float_8, ld128, ld256, mul_add_epi8};
 use crate::common::{rd_f32, rd_i16, rd_u16, rd_u32};
 use crate::f16::fp16_to_f32;
 use crate::iq1::{iq1m_scale_bits, iq1s_scale, IQ1_DELTA, IQ1_M_BYTES, IQ1_S_BYTES};
@@ -66,32 +66,20 @@ fn iq3s_magnitudes(x: &[u8], ib: usize) -> [__m256i; 2] {
             _mm256_cvtepi16_epi32(_mm256_extracti128_si256::<1>(qs)),
         ),
     ];
-    idx.map(|i| {
-        let mut a = [0u32; 8];
-        // SAFETY: `a` is 32 writable bytes; `storeu` has no alignment requirement.
-        unsafe { _mm256_storeu_si256(a.as_mut_ptr().cast(), i) };
-        let g = |k: usize| IQ3S_GRID[a[k] as usize & 511] as i32;
-        _mm256_setr_epi32(g(0), g(1), g(2), g(3), g(4), g(5), g(6), g(7))
-    })
+    [iq3s_rows(idx[0]), iq3s_rows(idx[1])]
 }
 
-/// 32 activations of IQ3_S sub-block `ib` with the weights' signs applied (`(q ^ s) - s`, `s`
-/// 0xff where the sign bit is set).
+/// The grid rows whose indices (below 512) are the 32-bit lanes of `idx`, row k in lane k. A
+/// function, not a closure given to `array::map`, which LLVM left out of line (a call per
+/// sub-block pair; in some builds two, 1.5x slower).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn iq3s_signed_acts(x: &[u8], ib: usize, q8: __m256i) -> __m256i {
-    // byte b of the 4 sign bytes to lanes 8b..8b+8, then bit j of it in lane 8b + j
-    let spread = _mm256_setr_epi8(
-        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3,
-        3, 3,
-    );
-    let bits = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
-    let signs = _mm256_set1_epi32(rd_u32(x, 74 + 4 * ib) as i32);
-    let s = _mm256_cmpeq_epi8(
-        _mm256_and_si256(_mm256_shuffle_epi8(signs, spread), bits),
-        bits,
-    );
-    _mm256_sub_epi8(_mm256_xor_si256(s, q8), s)
+fn iq3s_rows(idx: __m256i) -> __m256i {
+    let mut a = [0u32; 8];
+    // SAFETY: `a` is 32 writable bytes; `storeu` has no alignment requirement.
+    unsafe { _mm256_storeu_si256(a.as_mut_ptr().cast(), idx) };
+    let g = |k: usize| IQ3S_GRID[a[k] as usize & 511] as i32;
+    _mm256_setr_epi32(g(0), g(1), g(2), g(3), g(4), g(5), g(6), g(7))
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -102,8 +90,9 @@ fn dot_iq3_s_imp(w: &[u8], a: &[u8]) -> f32 {
         let mut sumi1 = _mm256_setzero_si256();
         let mut sumi2 = _mm256_setzero_si256();
         for ib in (0..8).step_by(2) {
-            let q8s_1 = iq3s_signed_acts(x, ib, ld256(y, 4 + 32 * ib));
-            let q8s_2 = iq3s_signed_acts(x, ib + 1, ld256(y, 4 + 32 * (ib + 1)));
+            // sub-block ib's sign bits: u32 ib of `signs` (bytes 74..106)
+            let q8s_1 = apply_sign_bits(rd_u32(x, 74 + 4 * ib), ld256(y, 4 + 32 * ib));
+            let q8s_2 = apply_sign_bits(rd_u32(x, 74 + 4 * (ib + 1)), ld256(y, 4 + 32 * (ib + 1)));
             let [q2_1, q2_2] = iq3s_magnitudes(x, ib);
             let dot1 = _mm256_maddubs_epi16(q2_1, q8s_1);
             let dot2 = _mm256_maddubs_epi16(q2_2, q8s_2);

@@ -26,49 +26,11 @@ use core::arch::x86_64::*;
 use super::x86_avx2::{bytes_from_nibbles_32, h2f, ld128, ld256, mul_add_epi8};
 use crate::common::rd_f32;
 use crate::iqk::{self, Kind};
+use crate::kquants::Q8_K_BYTES;
+use crate::legacy::Q8_0_BYTES;
 
-const Q8_K_BYTES: usize = 292;
-
-/// Declares the safe entry point `$name` (a `VecDotFn`) of super-block type `$kind`: checks
-/// that `w` holds `n / 256` blocks (after the row's scale) and `a` as many Q8_K blocks, and
-/// calls the `#[target_feature]` kernel `$imp` on exactly those bytes.
-macro_rules! entry {
-    ($name:ident, $imp:ident, $kind:path) => {
-        pub(crate) fn $name(n: usize, w: &[u8], a: &[u8]) -> f32 {
-            let k: &Kind = &$kind;
-            let nb = n / 256;
-            if nb == 0 {
-                return 0.0;
-            }
-            let w = &w[..k.row_prefix() + nb * k.bytes];
-            let a = &a[..nb * Q8_K_BYTES];
-            // SAFETY: this function is only handed out through its type's table row at a
-            // level the CPU supports (AVX2, FMA and F16C detected: `Simd::at`); the slices were
-            // bounds-checked above.
-            unsafe { $imp(w, a) }
-        }
-    };
-}
-
-entry!(dot_iq2_k, dot_iq2_k_imp, iqk::IQ2_K);
-entry!(dot_iq3_k, dot_iq3_k_imp, iqk::IQ3_K);
-entry!(dot_iq4_k, dot_iq4_k_imp, iqk::IQ4_K);
-entry!(dot_iq5_k, dot_iq5_k_imp, iqk::IQ5_K);
-entry!(dot_iq6_k, dot_iq6_k_imp, iqk::IQ6_K);
-entry!(dot_iq2_ks, dot_iq2_ks_imp, iqk::IQ2_KS);
-entry!(dot_iq3_ks, dot_iq3_ks_imp, iqk::IQ3_KS);
-entry!(dot_iq4_ks, dot_iq4_ks_imp, iqk::IQ4_KS);
-entry!(dot_iq5_ks, dot_iq5_ks_imp, iqk::IQ5_KS);
-
-/// Q6_0 x Q8_0: checks that `w` and `a` hold `n / 32` blocks each.
-pub(crate) fn dot_q6_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let nb = n / 32;
-    let w = &w[..nb * iqk::Q6_0_BYTES];
-    let a = &a[..nb * 34];
-    // SAFETY: as for the super-block entry points: handed out at a level with AVX2, FMA and
-    // F16C only, and the slices were bounds-checked above.
-    unsafe { dot_q6_0_imp(w, a) }
-}
+// The entry points `dot_iq2_k` .. `dot_iq5_ks`, `dot_q6_0` (`VecDotFn`s, at the AVX2 level).
+iqk_dot_entries!();
 
 // ---------------------------------------------------------------------------------------------
 // group scales as i16 lanes (16, or 8 for the `_KS` types), as `iqk::scales_*` compute them
@@ -213,18 +175,21 @@ pub(super) fn scales_ks(x: &[u8]) -> __m256i {
 /// For each 32-value block b, the `vpshufb` control that broadcasts its groups' scales over the
 /// i16 lanes of its 128-bit lanes, from the scales' low 8 (blocks 0..3 of a 16-group type, or
 /// any block of an 8-group one) or high 8 (blocks 4..7 of a 16-group type) copied to both
-/// 128-bit lanes: group `2b + L` (16-value groups) or b (32-value groups) in lane L.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn scale_shuffles(group: usize) -> [__m256i; 8] {
+/// 128-bit lanes: group `2b + L` (16-value groups) or b (32-value groups) in lane L. Evaluated
+/// at compile time (`const` blocks in the kernels).
+const fn scale_shuffles(group: usize) -> [[u8; 32]; 8] {
     let mut ctl = [[0u8; 32]; 8];
-    for (b, row) in ctl.iter_mut().enumerate() {
-        for (i, v) in row.iter_mut().enumerate() {
+    let mut b = 0;
+    while b < 8 {
+        let mut i = 0;
+        while i < 32 {
             let g = if group == 16 { (2 * b + i / 16) % 8 } else { b };
-            *v = (2 * g + i % 2) as u8;
+            ctl[b][i] = (2 * g + i % 2) as u8;
+            i += 1;
         }
+        b += 1;
     }
-    ctl.map(|row| ld256(&row, 0))
+    ctl
 }
 
 /// The half bits of block b as an index into [`Books::shift`]: bit L set where the group in
@@ -311,43 +276,62 @@ fn bits(s: &[u8], off: usize, shift: usize, mask: i8) -> __m256i {
     _mm256_and_si256(v, _mm256_set1_epi8(mask))
 }
 
-// Block b's lower-half indices of each layout (the `_K` and `_KS` variants of a bit width share
-// their bit-field layout for 32-value blocks).
+/// The quants `qs` (`qs_len` bytes) and high bits `qh` (`qh_len` bytes) of block `x`: in every
+/// layout (`iqk.rs`) they end the block, in this order, after its scales (so the `_K` and `_KS`
+/// variants of a bit width differ only in where they start).
+#[inline(always)]
+pub(super) fn quant_fields(x: &[u8], qs_len: usize, qh_len: usize) -> (&[u8], &[u8]) {
+    let (head, qh) = x.split_at(x.len() - qh_len);
+    (&head[head.len() - qs_len..], qh)
+}
+
+// Block b's lower-half indices of each layout, from the super-block `x` (the `_K` and `_KS`
+// variants of a bit width share their bit-field layout).
 
 /// Bit pair `b % 4` of `qs[32 (b/4) ..+32]`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn idx_2bit(qs: &[u8], b: usize) -> __m256i {
+fn pairs(qs: &[u8], b: usize) -> __m256i {
     bits(qs, 32 * (b / 4), 2 * (b % 4), 3)
+}
+
+/// [`pairs`] of `qs[..64]`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn idx_2bit(x: &[u8], b: usize) -> __m256i {
+    pairs(quant_fields(x, 64, 0).0, b)
 }
 
 /// As `idx_2bit`, with bit b of `qh[..32]` as the third bit.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn idx_3bit(qs: &[u8], qh: &[u8], b: usize) -> __m256i {
-    _mm256_or_si256(idx_2bit(qs, b), _mm256_slli_epi16::<2>(bits(qh, 0, b, 1)))
+fn idx_3bit(x: &[u8], b: usize) -> __m256i {
+    let (qs, qh) = quant_fields(x, 64, 32);
+    _mm256_or_si256(pairs(qs, b), _mm256_slli_epi16::<2>(bits(qh, 0, b, 1)))
 }
 
-/// The low nibbles of `qs[16b..+16]`, then their high nibbles.
+/// The low nibbles of `qs[16b..+16]`, then their high nibbles (`qs[..128]`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn idx_4bit(qs: &[u8], b: usize) -> __m256i {
-    bytes_from_nibbles_32(qs, 16 * b)
+fn idx_4bit(x: &[u8], b: usize) -> __m256i {
+    bytes_from_nibbles_32(quant_fields(x, 128, 0).0, 16 * b)
 }
 
 /// Nibble `b % 2` of `qs[32 (b/2) ..+32]` with bit b of `qh[..32]` on top.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn idx_5bit(qs: &[u8], qh: &[u8], b: usize) -> __m256i {
+fn idx_5bit(x: &[u8], b: usize) -> __m256i {
+    let (qs, qh) = quant_fields(x, 128, 32);
     let lo = bits(qs, 32 * (b / 2), 4 * (b % 2), 0xf);
     _mm256_or_si256(lo, _mm256_slli_epi16::<4>(bits(qh, 0, b, 1)))
 }
 
 /// Nibble `b % 2` of `qs[32 (b/2) ..+32]` with bit pair `b % 4` of `qh[32 (b/4) ..+32]` on
-/// top.
+/// top (`qh[..64]`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn idx_6bit(qs: &[u8], qh: &[u8], b: usize) -> __m256i {
+fn idx_6bit(x: &[u8], b: usize) -> __m256i {
+    let (qs, qh) = quant_fields(x, 128, 64);
     let lo = bits(qs, 32 * (b / 2), 4 * (b % 2), 0xf);
     let hi = bits(qh, 32 * (b / 4), 2 * (b % 4), 3);
     _mm256_or_si256(lo, _mm256_slli_epi16::<4>(hi))
@@ -356,7 +340,7 @@ fn idx_6bit(qs: &[u8], qh: &[u8], b: usize) -> __m256i {
 /// Sum of the 8 i32 lanes (wrapping, like the scalar reference's i32 sums).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn hsum_i32_8(v: __m256i) -> i32 {
+pub(super) fn hsum_i32_8(v: __m256i) -> i32 {
     let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
     let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
     _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<1>(s)))
@@ -364,12 +348,18 @@ fn hsum_i32_8(v: __m256i) -> i32 {
 
 /// One super-block kernel: `$idx(x, b)` gives block b's lower-half indices.
 macro_rules! super_block_kernel {
-    ($imp:ident, $kind:path, $idx:expr, $scales:ident) => {
+    ($imp:ident, $kind:path, $idx:ident, $scales:ident) => {
         #[target_feature(enable = "avx2,fma,f16c")]
         fn $imp(w: &[u8], a: &[u8]) -> f32 {
             let k: &Kind = &$kind;
             let books = Books::new(k.values);
-            let shuffles = scale_shuffles(k.group);
+            let mut shuffles = [_mm256_setzero_si256(); 8];
+            for (s, ctl) in shuffles
+                .iter_mut()
+                .zip(&const { scale_shuffles($kind.group) })
+            {
+                *s = ld256(ctl, 0);
+            }
             let (row_d, blocks) = k.split_row(w);
             let mut sum = 0f32;
             for (x, y) in blocks.chunks_exact(k.bytes).zip(a.chunks_exact(Q8_K_BYTES)) {
@@ -397,84 +387,51 @@ macro_rules! super_block_kernel {
     };
 }
 
-super_block_kernel!(
-    dot_iq2_k_imp,
-    iqk::IQ2_K,
-    |x: &[u8], b| idx_2bit(&x[12..76], b),
-    scales_iq2_k
-);
-super_block_kernel!(
-    dot_iq3_k_imp,
-    iqk::IQ3_K,
-    |x: &[u8], b| idx_3bit(&x[14..78], &x[78..110], b),
-    scales_iq3_k
-);
-super_block_kernel!(
-    dot_iq4_k_imp,
-    iqk::IQ4_K,
-    |x: &[u8], b| idx_4bit(&x[16..144], b),
-    scales_k6
-);
-super_block_kernel!(
-    dot_iq5_k_imp,
-    iqk::IQ5_K,
-    |x: &[u8], b| idx_5bit(&x[16..144], &x[144..176], b),
-    scales_k6
-);
-super_block_kernel!(
-    dot_iq6_k_imp,
-    iqk::IQ6_K,
-    |x: &[u8], b| idx_6bit(&x[20..148], &x[148..212], b),
-    scales_iq6_k
-);
-super_block_kernel!(
-    dot_iq2_ks_imp,
-    iqk::IQ2_KS,
-    |x: &[u8], b| idx_2bit(&x[6..70], b),
-    scales_iq2_ks
-);
-super_block_kernel!(
-    dot_iq3_ks_imp,
-    iqk::IQ3_KS,
-    |x: &[u8], b| idx_3bit(&x[6..70], &x[70..102], b),
-    scales_iq3_ks
-);
-super_block_kernel!(
-    dot_iq4_ks_imp,
-    iqk::IQ4_KS,
-    |x: &[u8], b| idx_4bit(&x[8..136], b),
-    scales_ks
-);
-super_block_kernel!(
-    dot_iq5_ks_imp,
-    iqk::IQ5_KS,
-    |x: &[u8], b| idx_5bit(&x[8..136], &x[136..168], b),
-    scales_ks
-);
+super_block_kernel!(dot_iq2_k_imp, iqk::IQ2_K, idx_2bit, scales_iq2_k);
+super_block_kernel!(dot_iq3_k_imp, iqk::IQ3_K, idx_3bit, scales_iq3_k);
+super_block_kernel!(dot_iq4_k_imp, iqk::IQ4_K, idx_4bit, scales_k6);
+super_block_kernel!(dot_iq5_k_imp, iqk::IQ5_K, idx_5bit, scales_k6);
+super_block_kernel!(dot_iq6_k_imp, iqk::IQ6_K, idx_6bit, scales_iq6_k);
+super_block_kernel!(dot_iq2_ks_imp, iqk::IQ2_KS, idx_2bit, scales_iq2_ks);
+super_block_kernel!(dot_iq3_ks_imp, iqk::IQ3_KS, idx_3bit, scales_iq3_ks);
+super_block_kernel!(dot_iq4_ks_imp, iqk::IQ4_KS, idx_4bit, scales_ks);
+super_block_kernel!(dot_iq5_ks_imp, iqk::IQ5_KS, idx_5bit, scales_ks);
 
-/// Q6_0: per block the 32 six-bit quants q (low nibbles, then high; two bits of `qh[e % 8]` on
-/// top, at bit `4 ((e%16)/8) + 2 (e/16)` for value e), `sum (q - 32) a` as `vpmaddubsw` of q
-/// minus that of 32 (each pair at most 2 * 63 * 127 in magnitude, their difference at most
-/// 2 * 32 * 127: exact in i16).
+/// The 32 six-bit quants (0..63) of Q6_0 block `x`: low nibbles, then high; two bits of
+/// `qh[e % 8]` on top, at bit `4 ((e%16)/8) + 2 (e/16)` for value e.
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn dot_q6_0_imp(w: &[u8], a: &[u8]) -> f32 {
+pub(super) fn q6_0_quants(x: &[u8]) -> __m256i {
     let m4 = _mm_set1_epi8(0xf);
-    let m3 = _mm256_set1_epi8(3);
     // 64-bit lanes (8 values each) 0: values 0-7, 1: 8-15, 2: 16-23, 3: 24-31 (the shift keeps
     // each byte's own bits: at most 6 + 2 bits, the rest masked off).
     let shifts = _mm256_setr_epi64x(0, 4, 2, 6);
+    let qs = ld128(x, 10);
+    let nib = _mm256_set_m128i(
+        _mm_and_si128(_mm_srli_epi16::<4>(qs), m4),
+        _mm_and_si128(qs, m4),
+    );
+    let qh = i64::from_le_bytes(x[2..10].try_into().unwrap());
+    let h = _mm256_and_si256(
+        _mm256_srlv_epi64(_mm256_set1_epi64x(qh), shifts),
+        _mm256_set1_epi8(3),
+    );
+    _mm256_or_si256(nib, _mm256_slli_epi16::<4>(h))
+}
+
+/// Q6_0: per block [`q6_0_quants`] q, `sum (q - 32) a` as `vpmaddubsw` of q minus that of 32
+/// (each pair at most 2 * 63 * 127 in magnitude, their difference at most 2 * 32 * 127: exact
+/// in i16).
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_q6_0_imp(w: &[u8], a: &[u8]) -> f32 {
     let k32 = _mm256_set1_epi8(32);
     let ones = _mm256_set1_epi16(1);
     let mut sum = 0f32;
-    for (x, y) in w.chunks_exact(iqk::Q6_0_BYTES).zip(a.chunks_exact(34)) {
-        let qs = ld128(x, 10);
-        let nib = _mm256_set_m128i(
-            _mm_and_si128(_mm_srli_epi16::<4>(qs), m4),
-            _mm_and_si128(qs, m4),
-        );
-        let qh = i64::from_le_bytes(x[2..10].try_into().unwrap());
-        let h = _mm256_and_si256(_mm256_srlv_epi64(_mm256_set1_epi64x(qh), shifts), m3);
-        let q = _mm256_or_si256(nib, _mm256_slli_epi16::<4>(h));
+    for (x, y) in w
+        .chunks_exact(iqk::Q6_0_BYTES)
+        .zip(a.chunks_exact(Q8_0_BYTES))
+    {
+        let q = q6_0_quants(x);
         let qy = ld256(y, 2);
         let p = _mm256_sub_epi16(_mm256_maddubs_epi16(q, qy), _mm256_maddubs_epi16(k32, qy));
         let sumi = hsum_i32_8(_mm256_madd_epi16(p, ones));

@@ -51,7 +51,7 @@ entry!(dot_f16, dot_f16_imp, 1, 2, 2);
 /// Unaligned 64-byte load.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn ld512(s: &[u8], off: usize) -> __m512i {
+pub(super) fn ld512(s: &[u8], off: usize) -> __m512i {
     let s: &[u8; 64] = s[off..off + 64].try_into().unwrap();
     // SAFETY: `s` is exactly 64 readable bytes; `loadu` has no alignment requirement.
     unsafe { _mm512_loadu_si512(s.as_ptr().cast()) }
@@ -60,21 +60,21 @@ fn ld512(s: &[u8], off: usize) -> __m512i {
 /// `[lo | hi]` as one 512-bit register.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn join(lo: __m256i, hi: __m256i) -> __m512i {
+pub(super) fn join(lo: __m256i, hi: __m256i) -> __m512i {
     _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
 }
 
 /// Low 256 bits + high 256 bits (i32 lanes).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn fold(v: __m512i) -> __m256i {
+pub(super) fn fold(v: __m512i) -> __m256i {
     _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v))
 }
 
 /// i16 vector: low 256 bits all `lo`, high 256 bits all `hi`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn halves_epi16(lo: i16, hi: i16) -> __m512i {
+pub(super) fn halves_epi16(lo: i16, hi: i16) -> __m512i {
     join(_mm256_set1_epi16(lo), _mm256_set1_epi16(hi))
 }
 

@@ -46,6 +46,7 @@ use core::arch::x86_64::*;
 
 use super::x86_avx2::{self as avx2, h2f, hsum_float_8, ld128, ld256};
 use super::x86_avx2_iq1_iq3s as avx2_iq;
+use super::x86_avx512::{fold, join, ld512};
 use crate::common::{rd_f32, rd_u32};
 use crate::f16::fp16_to_f32;
 use crate::iq1::{iq1m_scale_bits, IQ1_DELTA, IQ1_M_BYTES, IQ1_S_BYTES};
@@ -174,15 +175,6 @@ fn rd_u64(s: &[u8], off: usize) -> u64 {
     u64::from_le_bytes(s[off..off + 8].try_into().unwrap())
 }
 
-/// Unaligned 64-byte load.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn ld512(s: &[u8], off: usize) -> __m512i {
-    let s: &[u8; 64] = s[off..off + 64].try_into().unwrap();
-    // SAFETY: `s` is exactly 64 readable bytes; `loadu` has no alignment requirement.
-    unsafe { _mm512_loadu_si512(s.as_ptr().cast()) }
-}
-
 /// The `R` consecutive 64-byte registers of `t`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
@@ -190,33 +182,14 @@ fn regs<const R: usize>(t: &[u8]) -> [__m512i; R] {
     core::array::from_fn(|r| ld512(t, 64 * r))
 }
 
-/// Low 256 bits + high 256 bits (i32 lanes): the 8 lanes of ggml's AVX2 kernels.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn fold(v: __m512i) -> __m256i {
-    _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v))
-}
-
 /// Stores `v` in `buf` and returns the array behind an optimization barrier, so that reads of
-/// single elements are loads (LLVM would otherwise extract them from `v` with shuffles).
+/// single 64-bit lanes are loads (LLVM would otherwise extract them from `v` with shuffles).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn spill(v: __m512i, buf: &mut [u32; 16]) -> &[u32; 16] {
+fn spill(v: __m512i, buf: &mut [u64; 8]) -> &[u64; 8] {
     // SAFETY: `buf` is 64 writable bytes; `storeu` has no alignment requirement. The empty
     // `asm!` only names the buffer's address: to LLVM it may read and write the buffer, so
     // the store stays and later reads load from memory.
-    unsafe {
-        _mm512_storeu_si512(buf.as_mut_ptr().cast(), v);
-        asm!("/* {0} */", in(reg) buf.as_mut_ptr(), options(nostack, preserves_flags));
-    }
-    buf
-}
-
-/// [`spill`] for 64-bit lanes.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn spill64(v: __m512i, buf: &mut [u64; 8]) -> &[u64; 8] {
-    // SAFETY: as in `spill`.
     unsafe {
         _mm512_storeu_si512(buf.as_mut_ptr().cast(), v);
         asm!("/* {0} */", in(reg) buf.as_mut_ptr(), options(nostack, preserves_flags));
@@ -390,12 +363,14 @@ fn iq2_block(
     fold(acc)
 }
 
-/// The 16 scales `2 * ls + 1` of IQ2_XS / IQ2_S (`scales[8]` at `off`: the low nibble weights
-/// the first 16 values of a sub-block, the high nibble the last 16), in byte 2 ib + half.
+/// The scales `2 * s + 1` of the 4-bit fields `s` of `scales` (up to 8 bytes, little-endian),
+/// field k (nibble k % 2 of byte k / 2) in byte k. IQ2_XS / IQ2_S: 16 fields, the low nibble
+/// weighting the first 16 values of a sub-block, the high nibble the last 16; IQ3_S: 8 fields,
+/// one per sub-block.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn nibble_scales(x: &[u8], off: usize) -> __m512i {
-    let b = _mm_cvtsi64_si128(rd_u64(x, off) as i64);
+fn nibble_scales(scales: u64) -> __m512i {
+    let b = _mm_cvtsi64_si128(scales as i64);
     let m4 = _mm_set1_epi8(0xf);
     let n = _mm_unpacklo_epi8(
         _mm_and_si128(b, m4),
@@ -445,7 +420,7 @@ fn dot_iq2_xxs_imp(w: &[u8], a: &[u8]) -> f32 {
             sign_shifts,
             _mm512_permutex2var_epi32(qa, sign_words, qb),
         );
-        let m = spill64(_mm512_permutex2var_epi8(ks[0], s, ks[1]), &mut mbuf);
+        let m = spill(_mm512_permutex2var_epi8(ks[0], s, ks[1]), &mut mbuf);
         (
             (ca, [m[0], m[1], m[2], m[3]]),
             (cb, [m[4], m[5], m[6], m[7]]),
@@ -501,14 +476,14 @@ fn dot_iq2_xs_imp(w: &[u8], a: &[u8]) -> f32 {
         // the sign masks of the blocks' pairs, 64-bit lane 4 h + j for pair j of block h
         // (`vpermi2b` ignores the bit shifted in from the low byte)
         let s = _mm512_srli_epi16::<1>(_mm512_permutex2var_epi8(qa, sign_perm, qb));
-        let m = spill64(_mm512_permutex2var_epi8(ks[0], s, ks[1]), &mut mbuf);
+        let m = spill(_mm512_permutex2var_epi8(ks[0], s, ks[1]), &mut mbuf);
         (
             (ca, [m[0], m[1], m[2], m[3]]),
             (cb, [m[4], m[5], m[6], m[7]]),
         )
     };
     let block = |x: &[u8], y: &[u8], (codes, masks): (__m512i, [u64; 4])| {
-        let scales = nibble_scales(x, 66);
+        let scales = nibble_scales(rd_u64(x, 66));
         iq2_block(
             y,
             codes,
@@ -552,7 +527,7 @@ fn dot_iq2_s_imp(w: &[u8], a: &[u8]) -> f32 {
         )
     };
     let block = |x: &[u8], y: &[u8], codes: __m512i| {
-        let scales = nibble_scales(x, 74);
+        let scales = nibble_scales(rd_u64(x, 74));
         iq2_block(
             y,
             codes,
@@ -614,7 +589,7 @@ fn dot_iq3_xxs_imp(w: &[u8], a: &[u8]) -> f32 {
         // sign bytes of pair j in 64-bit lane j
         let s =
             _mm512_permutex2var_epi8(ks[0], _mm512_multishift_epi64_epi8(sign_shifts, aux), ks[1]);
-        let signs = spill64(s, &mut sbuf);
+        let signs = spill(s, &mut sbuf);
         // the scale 2 * (aux >> 28) + 1 in byte 4 ib
         let scales = _mm512_or_si512(
             _mm512_slli_epi32::<1>(_mm512_srli_epi32::<28>(aux)),
@@ -661,13 +636,7 @@ fn dot_iq3_s_imp(w: &[u8], a: &[u8]) -> f32 {
         let k8 = _mm512_test_epi8_mask(_mm512_permutexvar_epi8(qh_perm, qh), qh_bit);
         let codes = codes_lookup::<4>(idx, &[_mm512_movepi8_mask(idx), k8], &lo_plane, &hi_plane);
         // scales: nibble ib % 2 of byte ib / 2, as 2 s + 1 in byte ib
-        let b = _mm_cvtsi32_si128(rd_u32(x, 106) as i32);
-        let m4 = _mm_set1_epi8(0xf);
-        let n = _mm_unpacklo_epi8(
-            _mm_and_si128(b, m4),
-            _mm_and_si128(_mm_srli_epi16::<4>(b), m4),
-        );
-        let scales = _mm512_castsi128_si512(_mm_or_si128(_mm_add_epi8(n, n), _mm_set1_epi8(1)));
+        let scales = nibble_scales(rd_u32(x, 106) as u64);
         let mut acc = zero;
         for j in 0..4 {
             let q8 = ld512(y, 4 + 64 * j);
@@ -737,7 +706,7 @@ fn iq1_rows(idx: __m128i) -> __m512i {
         }
         v
     };
-    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(quad(0)), quad(4))
+    join(quad(0), quad(4))
 }
 
 /// 128-bit lane `j` of `v`.
@@ -826,7 +795,7 @@ fn dot_iq1_m_imp(w: &[u8], a: &[u8]) -> f32 {
     );
     // the delta sign of row r: bit 3 + 4 (r % 2) of qh byte r / 2
     let delta_bits = _mm256_set1_epi16(0x8008_u16 as i16);
-    let mut dbuf = [0u32; 16];
+    let mut dbuf = [0u64; 8];
     // pair j: scale byte 4 j + L in 128-bit lane L
     let scale_perm: [__m512i; 4] = core::array::from_fn(|j| {
         let b = |l: usize| (4 * j + l) as i32 * 0x0101_0101;
@@ -877,8 +846,7 @@ fn dot_iq1_m_imp(w: &[u8], a: &[u8]) -> f32 {
             let q8 = ld512(y, 4 + 64 * j);
             let sc = _mm512_permutexvar_epi8(scale_perm[j], sc);
             acc1 = iq1_dot(acc1, iq1_rows(lane128(idx, j)), sc, q8);
-            let m = deltas[2 * j] as u64 | (deltas[2 * j + 1] as u64) << 32;
-            let q8d = _mm512_mask_sub_epi8(q8, m, zero, q8);
+            let q8d = _mm512_mask_sub_epi8(q8, deltas[j], zero, q8);
             acc2 = _mm512_dpbusd_epi32(acc2, sc, q8d);
         }
         let d = _mm256_set1_ps(rd_f32(y, 0) * fp16_to_f32(iq1m_scale_bits(x)));

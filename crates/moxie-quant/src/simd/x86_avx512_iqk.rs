@@ -25,80 +25,24 @@ use core::arch::x86_64::*;
 
 use super::x86_avx2::{h2f, ld128, ld256};
 use super::x86_avx2_iqk::{
-    scales_iq2_k, scales_iq2_ks, scales_iq3_k_abs, scales_iq3_k_signs, scales_iq3_ks, scales_iq6_k,
-    scales_k6, scales_ks,
+    hsum_i32_8, q6_0_quants, quant_fields, scales_iq2_k, scales_iq2_ks, scales_iq3_k_abs,
+    scales_iq3_k_signs, scales_iq3_ks, scales_iq6_k, scales_k6, scales_ks,
 };
+use super::x86_avx512::{halves_epi16, ld512};
 use crate::common::rd_f32;
 use crate::gemm::{TileOut, GEMM_TILE_ROWS};
 use crate::iqk::{self, Kind};
+use crate::kquants::Q8_K_BYTES;
+use crate::legacy::Q8_0_BYTES;
 
-const Q8_K_BYTES: usize = 292;
-
-/// Declares the safe entry point `$name` (a `VecDotFn`) of super-block type `$kind`: checks
-/// that `w` holds `n / 256` blocks (after the row's scale) and `a` as many Q8_K blocks, and
-/// calls the `#[target_feature]` kernel `$imp` on exactly those bytes.
-macro_rules! entry {
-    ($name:ident, $imp:ident, $kind:path) => {
-        pub(crate) fn $name(n: usize, w: &[u8], a: &[u8]) -> f32 {
-            let k: &Kind = &$kind;
-            let nb = n / 256;
-            if nb == 0 {
-                return 0.0;
-            }
-            let w = &w[..k.row_prefix() + nb * k.bytes];
-            let a = &a[..nb * Q8_K_BYTES];
-            // SAFETY: this function is only handed out through its type's table row at the
-            // AVX-512 level (`Simd::at`), i.e. after AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C
-            // were detected; the slices were bounds-checked above.
-            unsafe { $imp(w, a) }
-        }
-    };
-}
-
-entry!(dot_iq2_k, dot_iq2_k_imp, iqk::IQ2_K);
-entry!(dot_iq3_k, dot_iq3_k_imp, iqk::IQ3_K);
-entry!(dot_iq4_k, dot_iq4_k_imp, iqk::IQ4_K);
-entry!(dot_iq5_k, dot_iq5_k_imp, iqk::IQ5_K);
-entry!(dot_iq6_k, dot_iq6_k_imp, iqk::IQ6_K);
-entry!(dot_iq2_ks, dot_iq2_ks_imp, iqk::IQ2_KS);
-entry!(dot_iq3_ks, dot_iq3_ks_imp, iqk::IQ3_KS);
-entry!(dot_iq4_ks, dot_iq4_ks_imp, iqk::IQ4_KS);
-entry!(dot_iq5_ks, dot_iq5_ks_imp, iqk::IQ5_KS);
-
-/// Q6_0 x Q8_0: checks that `w` and `a` hold `n / 32` blocks each.
-pub(crate) fn dot_q6_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let nb = n / 32;
-    let w = &w[..nb * iqk::Q6_0_BYTES];
-    let a = &a[..nb * 34];
-    // SAFETY: as for the super-block entry points: handed out at the AVX-512 level only, and
-    // the slices were bounds-checked above.
-    unsafe { dot_q6_0_imp(w, a) }
-}
-
-/// Unaligned 64-byte load.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn ld512(s: &[u8], off: usize) -> __m512i {
-    let s: &[u8; 64] = s[off..off + 64].try_into().unwrap();
-    // SAFETY: `s` is exactly 64 readable bytes; `loadu` has no alignment requirement.
-    unsafe { _mm512_loadu_si512(s.as_ptr().cast()) }
-}
+// The entry points `dot_iq2_k` .. `dot_iq5_ks`, `dot_q6_0` (`VecDotFn`s, at the AVX-512 level).
+iqk_dot_entries!();
 
 /// The 32 bytes at `off`, twice: `[b0..16, b16..32, b0..16, b16..32]` by 128-bit lane.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 fn twice(s: &[u8], off: usize) -> __m512i {
     _mm512_broadcast_i64x4(ld256(s, off))
-}
-
-/// i16 lanes: the low 256 bits all `lo`, the high 256 bits all `hi`.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn halves_epi16(lo: i16, hi: i16) -> __m512i {
-    _mm512_inserti64x4::<1>(
-        _mm512_castsi256_si512(_mm256_set1_epi16(lo)),
-        _mm256_set1_epi16(hi),
-    )
 }
 
 /// Bits `[lo, lo + 2)` of every byte of `twice(s, off)`'s lanes 0, 1 and `[hi, hi + 2)` of
@@ -228,33 +172,13 @@ impl Books {
     }
 }
 
-/// Chunk `c`'s lower-half indices (and 16-entry part where the book has more than one) of
-/// each layout. The `_K` and `_KS` variants of a bit width share their bit-field layout.
+/// Groups 4c..4c+3 (or 32-groups 2c, 2c+1) of the 2- and 3-bit layouts read bit pairs
+/// 2 (c%2) and 2 (c%2) + 1 of `qs[32 (c/2) ..+32]`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn idx_2bit(qs: &[u8], c: usize) -> __m512i {
-    // Groups 4c..4c+3 (or 32-groups 2c, 2c+1) read bit pairs 2 (c%2) and 2 (c%2) + 1 of
-    // qs[32 (c/2) ..+32].
+fn pairs(qs: &[u8], c: usize) -> __m512i {
     let s = 4 * (c % 2) as i16;
     bits_of_twice(qs, 32 * (c / 2), s, s + 2, 3)
-}
-
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn idx_3bit(qs: &[u8], qh: &[u8], c: usize) -> __m512i {
-    let h = bits_of_twice(qh, 0, 2 * c as i16, 2 * c as i16 + 1, 1);
-    _mm512_or_si512(idx_2bit(qs, c), _mm512_slli_epi16::<2>(h))
-}
-
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn idx_4bit(qs: &[u8], c: usize) -> __m512i {
-    // [lo nibbles of qs[32c..+16], their hi nibbles, the same of qs[32c+16..+16]].
-    let t = _mm512_castsi256_si512(ld256(qs, 32 * c));
-    let z = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3), t);
-    let four = 0x0004_0004_0004_0004;
-    let sh = _mm512_setr_epi64(0, 0, four, four, 0, 0, four, four);
-    _mm512_and_si512(_mm512_srlv_epi16(z, sh), _mm512_set1_epi8(0xf))
 }
 
 /// Nibbles of IQ5/IQ6: nibble `L/2` of `qs[32c + 16 (L%2) + j]` in lane L.
@@ -262,6 +186,59 @@ fn idx_4bit(qs: &[u8], c: usize) -> __m512i {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 fn nibbles_5_6(qs: &[u8], c: usize) -> __m512i {
     bits_of_twice(qs, 32 * c, 0, 4, 0xf)
+}
+
+// Chunk `c`'s values of each layout, from the super-block `x` (the `_K` and `_KS` variants of a
+// bit width share their bit-field layout: `quant_fields`): its lower-half indices (and 16-entry
+// part where the book has more than one) looked up in `b`, moved to the upper half in `upper`.
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn chunk_2bit(x: &[u8], c: usize, b: &Books, upper: __mmask64) -> __m512i {
+    let (qs, _) = quant_fields(x, 64, 0);
+    b.lookup(pairs(qs, c), _mm512_setzero_si512(), upper)
+}
+
+/// [`pairs`] with bit `2c + L/2` of `qh[16 (L%2) + j]` as the third bit.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn chunk_3bit(x: &[u8], c: usize, b: &Books, upper: __mmask64) -> __m512i {
+    let (qs, qh) = quant_fields(x, 64, 32);
+    let h = bits_of_twice(qh, 0, 2 * c as i16, 2 * c as i16 + 1, 1);
+    let idx = _mm512_or_si512(pairs(qs, c), _mm512_slli_epi16::<2>(h));
+    b.lookup(idx, _mm512_setzero_si512(), upper)
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn chunk_4bit(x: &[u8], c: usize, b: &Books, upper: __mmask64) -> __m512i {
+    let (qs, _) = quant_fields(x, 128, 0);
+    // [lo nibbles of qs[32c..+16], their hi nibbles, the same of qs[32c+16..+16]].
+    let t = _mm512_castsi256_si512(ld256(qs, 32 * c));
+    let z = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3), t);
+    let four = 0x0004_0004_0004_0004;
+    let sh = _mm512_setr_epi64(0, 0, four, four, 0, 0, four, four);
+    let idx = _mm512_and_si512(_mm512_srlv_epi16(z, sh), _mm512_set1_epi8(0xf));
+    b.lookup(idx, _mm512_setzero_si512(), upper)
+}
+
+/// Nibbles as IQ6_K, fifth bit `2c + L/2` of `qh[16 (L%2) + j]`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn chunk_5bit(x: &[u8], c: usize, b: &Books, upper: __mmask64) -> __m512i {
+    let (qs, qh) = quant_fields(x, 128, 32);
+    let hi = bits_of_twice(qh, 0, 2 * c as i16, 2 * c as i16 + 1, 1);
+    b.lookup(nibbles_5_6(qs, c), hi, upper)
+}
+
+/// IQ6_K: high bit pair `4 (c%2) + 2 (L/2)` of `qh[32 (c/2) + 16 (L%2) + j]`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn chunk_6bit(x: &[u8], c: usize, b: &Books, upper: __mmask64) -> __m512i {
+    let (qs, qh) = quant_fields(x, 128, 64);
+    let s = 4 * (c % 2) as i16;
+    let hi = bits_of_twice(qh, 32 * (c / 2), s, s + 2, 3);
+    b.lookup(nibbles_5_6(qs, c), hi, upper)
 }
 
 /// One super-block kernel: `$chunk(x, c, books, upper)` gives chunk c's values.
@@ -293,109 +270,15 @@ macro_rules! super_block_kernel {
     };
 }
 
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn chunk_iq2_k(x: &[u8], c: usize, b: &Books, upper: __mmask64) -> __m512i {
-    b.lookup(idx_2bit(&x[12..76], c), _mm512_setzero_si512(), upper)
-}
-
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn chunk_iq2_ks(x: &[u8], c: usize, b: &Books, upper: __mmask64) -> __m512i {
-    b.lookup(idx_2bit(&x[6..70], c), _mm512_setzero_si512(), upper)
-}
-
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn chunk_iq3_k(x: &[u8], c: usize, b: &Books, upper: __mmask64) -> __m512i {
-    b.lookup(
-        idx_3bit(&x[14..78], &x[78..110], c),
-        _mm512_setzero_si512(),
-        upper,
-    )
-}
-
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn chunk_iq3_ks(x: &[u8], c: usize, b: &Books, upper: __mmask64) -> __m512i {
-    b.lookup(
-        idx_3bit(&x[6..70], &x[70..102], c),
-        _mm512_setzero_si512(),
-        upper,
-    )
-}
-
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn chunk_iq4_k(x: &[u8], c: usize, b: &Books, upper: __mmask64) -> __m512i {
-    b.lookup(idx_4bit(&x[16..144], c), _mm512_setzero_si512(), upper)
-}
-
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn chunk_iq4_ks(x: &[u8], c: usize, b: &Books, upper: __mmask64) -> __m512i {
-    b.lookup(idx_4bit(&x[8..136], c), _mm512_setzero_si512(), upper)
-}
-
-/// IQ5_K / IQ5_KS: nibbles as IQ6_K, fifth bit `2c + L/2` of `qh[16 (L%2) + j]`.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn chunk_5bit(qs: &[u8], qh: &[u8], c: usize, b: &Books, upper: __mmask64) -> __m512i {
-    let hi = bits_of_twice(qh, 0, 2 * c as i16, 2 * c as i16 + 1, 1);
-    b.lookup(nibbles_5_6(qs, c), hi, upper)
-}
-
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn chunk_iq5_k(x: &[u8], c: usize, b: &Books, upper: __mmask64) -> __m512i {
-    chunk_5bit(&x[16..144], &x[144..176], c, b, upper)
-}
-
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn chunk_iq5_ks(x: &[u8], c: usize, b: &Books, upper: __mmask64) -> __m512i {
-    chunk_5bit(&x[8..136], &x[136..168], c, b, upper)
-}
-
-/// IQ6_K: high bit pair `4 (c%2) + 2 (L/2)` of `qh[32 (c/2) + 16 (L%2) + j]`.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn chunk_iq6_k(x: &[u8], c: usize, b: &Books, upper: __mmask64) -> __m512i {
-    let s = 4 * (c % 2) as i16;
-    let hi = bits_of_twice(&x[148..212], 32 * (c / 2), s, s + 2, 3);
-    b.lookup(nibbles_5_6(&x[20..148], c), hi, upper)
-}
-
-super_block_kernel!(dot_iq2_k_imp, iqk::IQ2_K, chunk_iq2_k, scales_iq2_k);
-super_block_kernel!(dot_iq3_k_imp, iqk::IQ3_K, chunk_iq3_k, scales_iq3_k);
-super_block_kernel!(dot_iq4_k_imp, iqk::IQ4_K, chunk_iq4_k, scales_k6);
-super_block_kernel!(dot_iq5_k_imp, iqk::IQ5_K, chunk_iq5_k, scales_k6);
-super_block_kernel!(dot_iq6_k_imp, iqk::IQ6_K, chunk_iq6_k, scales_iq6_k);
-super_block_kernel!(dot_iq2_ks_imp, iqk::IQ2_KS, chunk_iq2_ks, scales_iq2_ks);
-super_block_kernel!(dot_iq3_ks_imp, iqk::IQ3_KS, chunk_iq3_ks, scales_iq3_ks);
-super_block_kernel!(dot_iq4_ks_imp, iqk::IQ4_KS, chunk_iq4_ks, scales_ks);
-super_block_kernel!(dot_iq5_ks_imp, iqk::IQ5_KS, chunk_iq5_ks, scales_ks);
-
-/// The 32 six-bit quants (0..63) of Q6_0 block `x`: low nibbles, then high; two bits of
-/// `qh[e % 8]` on top, at bit `4 ((e%16)/8) + 2 (e/16)` for value e.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn q6_0_quants(x: &[u8]) -> __m256i {
-    let m4 = _mm_set1_epi8(0xf);
-    // i16 lanes 0-3: values 0-7, 4-7: 8-15, 8-11: 16-23, 12-15: 24-31.
-    let shifts = _mm256_setr_epi16(0, 0, 0, 0, 4, 4, 4, 4, 2, 2, 2, 2, 6, 6, 6, 6);
-    let qs = ld128(x, 10);
-    let nib = _mm256_set_m128i(
-        _mm_and_si128(_mm_srli_epi16::<4>(qs), m4),
-        _mm_and_si128(qs, m4),
-    );
-    let qh = u64::from_le_bytes(x[2..10].try_into().unwrap());
-    let h = _mm256_and_si256(
-        _mm256_srlv_epi16(_mm256_set1_epi64x(qh as i64), shifts),
-        _mm256_set1_epi8(3),
-    );
-    _mm256_or_si256(nib, _mm256_slli_epi16::<4>(h))
-}
+super_block_kernel!(dot_iq2_k_imp, iqk::IQ2_K, chunk_2bit, scales_iq2_k);
+super_block_kernel!(dot_iq3_k_imp, iqk::IQ3_K, chunk_3bit, scales_iq3_k);
+super_block_kernel!(dot_iq4_k_imp, iqk::IQ4_K, chunk_4bit, scales_k6);
+super_block_kernel!(dot_iq5_k_imp, iqk::IQ5_K, chunk_5bit, scales_k6);
+super_block_kernel!(dot_iq6_k_imp, iqk::IQ6_K, chunk_6bit, scales_iq6_k);
+super_block_kernel!(dot_iq2_ks_imp, iqk::IQ2_KS, chunk_2bit, scales_iq2_ks);
+super_block_kernel!(dot_iq3_ks_imp, iqk::IQ3_KS, chunk_3bit, scales_iq3_ks);
+super_block_kernel!(dot_iq4_ks_imp, iqk::IQ4_KS, chunk_4bit, scales_ks);
+super_block_kernel!(dot_iq5_ks_imp, iqk::IQ5_KS, chunk_5bit, scales_ks);
 
 /// Q6_0: per block [`q6_0_quants`], `sum (q - 32) a` from two `vpdpbusd`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
@@ -403,17 +286,17 @@ fn dot_q6_0_imp(w: &[u8], a: &[u8]) -> f32 {
     let k32 = _mm256_set1_epi8(32);
     let zero = _mm256_setzero_si256();
     let mut sum = 0f32;
-    for (x, y) in w.chunks_exact(iqk::Q6_0_BYTES).zip(a.chunks_exact(34)) {
+    for (x, y) in w
+        .chunks_exact(iqk::Q6_0_BYTES)
+        .zip(a.chunks_exact(Q8_0_BYTES))
+    {
         let q = q6_0_quants(x);
         let qy = ld256(y, 2);
         let p = _mm256_sub_epi32(
             _mm256_dpbusd_epi32(zero, q, qy),
             _mm256_dpbusd_epi32(zero, k32, qy),
         );
-        let p4 = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256::<1>(p));
-        let p2 = _mm_add_epi32(p4, _mm_unpackhi_epi64(p4, p4));
-        let sumi = _mm_cvtsi128_si32(_mm_add_epi32(p2, _mm_shuffle_epi32::<1>(p2)));
-        sum += (h2f(x, 0) * h2f(y, 0)) * sumi as f32;
+        sum += (h2f(x, 0) * h2f(y, 0)) * hsum_i32_8(p) as f32;
     }
     sum
 }
@@ -566,15 +449,15 @@ tile_entry!(unpack_tile_iq3_ks, tile_iq3_ks_imp, iqk::IQ3_KS);
 tile_entry!(unpack_tile_iq4_ks, tile_iq4_ks_imp, iqk::IQ4_KS);
 tile_entry!(unpack_tile_iq5_ks, tile_iq5_ks_imp, iqk::IQ5_KS);
 
-tile_kernel!(tile_iq2_k_imp, iqk::IQ2_K, chunk_iq2_k, scales_iq2_k);
-tile_kernel!(tile_iq3_k_imp, iqk::IQ3_K, chunk_iq3_k, scales_iq3_k);
-tile_kernel!(tile_iq4_k_imp, iqk::IQ4_K, chunk_iq4_k, scales_k6);
-tile_kernel!(tile_iq5_k_imp, iqk::IQ5_K, chunk_iq5_k, scales_k6);
-tile_kernel!(tile_iq6_k_imp, iqk::IQ6_K, chunk_iq6_k, scales_iq6_k);
-tile_kernel!(tile_iq2_ks_imp, iqk::IQ2_KS, chunk_iq2_ks, scales_iq2_ks);
-tile_kernel!(tile_iq3_ks_imp, iqk::IQ3_KS, chunk_iq3_ks, scales_iq3_ks);
-tile_kernel!(tile_iq4_ks_imp, iqk::IQ4_KS, chunk_iq4_ks, scales_ks);
-tile_kernel!(tile_iq5_ks_imp, iqk::IQ5_KS, chunk_iq5_ks, scales_ks);
+tile_kernel!(tile_iq2_k_imp, iqk::IQ2_K, chunk_2bit, scales_iq2_k);
+tile_kernel!(tile_iq3_k_imp, iqk::IQ3_K, chunk_3bit, scales_iq3_k);
+tile_kernel!(tile_iq4_k_imp, iqk::IQ4_K, chunk_4bit, scales_k6);
+tile_kernel!(tile_iq5_k_imp, iqk::IQ5_K, chunk_5bit, scales_k6);
+tile_kernel!(tile_iq6_k_imp, iqk::IQ6_K, chunk_6bit, scales_iq6_k);
+tile_kernel!(tile_iq2_ks_imp, iqk::IQ2_KS, chunk_2bit, scales_iq2_ks);
+tile_kernel!(tile_iq3_ks_imp, iqk::IQ3_KS, chunk_3bit, scales_iq3_ks);
+tile_kernel!(tile_iq4_ks_imp, iqk::IQ4_KS, chunk_4bit, scales_ks);
+tile_kernel!(tile_iq5_ks_imp, iqk::IQ5_KS, chunk_5bit, scales_ks);
 
 /// Q6_0's `gemm::UnpackTileFn`: checks the sizes and calls [`tile_q6_0_imp`]. `false` (tile
 /// untouched) where the int8 GEMM is unavailable.
