@@ -2,14 +2,9 @@
 //! with `--bandwidth` one line per generation test on stderr whose parts add up.
 
 use std::path::Path;
-use std::process::{Command, Output};
 
-fn moxie(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_moxie"))
-        .args(args)
-        .output()
-        .expect("running moxie")
-}
+mod common;
+use common::moxie;
 
 #[test]
 fn bandwidth_line_accounts_bytes_per_token() {

@@ -5,31 +5,16 @@
 //! refuses what does not apply with a message that says why.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 use moxie_gguf::GgufFile;
 use serde_json::Value;
 
-fn moxie(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_moxie"))
-        .args(args)
-        .output()
-        .expect("running moxie")
-}
-
-/// A fresh directory of test `test`'s own (tests run in parallel threads of one process).
-fn tmp_dir(test: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("moxie-gen-header-{test}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
+mod common;
+use common::{moxie, tmp_dir};
 
 #[test]
 fn header_only_presets_write_openable_headers() {
-    let dir = tmp_dir("presets");
+    let dir = tmp_dir("gen-header", "presets");
     for (preset, arch, n_tensors) in [
         ("glm-5.1-744b", "glm-dsa", 1809),
         ("deepseek-v3-671b", "deepseek2", 1086),
@@ -74,7 +59,7 @@ fn header_only_presets_write_openable_headers() {
 
 #[test]
 fn bad_header_only_requests_fail_clearly() {
-    let dir = tmp_dir("bad");
+    let dir = tmp_dir("gen-header", "bad");
     let out = dir.join("x.gguf");
     let o_path = out.to_str().unwrap();
     let fails = |args: &[&str], wanted: &str| {
@@ -173,7 +158,7 @@ fn plan_json(path: &str, flags: &[&str]) -> Value {
 fn low_bit_headers_have_llama_quantizes_types_and_plan_counts_every_byte() {
     let golden: Value = serde_json::from_str(include_str!("data/header_type_goldens.json"))
         .expect("header_type_goldens.json");
-    let dir = tmp_dir("low-bit");
+    let dir = tmp_dir("gen-header", "low-bit");
     let mut n_cases = 0;
     for model in golden["models"].as_array().unwrap() {
         let preset = model["preset"].as_str().unwrap();

@@ -1,49 +1,13 @@
 //! `moxie inspect MODEL --dump TENSOR --out FILE.npy`: one tensor dequantized to F32, shaped
 //! like numpy sees ggml tensors (ne reversed).
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
-
 use moxie_core::npy;
 
-fn fixtures() -> PathBuf {
-    let dir = match std::env::var_os("MOXIE_FIXTURES") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures"),
-    };
-    assert!(
-        dir.join("models").is_dir(),
-        "{} not found (set MOXIE_FIXTURES)",
-        dir.display()
-    );
-    dir
-}
-
-fn model(name: &str) -> String {
-    fixtures()
-        .join("models")
-        .join(name)
-        .to_str()
-        .unwrap()
-        .to_owned()
-}
-
-fn moxie(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_moxie"))
-        .args(args)
-        .output()
-        .expect("running moxie")
-}
-
-fn tmp(name: &str) -> PathBuf {
-    let base = std::env::var_os("CARGO_TARGET_TMPDIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(std::env::temp_dir);
-    base.join(format!("moxie-dump-{}-{name}", std::process::id()))
-}
+mod common;
+use common::{fixture_model as model, moxie, tmp};
 
 fn dump(file: &str, tensor: &str, out: &str) -> (Vec<usize>, Vec<f32>) {
-    let out = tmp(out);
+    let out = tmp("dump", out);
     let o = moxie(&[
         "inspect",
         &model(file),
@@ -103,7 +67,7 @@ fn quantized_dump_is_close_to_the_f32_master() {
 #[test]
 fn dump_errors_name_the_problem() {
     let m = model("qwen3moe-tiny-Q8_0.gguf");
-    let out = tmp("never.npy");
+    let out = tmp("dump", "never.npy");
     let o = moxie(&[
         "inspect",
         &m,

@@ -2,42 +2,14 @@
 //! simulated devices with llama.cpp's hybrid rule (`-ot exps=CPU`) and gives the all-CPU logits,
 //! and placements this build cannot run are clear errors, not panics.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
-
-fn fixture_model(name: &str) -> String {
-    let dir = match std::env::var_os("MOXIE_FIXTURES") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures"),
-    };
-    let path = dir.join("models").join(name);
-    assert!(
-        path.is_file(),
-        "{} not found (set MOXIE_FIXTURES)",
-        path.display()
-    );
-    path.to_str().unwrap().to_owned()
-}
-
-fn moxie(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_moxie"))
-        .args(args)
-        .output()
-        .expect("running moxie")
-}
-
-fn tmp(name: &str) -> PathBuf {
-    let base = std::env::var_os("CARGO_TARGET_TMPDIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(std::env::temp_dir);
-    base.join(format!("moxie-placed-{}-{name}", std::process::id()))
-}
+mod common;
+use common::{fixture_model, moxie, tmp};
 
 #[test]
 fn hybrid_placement_on_sim_devices_gives_the_cpu_logits() {
     for model in ["deepseek2-tiny-Q4_K_M.gguf", "glm4moe-tiny-Q4_K_M.gguf"] {
         let m = fixture_model(model);
-        let (cpu, placed) = (tmp("cpu.npy"), tmp("placed.npy"));
+        let (cpu, placed) = (tmp("placed", "cpu.npy"), tmp("placed", "placed.npy"));
         let tokens = "1,7,42,3,99,5,12,8";
         let o = moxie(&[
             "logits",
@@ -79,7 +51,7 @@ fn hybrid_placement_on_sim_devices_gives_the_cpu_logits() {
 #[test]
 fn placements_this_build_cannot_run_are_clear_errors() {
     let m = fixture_model("qwen3moe-tiny-Q4_K_M.gguf");
-    let out = tmp("never.npy");
+    let out = tmp("placed", "never.npy");
     let out = out.to_str().unwrap();
     let cases: [(&[&str], &str); 3] = [
         (&["--gpu", "24GiB"], "no CUDA backend"),

@@ -3,41 +3,18 @@
 //! command line, and bad input; on a generated GLM-5.1 header: the DSA indexer's weights and
 //! key cache with the usual hybrid flags.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
-
 use serde_json::Value;
+
+mod common;
+use common::{fixture, moxie};
 
 /// The header-only fixture `stem`.
 fn header(stem: &str) -> String {
     fixture(&format!("headers/{stem}.header.gguf"))
 }
 
-/// `path` under `$MOXIE_FIXTURES` or `../shared/fixtures` next to the checkout (the test fails
-/// if missing).
-fn fixture(path: &str) -> String {
-    let dir = match std::env::var_os("MOXIE_FIXTURES") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures"),
-    };
-    let path = dir.join(path);
-    assert!(
-        path.is_file(),
-        "{} not found (set MOXIE_FIXTURES)",
-        path.display()
-    );
-    path.to_str().unwrap().to_owned()
-}
-
 fn ds() -> String {
     header("DeepSeek-V3-671B-Q4_K_M")
-}
-
-fn moxie(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_moxie"))
-        .args(args)
-        .output()
-        .expect("running moxie")
 }
 
 fn plan_json(args: &[&str]) -> Value {

@@ -2,15 +2,11 @@
 //! shape (sweep-bench's columns), that N_KV grows by PP per row until the context is full, the
 //! JSON outputs, and that bad flags are errors with a message, not panics.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
+use std::process::Output;
 
-fn moxie(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_moxie"))
-        .args(args)
-        .output()
-        .expect("running moxie")
-}
+mod common;
+use common::{moxie, tmp_dir};
 
 fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
@@ -18,15 +14,6 @@ fn stdout(o: &Output) -> String {
 
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-/// A fresh directory for this test's files.
-fn tmp_dir(test: &str) -> PathBuf {
-    let d = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("moxie-sweep-{test}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
 }
 
 /// `moxie gen --arch ARCH --preset tiny` into `dir`.
@@ -67,7 +54,7 @@ fn table_rows(out: &str) -> Vec<[f64; 7]> {
 
 #[test]
 fn table_steps_through_the_context() {
-    let dir = tmp_dir("table");
+    let dir = tmp_dir("sweep", "table");
     for arch in ["deepseek2", "qwen3moe"] {
         let model = tiny_model(&dir, arch);
         let o = moxie(&[
@@ -105,7 +92,7 @@ fn table_steps_through_the_context() {
 
 #[test]
 fn tg_defaults_to_a_quarter_ubatch_and_json_outputs_have_the_rows() {
-    let dir = tmp_dir("json");
+    let dir = tmp_dir("sweep", "json");
     let model = tiny_model(&dir, "qwen3moe");
     let args = |fmt: &'static str| {
         vec![
@@ -151,7 +138,7 @@ fn tg_defaults_to_a_quarter_ubatch_and_json_outputs_have_the_rows() {
 
 #[test]
 fn bad_flags_are_clear_errors() {
-    let dir = tmp_dir("errors");
+    let dir = tmp_dir("sweep", "errors");
     let model = tiny_model(&dir, "deepseek2");
     for (args, want) in [
         (vec!["-ub", "0"], "-ub must be at least 1"),

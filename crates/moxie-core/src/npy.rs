@@ -80,11 +80,11 @@ impl NpyWriter {
                 self.expected
             )));
         }
-        let mut bytes = Vec::with_capacity(data.len() * 4);
+        // Straight into the buffered writer: no array of bytes per call (`moxie inspect
+        // --dump` writes row by row).
         for v in data {
-            bytes.extend_from_slice(&v.to_le_bytes());
+            self.out.write_all(&v.to_le_bytes())?;
         }
-        self.out.write_all(&bytes)?;
         Ok(())
     }
 

@@ -36,7 +36,7 @@ use serde_json::Value;
 mod common;
 use common::{
     fixtures, golden_index, ik_bound, ik_own, ik_own_pooled, is_ik, kld_per_row, supported_models,
-    FixtureModel as Case,
+    token_ids, FixtureModel as Case,
 };
 
 /// Mean over rows of KL(p ‖ q).
@@ -61,16 +61,6 @@ fn per_position_ok(klds: &[f64], bound: f64) -> bool {
 fn load_model(case: &Case) -> Model {
     let file = Arc::new(GgufFile::open(&case.path).unwrap_or_else(|e| panic!("{e}")));
     Model::load(file).unwrap_or_else(|e| panic!("{}: {e}", case.stem))
-}
-
-/// A golden sequence's token ids.
-fn token_ids(seq: &Value) -> Vec<u32> {
-    seq["token_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap() as u32)
-        .collect()
 }
 
 /// KL(F32 master golden || this file's golden) for sequence `seq`: how far the file's own

@@ -43,7 +43,7 @@ use moxie_gpu::Gpu;
 mod common;
 use common::{
     block, fixtures, golden_index, ik_bound, ik_own_pooled, is_ik, kld_per_row,
-    prefill_and_decode as run, supported_models, FixtureModel,
+    prefill_and_decode as run, supported_models, token_ids, FixtureModel,
 };
 
 const GPU0: DeviceId = 1;
@@ -269,12 +269,7 @@ fn open(path: &Path) -> Arc<GgufFile> {
 fn golden_sequences(model: &Model, par: &Parallel, entry: &serde_json::Value) -> Vec<f32> {
     let mut all = Vec::new();
     for s in entry["sequences"].as_object().expect("sequences").values() {
-        let tokens: Vec<u32> = s["token_ids"]
-            .as_array()
-            .expect("token_ids")
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect();
+        let tokens = token_ids(s);
         let split = tokens.len() - 3;
         let mut state = model.new_state(Some(tokens.len())).unwrap();
         all.extend(
@@ -603,12 +598,7 @@ fn share_indexers(model: &mut Model) {
 fn glm_dsa_sparse_attention_on_emulated_gpus() {
     let par = Parallel::new(2);
     let index = golden_index();
-    let tokens: Vec<u32> = index["models"]["glm-dsa-tiny-F32"]["sequences"]["s120"]["token_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap() as u32)
-        .collect();
+    let tokens = token_ids(&index["models"]["glm-dsa-tiny-F32"]["sequences"]["s120"]);
     let open_stem = |stem: &str| open(&fixtures().join(format!("models/{stem}.gguf")));
     for shared in [false, true] {
         let cpu_run = |stem: &str| {

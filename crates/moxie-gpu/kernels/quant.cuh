@@ -589,10 +589,62 @@ __device__ __forceinline__ void mx_deq_iq1_m(const uint8_t* row, int c, float* o
 // its book (iqk_values.cuh) at the value's index, plus the book's half size where its group's
 // `extra` bit is set. The _K types (an f16 d per block) have two 16-value groups per chunk:
 // scale and extra bit 2s for the first 16 values of sub-block s, 2s+1 for the last 16. The _KS
-// types (one d per row, before the blocks) have one 32-value group per chunk.
+// types (one d per row, before the blocks) have one 32-value group per chunk. Both keep a
+// sub-block's codes alike (IQ2_K as IQ2_KS, ..., IQ5_K as IQ5_KS), so one function per bit
+// width reads a group: values l0 .. l0+N-1 of the chunk, dl * code, from the upper half of
+// the book when hi is 1.
+
+// 2-bit codes (IQ2_K, IQ2_KS) of sub-block s: bit pair s%4 of q[32], the bytes qs[32*(s/4) ..].
+template <int N>
+__device__ __forceinline__ void mx_iq2k_group(const uint32_t* q, int s, int l0, float dl,
+                                              uint32_t hi, float* out) {
+    int shift = 2 * (s & 3);
+    MX_UNROLL
+    for (int l = l0; l < l0 + N; ++l) {
+        uint32_t i = ((mx_byte(q, l) >> shift) & 3u) + hi * 4u;
+        out[l] = MX_FMUL(dl, (float)mx_iq2nl_values[i]);
+    }
+}
+
+// 3-bit codes (IQ3_K, IQ3_KS) of sub-block s: bit pair s%4 of q[32] (qs[32*(s/4) ..]), bit s
+// of qh[32] as the third bit.
+template <int N>
+__device__ __forceinline__ void mx_iq3k_group(const uint32_t* q, const uint32_t* qh, int s,
+                                              int l0, float dl, uint32_t hi, float* out) {
+    int shift = 2 * (s & 3);
+    MX_UNROLL
+    for (int l = l0; l < l0 + N; ++l) {
+        uint32_t i = (((mx_byte(q, l) >> shift) & 3u) | (((mx_byte(qh, l) >> s) & 1u) << 2)) + hi * 8u;
+        out[l] = MX_FMUL(dl, (float)mx_iq3nl_values[i]);
+    }
+}
+
+// 4-bit codes (IQ4_K, IQ4_KS) of a sub-block: the low nibbles of q[16] (qs[16s ..]), then
+// their high nibbles.
+template <int N>
+__device__ __forceinline__ void mx_iq4k_group(const uint32_t* q, int l0, float dl, uint32_t hi,
+                                              float* out) {
+    MX_UNROLL
+    for (int l = l0; l < l0 + N; ++l) {
+        uint32_t i = ((mx_byte(q, l & 15) >> (4 * (l >> 4))) & 0xfu) + hi * 16u;
+        out[l] = MX_FMUL(dl, (float)mx_iq4k_values[i]);
+    }
+}
+
+// 5-bit codes (IQ5_K, IQ5_KS) of sub-block s: nibble s%2 of q[32] (qs[32*(s/2) ..]), bit s of
+// qh[32] as the fifth bit.
+template <int N>
+__device__ __forceinline__ void mx_iq5k_group(const uint32_t* q, const uint32_t* qh, int s,
+                                              int l0, float dl, uint32_t hi, float* out) {
+    int shift = 4 * (s & 1);
+    MX_UNROLL
+    for (int l = l0; l < l0 + N; ++l) {
+        uint32_t i = (((mx_byte(q, l) >> shift) & 0xfu) | (((mx_byte(qh, l) >> s) & 1u) << 4)) + hi * 32u;
+        out[l] = MX_FMUL(dl, (float)mx_iq5nl_values[i]);
+    }
+}
 
 // IQ2_K, 76 bytes: d, extra (u16), scales[8] (a nibble per 16 values, minus 8), qs[64].
-// Sub-block s: bit pair s%4 of qs[32*(s/4) ..][32].
 __device__ __forceinline__ void mx_deq_iq2_k(const uint8_t* row, int c, float* out) {
     const uint8_t* b = row + (uint64_t)(c >> 3) * 76u;
     int s = c & 7;
@@ -601,22 +653,15 @@ __device__ __forceinline__ void mx_deq_iq2_k(const uint8_t* row, int c, float* o
     uint32_t sc = b[4 + s];
     uint32_t q[8];
     mx_load_words<4, 8>(b + 12 + 32 * (s >> 2), q);
-    int shift = 2 * (s & 3);
     MX_UNROLL
     for (int part = 0; part < 2; ++part) {
         float dl = MX_FMUL(d, (float)((int)((sc >> (4 * part)) & 0xfu) - 8));
-        uint32_t up = ((extra >> part) & 1u) * 4u;
-        MX_UNROLL
-        for (int l = 16 * part; l < 16 * part + 16; ++l) {
-            uint32_t i = ((mx_byte(q, l) >> shift) & 3u) + up;
-            out[l] = MX_FMUL(dl, (float)mx_iq2nl_values[i]);
-        }
+        mx_iq2k_group<16>(q, s, 16 * part, dl, (extra >> part) & 1u, out);
     }
 }
 
 // IQ3_K, 110 bytes: d, extra, signs (u16: bit g negates group g's scale), scales[8] (a
-// nibble s per 16 values: 2s + 1), qs[64], qh[32]. Sub-block s: bit pair s%4 of
-// qs[32*(s/4) ..][32], bit s of qh[0 ..][32] as the third bit.
+// nibble s per 16 values: 2s + 1), qs[64], qh[32].
 __device__ __forceinline__ void mx_deq_iq3_k(const uint8_t* row, int c, float* out) {
     const uint8_t* b = row + (uint64_t)(c >> 3) * 110u;
     int s = c & 7;
@@ -628,17 +673,11 @@ __device__ __forceinline__ void mx_deq_iq3_k(const uint8_t* row, int c, float* o
     uint32_t qh[8];
     mx_load_words<2, 8>(b + 14 + 32 * (s >> 2), q);
     mx_load_words<2, 8>(b + 78, qh);
-    int shift = 2 * (s & 3);
     MX_UNROLL
     for (int part = 0; part < 2; ++part) {
         int v = 2 * (int)((sc >> (4 * part)) & 0xfu) + 1;
         float dl = MX_FMUL(d, (float)((signs >> part) & 1u ? -v : v));
-        uint32_t up = ((extra >> part) & 1u) * 8u;
-        MX_UNROLL
-        for (int l = 16 * part; l < 16 * part + 16; ++l) {
-            uint32_t i = (((mx_byte(q, l) >> shift) & 3u) | (((mx_byte(qh, l) >> s) & 1u) << 2)) + up;
-            out[l] = MX_FMUL(dl, (float)mx_iq3nl_values[i]);
-        }
+        mx_iq3k_group<16>(q, qh, s, 16 * part, dl, (extra >> part) & 1u, out);
     }
 }
 
@@ -650,8 +689,7 @@ __device__ __forceinline__ int mx_iqk_scale6(const uint8_t* b, int g) {
     return (int)(lo | (hi << 4)) - 32;
 }
 
-// IQ4_K, 144 bytes: d, extra, scales_h[4], scales_l[8], qs[128]. Sub-block s: the low
-// nibbles of qs[16s ..][16], then their high nibbles.
+// IQ4_K, 144 bytes: d, extra, scales_h[4], scales_l[8], qs[128].
 __device__ __forceinline__ void mx_deq_iq4_k(const uint8_t* row, int c, float* out) {
     const uint8_t* b = row + (uint64_t)(c >> 3) * 144u;
     int s = c & 7;
@@ -662,17 +700,11 @@ __device__ __forceinline__ void mx_deq_iq4_k(const uint8_t* row, int c, float* o
     MX_UNROLL
     for (int part = 0; part < 2; ++part) {
         float dl = MX_FMUL(d, (float)mx_iqk_scale6(b, 2 * s + part));
-        uint32_t up = ((extra >> part) & 1u) * 16u;
-        MX_UNROLL
-        for (int j = 0; j < 16; ++j) {
-            uint32_t i = ((mx_byte(q, j) >> (4 * part)) & 0xfu) + up;
-            out[16 * part + j] = MX_FMUL(dl, (float)mx_iq4k_values[i]);
-        }
+        mx_iq4k_group<16>(q, 16 * part, dl, (extra >> part) & 1u, out);
     }
 }
 
-// IQ5_K, 176 bytes: as IQ4_K, then qh[32]. Sub-block s: nibble s%2 of qs[32*(s/2) ..][32],
-// bit s of qh[0 ..][32] as the fifth bit.
+// IQ5_K, 176 bytes: as IQ4_K, then qh[32].
 __device__ __forceinline__ void mx_deq_iq5_k(const uint8_t* row, int c, float* out) {
     const uint8_t* b = row + (uint64_t)(c >> 3) * 176u;
     int s = c & 7;
@@ -682,19 +714,12 @@ __device__ __forceinline__ void mx_deq_iq5_k(const uint8_t* row, int c, float* o
     uint32_t qh[8];
     mx_load_words<16, 8>(b + 16 + 32 * (s >> 1), q);
     mx_load_words<16, 8>(b + 144, qh);
-    int shift = 4 * (s & 1);
     MX_UNROLL
     for (int part = 0; part < 2; ++part) {
         float dl = MX_FMUL(d, (float)mx_iqk_scale6(b, 2 * s + part));
-        uint32_t up = ((extra >> part) & 1u) * 32u;
-        MX_UNROLL
-        for (int l = 16 * part; l < 16 * part + 16; ++l) {
-            uint32_t i = (((mx_byte(q, l) >> shift) & 0xfu) | (((mx_byte(qh, l) >> s) & 1u) << 4)) + up;
-            out[l] = MX_FMUL(dl, (float)mx_iq5nl_values[i]);
-        }
+        mx_iq5k_group<16>(q, qh, s, 16 * part, dl, (extra >> part) & 1u, out);
     }
 }
-
 // IQ6_K's value for a 6-bit index q: ik_llama.cpp's cubic A + q (B + q (-C + q D)) with fused
 // multiply-adds, as moxie-quant's iq6k_curve (and ik's x86 build) evaluates it.
 __device__ __forceinline__ float mx_iq6k_curve(float q) {
@@ -730,7 +755,7 @@ __device__ __forceinline__ void mx_deq_iq6_k(const uint8_t* row, int c, float* o
 
 // IQ2_KS, an f16 d before the row's blocks of 70 bytes: extra (u16: bit s picks the upper
 // half for sub-block s, bit 8+s tops its scale), scales[4] (a nibble per 32 values), qs[64].
-// Scale: nibble | top bit << 4, minus 16. Sub-block s: bit pair s%4 of qs[32*(s/4) ..][32].
+// Scale: nibble | top bit << 4, minus 16.
 __device__ __forceinline__ void mx_deq_iq2_ks(const uint8_t* row, int c, float* out) {
     float d = mx_ld_f16(row);
     const uint8_t* b = row + 2 + (uint64_t)(c >> 3) * 70u;
@@ -738,19 +763,14 @@ __device__ __forceinline__ void mx_deq_iq2_ks(const uint8_t* row, int c, float* 
     uint32_t extra = mx_ld_u16(b);
     uint32_t nib = ((uint32_t)b[2 + (s >> 1)] >> (4 * (s & 1))) & 0xfu;
     float dl = MX_FMUL(d, (float)((int)(nib | (((extra >> (8 + s)) & 1u) << 4)) - 16));
-    uint32_t up = ((extra >> s) & 1u) * 4u;
     uint32_t q[8];
     mx_load_words<2, 8>(b + 6 + 32 * (s >> 2), q);
-    int shift = 2 * (s & 3);
-    MX_UNROLL
-    for (int l = 0; l < 32; ++l) {
-        out[l] = MX_FMUL(dl, (float)mx_iq2nl_values[((mx_byte(q, l) >> shift) & 3u) + up]);
-    }
+    mx_iq2k_group<32>(q, s, 0, dl, (extra >> s) & 1u, out);
 }
 
 // IQ3_KS, an f16 d before the row's blocks of 102 bytes: extra (u16: bit s tops sub-block
 // s's scale, bit 8+s picks its upper half), scales[4] (nibble s/4 of byte s%4), qs[64],
-// qh[32]. Sub-block s: bit pair s%4 of qs[32*(s/4) ..][32], bit s of qh[0 ..][32] third.
+// qh[32].
 __device__ __forceinline__ void mx_deq_iq3_ks(const uint8_t* row, int c, float* out) {
     float d = mx_ld_f16(row);
     const uint8_t* b = row + 2 + (uint64_t)(c >> 3) * 102u;
@@ -758,60 +778,40 @@ __device__ __forceinline__ void mx_deq_iq3_ks(const uint8_t* row, int c, float* 
     uint32_t extra = mx_ld_u16(b);
     uint32_t nib = ((uint32_t)b[2 + (s & 3)] >> (4 * (s >> 2))) & 0xfu;
     float dl = MX_FMUL(d, (float)((int)(nib | (((extra >> s) & 1u) << 4)) - 16));
-    uint32_t up = ((extra >> (8 + s)) & 1u) * 8u;
     uint32_t q[8];
     uint32_t qh[8];
     mx_load_words<2, 8>(b + 6 + 32 * (s >> 2), q);
     mx_load_words<2, 8>(b + 70, qh);
-    int shift = 2 * (s & 3);
-    MX_UNROLL
-    for (int l = 0; l < 32; ++l) {
-        uint32_t i = (((mx_byte(q, l) >> shift) & 3u) | (((mx_byte(qh, l) >> s) & 1u) << 2)) + up;
-        out[l] = MX_FMUL(dl, (float)mx_iq3nl_values[i]);
-    }
+    mx_iq3k_group<32>(q, qh, s, 0, dl, (extra >> (8 + s)) & 1u, out);
 }
 
 // IQ4_KS, an f32 d before the row's blocks of 136 bytes: scales[8] (bits 1..7 minus 127, bit
-// 0 picks the upper half), qs[128]. Sub-block s: the low nibbles of qs[16s ..][16], then their
-// high nibbles.
+// 0 picks the upper half), qs[128].
 __device__ __forceinline__ void mx_deq_iq4_ks(const uint8_t* row, int c, float* out) {
     float d = mx_ld_f32(row);
     const uint8_t* b = row + 4 + (uint64_t)(c >> 3) * 136u;
     int s = c & 7;
     uint32_t sc = b[s];
     float dl = MX_FMUL(d, (float)((int)(sc & 254u) - 127));
-    uint32_t up = (sc & 1u) * 16u;
     uint32_t q[4];
     mx_load_words<4, 4>(b + 8 + 16 * s, q);
-    MX_UNROLL
-    for (int j = 0; j < 16; ++j) {
-        uint32_t v = mx_byte(q, j);
-        out[j] = MX_FMUL(dl, (float)mx_iq4k_values[(v & 0xfu) + up]);
-        out[j + 16] = MX_FMUL(dl, (float)mx_iq4k_values[(v >> 4) + up]);
-    }
+    mx_iq4k_group<32>(q, 0, dl, sc & 1u, out);
 }
 
 // IQ5_KS, an f32 d before the row's blocks of 168 bytes: scales[8] as IQ4_KS, qs[128],
-// qh[32]. Sub-block s: nibble s%2 of qs[32*(s/2) ..][32], bit s of qh[0 ..][32] fifth.
+// qh[32].
 __device__ __forceinline__ void mx_deq_iq5_ks(const uint8_t* row, int c, float* out) {
     float d = mx_ld_f32(row);
     const uint8_t* b = row + 4 + (uint64_t)(c >> 3) * 168u;
     int s = c & 7;
     uint32_t sc = b[s];
     float dl = MX_FMUL(d, (float)((int)(sc & 254u) - 127));
-    uint32_t up = (sc & 1u) * 32u;
     uint32_t q[8];
     uint32_t qh[8];
     mx_load_words<4, 8>(b + 8 + 32 * (s >> 1), q);
     mx_load_words<4, 8>(b + 136, qh);
-    int shift = 4 * (s & 1);
-    MX_UNROLL
-    for (int l = 0; l < 32; ++l) {
-        uint32_t i = (((mx_byte(q, l) >> shift) & 0xfu) | (((mx_byte(qh, l) >> s) & 1u) << 4)) + up;
-        out[l] = MX_FMUL(dl, (float)mx_iq5nl_values[i]);
-    }
+    mx_iq5k_group<32>(q, qh, s, 0, dl, sc & 1u, out);
 }
-
 // Q6_0, 26 bytes (32 values): d, qh[8], qs[16]. Element j < 16: low nibble of qs[j] with bits
 // 4(j/8) .. 4(j/8)+1 of qh[j%8] on top; element j+16: the high nibble with the next two bits;
 // (q - 32) * d.

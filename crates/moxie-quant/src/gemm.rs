@@ -972,21 +972,15 @@ mod tests {
             return;
         }
         let mut seed = 7u64;
-        for ty in [
+        let types = [
             GgmlType::Q4_K,
             GgmlType::Q5_K,
             GgmlType::Q6_K,
             GgmlType::Q8_0,
             GgmlType::Q4_0,
             GgmlType::Q5_0,
-            GgmlType::IQ2_XXS,
-            GgmlType::IQ2_XS,
-            GgmlType::IQ2_S,
-            GgmlType::IQ3_XXS,
-            GgmlType::IQ3_S,
-            GgmlType::IQ1_S,
-            GgmlType::IQ1_M,
-        ] {
+        ];
+        for ty in types.into_iter().chain(GgmlType::IQ_GRID) {
             let n_in = 512;
             let (n_rows, n_tok) = (37, 15);
             let w: Vec<f32> = (0..n_in * n_rows).map(|_| lcg(&mut seed)).collect();

@@ -624,17 +624,6 @@ mod tests {
         }
     }
 
-    /// Types moxie only reads (no weight quantizer): tested on random raw blocks.
-    const GRID_TYPES: [GgmlType; 7] = [
-        GgmlType::IQ2_XXS,
-        GgmlType::IQ2_XS,
-        GgmlType::IQ2_S,
-        GgmlType::IQ3_XXS,
-        GgmlType::IQ3_S,
-        GgmlType::IQ1_S,
-        GgmlType::IQ1_M,
-    ];
-
     /// The IQ1/IQ2/IQ3 types (no weight quantizer): random raw blocks with a finite scale of
     /// about 1/64.
     #[test]
@@ -645,7 +634,7 @@ mod tests {
         quantize_row(GgmlType::Q8_K, &y, &mut a).unwrap();
         let mut ad = vec![0f32; n];
         dequantize_row(GgmlType::Q8_K, &a, &mut ad).unwrap();
-        for ty in GRID_TYPES {
+        for ty in GgmlType::IQ_GRID {
             let ts = ty.type_size();
             let mut w: Vec<u8> = data(n / QK_K * ts, 3)
                 .iter()
@@ -676,7 +665,7 @@ mod tests {
 
     #[test]
     fn eligibility() {
-        for ty in TYPES.into_iter().chain(GRID_TYPES) {
+        for ty in TYPES.into_iter().chain(GgmlType::IQ_GRID) {
             assert!(!tiled_used_for_mul_mat(ty, 7));
             assert!(tiled_used_for_mul_mat(ty, 8));
             assert!(tiled_used_for_mul_mat_id(ty, 8));

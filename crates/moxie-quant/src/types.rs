@@ -76,6 +76,19 @@ impl GgmlType {
     /// Every type, in id order (the rows of `table.rs`).
     pub const ALL: [GgmlType; crate::table::ALL.len()] = crate::table::ALL;
 
+    /// ggml's code-book types, IQ2_XXS .. IQ1_M: each group of values is an entry of a fixed
+    /// grid (with signs, or IQ1's offset) times a sub-block scale. ggml-cpu has no `from_float`
+    /// for them, and llama-quantize writes them only with an importance matrix.
+    pub const IQ_GRID: [GgmlType; 7] = [
+        GgmlType::IQ2_XXS,
+        GgmlType::IQ2_XS,
+        GgmlType::IQ2_S,
+        GgmlType::IQ3_XXS,
+        GgmlType::IQ3_S,
+        GgmlType::IQ1_S,
+        GgmlType::IQ1_M,
+    ];
+
     /// The type with this GGUF id, or `None` for an unknown or removed id.
     pub fn from_id(id: u32) -> Option<GgmlType> {
         Self::ALL.iter().copied().find(|t| *t as u32 == id)

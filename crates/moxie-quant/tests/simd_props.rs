@@ -11,17 +11,6 @@ use common::*;
 use moxie_quant::*;
 use proptest::prelude::*;
 
-/// ggml's code-book types.
-const IQ_GRID_TYPES: [GgmlType; 7] = [
-    GgmlType::IQ2_XXS,
-    GgmlType::IQ2_XS,
-    GgmlType::IQ2_S,
-    GgmlType::IQ3_XXS,
-    GgmlType::IQ3_S,
-    GgmlType::IQ1_S,
-    GgmlType::IQ1_M,
-];
-
 fn simd_levels() -> Vec<SimdLevel> {
     [SimdLevel::Avx2, SimdLevel::Avx512]
         .into_iter()
@@ -108,8 +97,8 @@ proptest! {
     // the grid types' kernels gather grid rows by index bits spread over several fields (and
     // the AVX-512 ones look them up in compressed code books)
     #[test]
-    fn iq_grid_dots_match_scalar(seed in any::<u64>(), blocks in 1usize..5, ti in 0usize..IQ_GRID_TYPES.len()) {
-        let ty = IQ_GRID_TYPES[ti];
+    fn iq_grid_dots_match_scalar(seed in any::<u64>(), blocks in 1usize..5, ti in 0usize..GgmlType::IQ_GRID.len()) {
+        let ty = GgmlType::IQ_GRID[ti];
         let n = blocks * 256;
         let (w, a) = operands(ty, n, seed, 0);
         check_all_levels(ty, n, &w, &a)?;

@@ -211,6 +211,7 @@ pub fn main(a: Args) -> Result<()> {
     let source = Source::open(&input)?;
     let total_in: u64 = jobs.iter().map(|j| input.tensors()[j.src].n_bytes).sum();
     let mut progress = Progress::new(a.quiet, jobs.len(), total_in);
+    let mut slabs = Slabs::default();
     let mut written = Vec::new();
     let res = (|| -> Result<()> {
         for (pi, (w, range)) in writers.iter().zip(&parts).enumerate() {
@@ -226,6 +227,7 @@ pub fn main(a: Args) -> Result<()> {
                     ji,
                     imx.as_ref(),
                     cmd.threads,
+                    &mut slabs,
                     &mut s,
                     &mut progress,
                 )?;
@@ -729,6 +731,22 @@ impl Source {
     }
 }
 
+/// The slab buffers (input, output), kept from tensor to tensor: allocating up to
+/// [`SLAB_BYTES`] of each again for every tensor would page-fault it in every time.
+#[derive(Default)]
+struct Slabs {
+    src: Vec<u8>,
+    dst: Vec<u8>,
+}
+
+/// The first `n` bytes of `buf`, grown to hold them (its contents are to be overwritten).
+fn scratch(buf: &mut Vec<u8>, n: usize) -> &mut [u8] {
+    if buf.len() < n {
+        buf.resize(n, 0);
+    }
+    &mut buf[..n]
+}
+
 /// Streams one tensor: a copy when its type does not change, else quantized in slabs.
 #[allow(clippy::too_many_arguments)]
 fn write_tensor(
@@ -738,6 +756,7 @@ fn write_tensor(
     index: usize,
     imx: Option<&imatrix::Imatrix>,
     threads: usize,
+    slabs: &mut Slabs,
     out: &mut GgufStreamWriter<BufWriter<File>>,
     progress: &mut Progress,
 ) -> Result<()> {
@@ -762,7 +781,7 @@ fn write_tensor(
     if job.target == t.ty {
         // Copied in slabs of whole rows, each validated as llama-quantize does.
         let rows = (SLAB_BYTES / src_rb).max(1);
-        let mut buf = vec![0u8; (rows * src_rb).min(t.n_bytes as usize)];
+        let buf = scratch(&mut slabs.src, (rows * src_rb).min(t.n_bytes as usize));
         let mut off = 0usize;
         while (off as u64) < t.n_bytes {
             let n = buf.len().min(t.n_bytes as usize - off);
@@ -800,8 +819,8 @@ fn write_tensor(
     let slab_rows = (SLAB_BYTES / (src_rb + dst_rb).max(1))
         .max(1)
         .min(n_rows.max(1));
-    let mut buf = vec![0u8; slab_rows * dst_rb];
-    let mut src_buf = vec![0u8; slab_rows * src_rb];
+    let buf = scratch(&mut slabs.dst, slab_rows * dst_rb);
+    let src_buf = scratch(&mut slabs.src, slab_rows * src_rb);
     let mut r0 = 0;
     while r0 < n_rows {
         let nr = slab_rows.min(n_rows - r0);

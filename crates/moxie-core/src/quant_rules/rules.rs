@@ -658,18 +658,14 @@ mod tests {
     use super::*;
     use GgmlType as T;
 
+    /// `llama-quantize IN OUT FTYPE` with `--tensor-type` patterns `overrides`.
     fn params(ftype: Ftype, overrides: &[(&str, T)]) -> Params {
         Params {
-            ftype,
-            output_tensor_type: None,
-            token_embedding_type: None,
-            pure: false,
-            quantize_output_tensor: true,
             overrides: overrides
                 .iter()
                 .map(|(p, t)| (Regex::new(p).unwrap(), *t))
                 .collect(),
-            has_imatrix: false,
+            ..Params::plain(ftype)
         }
     }
 

@@ -71,6 +71,16 @@ pub fn supported_models(index: &Value) -> Vec<FixtureModel> {
     out
 }
 
+/// A golden sequence's token ids (its `token_ids`).
+pub fn token_ids(seq: &Value) -> Vec<u32> {
+    seq["token_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect()
+}
+
 /// Whether this fixture's goldens come from ik_llama.cpp (its own block types), not llama.cpp.
 pub fn is_ik(m: &FixtureModel) -> bool {
     m.entry["reference_engine"].as_str() == Some("ik_llama.cpp")
