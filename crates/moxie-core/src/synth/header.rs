@@ -103,8 +103,9 @@ pub struct HeaderSpec {
     pub base: SynthSpec,
     /// Trailing MTP blocks (`nextn_predict_layers`), part of `base.shape.n_layer`.
     pub n_nextn: usize,
-    /// Expert groups and groups used per token (`expert_group_count` / `_used_count`).
-    pub expert_groups: Option<(usize, usize)>,
+    /// The converter writes `expert_group_count` / `_used_count` even without groups (1 / 1;
+    /// with groups, `base.shape` has them and they are always written).
+    pub group_keys: bool,
     /// YaRN `beta_fast` / `beta_slow`, written with `base.shape.yarn`.
     pub yarn_betas: Option<(f32, f32)>,
     pub indexer: Option<Indexer>,
@@ -175,6 +176,8 @@ fn deepseek_v3() -> HeaderSpec {
                 n_expert_used: 8,
                 n_ff_exp: 2048,
                 n_expert_shared: 1,
+                n_expert_groups: 8,
+                n_group_used: 4,
                 gating: Gating::Sigmoid,
                 expert_weights_norm: true,
                 expert_weights_scale: 2.5,
@@ -195,7 +198,7 @@ fn deepseek_v3() -> HeaderSpec {
         },
         // llama.cpp's DeepseekV2Model converter drops the MTP layer (61).
         n_nextn: 0,
-        expert_groups: Some((8, 4)),
+        group_keys: true,
         yarn_betas: Some((32.0, 1.0)),
         indexer: None,
         tokenizer_pre: "deepseek-v3",
@@ -235,6 +238,8 @@ fn glm_4_7() -> HeaderSpec {
                 n_expert_used: 8,
                 n_ff_exp: 1536,
                 n_expert_shared: 1,
+                n_expert_groups: 1,
+                n_group_used: 1,
                 gating: Gating::Sigmoid,
                 expert_weights_norm: true,
                 expert_weights_scale: 2.5,
@@ -250,7 +255,7 @@ fn glm_4_7() -> HeaderSpec {
             name: "glm-4.7-355b".into(),
         },
         n_nextn: 1,
-        expert_groups: Some((1, 1)),
+        group_keys: true,
         yarn_betas: None,
         indexer: None,
         tokenizer_pre: "glm4",
@@ -293,6 +298,8 @@ fn glm_5_1() -> HeaderSpec {
                 n_expert_used: 8,
                 n_ff_exp: 2048,
                 n_expert_shared: 1,
+                n_expert_groups: 1,
+                n_group_used: 1,
                 gating: Gating::Sigmoid,
                 expert_weights_norm: true,
                 expert_weights_scale: 2.5,
@@ -308,7 +315,7 @@ fn glm_5_1() -> HeaderSpec {
             name: "glm-5.1-744b".into(),
         },
         n_nextn: 1,
-        expert_groups: Some((1, 1)),
+        group_keys: true,
         yarn_betas: None,
         indexer: Some(Indexer {
             n_head: 32,
@@ -446,9 +453,10 @@ impl HeaderSpec {
                     m.push((key("nextn_predict_layers"), u(self.n_nextn)));
                 }
                 "expert_used_count" => {
-                    if let Some((n, used)) = self.expert_groups {
-                        m.push((key("expert_group_count"), u(n)));
-                        m.push((key("expert_group_used_count"), u(used)));
+                    let sh = &self.base.shape;
+                    if self.group_keys && sh.n_expert_groups <= 1 {
+                        m.push((key("expert_group_count"), u(sh.n_expert_groups)));
+                        m.push((key("expert_group_used_count"), u(sh.n_group_used)));
                     }
                 }
                 "rope.scaling.original_context_length" => {

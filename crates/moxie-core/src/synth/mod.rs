@@ -130,6 +130,10 @@ pub struct SynthShape {
     pub n_expert_used: usize,
     pub n_ff_exp: usize,
     pub n_expert_shared: usize,
+    /// Group-limited routing (DeepSeek-V3): experts in `n_expert_groups` equal groups (1: no
+    /// groups), each token choosing its experts within its best `n_group_used` groups.
+    pub n_expert_groups: usize,
+    pub n_group_used: usize,
     pub gating: Gating,
     pub expert_weights_norm: bool,
     pub expert_weights_scale: f32,
@@ -178,6 +182,14 @@ pub const SHAPE_KEYS: &[(&str, &str)] = &[
     ("n_expert_used", "experts selected per token"),
     ("n_ff_exp", "expert FFN width"),
     ("n_expert_shared", "shared experts (deepseek2, glm4moe)"),
+    (
+        "n_expert_groups",
+        "expert groups for group-limited routing, 1 = none (DeepSeek-V3: 8)",
+    ),
+    (
+        "n_group_used",
+        "groups a token's experts come from (DeepSeek-V3: 4)",
+    ),
     (
         "gating",
         "router gating: softmax or sigmoid (deepseek2, glm4moe)",
@@ -230,6 +242,8 @@ impl SynthShape {
             "n_expert_used" => self.n_expert_used = u()?,
             "n_ff_exp" => self.n_ff_exp = u()?,
             "n_expert_shared" => self.n_expert_shared = u()?,
+            "n_expert_groups" => self.n_expert_groups = u()?,
+            "n_group_used" => self.n_group_used = u()?,
             "gating" => {
                 self.gating = match value.trim() {
                     "softmax" => Gating::Softmax,
@@ -461,6 +475,8 @@ fn deepseek2_tiny_shape() -> SynthShape {
         n_expert_used: 4,
         n_ff_exp: 64,
         n_expert_shared: 1,
+        n_expert_groups: 1,
+        n_group_used: 1,
         gating: Gating::Sigmoid,
         expert_weights_norm: true,
         expert_weights_scale: 2.5,
@@ -497,6 +513,8 @@ fn qwen3moe_tiny_shape() -> SynthShape {
         n_expert_used: 2,
         n_ff_exp: 256,
         n_expert_shared: 0,
+        n_expert_groups: 1,
+        n_group_used: 1,
         gating: Gating::Softmax,
         expert_weights_norm: true,
         expert_weights_scale: 1.0,
@@ -529,6 +547,8 @@ fn glm4moe_tiny_shape() -> SynthShape {
         n_expert_used: 4,
         n_ff_exp: 64,
         n_expert_shared: 1,
+        n_expert_groups: 1,
+        n_group_used: 1,
         gating: Gating::Sigmoid,
         expert_weights_norm: true,
         expert_weights_scale: 2.5,
@@ -560,6 +580,8 @@ fn bench_deepseek2_shape() -> SynthShape {
         n_expert_used: 6,
         n_ff_exp: 512,
         n_expert_shared: 1,
+        n_expert_groups: 1,
+        n_group_used: 1,
         ..deepseek2_tiny_shape()
     }
 }

@@ -131,6 +131,18 @@ pub(crate) fn validate(spec: &SynthSpec) -> Result<()> {
             s.n_expert_used, s.n_expert
         )));
     }
+    if s.n_expert_groups > 1
+        && (!s.n_expert.is_multiple_of(s.n_expert_groups)
+            || s.n_group_used == 0
+            || s.n_group_used >= s.n_expert_groups
+            || s.n_group_used * (s.n_expert / s.n_expert_groups) < s.n_expert_used)
+    {
+        return Err(bad(format!(
+            "expert groups: {} groups with {} used must split n_expert {} evenly, use fewer \
+             groups than there are, and hold n_expert_used {} experts",
+            s.n_expert_groups, s.n_group_used, s.n_expert, s.n_expert_used
+        )));
+    }
     if s.n_dense_lead > s.n_layer {
         return Err(bad(format!(
             "n_dense_lead {} is more than n_layer {}",
@@ -443,6 +455,17 @@ pub(super) fn arch_keys(spec: &SynthSpec) -> Vec<(String, Value)> {
         (ak("expert_feed_forward_length"), u(s.n_ff_exp)),
         (ak("vocab_size"), u(s.n_vocab)),
     ];
+    if s.n_expert_groups > 1 {
+        // Where DeepSeek-V3's converter writes them: right after `expert_used_count`.
+        let at = keys.len() - 2;
+        keys.splice(
+            at..at,
+            [
+                (ak("expert_group_count"), u(s.n_expert_groups)),
+                (ak("expert_group_used_count"), u(s.n_group_used)),
+            ],
+        );
+    }
     let gating = Value::U32(match s.gating {
         Gating::Softmax => 1,
         Gating::Sigmoid => 2,
