@@ -327,6 +327,10 @@ pub struct LogitsArgs {
     /// Output .npy (float32, shape [n_tokens, n_vocab]).
     #[arg(long)]
     out: PathBuf,
+    /// Tokens per forward call (also `-ub`), as llama.cpp's micro-batch: 1 evaluates token by
+    /// token through the decode kernels (default: all tokens in one batch).
+    #[arg(long = "ubatch-size", value_parser = clap::value_parser!(u64).range(1..))]
+    ubatch: Option<u64>,
 }
 
 pub fn logits(a: LogitsArgs, matches: &ArgMatches) -> Result<()> {
@@ -335,7 +339,11 @@ pub fn logits(a: LogitsArgs, matches: &ArgMatches) -> Result<()> {
     let model = load_model(&a.model, matches, Some(n_ctx), n)?;
     let par = a.model.parallel();
     let mut cache = a.model.cache(&model, n_ctx)?;
-    let logits = model.forward(&a.tokens, &mut cache, &par, Logits::All)?;
+    let ub = a.ubatch.map_or(n, |u| u as usize).max(1);
+    let mut logits = Vec::with_capacity(n * model.config.n_vocab);
+    for batch in a.tokens.chunks(ub) {
+        logits.extend(model.forward(batch, &mut cache, &par, Logits::All)?);
+    }
     moxie_core::npy::write_f32(&a.out, &[n, model.config.n_vocab], &logits)?;
     eprintln!(
         "wrote {} x {} logits to {}",

@@ -1,6 +1,7 @@
 //! `moxie logits` with placement flags: the plan is printed, the model runs placed over
 //! simulated devices with llama.cpp's hybrid rule (`-ot exps=CPU`) and gives the all-CPU logits,
-//! and placements this build cannot run are clear errors, not panics.
+//! and placements this build cannot run are clear errors, not panics; `--ubatch-size` splits
+//! the forward calls.
 
 mod common;
 use common::{fixture_model, moxie, tmp};
@@ -70,4 +71,43 @@ fn placements_this_build_cannot_run_are_clear_errors() {
         );
         assert!(!err.contains("panicked"), "{flags:?}: {err}");
     }
+}
+
+/// `--ubatch-size` splits the tokens into forward calls: with 4 per call, the first 4 rows are
+/// the logits of those 4 tokens alone, bit for bit; 0 is refused by name.
+#[test]
+fn logits_ubatch_size_splits_the_forward_calls() {
+    let m = fixture_model("deepseek2-tiny-Q4_K_M.gguf");
+    let (first, split) = (tmp("ubatch", "first.npy"), tmp("ubatch", "split.npy"));
+    let run = |tokens: &str, out: &std::path::Path, ub: &str| {
+        let o = moxie(&[
+            "logits",
+            "-m",
+            &m,
+            "--exact",
+            "--tokens",
+            tokens,
+            "--out",
+            out.to_str().unwrap(),
+            "-ub",
+            ub,
+        ]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    };
+    run("1,7,42,3", &first, "512");
+    run("1,7,42,3,99,5,12,8", &split, "4");
+    let (shape_a, a) = moxie_core::npy::read_f32(&first).unwrap();
+    let (shape_b, b) = moxie_core::npy::read_f32(&split).unwrap();
+    assert_eq!((shape_a[0], shape_b[0]), (4, 8));
+    assert!(a == b[..a.len()], "the first micro-batch differs");
+    let o = moxie(&[
+        "logits", "-m", &m, "--tokens", "1", "--out", "x.npy", "-ub", "0",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("--ubatch-size"),
+        "{err}"
+    );
+    let _ = std::fs::remove_file(first);
+    let _ = std::fs::remove_file(split);
 }
