@@ -155,13 +155,6 @@ pub(super) fn mul_add_epi8(x: __m256i, y: __m256i) -> __m256i {
     _mm256_maddubs_epi16(ax, sy)
 }
 
-/// 8 values -> i16 vector of 8 (for `_mm_madd_epi16`).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn i16x8(v: [i16; 8]) -> __m128i {
-    _mm_setr_epi16(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7])
-}
-
 /// 256-bit vector of i16: low 128 bits all `lo`, high 128 bits all `hi`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -169,17 +162,31 @@ pub(super) fn split_scale(lo: i16, hi: i16) -> __m256i {
     _mm256_set_m128i(_mm_set1_epi16(hi), _mm_set1_epi16(lo))
 }
 
-/// Q4_K / Q5_K scales and mins of one super-block (`get_scale_min_k4` for j = 0..8).
+/// Q4_K / Q5_K scales and mins of one super-block (`get_scale_min_k4` for j = 0..8) from its
+/// 12 packed bytes, as i16 lanes `(scales, mins)`: ggml's AVX2 `utmp` shuffle.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn k4_scales_mins(packed: &[u8]) -> (__m128i, __m128i) {
+    const M1: u32 = 0x3f3f_3f3f;
+    const M2: u32 = 0x0f0f_0f0f;
+    const M3: u32 = 0x0303_0303;
+    let (u0, u1, u2) = (rd_u32(packed, 0), rd_u32(packed, 4), rd_u32(packed, 8));
+    let scales_hi = (u2 & M2) | (((u0 >> 6) & M3) << 4);
+    let mins_hi = ((u2 >> 4) & M2) | (((u1 >> 6) & M3) << 4);
+    let b = _mm_set_epi32(
+        mins_hi as i32,
+        (u1 & M1) as i32,
+        scales_hi as i32,
+        (u0 & M1) as i32,
+    );
+    let w = _mm256_cvtepu8_epi16(b);
+    (_mm256_castsi256_si128(w), _mm256_extracti128_si256::<1>(w))
+}
+
+/// `pshufb` indices that pick i16 lane `k` of a 128-bit lane into every i16 of it.
 #[inline(always)]
-pub(super) fn k4_scales_mins(packed: &[u8]) -> ([i16; 8], [i16; 8]) {
-    let mut sc = [0i16; 8];
-    let mut mn = [0i16; 8];
-    for j in 0..8 {
-        let (s, m) = crate::common::get_scale_min_k4(j, packed);
-        sc[j] = s as i16;
-        mn[j] = m as i16;
-    }
-    (sc, mn)
+pub(super) const fn word_pick(k: usize) -> i16 {
+    ((2 * k) | ((2 * k + 1) << 8)) as i16
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -416,13 +423,13 @@ fn dot_q3_k_imp(w: &[u8], a: &[u8]) -> f32 {
 /// `prod` of ggml's Q4_K/Q5_K mins term: bsums pairwise added (`hadd_epi16`), times the mins.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn k4_mins_prod(y: &[u8], mins: [i16; 8]) -> __m128i {
+pub(super) fn k4_mins_prod(y: &[u8], mins: __m128i) -> __m128i {
     let q8sums = ld256(y, 260);
     let q8s = _mm_hadd_epi16(
         _mm256_extracti128_si256::<0>(q8sums),
         _mm256_extracti128_si256::<1>(q8sums),
     );
-    _mm_madd_epi16(i16x8(mins), q8s)
+    _mm_madd_epi16(mins, q8s)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -438,10 +445,11 @@ fn dot_q4_k_imp(w: &[u8], a: &[u8]) -> f32 {
         let prod = k4_mins_prod(y, mn);
         acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m);
 
+        let sc = _mm256_broadcastsi128_si256(sc);
         let mut sumi = _mm256_setzero_si256();
         for j in 0..4 {
-            let scale_l = _mm256_set1_epi16(sc[2 * j]);
-            let scale_h = _mm256_set1_epi16(sc[2 * j + 1]);
+            let scale_l = _mm256_shuffle_epi8(sc, _mm256_set1_epi16(word_pick(2 * j)));
+            let scale_h = _mm256_shuffle_epi8(sc, _mm256_set1_epi16(word_pick(2 * j + 1)));
             let q4bits = ld256(x, 16 + 32 * j);
             let q4l = _mm256_and_si256(q4bits, m4);
             let q4h = _mm256_and_si256(_mm256_srli_epi16::<4>(q4bits), m4);
@@ -485,6 +493,7 @@ fn dot_q5_k_imp(w: &[u8], a: &[u8]) -> f32 {
         ];
         summs = dmin.mul_add(hsum_i32_4_hadd(p) as f32, summs);
 
+        let sc = _mm256_broadcastsi128_si256(sc);
         let hbits = ld256(x, 16);
         let mut sumi = _mm256_setzero_si256();
         for j in 0..4 {
@@ -498,11 +507,11 @@ fn dot_q5_k_imp(w: &[u8], a: &[u8]) -> f32 {
             let q8_0 = ld256(y, 4 + 64 * j);
             let q8_1 = ld256(y, 4 + 64 * j + 32);
             let p16_0 = _mm256_madd_epi16(
-                _mm256_set1_epi16(sc[2 * j]),
+                _mm256_shuffle_epi8(sc, _mm256_set1_epi16(word_pick(2 * j))),
                 _mm256_maddubs_epi16(q5_0, q8_0),
             );
             let p16_1 = _mm256_madd_epi16(
-                _mm256_set1_epi16(sc[2 * j + 1]),
+                _mm256_shuffle_epi8(sc, _mm256_set1_epi16(word_pick(2 * j + 1))),
                 _mm256_maddubs_epi16(q5_1, q8_1),
             );
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p16_0, p16_1));

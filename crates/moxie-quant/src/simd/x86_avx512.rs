@@ -21,7 +21,7 @@
 
 use core::arch::x86_64::*;
 
-use super::x86_avx2::{h2f, hsum_float_8, k4_mins_prod, k4_scales_mins, ld128, ld256};
+use super::x86_avx2::{h2f, hsum_float_8, k4_mins_prod, k4_scales_mins, ld128, ld256, word_pick};
 use crate::common::rd_f32;
 
 /// Declares the safe entry point `$name` (a `VecDotFn`): checks that `w` and `a` hold `nb`
@@ -69,6 +69,17 @@ pub(super) fn join(lo: __m256i, hi: __m256i) -> __m512i {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) fn fold(v: __m512i) -> __m256i {
     _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v))
+}
+
+/// `pshufb` indices giving i16 lane `2j` of a broadcast 128-bit vector in the low 256 bits and
+/// lane `2j + 1` in the high 256 bits: the scales of sub-blocks `2j`, `2j + 1` of a K-quant.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn pair_pick(j: usize) -> __m512i {
+    join(
+        _mm256_set1_epi16(word_pick(2 * j)),
+        _mm256_set1_epi16(word_pick(2 * j + 1)),
+    )
 }
 
 /// i16 vector: low 256 bits all `lo`, high 256 bits all `hi`.
@@ -177,6 +188,7 @@ fn dot_q4_0_imp(w: &[u8], a: &[u8]) -> f32 {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 fn dot_q4_k_imp(w: &[u8], a: &[u8]) -> f32 {
     let m4 = _mm256_set1_epi8(0xF);
+    let picks = [pair_pick(0), pair_pick(1), pair_pick(2), pair_pick(3)];
     let mut acc = _mm256_setzero_ps();
     let mut acc_m = _mm_setzero_ps();
     for (x, y) in w.chunks_exact(144).zip(a.chunks_exact(292)) {
@@ -186,6 +198,7 @@ fn dot_q4_k_imp(w: &[u8], a: &[u8]) -> f32 {
         let (sc, mn) = k4_scales_mins(&x[4..16]);
         let prod = k4_mins_prod(y, mn);
         acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m);
+        let sc = _mm512_broadcast_i32x4(sc);
 
         let mut sumi = _mm512_setzero_si512();
         for j in 0..4 {
@@ -195,7 +208,7 @@ fn dot_q4_k_imp(w: &[u8], a: &[u8]) -> f32 {
                 _mm256_and_si256(_mm256_srli_epi16::<4>(q4bits), m4),
             );
             let p16 = _mm512_maddubs_epi16(q4, ld512(y, 4 + 64 * j));
-            sumi = _mm512_dpwssd_epi32(sumi, p16, halves_epi16(sc[2 * j], sc[2 * j + 1]));
+            sumi = _mm512_dpwssd_epi32(sumi, p16, _mm512_shuffle_epi8(sc, picks[j]));
         }
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(fold(sumi)), acc);
     }
@@ -207,6 +220,7 @@ fn dot_q4_k_imp(w: &[u8], a: &[u8]) -> f32 {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 fn dot_q5_k_imp(w: &[u8], a: &[u8]) -> f32 {
     let m4 = _mm256_set1_epi8(0xF);
+    let picks = [pair_pick(0), pair_pick(1), pair_pick(2), pair_pick(3)];
     let sixteen = _mm512_set1_epi8(16);
     let mut acc = _mm256_setzero_ps();
     let mut summs = 0f32;
@@ -224,6 +238,7 @@ fn dot_q5_k_imp(w: &[u8], a: &[u8]) -> f32 {
         ];
         summs = dmin.mul_add(super::x86_avx2::hsum_i32_4_hadd(p) as f32, summs);
 
+        let sc = _mm512_broadcast_i32x4(sc);
         let hb = ld256(x, 16);
         let hbits = join(hb, hb);
         let mut sumi = _mm512_setzero_si512();
@@ -240,7 +255,7 @@ fn dot_q5_k_imp(w: &[u8], a: &[u8]) -> f32 {
             let high = _mm512_test_epi8_mask(hbits, sel);
             let q5 = _mm512_mask_add_epi8(q5, high, q5, sixteen);
             let p16 = _mm512_maddubs_epi16(q5, ld512(y, 4 + 64 * j));
-            sumi = _mm512_dpwssd_epi32(sumi, p16, halves_epi16(sc[2 * j], sc[2 * j + 1]));
+            sumi = _mm512_dpwssd_epi32(sumi, p16, _mm512_shuffle_epi8(sc, picks[j]));
         }
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(fold(sumi)), acc);
     }
