@@ -239,6 +239,50 @@ fn matvec_dram(bencher: Bencher, ty: GgmlType) {
     matvec(bencher, Weights::dram(ty), ty);
 }
 
+/// The same one-token product on the interleaved 16-row layout (`moxie_quant::repack`).
+fn matvec_repacked(bencher: Bencher, mut w: Weights, ty: GgmlType) {
+    use moxie_quant::repack::{gemv_q4_k_r16, repack_q4_k, REPACK_ROWS};
+    assert_eq!(ty, Q4_K, "only Q4_K has an interleaved layout");
+    let b = w.mat_bytes();
+    let mut packed = vec![0u8; b];
+    for m in w.data.chunks_exact_mut(b) {
+        repack_q4_k(m, w.rows, COLS, &mut packed);
+        m.copy_from_slice(&packed);
+    }
+    let (a, _) = activations(ty, 1);
+    let mut out = vec![0f32; w.rows];
+    let group_bytes = REPACK_ROWS * w.row_bytes;
+    let mut i = 0;
+    bencher
+        .counter(BytesCount::new(w.mat_bytes()))
+        .bench_local(|| {
+            let m = black_box(w.matrix(i));
+            i += 1;
+            for (o, g) in out
+                .chunks_exact_mut(REPACK_ROWS)
+                .zip(m.chunks_exact(group_bytes))
+            {
+                gemv_q4_k_r16(COLS, g, &a, o.try_into().unwrap());
+            }
+            black_box(&out);
+        });
+}
+
+#[divan::bench(args = [Q4_K], min_time = 0.5, max_time = 1)]
+fn matvec_repacked_l2(bencher: Bencher, ty: GgmlType) {
+    let row_bytes = ty.row_bytes(COLS as u64).unwrap() as usize;
+    matvec_repacked(
+        bencher,
+        Weights::new(ty, (L2_BYTES / row_bytes / 16 * 16).max(16), 0),
+        ty,
+    );
+}
+
+#[divan::bench(args = [Q4_K], max_time = 2)]
+fn matvec_repacked_dram(bencher: Bencher, ty: GgmlType) {
+    matvec_repacked(bencher, Weights::dram(ty), ty);
+}
+
 /// The kernel moxie-core's `Mat::matmul_q` uses for a batch of [`BATCH`] rows.
 enum Batched {
     Many(DotManyFn),

@@ -59,6 +59,7 @@ pub mod iq_grids;
 pub mod iqk;
 pub mod kquants;
 pub mod legacy;
+pub mod repack;
 mod simd;
 mod table;
 pub mod tiled;
