@@ -208,7 +208,7 @@ pub fn main(a: Args, matches: &clap::ArgMatches) -> Result<()> {
             kv_types: kv_types.first().copied().unwrap_or_default(),
             n_seq: 1,
         };
-        let model = crate::run::plan_and_load(file, path, &a.placement, matches, &run)?;
+        let model = crate::run::plan_and_load(file, path, &a.placement, matches, &run, a.exact)?;
         let desc = format!(
             "{} {} {}",
             model.config.arch.name(),

@@ -166,7 +166,25 @@ pub(crate) fn load_opened_model(
         kv_types: a.cache_types.types(),
         n_seq,
     };
-    plan_and_load(file, &a.model, &a.placement, matches, &run)
+    plan_and_load(file, &a.model, &a.placement, matches, &run, a.exact)
+}
+
+/// Load-time repacking (`on`): the CPU's weight matrices interleaved for the fast one-token
+/// kernels, with a line on stderr saying what was done.
+pub(crate) fn repack(model: &mut Model, on: bool) {
+    if !on {
+        return;
+    }
+    let t0 = std::time::Instant::now();
+    let (n, bytes) = model.interleave_cpu_weights();
+    if n > 0 {
+        eprintln!(
+            "repacked {n} weight tensors ({}) into interleaved rows in {:.1} s \
+             (--no-repack keeps the file's order)",
+            moxie_core::placement::human_bytes(bytes),
+            t0.elapsed().as_secs_f64()
+        );
+    }
 }
 
 /// The plan for `file` under the placement flags and `run`'s shape, printed to stderr; a plan
@@ -177,6 +195,7 @@ pub(crate) fn plan_and_load(
     placement: &PlacementArgs,
     matches: &ArgMatches,
     run: &RunShape,
+    exact: bool,
 ) -> Result<Model> {
     let plan = plan_for_file(
         &file,
@@ -193,8 +212,9 @@ pub(crate) fn plan_and_load(
         );
     }
     let devices = Placement::from_plan(&plan)?;
-    let model = Model::load_placed(file, &devices)
+    let mut model = Model::load_placed(file, &devices)
         .with_context(|| format!("loading {}", path.display()))?;
+    repack(&mut model, !exact && !placement.no_repack);
     match placement.op_offload.as_str() {
         "off" => model.set_op_offload_min_batch(None),
         "auto" => {

@@ -52,6 +52,9 @@ pub struct Args {
     /// llama.cpp's summation order everywhere (bit-identical logits, slower prompt processing).
     #[arg(long)]
     exact: bool,
+    /// Keep the routed experts in the file's row order (no load-time repacking).
+    #[arg(long = "no-repack")]
+    no_repack: bool,
     /// Warm up with a full micro-batch as well (`-wb`), so the first row does not pay for
     /// first-touch page faults of the mapped weights.
     #[arg(long = "warmup-batch")]
@@ -189,7 +192,8 @@ pub fn main(a: Args) -> Result<()> {
         .map_or_else(Parallel::available, Parallel::new)
         .with_numerics(crate::run::numerics(a.exact));
     let file = crate::open_gguf(&a.model)?;
-    let model = Model::load(file).with_context(|| format!("loading {}", a.model.display()))?;
+    let mut model = Model::load(file).with_context(|| format!("loading {}", a.model.display()))?;
+    crate::run::repack(&mut model, !a.exact && !a.no_repack);
     let s = Setup::resolve(&a, model.config.n_ctx_train, par.n_threads())?;
     if s.n_kv_max > model.config.n_ctx_train {
         eprintln!(

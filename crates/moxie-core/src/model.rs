@@ -132,6 +132,49 @@ impl Model {
         Ok(model)
     }
 
+    /// Interleave the layers' weight matrices that live in host memory and are only read
+    /// there (routed experts whose router runs on the CPU too, so no GPU streams them; the
+    /// CPU's attention projections, dense and shared-expert FFNs) into the 16-row layout of
+    /// moxie's fastest one-token kernels ([`Tensor::interleaved`], load-time repacking;
+    /// ik_llama.cpp's `-rtr`). Tensors are done one at a time and each mapped source is
+    /// released after its copy, so resident memory stays about the model's size. Returns the
+    /// tensors and bytes repacked.
+    pub fn interleave_cpu_weights(&mut self) -> (usize, u64) {
+        use crate::blocks::{Ffn, Mixer};
+        let mut tensors: Vec<&mut Tensor> = Vec::new();
+        let layers = self
+            .layers
+            .iter_mut()
+            .chain(self.mtp.iter_mut().map(|m| &mut m.layer));
+        for layer in layers {
+            match &mut layer.mixer {
+                Mixer::Mla(a) => tensors.extend(a.projections_mut()),
+                Mixer::Gqa(a) => tensors.extend(a.matrices_mut()),
+                Mixer::DeltaNet(_) => {}
+            }
+            match &mut layer.ffn {
+                Ffn::Dense(f) => tensors.extend(f.matrices_mut()),
+                Ffn::Moe(m) => {
+                    if m.device == crate::device::CPU && m.experts_device == crate::device::CPU {
+                        tensors.extend([&mut m.gate_exps, &mut m.up_exps, &mut m.down_exps]);
+                    }
+                    if let Some(sh) = &mut m.shared {
+                        tensors.extend(sh.matrices_mut());
+                    }
+                }
+            }
+        }
+        let (mut n, mut bytes) = (0, 0u64);
+        for t in tensors {
+            if let Some(r) = t.interleaved() {
+                bytes += r.data().len() as u64;
+                n += 1;
+                *t = r;
+            }
+        }
+        (n, bytes)
+    }
+
     /// The batch size from which host-resident routed experts are streamed to the GPU that
     /// runs their layer's router (llama.cpp's op offload), `None` when never.
     pub fn op_offload_min_batch(&self) -> Option<usize> {

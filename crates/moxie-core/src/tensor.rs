@@ -9,6 +9,7 @@ use std::ops::Range;
 use std::sync::{Arc, OnceLock};
 
 use moxie_gguf::GgufFile;
+use moxie_quant::repack::{gemv_q4_k_r16, unrepack_q4_k, REPACK_ROWS};
 use moxie_quant::{GgmlType, VecDotFn};
 
 use crate::device::{DeviceId, Devices, Reservation, CPU};
@@ -44,6 +45,8 @@ pub struct Tensor {
     /// Where the bytes live ([`CPU`] unless placed elsewhere).
     pub device: DeviceId,
     storage: Storage,
+    /// The rows are interleaved 16 at a time ([`Tensor::interleaved`]), not in GGUF order.
+    interleaved: bool,
 }
 
 impl std::fmt::Debug for Tensor {
@@ -81,6 +84,7 @@ impl Tensor {
                 file: Arc::clone(file),
                 index,
             },
+            interleaved: false,
         })
     }
 
@@ -102,6 +106,7 @@ impl Tensor {
             ne,
             device: CPU,
             storage: Storage::Owned(Arc::new(data)),
+            interleaved: false,
         })
     }
 
@@ -114,6 +119,12 @@ impl Tensor {
         if to == CPU {
             return Err(Error::Model(format!(
                 "tensor '{}': moving weights back to the host is not supported",
+                self.name
+            )));
+        }
+        if self.interleaved {
+            return Err(Error::Model(format!(
+                "tensor '{}': repacked (interleaved) weights stay on the CPU",
                 self.name
             )));
         }
@@ -210,12 +221,71 @@ impl Tensor {
     /// Dequantize row `r` (counting rows over all of ne[1..]) into `out` (`ne[0]` long).
     pub fn row_to_f32(&self, r: usize, out: &mut [f32]) -> Result<()> {
         let rb = self.row_bytes();
-        let bytes = self
-            .data()
-            .get(r * rb..(r + 1) * rb)
-            .ok_or_else(|| Error::Model(format!("tensor '{}': row {r} out of range", self.name)))?;
+        let out_of_range = || Error::Model(format!("tensor '{}': row {r} out of range", self.name));
+        let unpacked;
+        let bytes = if self.interleaved {
+            let g = r / REPACK_ROWS;
+            let group = self
+                .data()
+                .get(g * REPACK_ROWS * rb..(g + 1) * REPACK_ROWS * rb)
+                .ok_or_else(out_of_range)?;
+            let mut plain = vec![0u8; group.len()];
+            moxie_quant::repack::unrepack_q4_k(group, REPACK_ROWS, self.ne[0], &mut plain);
+            unpacked = plain;
+            &unpacked[r % REPACK_ROWS * rb..][..rb]
+        } else {
+            self.data()
+                .get(r * rb..(r + 1) * rb)
+                .ok_or_else(out_of_range)?
+        };
         moxie_quant::dequantize_row(self.ty, bytes, out)
             .map_err(|e| Error::Model(format!("tensor '{}': {e}", self.name)))
+    }
+
+    /// Whether the rows are interleaved ([`Tensor::interleaved`]).
+    pub fn is_interleaved(&self) -> bool {
+        self.interleaved
+    }
+
+    /// A copy of this host tensor with its rows interleaved 16 at a time
+    /// (`moxie_quant::repack`), the layout of moxie's fastest one-token kernels; `None` where
+    /// the type or shape has no such layout (only Q4_K so far; each matrix needs a multiple of
+    /// 16 rows). The copy has the same size; a mapped source's pages are released from this
+    /// process afterwards, so the model's resident memory does not double. Products with an
+    /// interleaved matrix are the same numbers in [`Numerics::Exact`] (its rows are put back
+    /// in GGUF order first) and agree to float rounding in [`Numerics::Fast`].
+    pub fn interleaved(&self) -> Option<Tensor> {
+        let n_rows = self.ne[1] * self.ne[2] * self.ne[3];
+        let fits = self.ne[1].is_multiple_of(REPACK_ROWS)
+            && moxie_quant::repack::repack_supports(self.ty, n_rows, self.ne[0]);
+        if self.interleaved || self.device != CPU || !fits {
+            return None;
+        }
+        let (src, released) = match &self.storage {
+            Storage::Mapped { file, index } => (self.data(), Some((file, *index))),
+            Storage::Owned(v) => (&v[..], None),
+            _ => return None,
+        };
+        let mut data = vec![0u8; src.len()];
+        // Whole groups per thread: a 300 GB model is mostly this copy.
+        let group = REPACK_ROWS * self.row_bytes();
+        let n_groups = n_rows / REPACK_ROWS;
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let per = n_groups.div_ceil(threads.min(n_groups).max(1)) * group;
+        std::thread::scope(|s| {
+            for (from, to) in src.chunks(per).zip(data.chunks_mut(per)) {
+                let rows = from.len() / group * REPACK_ROWS;
+                s.spawn(move || moxie_quant::repack::repack_q4_k(from, rows, self.ne[0], to));
+            }
+        });
+        if let Some((file, index)) = released {
+            file.release_tensor_pages(index);
+        }
+        Some(Tensor {
+            storage: Storage::Owned(Arc::new(data)),
+            interleaved: true,
+            ..self.clone()
+        })
     }
 
     /// The whole tensor as one matrix of `ne[1]*ne[2]*ne[3]` rows.
@@ -258,6 +328,8 @@ pub struct Mat<'a> {
     data: &'a [u8],
     dot: VecDotFn,
     act_ty: GgmlType,
+    /// Rows interleaved 16 at a time ([`Tensor::interleaved`]).
+    interleaved: bool,
 }
 
 impl<'a> Mat<'a> {
@@ -283,6 +355,7 @@ impl<'a> Mat<'a> {
             data,
             dot,
             act_ty,
+            interleaved: t.interleaved,
         })
     }
 
@@ -291,8 +364,14 @@ impl<'a> Mat<'a> {
         self.act_ty
     }
 
-    /// Rows `[first, first + n)` as a smaller matrix.
+    /// Rows `[first, first + n)` as a smaller matrix (of an interleaved matrix: whole groups
+    /// of 16 rows).
     pub fn rows(&self, first: usize, n: usize) -> Mat<'a> {
+        assert!(
+            !self.interleaved
+                || (first.is_multiple_of(REPACK_ROWS) && n.is_multiple_of(REPACK_ROWS)),
+            "rows of an interleaved matrix come in groups of {REPACK_ROWS}"
+        );
         let mut m = *self;
         m.data = &self.data[first * self.row_bytes..(first + n) * self.row_bytes];
         m.n_out = n;
@@ -360,6 +439,9 @@ impl<'a> Mat<'a> {
         out: &mut [f32],
         scratch: &mut Vec<f32>,
     ) {
+        if self.interleaved {
+            return self.interleaved_rows_times(kernel, acts, rows, out, scratch);
+        }
         let n_tok = acts.n_rows();
         let len = rows.len();
         debug_assert_eq!(out.len(), n_tok * len);
@@ -386,6 +468,7 @@ impl<'a> Mat<'a> {
                     }
                 }
             }
+            Kernel::Interleaved => unreachable!("only interleaved matrices get this kernel"),
             Kernel::Int8Gemm => {
                 debug_assert!(rows.start.is_multiple_of(CHUNK_ROWS) && len <= CHUNK_ROWS);
                 let data = &self.data[rows.start * self.row_bytes..rows.end * self.row_bytes];
@@ -418,11 +501,78 @@ impl<'a> Mat<'a> {
     }
 
     fn fast_kernel(&self, par: &Parallel, n_tok: usize) -> Option<Kernel> {
-        (par.numerics() == Numerics::Fast
-            && n_tok >= GEMM_MIN_TOKENS
+        if par.numerics() != Numerics::Fast {
+            return None;
+        }
+        if n_tok >= GEMM_MIN_TOKENS
             && moxie_quant::gemm_available()
-            && moxie_quant::gemm_supports(self.ty, self.n_in))
-        .then_some(Kernel::Int8Gemm)
+            && moxie_quant::gemm_supports(self.ty, self.n_in)
+        {
+            return Some(Kernel::Int8Gemm);
+        }
+        self.interleaved.then_some(Kernel::Interleaved)
+    }
+
+    /// The bytes of row group `g` of an interleaved matrix.
+    fn group(&self, g: usize) -> &'a [u8] {
+        let b = REPACK_ROWS * self.row_bytes;
+        &self.data[g * b..(g + 1) * b]
+    }
+
+    /// [`Mat::rows_times`] of an interleaved matrix. [`Kernel::Interleaved`] runs the
+    /// interleaved kernel on every group the rows touch; any other kernel gets the groups put
+    /// back in GGUF order (a per-thread buffer) and runs as on a plain matrix, so exact numerics
+    /// see ggml's bytes and order.
+    fn interleaved_rows_times(
+        &self,
+        kernel: Kernel,
+        acts: &QuantizedActs,
+        rows: Range<usize>,
+        out: &mut [f32],
+        scratch: &mut Vec<f32>,
+    ) {
+        let n_tok = acts.n_rows();
+        let len = rows.len();
+        let groups = rows.start / REPACK_ROWS..rows.end.div_ceil(REPACK_ROWS);
+        if let Kernel::Interleaved = kernel {
+            let at = |i: usize, t: usize| {
+                let (k, w) = (i / TILE, TILE.min(len - i / TILE * TILE));
+                k * TILE * n_tok + t * w + i % TILE
+            };
+            let mut res = [0f32; REPACK_ROWS];
+            for g in groups {
+                let first = g * REPACK_ROWS;
+                let (lo, hi) = (rows.start.max(first), rows.end.min(first + REPACK_ROWS));
+                for t in 0..n_tok {
+                    gemv_q4_k_r16(self.n_in, self.group(g), acts.row(t), &mut res);
+                    for r in lo..hi {
+                        out[at(r - rows.start, t)] = res[r - first];
+                    }
+                }
+            }
+            return;
+        }
+        PLAIN_ROWS.with_borrow_mut(|buf| {
+            let gb = REPACK_ROWS * self.row_bytes;
+            buf.resize(groups.len() * gb, 0);
+            for (g, dst) in groups.clone().zip(buf.chunks_exact_mut(gb)) {
+                unrepack_q4_k(self.group(g), REPACK_ROWS, self.n_in, dst);
+            }
+            let first = groups.start * REPACK_ROWS;
+            let plain = Mat {
+                data: &buf[..],
+                n_out: groups.len() * REPACK_ROWS,
+                interleaved: false,
+                ..*self
+            };
+            plain.rows_times(
+                kernel,
+                acts,
+                rows.start - first..rows.end - first,
+                out,
+                scratch,
+            );
+        });
     }
 
     /// The kernel for `mul_mat` over `n_rows` activation rows: the fast int8 GEMM where it
@@ -450,7 +600,37 @@ impl<'a> Mat<'a> {
     }
 
     fn row(&self, r: usize) -> &[u8] {
+        debug_assert!(
+            !self.interleaved,
+            "rows of an interleaved matrix are not contiguous"
+        );
         &self.data[r * self.row_bytes..(r + 1) * self.row_bytes]
+    }
+
+    /// Rows `rows` of an interleaved matrix times one activation row `x`, into `out[..len]`:
+    /// the interleaved kernel (`fast`), or each row's `vec_dot` on its group put back in GGUF
+    /// order (bit-identical to the plain matrix).
+    fn interleaved_gemv(&self, fast: bool, rows: Range<usize>, x: &[u8], out: &mut [f32]) {
+        let mut res = [0f32; REPACK_ROWS];
+        let rb = self.row_bytes;
+        for g in rows.start / REPACK_ROWS..rows.end.div_ceil(REPACK_ROWS) {
+            let first = g * REPACK_ROWS;
+            let (lo, hi) = (rows.start.max(first), rows.end.min(first + REPACK_ROWS));
+            if fast {
+                gemv_q4_k_r16(self.n_in, self.group(g), x, &mut res);
+            } else {
+                PLAIN_ROWS.with_borrow_mut(|buf| {
+                    buf.resize(REPACK_ROWS * rb, 0);
+                    unrepack_q4_k(self.group(g), REPACK_ROWS, self.n_in, buf);
+                    for r in lo..hi {
+                        res[r - first] = (self.dot)(self.n_in, &buf[(r - first) * rb..][..rb], x);
+                    }
+                });
+            }
+            for r in lo..hi {
+                out[r - rows.start] = res[r - first];
+            }
+        }
     }
 
     fn run(&self, par: &Parallel, acts: &QuantizedActs, out: &mut [f32], kernel: Kernel) {
@@ -497,12 +677,17 @@ pub fn gemv_many(par: &Parallel, products: &[(Mat<'_>, &[u8])], out: &mut [f32])
         assert_eq!(Some(x.len() as u64), want, "gemv_many: activation row size");
     }
     let work = products.iter().map(|(m, _)| m.n_in).max().unwrap_or(0);
+    let fast = par.numerics() == Numerics::Fast;
     par.for_each_range(total, work, out, 1, |range, o| {
         let mut base = 0;
         for (m, x) in products {
             let (lo, hi) = (range.start.max(base), range.end.min(base + m.n_out));
-            for r in lo..hi {
-                o[r - range.start] = (m.dot)(m.n_in, m.row(r - base), x);
+            if lo < hi && m.interleaved {
+                m.interleaved_gemv(fast, lo - base..hi - base, x, &mut o[lo - range.start..]);
+            } else {
+                for r in lo..hi {
+                    o[r - range.start] = (m.dot)(m.n_in, m.row(r - base), x);
+                }
             }
             base += m.n_out;
         }
@@ -518,6 +703,9 @@ pub(crate) enum Kernel {
     Many(moxie_quant::DotManyFn),
     /// 16 weight rows at a time against all activation rows, int8 on VNNI ([`Numerics::Fast`]).
     Int8Gemm,
+    /// One activation row at a time against 16 interleaved weight rows
+    /// ([`Tensor::interleaved`], [`Numerics::Fast`]).
+    Interleaved,
 }
 
 /// Output rows per work item where products are split in chunks: two int8 GEMM tiles, which
@@ -629,6 +817,11 @@ impl ChunkedLayout {
 /// From this many activation rows on, [`Numerics::Fast`] uses the int8 GEMM: decoding a weight
 /// tile once then costs less than `vec_dot` unpacking it per token.
 const GEMM_MIN_TOKENS: usize = 4;
+
+thread_local! {
+    /// Groups of an interleaved matrix put back in GGUF order, per thread.
+    static PLAIN_ROWS: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
 
 /// Activation rows converted to a dot-product partner type. The default holds no rows (a
 /// buffer for [`QuantizedActs::refill`]).

@@ -57,10 +57,15 @@ fn per_position_ok(klds: &[f64], bound: f64) -> bool {
     median <= bound && outliers * 20 <= klds.len()
 }
 
-/// The fixture model of `case`.
-fn load_model(case: &Case) -> Model {
+/// The fixture model of `case`, as the command line loads it for `numerics`: fast numerics
+/// with the routed experts interleaved (load-time repacking, the default), exact without.
+fn load_model(case: &Case, numerics: Numerics) -> Model {
     let file = Arc::new(GgufFile::open(&case.path).unwrap_or_else(|e| panic!("{e}")));
-    Model::load(file).unwrap_or_else(|e| panic!("{}: {e}", case.stem))
+    let mut model = Model::load(file).unwrap_or_else(|e| panic!("{}: {e}", case.stem));
+    if numerics == Numerics::Fast {
+        model.interleave_cpu_weights();
+    }
+    model
 }
 
 /// KL(F32 master golden || this file's golden) for sequence `seq`: how far the file's own
@@ -136,7 +141,7 @@ fn check_all_fixtures(numerics: Numerics, ik: bool) {
         "model | seq | bit-identical | mean KLD | bound | top-1 | greedy to first near-tie | greedy, all steps\n",
     );
     for case in &cases {
-        let model = load_model(case);
+        let model = load_model(case, numerics);
         let n_vocab = model.config.n_vocab;
         // ik files, over all positions: KLD, top-1 matches, and the bound's parts.
         let mut pooled = Pooled::default();
@@ -314,7 +319,7 @@ fn q8_0_kv_cache_stays_close_to_f16() {
     let mut failures = Vec::new();
     let mut table = String::from("model | seq | numerics | mean KLD | bound\n");
     for case in &supported_models(&index) {
-        let model = load_model(case);
+        let model = load_model(case, Numerics::Exact);
         let n_vocab = model.config.n_vocab;
         for (seq, s) in case.entry["sequences"].as_object().unwrap() {
             let tokens = token_ids(s);
@@ -369,7 +374,9 @@ fn fast_decode_matches_exact_decode() {
     let index = golden_index();
     let mut failures = Vec::new();
     for case in &supported_models(&index) {
-        let model = load_model(case);
+        // Interleaved experts: fast decode takes the default kernels, exact decode puts the
+        // rows back in GGUF order (bit-identical, `tests/interleaved.rs`).
+        let model = load_model(case, Numerics::Fast);
         let n_vocab = model.config.n_vocab;
         // (KLD, bound) of every decoded position of this model.
         let mut positions = Vec::new();
@@ -433,7 +440,7 @@ fn ignoring_the_dsa_indexer_fails_the_glm_dsa_goldens() {
         .into_iter()
         .find(|c| c.stem == "glm-dsa-tiny-F32")
         .expect("the glm-dsa F32 fixture");
-    let mut model = load_model(&case);
+    let mut model = load_model(&case, Numerics::Exact);
     let top_k = 32;
     for layer in &mut model.layers {
         match &mut layer.mixer {

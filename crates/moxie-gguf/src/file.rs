@@ -484,6 +484,42 @@ impl GgufFile {
         self.tensors().get(index).map(|t| self.bytes_of(t))
     }
 
+    /// Drop the mapped pages that lie wholly inside tensor `index`'s bytes from this process
+    /// (`madvise(MADV_DONTNEED)`), for a caller that has copied the tensor elsewhere (e.g.
+    /// repacked it) so the copy does not double the resident memory. The bytes stay readable:
+    /// a later access reads them from the file again. No effect on files read into memory.
+    #[allow(unsafe_code)] // the one madvise call below
+    pub fn release_tensor_pages(&self, index: usize) {
+        let Some(t) = self.tensors.get(index) else {
+            return;
+        };
+        let Some(Part {
+            backing: Backing::Mmap(map),
+            ..
+        }) = self.parts.get(t.split)
+        else {
+            return;
+        };
+        const PAGE: u64 = 4096;
+        let start = t.file_offset.next_multiple_of(PAGE);
+        let end = (t.file_offset + t.n_bytes) / PAGE * PAGE;
+        if end <= start || end > map.len() as u64 {
+            return;
+        }
+        // SAFETY: the mapping is a read-only view of the file (`Mmap`, not `MmapMut`), so
+        // MADV_DONTNEED only drops pages that the next access faults in again from the file;
+        // no bytes change. The range is page-aligned and inside the mapping (checked above).
+        let r = unsafe {
+            map.unchecked_advise_range(
+                memmap2::UncheckedAdvice::DontNeed,
+                start as usize,
+                (end - start) as usize,
+            )
+        };
+        // Best effort: keeping the pages costs memory, never correctness.
+        let _ = r;
+    }
+
     fn foreign(&self, t: &TensorInfo) -> GgufError {
         GgufError::ForeignTensor {
             file: self

@@ -26,6 +26,11 @@ impl DenseFfn {
         [&self.gate, &self.up, &self.down]
     }
 
+    /// [`DenseFfn::matrices`], to replace (load-time repacking).
+    pub fn matrices_mut(&mut self) -> [&mut Tensor; 3] {
+        [&mut self.gate, &mut self.up, &mut self.down]
+    }
+
     /// The FFN of `h` (`n` rows) on the host. `input` is `h` already converted for another
     /// matrix (the MoE layer's expert input); it is reused when it has the gate's activation
     /// type.

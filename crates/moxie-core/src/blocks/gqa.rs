@@ -59,6 +59,11 @@ impl Gqa {
     pub fn matrices(&self) -> Vec<&Tensor> {
         vec![&self.wq, &self.wk, &self.wv, &self.wo]
     }
+
+    /// [`Gqa::matrices`], to replace (load-time repacking).
+    pub fn matrices_mut(&mut self) -> [&mut Tensor; 4] {
+        [&mut self.wq, &mut self.wk, &mut self.wv, &mut self.wo]
+    }
 }
 
 /// The layer's rows, which its attention block declared.

@@ -87,6 +87,19 @@ impl Mla {
         }
     }
 
+    /// The projections load-time repacking may interleave (not the DSA indexer's).
+    pub fn projections_mut(&mut self) -> Vec<&mut Tensor> {
+        let mut m: Vec<&mut Tensor> = self.wq_a.iter_mut().map(|(t, _)| t).collect();
+        m.extend([
+            &mut self.wq_b,
+            &mut self.wkv_a,
+            &mut self.wk_b,
+            &mut self.wv_b,
+            &mut self.wo,
+        ]);
+        m
+    }
+
     pub fn matrices(&self) -> Vec<&Tensor> {
         let mut m: Vec<&Tensor> = self.wq_a.iter().map(|(t, _)| t).collect();
         m.extend([&self.wq_b, &self.wkv_a, &self.wk_b, &self.wv_b, &self.wo]);
