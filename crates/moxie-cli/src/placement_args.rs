@@ -55,9 +55,10 @@ pub struct PlacementArgs {
     /// after loading (copy rate vs the CPU's expert time), `off`, or a token count.
     #[arg(long = "op-offload", value_name = "auto|off|N", default_value = "auto")]
     pub op_offload: String,
-    /// Keep the routed experts in the file's row order. By default, experts that live and are
-    /// routed on the CPU have their rows interleaved at load time (Q4_K so far) for the fast
-    /// one-token kernels, as ik_llama.cpp's -rtr does; --exact never repacks.
+    /// Keep the weights in the file's row order. By default, weight matrices read only by the
+    /// CPU (routed experts routed there, attention, dense and shared FFNs) have their rows
+    /// interleaved at load time (Q4_K and Q6_K so far) for the fast one-token kernels, as
+    /// ik_llama.cpp's -rtr does; --exact never repacks.
     #[arg(long = "no-repack")]
     pub no_repack: bool,
 }

@@ -9,7 +9,7 @@ use std::ops::Range;
 use std::sync::{Arc, OnceLock};
 
 use moxie_gguf::GgufFile;
-use moxie_quant::repack::{gemv_q4_k_r16, unrepack_q4_k, REPACK_ROWS};
+use moxie_quant::repack::{self, REPACK_ROWS};
 use moxie_quant::{GgmlType, VecDotFn};
 
 use crate::device::{DeviceId, Devices, Reservation, CPU};
@@ -230,7 +230,7 @@ impl Tensor {
                 .get(g * REPACK_ROWS * rb..(g + 1) * REPACK_ROWS * rb)
                 .ok_or_else(out_of_range)?;
             let mut plain = vec![0u8; group.len()];
-            moxie_quant::repack::unrepack_q4_k(group, REPACK_ROWS, self.ne[0], &mut plain);
+            repack::unrepack(self.ty, group, REPACK_ROWS, self.ne[0], &mut plain);
             unpacked = plain;
             &unpacked[r % REPACK_ROWS * rb..][..rb]
         } else {
@@ -249,15 +249,15 @@ impl Tensor {
 
     /// A copy of this host tensor with its rows interleaved 16 at a time
     /// (`moxie_quant::repack`), the layout of moxie's fastest one-token kernels; `None` where
-    /// the type or shape has no such layout (only Q4_K so far; each matrix needs a multiple of
-    /// 16 rows). The copy has the same size; a mapped source's pages are released from this
+    /// the type or shape has no such layout (Q4_K and Q6_K so far; each matrix needs a multiple
+    /// of 16 rows). The copy has the same size; a mapped source's pages are released from this
     /// process afterwards, so the model's resident memory does not double. Products with an
     /// interleaved matrix are the same numbers in [`Numerics::Exact`] (its rows are put back
     /// in GGUF order first) and agree to float rounding in [`Numerics::Fast`].
     pub fn interleaved(&self) -> Option<Tensor> {
         let n_rows = self.ne[1] * self.ne[2] * self.ne[3];
         let fits = self.ne[1].is_multiple_of(REPACK_ROWS)
-            && moxie_quant::repack::repack_supports(self.ty, n_rows, self.ne[0]);
+            && repack::repack_supports(self.ty, n_rows, self.ne[0]);
         if self.interleaved || self.device != CPU || !fits {
             return None;
         }
@@ -275,7 +275,7 @@ impl Tensor {
         std::thread::scope(|s| {
             for (from, to) in src.chunks(per).zip(data.chunks_mut(per)) {
                 let rows = from.len() / group * REPACK_ROWS;
-                s.spawn(move || moxie_quant::repack::repack_q4_k(from, rows, self.ne[0], to));
+                s.spawn(move || repack::repack(self.ty, from, rows, self.ne[0], to));
             }
         });
         if let Some((file, index)) = released {
@@ -544,7 +544,7 @@ impl<'a> Mat<'a> {
                 let first = g * REPACK_ROWS;
                 let (lo, hi) = (rows.start.max(first), rows.end.min(first + REPACK_ROWS));
                 for t in 0..n_tok {
-                    gemv_q4_k_r16(self.n_in, self.group(g), acts.row(t), &mut res);
+                    repack::gemv(self.ty, self.n_in, self.group(g), acts.row(t), &mut res);
                     for r in lo..hi {
                         out[at(r - rows.start, t)] = res[r - first];
                     }
@@ -556,7 +556,7 @@ impl<'a> Mat<'a> {
             let gb = REPACK_ROWS * self.row_bytes;
             buf.resize(groups.len() * gb, 0);
             for (g, dst) in groups.clone().zip(buf.chunks_exact_mut(gb)) {
-                unrepack_q4_k(self.group(g), REPACK_ROWS, self.n_in, dst);
+                repack::unrepack(self.ty, self.group(g), REPACK_ROWS, self.n_in, dst);
             }
             let first = groups.start * REPACK_ROWS;
             let plain = Mat {
@@ -617,11 +617,11 @@ impl<'a> Mat<'a> {
             let first = g * REPACK_ROWS;
             let (lo, hi) = (rows.start.max(first), rows.end.min(first + REPACK_ROWS));
             if fast {
-                gemv_q4_k_r16(self.n_in, self.group(g), x, &mut res);
+                repack::gemv(self.ty, self.n_in, self.group(g), x, &mut res);
             } else {
                 PLAIN_ROWS.with_borrow_mut(|buf| {
                     buf.resize(REPACK_ROWS * rb, 0);
-                    unrepack_q4_k(self.group(g), REPACK_ROWS, self.n_in, buf);
+                    repack::unrepack(self.ty, self.group(g), REPACK_ROWS, self.n_in, buf);
                     for r in lo..hi {
                         res[r - first] = (self.dot)(self.n_in, &buf[(r - first) * rb..][..rb], x);
                     }

@@ -241,12 +241,11 @@ fn matvec_dram(bencher: Bencher, ty: GgmlType) {
 
 /// The same one-token product on the interleaved 16-row layout (`moxie_quant::repack`).
 fn matvec_repacked(bencher: Bencher, mut w: Weights, ty: GgmlType) {
-    use moxie_quant::repack::{gemv_q4_k_r16, repack_q4_k, REPACK_ROWS};
-    assert_eq!(ty, Q4_K, "only Q4_K has an interleaved layout");
+    use moxie_quant::repack::{gemv, repack, REPACK_ROWS};
     let b = w.mat_bytes();
     let mut packed = vec![0u8; b];
     for m in w.data.chunks_exact_mut(b) {
-        repack_q4_k(m, w.rows, COLS, &mut packed);
+        repack(ty, m, w.rows, COLS, &mut packed);
         m.copy_from_slice(&packed);
     }
     let (a, _) = activations(ty, 1);
@@ -262,13 +261,13 @@ fn matvec_repacked(bencher: Bencher, mut w: Weights, ty: GgmlType) {
                 .chunks_exact_mut(REPACK_ROWS)
                 .zip(m.chunks_exact(group_bytes))
             {
-                gemv_q4_k_r16(COLS, g, &a, o.try_into().unwrap());
+                gemv(ty, COLS, g, &a, o.try_into().unwrap());
             }
             black_box(&out);
         });
 }
 
-#[divan::bench(args = [Q4_K], min_time = 0.5, max_time = 1)]
+#[divan::bench(args = [Q4_K, Q6_K], min_time = 0.5, max_time = 1)]
 fn matvec_repacked_l2(bencher: Bencher, ty: GgmlType) {
     let row_bytes = ty.row_bytes(COLS as u64).unwrap() as usize;
     matvec_repacked(
@@ -278,7 +277,7 @@ fn matvec_repacked_l2(bencher: Bencher, ty: GgmlType) {
     );
 }
 
-#[divan::bench(args = [Q4_K], max_time = 2)]
+#[divan::bench(args = [Q4_K, Q6_K], max_time = 2)]
 fn matvec_repacked_dram(bencher: Bencher, ty: GgmlType) {
     matvec_repacked(bencher, Weights::dram(ty), ty);
 }

@@ -3,28 +3,28 @@
 //! In GGUF order each weight row is contiguous, so a one-token product is one dot product per
 //! row: every row unpacks its own scales, multiplies by the same activations and ends in a
 //! horizontal sum. That is compute-bound well below memory bandwidth on 2 cores (Q4_K: ~19 GB/s
-//! per core). Here 16 rows are interleaved four bytes at a time, as the int8 GEMM's tiles are
-//! (`gemm.rs`), but still 4-bit: one 64-byte load holds the same four bytes of 16 rows, two
-//! `vpdpbusd` with a broadcast activation word multiply them, and the 16 results stay in the 16
-//! lanes of one register, so nothing is reduced horizontally and each activation load feeds 16
-//! rows. The repacked matrix has exactly the bytes of the original (ik_llama.cpp's `_R4` /
+//! per core). Here 16 rows are interleaved a few bytes at a time, as the int8 GEMM's tiles are
+//! (`gemm.rs`), but still packed: one 64-byte load holds the same four bytes of 16 rows,
+//! `vpdpbusd` with a broadcast activation word multiplies them, and the 16 results stay in the
+//! 16 lanes of one register, so nothing is reduced horizontally and each activation load feeds
+//! 16 rows. The repacked matrix has exactly the bytes of the original (ik_llama.cpp's `_R4` /
 //! `_R8` types, `-rtr`, do the same with 4 or 8 rows).
 //!
-//! Q4_K as Q4_K x16 (`Q4_K_R16`): for each group of 16 rows and each 256-element super-block,
-//! 2304 bytes:
-//! - `d`: 16 x f16, then `dmin`: 16 x f16 (64 bytes);
-//! - the 12 packed scale/min bytes as three little-endian words per row, word-major
-//!   (`[word 0..3][row 0..16]` u32, 192 bytes), so the 16 rows' 6-bit scales and mins come out
-//!   of three loads with ggml's `utmp` shuffle done on 16 lanes;
-//! - the 128 quant bytes as `[chunk j 0..4][group g 0..8][row 0..16][4 bytes]` (2048 bytes):
-//!   bytes `32j + 4g .. 32j + 4g + 4` of each row, whose low nibbles are elements
-//!   `64j + 4g ..+4` (sub-block `2j`) and high nibbles elements `64j + 32 + 4g ..+4`
-//!   (sub-block `2j + 1`).
+//! Layout: for each group of 16 rows and each super-block of 256 elements, the block's fields
+//! one after the other ([`fields`]), each as `[unit index][row 0..16][unit bytes]`:
+//! - Q4_K (2304 bytes): `d` (16 x f16), `dmin` (16 x f16), the 12 packed scale/min bytes as
+//!   three words (`[word][row]` u32; the 16 rows' 6-bit scales and mins come out of three loads
+//!   with ggml's `utmp` shuffle on 16 lanes), the 128 quant bytes as 32 words (word `8j + g`:
+//!   low nibbles are elements `64j + 4g ..+4`, sub-block `2j`; high nibbles `64j + 32 + 4g ..+4`,
+//!   sub-block `2j + 1`);
+//! - Q6_K (3360 bytes): `d` (16 x f16), the 16 scales (`[sub-block][row]` i8), then for each of
+//!   16 steps `8n + g` the words `ql[64n + 4g]`, `ql[64n + 32 + 4g]` and `qh[32n + 4g]`, which
+//!   hold elements `128n + 32k + 4g ..+4` for k = 0..3 (sub-block `8n + 2k + g / 4`).
 //!
 //! The products are exact integers per sub-block (as in ggml) and the float work per row is
-//! `acc += (d * y.d) * Σ_s sc_s·isum_s`, `acc_m += (dmin * y.d) * Σ_s m_s·bsum_s` per
-//! super-block, then `acc - acc_m`: ggml's terms, summed in another order, so results agree
-//! with `vec_dot` to float rounding (fast numerics only; `--exact` keeps GGUF order).
+//! ggml's terms per super-block (`(d * y.d) * Σ_s sc_s·isum_s`, minus the mins term for Q4_K)
+//! summed in another order, so results agree with `vec_dot` to float rounding (fast numerics
+//! only; `--exact` keeps GGUF order).
 
 use crate::common::{rd_f16, rd_f32, rd_i16, rd_u32};
 use crate::GgmlType;
@@ -33,41 +33,109 @@ use crate::GgmlType;
 pub const REPACK_ROWS: usize = 16;
 
 const Q4K_BLOCK: usize = 144;
+const Q6K_BLOCK: usize = 210;
 const Q8K_BLOCK: usize = 292;
 /// Bytes of one 16-row group's super-block.
 const Q4K_GROUP_BLOCK: usize = REPACK_ROWS * Q4K_BLOCK;
+const Q6K_GROUP_BLOCK: usize = REPACK_ROWS * Q6K_BLOCK;
 
-/// The weight types with an interleaved layout here.
-pub fn repack_supports(ty: GgmlType, n_rows: usize, n_in: usize) -> bool {
-    ty == GgmlType::Q4_K && n_rows.is_multiple_of(REPACK_ROWS) && n_in.is_multiple_of(256)
+/// A run of `count` units of `unit` bytes at byte `src` of a block, stored interleaved as
+/// `[unit index][row][unit]`.
+struct Field {
+    src: usize,
+    unit: usize,
+    count: usize,
 }
 
-/// `src` (`n_rows` GGUF rows of `n_in` Q4_K values) interleaved into `dst` (same size), group
-/// after group. Panics unless [`repack_supports`] and the sizes match.
-pub fn repack_q4_k(src: &[u8], n_rows: usize, n_in: usize, dst: &mut [u8]) {
-    assert!(repack_supports(GgmlType::Q4_K, n_rows, n_in));
-    let nb = n_in / 256;
-    let row_bytes = nb * Q4K_BLOCK;
+const fn field(src: usize, unit: usize, count: usize) -> Field {
+    Field { src, unit, count }
+}
+
+/// The fields of `ty`'s blocks in interleaved order (they cover the block), and its block size.
+fn fields(ty: GgmlType) -> Option<(&'static [Field], usize)> {
+    const Q4K: &[Field] = &[
+        field(0, 2, 1),
+        field(2, 2, 1),
+        field(4, 4, 3),
+        field(16, 4, 32),
+    ];
+    const Q6K: &[Field] = &q6_k_fields();
+    match ty {
+        GgmlType::Q4_K => Some((Q4K, Q4K_BLOCK)),
+        GgmlType::Q6_K => Some((Q6K, Q6K_BLOCK)),
+        _ => None,
+    }
+}
+
+/// Q6_K: `d`, the scales, then per step (n, g) the three words the kernel reads together,
+/// `ql[64n + 4g]`, `ql[64n + 32 + 4g]`, `qh[32n + 4g]`, so that it reads one forward stream
+/// (three separate streams measured 3x slower from DRAM).
+const fn q6_k_fields() -> [Field; 50] {
+    let mut f = [const { field(0, 0, 0) }; 50];
+    f[0] = field(208, 2, 1);
+    f[1] = field(192, 1, 16);
+    let mut step = 0;
+    while step < 16 {
+        let (n, g) = (step / 8, step % 8);
+        f[2 + 3 * step] = field(64 * n + 4 * g, 4, 1);
+        f[3 + 3 * step] = field(64 * n + 32 + 4 * g, 4, 1);
+        f[4 + 3 * step] = field(128 + 32 * n + 4 * g, 4, 1);
+        step += 1;
+    }
+    f
+}
+
+/// Whether `n_rows` rows of `n_in` elements of `ty` have an interleaved layout here.
+pub fn repack_supports(ty: GgmlType, n_rows: usize, n_in: usize) -> bool {
+    fields(ty).is_some() && n_rows.is_multiple_of(REPACK_ROWS) && n_in.is_multiple_of(256)
+}
+
+/// `src` (`n_rows` GGUF rows of `n_in` values of `ty`) interleaved into `dst` (same size),
+/// group after group. Panics unless [`repack_supports`] and the sizes match.
+pub fn repack(ty: GgmlType, src: &[u8], n_rows: usize, n_in: usize, dst: &mut [u8]) {
+    shuffle(ty, src, n_rows, n_in, dst, true);
+}
+
+/// The inverse of [`repack`] (exact numerics and row reads put rows back in GGUF order).
+pub fn unrepack(ty: GgmlType, src: &[u8], n_rows: usize, n_in: usize, dst: &mut [u8]) {
+    shuffle(ty, src, n_rows, n_in, dst, false);
+}
+
+/// Copy every unit between GGUF order and interleaved order (`to_interleaved`: `src` is in
+/// GGUF order).
+fn shuffle(
+    ty: GgmlType,
+    src: &[u8],
+    n_rows: usize,
+    n_in: usize,
+    dst: &mut [u8],
+    to_interleaved: bool,
+) {
+    assert!(
+        repack_supports(ty, n_rows, n_in),
+        "{ty}: no interleaved layout for {n_rows} x {n_in}"
+    );
+    let (fields, block) = fields(ty).expect("checked above");
+    let row_bytes = n_in / 256 * block;
     assert!(src.len() == n_rows * row_bytes && dst.len() == src.len());
-    for (group, out) in src
-        .chunks_exact(REPACK_ROWS * row_bytes)
-        .zip(dst.chunks_exact_mut(REPACK_ROWS * row_bytes))
+    let group_bytes = REPACK_ROWS * row_bytes;
+    for (from, to) in src
+        .chunks_exact(group_bytes)
+        .zip(dst.chunks_exact_mut(group_bytes))
     {
-        for (b, o) in out.chunks_exact_mut(Q4K_GROUP_BLOCK).enumerate() {
-            let block = |r: usize| &group[r * row_bytes + b * Q4K_BLOCK..][..Q4K_BLOCK];
-            for r in 0..REPACK_ROWS {
-                let x = block(r);
-                o[2 * r..2 * r + 2].copy_from_slice(&x[0..2]);
-                o[32 + 2 * r..32 + 2 * r + 2].copy_from_slice(&x[2..4]);
-                for w in 0..3 {
-                    let at = 64 + 64 * w + 4 * r;
-                    o[at..at + 4].copy_from_slice(&x[4 + 4 * w..8 + 4 * w]);
-                }
-                for j in 0..4 {
-                    for g in 0..8 {
-                        let at = 256 + (j * 8 + g) * 64 + 4 * r;
-                        let from = 16 + 32 * j + 4 * g;
-                        o[at..at + 4].copy_from_slice(&x[from..from + 4]);
+        for b in 0..n_in / 256 {
+            // Interleaved side in address order: field, unit, row.
+            let mut q = b * REPACK_ROWS * block;
+            for f in fields {
+                for i in 0..f.count {
+                    for r in 0..REPACK_ROWS {
+                        let p = r * row_bytes + b * block + f.src + i * f.unit;
+                        if to_interleaved {
+                            to[q..q + f.unit].copy_from_slice(&from[p..p + f.unit]);
+                        } else {
+                            to[p..p + f.unit].copy_from_slice(&from[q..q + f.unit]);
+                        }
+                        q += f.unit;
                     }
                 }
             }
@@ -75,34 +143,14 @@ pub fn repack_q4_k(src: &[u8], n_rows: usize, n_in: usize, dst: &mut [u8]) {
     }
 }
 
-/// The inverse of [`repack_q4_k`] (tests, and writing GGUF order back).
-pub fn unrepack_q4_k(src: &[u8], n_rows: usize, n_in: usize, dst: &mut [u8]) {
-    assert!(repack_supports(GgmlType::Q4_K, n_rows, n_in));
-    let nb = n_in / 256;
-    let row_bytes = nb * Q4K_BLOCK;
-    assert!(src.len() == n_rows * row_bytes && dst.len() == src.len());
-    for (group, out) in src
-        .chunks_exact(REPACK_ROWS * row_bytes)
-        .zip(dst.chunks_exact_mut(REPACK_ROWS * row_bytes))
-    {
-        for (b, o) in group.chunks_exact(Q4K_GROUP_BLOCK).enumerate() {
-            for r in 0..REPACK_ROWS {
-                let x = &mut out[r * row_bytes + b * Q4K_BLOCK..][..Q4K_BLOCK];
-                x[0..2].copy_from_slice(&o[2 * r..2 * r + 2]);
-                x[2..4].copy_from_slice(&o[32 + 2 * r..32 + 2 * r + 2]);
-                for w in 0..3 {
-                    let at = 64 + 64 * w + 4 * r;
-                    x[4 + 4 * w..8 + 4 * w].copy_from_slice(&o[at..at + 4]);
-                }
-                for j in 0..4 {
-                    for g in 0..8 {
-                        let at = 256 + (j * 8 + g) * 64 + 4 * r;
-                        let to = 16 + 32 * j + 4 * g;
-                        x[to..to + 4].copy_from_slice(&o[at..at + 4]);
-                    }
-                }
-            }
-        }
+/// The 16 products of one interleaved row group of `ty` (`group`: `n_in / 256` super-blocks)
+/// with one Q8_K activation row `act`, into `out`: the AVX-512 VNNI kernel where the CPU has
+/// it, else the portable one (the same arithmetic, bit for bit).
+pub fn gemv(ty: GgmlType, n_in: usize, group: &[u8], act: &[u8], out: &mut [f32; REPACK_ROWS]) {
+    match ty {
+        GgmlType::Q4_K => gemv_q4_k_r16(n_in, group, act, out),
+        GgmlType::Q6_K => gemv_q6_k_r16(n_in, group, act, out),
+        _ => panic!("{ty} has no interleaved layout"),
     }
 }
 
@@ -162,6 +210,63 @@ pub fn gemv_q4_k_r16_scalar(group: &[u8], act: &[u8], out: &mut [f32; REPACK_ROW
     for r in 0..REPACK_ROWS {
         out[r] = acc[r] - acc_m[r];
     }
+}
+
+/// [`gemv`] for Q6_K.
+pub fn gemv_q6_k_r16(n_in: usize, group: &[u8], act: &[u8], out: &mut [f32; REPACK_ROWS]) {
+    let nb = n_in / 256;
+    let group = &group[..nb * Q6K_GROUP_BLOCK];
+    let act = &act[..nb * Q8K_BLOCK];
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd_level() == crate::SimdLevel::Avx512 {
+        // SAFETY: the AVX-512 level is only reported after AVX-512 F/BW/VL/VNNI were detected at
+        // run time; the slices hold exactly `nb` blocks (checked by the slicing above).
+        unsafe { avx512::gemv_q6_k_r16(group, act, out) };
+        return;
+    }
+    gemv_q6_k_r16_scalar(group, act, out);
+}
+
+/// Portable [`gemv_q6_k_r16`]: per row and sub-block of 16, the exact integer
+/// `Σ (q - 32)·y` (as `Σ q·y - 32·bsum`), times the scale, summed; then `(d * y.d) * sum`.
+pub fn gemv_q6_k_r16_scalar(group: &[u8], act: &[u8], out: &mut [f32; REPACK_ROWS]) {
+    let mut acc = [0f32; REPACK_ROWS];
+    for (o, y) in group
+        .chunks_exact(Q6K_GROUP_BLOCK)
+        .zip(act.chunks_exact(Q8K_BLOCK))
+    {
+        let yd = rd_f32(y, 0);
+        let yq = |i: usize| y[4 + i] as i8 as i32;
+        for r in 0..REPACK_ROWS {
+            let mut isum = [0i32; 16];
+            for n in 0..2 {
+                for g in 0..8 {
+                    let step = 288 + (8 * n + g) * 192 + 4 * r;
+                    let (a, b, h) = (&o[step..][..4], &o[step + 64..][..4], &o[step + 128..][..4]);
+                    for i in 0..4 {
+                        let q = [
+                            (a[i] & 0xF) | ((h[i] & 3) << 4),
+                            (b[i] & 0xF) | (((h[i] >> 2) & 3) << 4),
+                            (a[i] >> 4) | (((h[i] >> 4) & 3) << 4),
+                            (b[i] >> 4) | (((h[i] >> 6) & 3) << 4),
+                        ];
+                        for (k, &q) in q.iter().enumerate() {
+                            let e = 128 * n + 32 * k + 4 * g + i;
+                            isum[8 * n + 2 * k + g / 4] += q as i32 * yq(e);
+                        }
+                    }
+                }
+            }
+            let mut sumi = 0i32;
+            for (sb, &v) in isum.iter().enumerate() {
+                let sc = o[32 + sb * REPACK_ROWS + r] as i8 as i32;
+                sumi += sc * (v - 32 * rd_i16(y, 260 + 2 * sb) as i32);
+            }
+            let d = rd_f16(o, 2 * r) * yd;
+            acc[r] = d.mul_add(sumi as f32, acc[r]);
+        }
+    }
+    *out = acc;
 }
 
 /// The 8 scales and 8 mins of a Q4_K super-block from its three packed words
@@ -290,11 +395,69 @@ mod avx512 {
         // SAFETY: `out` is 16 f32 = 64 writable bytes; `storeu` has no alignment requirement.
         unsafe { _mm512_storeu_ps(out.as_mut_ptr(), r) };
     }
+
+    /// See [`super::gemv_q6_k_r16`]; `group` and `act` hold the same number of super-blocks.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(super) fn gemv_q6_k_r16(group: &[u8], act: &[u8], out: &mut [f32; REPACK_ROWS]) {
+        let m4 = _mm512_set1_epi8(0xF);
+        let m30 = _mm512_set1_epi8(0x30);
+        let mut acc = _mm512_setzero_ps();
+        for (o, y) in group
+            .chunks_exact(super::Q6K_GROUP_BLOCK)
+            .zip(act.chunks_exact(Q8K_BLOCK))
+        {
+            let yd = _mm512_set1_ps(rd_f32(y, 0));
+            let d = _mm512_mul_ps(ld_f16(o, 0), yd);
+            let mut isum = [_mm512_setzero_si512(); 16];
+            for n in 0..2 {
+                for g in 0..8 {
+                    let step = 288 + (8 * n + g) * 192;
+                    let (a, b, h) = (ld(o, step), ld(o, step + 64), ld(o, step + 128));
+                    let q = [
+                        _mm512_or_si512(
+                            _mm512_and_si512(a, m4),
+                            _mm512_and_si512(_mm512_slli_epi16::<4>(h), m30),
+                        ),
+                        _mm512_or_si512(
+                            _mm512_and_si512(b, m4),
+                            _mm512_and_si512(_mm512_slli_epi16::<2>(h), m30),
+                        ),
+                        _mm512_or_si512(
+                            _mm512_and_si512(_mm512_srli_epi16::<4>(a), m4),
+                            _mm512_and_si512(h, m30),
+                        ),
+                        _mm512_or_si512(
+                            _mm512_and_si512(_mm512_srli_epi16::<4>(b), m4),
+                            _mm512_and_si512(_mm512_srli_epi16::<2>(h), m30),
+                        ),
+                    ];
+                    for (k, &q) in q.iter().enumerate() {
+                        let yw = _mm512_set1_epi32(rd_u32(y, 4 + 128 * n + 32 * k + 4 * g) as i32);
+                        let s = 8 * n + 2 * k + g / 4;
+                        isum[s] = _mm512_dpbusd_epi32(isum[s], q, yw);
+                    }
+                }
+            }
+            let mut sumi = _mm512_setzero_si512();
+            for (s, &v) in isum.iter().enumerate() {
+                let sc: &[u8; 16] = o[32 + 16 * s..48 + 16 * s].try_into().unwrap();
+                // SAFETY: `sc` is exactly 16 readable bytes; `loadu` has no alignment requirement.
+                let sc = _mm512_cvtepi8_epi32(unsafe { _mm_loadu_si128(sc.as_ptr().cast()) });
+                let bsum = _mm512_set1_epi32(32 * rd_i16(y, 260 + 2 * s) as i32);
+                sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(sc, _mm512_sub_epi32(v, bsum)));
+            }
+            acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), acc);
+        }
+        // SAFETY: `out` is 16 f32 = 64 writable bytes; `storeu` has no alignment requirement.
+        unsafe { _mm512_storeu_ps(out.as_mut_ptr(), acc) };
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const TYPES: [GgmlType; 2] = [GgmlType::Q4_K, GgmlType::Q6_K];
 
     fn lcg(seed: &mut u64) -> f32 {
         *seed = seed
@@ -303,9 +466,8 @@ mod tests {
         ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
 
-    /// Random Q4_K rows (quantized from random values) and Q8_K activations.
-    fn data(n_rows: usize, n_in: usize, seed: &mut u64) -> (Vec<u8>, Vec<u8>) {
-        let ty = GgmlType::Q4_K;
+    /// Random `ty` rows (quantized from random values) and Q8_K activations.
+    fn data(ty: GgmlType, n_rows: usize, n_in: usize, seed: &mut u64) -> (Vec<u8>, Vec<u8>) {
         let rb = ty.row_bytes(n_in as u64).unwrap() as usize;
         let mut w = vec![0u8; n_rows * rb];
         let q = crate::quantize_weights_fn(ty).unwrap();
@@ -323,40 +485,47 @@ mod tests {
     #[test]
     fn repack_round_trips() {
         let mut seed = 3;
-        let (n_rows, n_in) = (32, 512);
-        let (w, _) = data(n_rows, n_in, &mut seed);
-        let mut r = vec![0u8; w.len()];
-        repack_q4_k(&w, n_rows, n_in, &mut r);
-        assert_ne!(r, w);
-        let mut back = vec![0u8; w.len()];
-        unrepack_q4_k(&r, n_rows, n_in, &mut back);
-        assert_eq!(back, w);
+        for ty in TYPES {
+            let (n_rows, n_in) = (32, 512);
+            let (w, _) = data(ty, n_rows, n_in, &mut seed);
+            let mut r = vec![0u8; w.len()];
+            repack(ty, &w, n_rows, n_in, &mut r);
+            assert_ne!(r, w);
+            let mut back = vec![0u8; w.len()];
+            unrepack(ty, &r, n_rows, n_in, &mut back);
+            assert_eq!(back, w, "{ty}");
+        }
     }
 
-    /// The interleaved kernels equal `vec_dot` to float rounding, and the SIMD kernel equals
-    /// the scalar one bit for bit.
+    /// The interleaved kernels equal `vec_dot` to float rounding, and the SIMD kernels equal
+    /// the portable ones bit for bit.
     #[test]
     fn gemv_matches_vec_dot() {
         let mut seed = 11;
-        let (n_rows, n_in) = (48, 1536);
-        let (w, a) = data(n_rows, n_in, &mut seed);
-        let mut r = vec![0u8; w.len()];
-        repack_q4_k(&w, n_rows, n_in, &mut r);
-        let rb = w.len() / n_rows;
-        let dot = crate::vec_dot_fn(GgmlType::Q4_K).unwrap();
-        for (gi, group) in r.chunks_exact(REPACK_ROWS * rb).enumerate() {
-            let mut got = [0f32; REPACK_ROWS];
-            gemv_q4_k_r16(n_in, group, &a, &mut got);
-            let mut scalar = [0f32; REPACK_ROWS];
-            gemv_q4_k_r16_scalar(group, &a, &mut scalar);
-            assert_eq!(got.map(f32::to_bits), scalar.map(f32::to_bits));
-            for (i, &g) in got.iter().enumerate() {
-                let row = gi * REPACK_ROWS + i;
-                let want = dot(n_in, &w[row * rb..(row + 1) * rb], &a);
-                assert!(
-                    (g - want).abs() <= 1e-5 * (1.0 + want.abs()),
-                    "row {row}: {g} vs vec_dot {want}"
-                );
+        for ty in TYPES {
+            let (n_rows, n_in) = (48, 1536);
+            let (w, a) = data(ty, n_rows, n_in, &mut seed);
+            let mut r = vec![0u8; w.len()];
+            repack(ty, &w, n_rows, n_in, &mut r);
+            let rb = w.len() / n_rows;
+            let dot = crate::vec_dot_fn(ty).unwrap();
+            for (gi, group) in r.chunks_exact(REPACK_ROWS * rb).enumerate() {
+                let mut got = [0f32; REPACK_ROWS];
+                gemv(ty, n_in, group, &a, &mut got);
+                let mut scalar = [0f32; REPACK_ROWS];
+                match ty {
+                    GgmlType::Q4_K => gemv_q4_k_r16_scalar(group, &a, &mut scalar),
+                    _ => gemv_q6_k_r16_scalar(group, &a, &mut scalar),
+                }
+                assert_eq!(got.map(f32::to_bits), scalar.map(f32::to_bits), "{ty}");
+                for (i, &g) in got.iter().enumerate() {
+                    let row = gi * REPACK_ROWS + i;
+                    let want = dot(n_in, &w[row * rb..(row + 1) * rb], &a);
+                    assert!(
+                        (g - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                        "{ty} row {row}: {g} vs vec_dot {want}"
+                    );
+                }
             }
         }
     }
