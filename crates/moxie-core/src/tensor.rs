@@ -552,6 +552,24 @@ impl<'a> Mat<'a> {
             }
             return;
         }
+        if let Kernel::Int8Gemm = kernel {
+            // Tiles straight from the groups (`rows` starts on a chunk, so on a group).
+            debug_assert!(rows.start.is_multiple_of(CHUNK_ROWS) && len <= CHUNK_ROWS);
+            let gb = REPACK_ROWS * self.row_bytes;
+            let data = &self.data[groups.start * gb..groups.end * gb];
+            let next_end = (groups.end * gb + CHUNK_ROWS * self.row_bytes).min(self.data.len());
+            let next = &self.data[groups.end * gb..next_end];
+            let done = moxie_quant::gemm_q8_interleaved(
+                self.ty,
+                self.n_in,
+                data,
+                acts.gemm_acts(),
+                out,
+                next,
+            );
+            debug_assert!(done, "fast_kernel checked the int8 GEMM applies");
+            return;
+        }
         PLAIN_ROWS.with_borrow_mut(|buf| {
             let gb = REPACK_ROWS * self.row_bytes;
             buf.resize(groups.len() * gb, 0);

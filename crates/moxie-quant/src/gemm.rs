@@ -372,6 +372,75 @@ impl WeightTile {
     }
 }
 
+impl WeightTile {
+    /// The tile of one interleaved 16-row group (`crate::repack`): quants, scales and mins as
+    /// [`WeightTile::fill`] decodes them from the same rows in GGUF order.
+    fn fill_from_group(&mut self, ty: GgmlType, n_in: usize, group: &[u8]) {
+        let r16 = GEMM_TILE_ROWS;
+        match ty {
+            GgmlType::Q4_K => {
+                for (b, o) in group.chunks_exact(r16 * 144).enumerate().take(n_in / 256) {
+                    for r in 0..r16 {
+                        let d = rd_f16(o, 2 * r);
+                        let dmin = rd_f16(o, 32 + 2 * r);
+                        let w = |i: usize| rd_u32(o, 64 + 64 * i + 4 * r);
+                        let (sc, mn) = crate::repack::unpack_scales_mins(w(0), w(1), w(2));
+                        for s in 0..8 {
+                            self.scale[(8 * b + s) * r16 + r] = d * sc[s] as f32;
+                            self.min[(8 * b + s) * r16 + r] = dmin * mn[s] as f32;
+                        }
+                    }
+                    for j in 0..4 {
+                        for g in 0..8 {
+                            let src: &[u8; 64] =
+                                o[256 + (8 * j + g) * 64..][..64].try_into().unwrap();
+                            let lo = (64 * b + 16 * j + g) * 64;
+                            let (head, tail) = self.q.split_at_mut(lo + 8 * 64);
+                            let dl: &mut [u8; 64] = (&mut head[lo..lo + 64]).try_into().unwrap();
+                            let dh: &mut [u8; 64] = (&mut tail[..64]).try_into().unwrap();
+                            for i in 0..64 {
+                                dl[i] = src[i] & 0xF;
+                                dh[i] = src[i] >> 4;
+                            }
+                        }
+                    }
+                }
+            }
+            GgmlType::Q6_K => {
+                for (b, o) in group.chunks_exact(r16 * 210).enumerate().take(n_in / 256) {
+                    for r in 0..r16 {
+                        let d = rd_f16(o, 2 * r);
+                        for s in 0..16 {
+                            let sc = o[32 + 16 * s + r] as i8;
+                            self.scale[(16 * b + s) * r16 + r] = d * sc as f32;
+                        }
+                    }
+                    for n in 0..2 {
+                        for g in 0..8 {
+                            let step = 288 + (8 * n + g) * 192;
+                            let unit =
+                                |at: usize| -> [u8; 64] { o[at..at + 64].try_into().unwrap() };
+                            let (a, bb, h) = (unit(step), unit(step + 64), unit(step + 128));
+                            let mut v = [[0u8; 64]; 4];
+                            for i in 0..64 {
+                                v[0][i] = (a[i] & 0xF) | ((h[i] & 3) << 4);
+                                v[1][i] = (bb[i] & 0xF) | (((h[i] >> 2) & 3) << 4);
+                                v[2][i] = (a[i] >> 4) | (((h[i] >> 4) & 3) << 4);
+                                v[3][i] = (bb[i] >> 4) | (((h[i] >> 6) & 3) << 4);
+                            }
+                            for (k, v) in v.iter().enumerate() {
+                                let grp = 64 * b + 32 * n + 8 * k + g;
+                                self.q[grp * 64..grp * 64 + 64].copy_from_slice(v);
+                            }
+                        }
+                    }
+                }
+            }
+            _ => unreachable!("gemm_q8_interleaved checked the type has an interleaved layout"),
+        }
+    }
+}
+
 /// A tile as [`gemm_q8`] multiplies it (see [`gemm_decode_tile`]).
 #[doc(hidden)]
 pub struct DecodedTile {
@@ -443,6 +512,38 @@ pub fn gemm_q8(
     out: &mut [f32],
     next: &[u8],
 ) -> bool {
+    gemm_q8_rows(ty, n_in, rows, acts, out, next, false)
+}
+
+/// [`gemm_q8`] for rows interleaved 16 at a time (`crate::repack`; whole groups of 16): each
+/// tile comes straight from a group, with the same values as from the rows in GGUF order.
+pub fn gemm_q8_interleaved(
+    ty: GgmlType,
+    n_in: usize,
+    groups: &[u8],
+    acts: &GemmActs,
+    out: &mut [f32],
+    next: &[u8],
+) -> bool {
+    let Some(row_bytes) = ty.row_bytes(n_in as u64) else {
+        return false;
+    };
+    crate::repack::repack_supports(ty, GEMM_TILE_ROWS, n_in)
+        && groups
+            .len()
+            .is_multiple_of(GEMM_TILE_ROWS * row_bytes as usize)
+        && gemm_q8_rows(ty, n_in, groups, acts, out, next, true)
+}
+
+fn gemm_q8_rows(
+    ty: GgmlType,
+    n_in: usize,
+    rows: &[u8],
+    acts: &GemmActs,
+    out: &mut [f32],
+    next: &[u8],
+    interleaved: bool,
+) -> bool {
     let Some(l) = layout(ty) else { return false };
     let Some(row_bytes) = ty.row_bytes(n_in as u64).map(|b| b as usize) else {
         return false;
@@ -479,11 +580,18 @@ pub fn gemm_q8(
             let ahead = rows.get((i + 1) * pair_bytes..).filter(|r| !r.is_empty());
             let next = ahead.unwrap_or(next);
             let (wa, wb) = w.split_at(w.len().min(GEMM_TILE_ROWS * row_bytes));
-            a.fill(l, n_in, wa, row_bytes);
+            let fill = |t: &mut WeightTile, w: &[u8]| {
+                if interleaved {
+                    t.fill_from_group(ty, n_in, w);
+                } else {
+                    t.fill(l, n_in, w, row_bytes);
+                }
+            };
+            fill(a, wa);
             if wb.is_empty() {
                 platform::tiles_times_tokens(l, n_in, [&*a], acts, [o], next);
             } else {
-                b.fill(l, n_in, wb, row_bytes);
+                fill(b, wb);
                 let (oa, ob) = o.split_at_mut(per_tile);
                 platform::tiles_times_tokens(l, n_in, [&*a, &*b], acts, [oa, ob], next);
             }
@@ -960,6 +1068,47 @@ mod tests {
             } else {
                 blk[..2].copy_from_slice(&d.to_le_bytes());
             }
+        }
+    }
+
+    /// Interleaved groups give the int8 GEMM the tiles of their rows in GGUF order: the same
+    /// results bit for bit.
+    #[test]
+    fn interleaved_groups_give_the_same_products() {
+        if !gemm_available() {
+            eprintln!("AVX-512 VNNI not available here: skipped");
+            return;
+        }
+        let mut seed = 5u64;
+        for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
+            let (n_in, n_rows, n_tok) = (512, 48, 7);
+            let rb = ty.row_bytes(n_in as u64).unwrap() as usize;
+            let mut wq = vec![0u8; rb * n_rows];
+            let qw = crate::quantize_weights_fn(ty).unwrap();
+            for dst in wq.chunks_exact_mut(rb) {
+                let w: Vec<f32> = (0..n_in).map(|_| lcg(&mut seed)).collect();
+                qw(&w, dst);
+            }
+            let act = crate::vec_dot_type(ty).unwrap();
+            let arb = act.row_bytes(n_in as u64).unwrap() as usize;
+            let mut xq = vec![0u8; arb * n_tok];
+            for dst in xq.chunks_exact_mut(arb) {
+                let x: Vec<f32> = (0..n_in).map(|_| lcg(&mut seed) * 3.0).collect();
+                crate::quantize_fn(act).unwrap()(&x, dst);
+            }
+            let acts = GemmActs::new(act, n_in, &xq, arb).unwrap();
+            let mut packed = vec![0u8; wq.len()];
+            crate::repack::repack(ty, &wq, n_rows, n_in, &mut packed);
+            let len = n_rows / GEMM_TILE_ROWS * n_tok * GEMM_TILE_ROWS;
+            let (mut want, mut got) = (vec![0f32; len], vec![1f32; len]);
+            assert!(gemm_q8(ty, n_in, &wq, &acts, &mut want, &[]));
+            assert!(gemm_q8_interleaved(ty, n_in, &packed, &acts, &mut got, &[]));
+            assert!(
+                want.iter()
+                    .zip(&got)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{ty}: interleaved tiles differ"
+            );
         }
     }
 

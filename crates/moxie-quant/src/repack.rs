@@ -271,7 +271,7 @@ pub fn gemv_q6_k_r16_scalar(group: &[u8], act: &[u8], out: &mut [f32; REPACK_ROW
 
 /// The 8 scales and 8 mins of a Q4_K super-block from its three packed words
 /// (`get_scale_min_k4`, as ggml's `utmp` shuffle computes them).
-fn unpack_scales_mins(u0: u32, u1: u32, u2: u32) -> ([i32; 8], [i32; 8]) {
+pub(crate) fn unpack_scales_mins(u0: u32, u1: u32, u2: u32) -> ([i32; 8], [i32; 8]) {
     const M1: u32 = 0x3f3f_3f3f;
     const M2: u32 = 0x0f0f_0f0f;
     const M3: u32 = 0x0303_0303;
