@@ -57,7 +57,7 @@ pub struct PlacementArgs {
     pub op_offload: String,
     /// Keep the weights in the file's row order. By default, weight matrices read only by the
     /// CPU (routed experts routed there, attention, dense and shared FFNs) have their rows
-    /// interleaved at load time (Q4_K and Q6_K so far) for the fast one-token kernels, as
+    /// interleaved at load time (Q4_K, Q6_K and Q8_0 so far) for the fast one-token kernels, as
     /// ik_llama.cpp's -rtr does; --exact never repacks.
     #[arg(long = "no-repack")]
     pub no_repack: bool,

@@ -436,6 +436,21 @@ impl WeightTile {
                     }
                 }
             }
+            GgmlType::Q8_0 => {
+                for (b, o) in group.chunks_exact(r16 * 34).enumerate().take(n_in / 32) {
+                    for r in 0..r16 {
+                        self.scale[b * r16 + r] = rd_f16(o, 2 * r);
+                    }
+                    for g in 0..8 {
+                        let src: &[u8; 64] = o[32 + 64 * g..][..64].try_into().unwrap();
+                        let at = (8 * b + g) * 64;
+                        let dst: &mut [u8; 64] = (&mut self.q[at..at + 64]).try_into().unwrap();
+                        for i in 0..64 {
+                            dst[i] = src[i] ^ 0x80; // two's complement + 128, as decode_q8_0
+                        }
+                    }
+                }
+            }
             _ => unreachable!("gemm_q8_interleaved checked the type has an interleaved layout"),
         }
     }
@@ -1080,7 +1095,7 @@ mod tests {
             return;
         }
         let mut seed = 5u64;
-        for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
+        for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0] {
             let (n_in, n_rows, n_tok) = (512, 48, 7);
             let rb = ty.row_bytes(n_in as u64).unwrap() as usize;
             let mut wq = vec![0u8; rb * n_rows];

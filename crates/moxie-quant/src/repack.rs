@@ -17,6 +17,9 @@
 //!   with ggml's `utmp` shuffle on 16 lanes), the 128 quant bytes as 32 words (word `8j + g`:
 //!   low nibbles are elements `64j + 4g ..+4`, sub-block `2j`; high nibbles `64j + 32 + 4g ..+4`,
 //!   sub-block `2j + 1`);
+//! - Q8_0, per run of 8 blocks (256 elements, 4352 bytes): per block, `d` (16 x f16) and its 8
+//!   quant words (signed bytes, made unsigned with `^ 0x80` for `vpdpbusd`, the offset taken
+//!   back with the activations' block sum);
 //! - Q6_K (3360 bytes): `d` (16 x f16), the 16 scales (`[sub-block][row]` i8), then for each of
 //!   16 steps `8n + g` the words `ql[64n + 4g]`, `ql[64n + 32 + 4g]` and `qh[32n + 4g]`, which
 //!   hold elements `128n + 32k + 4g ..+4` for k = 0..3 (sub-block `8n + 2k + g / 4`).
@@ -34,10 +37,14 @@ pub const REPACK_ROWS: usize = 16;
 
 const Q4K_BLOCK: usize = 144;
 const Q6K_BLOCK: usize = 210;
+/// Q8_0 is laid out per 8 blocks (256 elements) like the super-block types.
+const Q8_0_X8: usize = 8 * 34;
 const Q8K_BLOCK: usize = 292;
 /// Bytes of one 16-row group's super-block.
 const Q4K_GROUP_BLOCK: usize = REPACK_ROWS * Q4K_BLOCK;
 const Q6K_GROUP_BLOCK: usize = REPACK_ROWS * Q6K_BLOCK;
+/// Bytes of one 16-row group's Q8_0 block: 16 x f16 scales, then 8 words of 16 rows.
+const Q8_0_GROUP_BLOCK: usize = REPACK_ROWS * 34;
 
 /// A run of `count` units of `unit` bytes at byte `src` of a block, stored interleaved as
 /// `[unit index][row][unit]`.
@@ -60,9 +67,11 @@ fn fields(ty: GgmlType) -> Option<(&'static [Field], usize)> {
         field(16, 4, 32),
     ];
     const Q6K: &[Field] = &q6_k_fields();
+    const Q80: &[Field] = &q8_0_fields();
     match ty {
         GgmlType::Q4_K => Some((Q4K, Q4K_BLOCK)),
         GgmlType::Q6_K => Some((Q6K, Q6K_BLOCK)),
+        GgmlType::Q8_0 => Some((Q80, Q8_0_X8)),
         _ => None,
     }
 }
@@ -81,6 +90,18 @@ const fn q6_k_fields() -> [Field; 50] {
         f[3 + 3 * step] = field(64 * n + 32 + 4 * g, 4, 1);
         f[4 + 3 * step] = field(128 + 32 * n + 4 * g, 4, 1);
         step += 1;
+    }
+    f
+}
+
+/// Q8_0, per block of 32 of the 8 in a run of 256: its `d`, then its 8 quant words.
+const fn q8_0_fields() -> [Field; 16] {
+    let mut f = [const { field(0, 0, 0) }; 16];
+    let mut b = 0;
+    while b < 8 {
+        f[2 * b] = field(34 * b, 2, 1);
+        f[2 * b + 1] = field(34 * b + 2, 4, 8);
+        b += 1;
     }
     f
 }
@@ -144,12 +165,13 @@ fn shuffle(
 }
 
 /// The 16 products of one interleaved row group of `ty` (`group`: `n_in / 256` super-blocks)
-/// with one Q8_K activation row `act`, into `out`: the AVX-512 VNNI kernel where the CPU has
+/// with one activation row `act` of its dot partner (Q8_K; Q8_0 for Q8_0), into `out`: the AVX-512 VNNI kernel where the CPU has
 /// it, else the portable one (the same arithmetic, bit for bit).
 pub fn gemv(ty: GgmlType, n_in: usize, group: &[u8], act: &[u8], out: &mut [f32; REPACK_ROWS]) {
     match ty {
         GgmlType::Q4_K => gemv_q4_k_r16(n_in, group, act, out),
         GgmlType::Q6_K => gemv_q6_k_r16(n_in, group, act, out),
+        GgmlType::Q8_0 => gemv_q8_0_r16(n_in, group, act, out),
         _ => panic!("{ty} has no interleaved layout"),
     }
 }
@@ -264,6 +286,47 @@ pub fn gemv_q6_k_r16_scalar(group: &[u8], act: &[u8], out: &mut [f32; REPACK_ROW
             }
             let d = rd_f16(o, 2 * r) * yd;
             acc[r] = d.mul_add(sumi as f32, acc[r]);
+        }
+    }
+    *out = acc;
+}
+
+/// [`gemv`] for Q8_0 (activations Q8_0).
+pub fn gemv_q8_0_r16(n_in: usize, group: &[u8], act: &[u8], out: &mut [f32; REPACK_ROWS]) {
+    let nb = n_in / 32;
+    let group = &group[..nb * Q8_0_GROUP_BLOCK];
+    let act = &act[..nb * 34];
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd_level() == crate::SimdLevel::Avx512 {
+        // SAFETY: the AVX-512 level is only reported after AVX-512 F/BW/VL/VNNI were detected at
+        // run time; the slices hold exactly `nb` blocks (checked by the slicing above).
+        unsafe { avx512::gemv_q8_0_r16(group, act, out) };
+        return;
+    }
+    gemv_q8_0_r16_scalar(group, act, out);
+}
+
+/// Portable [`gemv_q8_0_r16`]: per row and block, the exact integer `Σ w·y` (computed as
+/// `Σ (w + 128)·y - 128·Σ y`, as the unsigned-by-signed kernel does), then
+/// `(d_w * d_y) * isum` as ggml.
+pub fn gemv_q8_0_r16_scalar(group: &[u8], act: &[u8], out: &mut [f32; REPACK_ROWS]) {
+    let mut acc = [0f32; REPACK_ROWS];
+    for (o, y) in group
+        .chunks_exact(Q8_0_GROUP_BLOCK)
+        .zip(act.chunks_exact(34))
+    {
+        let dy = rd_f16(y, 0);
+        let ysum: i32 = y[2..34].iter().map(|&v| v as i8 as i32).sum();
+        for r in 0..REPACK_ROWS {
+            let mut isum = 0i32;
+            for g in 0..8 {
+                let w = &o[32 + (g * REPACK_ROWS + r) * 4..][..4];
+                for i in 0..4 {
+                    isum += (w[i] ^ 0x80) as i32 * y[2 + 4 * g + i] as i8 as i32;
+                }
+            }
+            let d = rd_f16(o, 2 * r) * dy;
+            acc[r] = d.mul_add((isum - 128 * ysum) as f32, acc[r]);
         }
     }
     *out = acc;
@@ -451,13 +514,37 @@ mod avx512 {
         // SAFETY: `out` is 16 f32 = 64 writable bytes; `storeu` has no alignment requirement.
         unsafe { _mm512_storeu_ps(out.as_mut_ptr(), acc) };
     }
+
+    /// See [`super::gemv_q8_0_r16`]; `group` and `act` hold the same number of blocks.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(super) fn gemv_q8_0_r16(group: &[u8], act: &[u8], out: &mut [f32; REPACK_ROWS]) {
+        let flip = _mm512_set1_epi8(-128);
+        let mut acc = _mm512_setzero_ps();
+        for (o, y) in group
+            .chunks_exact(super::Q8_0_GROUP_BLOCK)
+            .zip(act.chunks_exact(34))
+        {
+            let dy = _mm512_set1_ps(crate::common::rd_f16(y, 0));
+            let d = _mm512_mul_ps(ld_f16(o, 0), dy);
+            let ysum: i32 = y[2..34].iter().map(|&v| v as i8 as i32).sum();
+            let mut isum = _mm512_set1_epi32(-128 * ysum);
+            for g in 0..8 {
+                let w = _mm512_xor_si512(ld(o, 32 + 64 * g), flip);
+                let yw = _mm512_set1_epi32(rd_u32(y, 2 + 4 * g) as i32);
+                isum = _mm512_dpbusd_epi32(isum, w, yw);
+            }
+            acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(isum), acc);
+        }
+        // SAFETY: `out` is 16 f32 = 64 writable bytes; `storeu` has no alignment requirement.
+        unsafe { _mm512_storeu_ps(out.as_mut_ptr(), acc) };
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const TYPES: [GgmlType; 2] = [GgmlType::Q4_K, GgmlType::Q6_K];
+    const TYPES: [GgmlType; 3] = [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0];
 
     fn lcg(seed: &mut u64) -> f32 {
         *seed = seed
@@ -466,7 +553,7 @@ mod tests {
         ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
 
-    /// Random `ty` rows (quantized from random values) and Q8_K activations.
+    /// Random `ty` rows (quantized from random values) and activations of its dot partner.
     fn data(ty: GgmlType, n_rows: usize, n_in: usize, seed: &mut u64) -> (Vec<u8>, Vec<u8>) {
         let rb = ty.row_bytes(n_in as u64).unwrap() as usize;
         let mut w = vec![0u8; n_rows * rb];
@@ -476,7 +563,7 @@ mod tests {
             q(&x, row);
         }
         let x: Vec<f32> = (0..n_in).map(|_| lcg(seed) * 3.0).collect();
-        let act = GgmlType::Q8_K;
+        let act = crate::vec_dot_type(ty).unwrap();
         let mut a = vec![0u8; act.row_bytes(n_in as u64).unwrap() as usize];
         crate::quantize_fn(act).unwrap()(&x, &mut a);
         (w, a)
@@ -515,7 +602,8 @@ mod tests {
                 let mut scalar = [0f32; REPACK_ROWS];
                 match ty {
                     GgmlType::Q4_K => gemv_q4_k_r16_scalar(group, &a, &mut scalar),
-                    _ => gemv_q6_k_r16_scalar(group, &a, &mut scalar),
+                    GgmlType::Q6_K => gemv_q6_k_r16_scalar(group, &a, &mut scalar),
+                    _ => gemv_q8_0_r16_scalar(group, &a, &mut scalar),
                 }
                 assert_eq!(got.map(f32::to_bits), scalar.map(f32::to_bits), "{ty}");
                 for (i, &g) in got.iter().enumerate() {
