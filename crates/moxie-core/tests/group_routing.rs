@@ -12,7 +12,7 @@
 //! token at a time) is printed beside it: it drifts as far, for the same reason (one f16
 //! rounding of a key, query or probability flips).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use moxie_core::synth::{self, SynthSpec, SynthType};
@@ -20,20 +20,10 @@ use moxie_core::{Logits, Model, Numerics, Parallel};
 use moxie_gguf::GgufFile;
 
 mod common;
-use common::kld_per_row;
+use common::{kld_per_row, tmp_dir};
 
 const N_SEQ: u64 = 6;
 const N_TOK: usize = 16;
-
-fn tmp_dir(test: &str) -> PathBuf {
-    let base = std::env::var_os("CARGO_TARGET_TMPDIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(std::env::temp_dir);
-    let d = base.join(format!("moxie-group-routing-{test}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
 
 /// deepseek2-tiny with 64 experts in 8 groups (4 used), top-8.
 fn spec(gating: &str, ty: &str) -> SynthSpec {
@@ -86,7 +76,7 @@ fn mean(x: &[f64]) -> f64 {
 }
 
 fn check(gating: &str) {
-    let dir = tmp_dir(gating);
+    let dir = tmp_dir(&format!("group-routing-{gating}"));
     let master = load(&spec(gating, "F32"), &dir.join("f32.gguf"));
     let model = load(&spec(gating, "Q4_K_M"), &dir.join("q4_k_m.gguf"));
     let n_vocab = model.config.n_vocab;

@@ -7,13 +7,13 @@
 //! directory or file fails the test.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use moxie_core::synth::{self, HeaderSpec, SynthSpec};
 use moxie_gguf::{GgmlType, GgufFile, Value};
 
 mod common;
-use common::fixtures;
+use common::{fixtures, tmp_dir};
 
 /// Metadata keys of the fixtures not compared: free text about how the file was made.
 const PROSE_KEYS: [&str; 3] = [
@@ -21,16 +21,6 @@ const PROSE_KEYS: [&str; 3] = [
     "moxie.header_only.sources",
     "moxie.header_only.uncertain",
 ];
-
-fn tmp_dir(test: &str) -> PathBuf {
-    let base = std::env::var_os("CARGO_TARGET_TMPDIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(std::env::temp_dir);
-    let d = base.join(format!("moxie-header-{test}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
 
 fn read_json(path: &Path) -> serde_json::Value {
     let text = std::fs::read_to_string(path)
@@ -50,7 +40,7 @@ fn open_fixture(path: &Path) -> GgufFile {
 #[test]
 fn generated_headers_match_the_fixture_files() {
     let fx = fixtures().join("headers");
-    let dir = tmp_dir("fixtures");
+    let dir = tmp_dir("header-fixtures");
     for (preset, stem) in [
         ("deepseek-v3-671b", "DeepSeek-V3-671B-Q4_K_M"),
         ("glm-4.7-355b", "GLM-4.7-355B-Q4_K_M"),
@@ -108,7 +98,7 @@ fn generated_headers_match_the_fixture_files() {
 
 #[test]
 fn glm_5_1_has_the_published_shape() {
-    let dir = tmp_dir("glm51");
+    let dir = tmp_dir("header-glm51");
     let path = dir.join("glm-5.1.gguf");
     let report = synth::write_header_only("glm-5.1-744b", &path).unwrap();
     let f = GgufFile::open_header_only(&path).unwrap();
@@ -236,7 +226,7 @@ fn glm_5_1_has_the_published_shape() {
 
 #[test]
 fn unknown_presets_fail_with_the_list() {
-    let dir = tmp_dir("bad");
+    let dir = tmp_dir("header-bad");
     let path = dir.join("x.gguf");
     let e = synth::write_header_only("glm-6", &path)
         .unwrap_err()

@@ -14,20 +14,9 @@ use moxie_core::{Logits, Model, Parallel};
 use moxie_gguf::{GgmlType, GgufFile, Value};
 
 mod common;
-use common::fixtures;
+use common::{fixtures, tmp_dir};
 
 const ARCHS: [&str; 3] = ["deepseek2", "glm4moe", "qwen3moe"];
-
-/// A fresh directory under the target dir's tmp (removed at the start of each test).
-fn tmp_dir(test: &str) -> PathBuf {
-    let base = std::env::var_os("CARGO_TARGET_TMPDIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(std::env::temp_dir);
-    let d = base.join(format!("moxie-synth-{test}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
 
 fn tiny(arch: &str, ty: &str) -> SynthSpec {
     let mut spec = SynthSpec::preset(&format!("{arch}-tiny")).unwrap();
@@ -84,7 +73,7 @@ fn same_scalars(ours: &GgufFile, fixture: &GgufFile, what: &str) {
 #[test]
 fn tiny_models_match_the_fixtures_layout() {
     let fx = fixtures();
-    let dir = tmp_dir("layout");
+    let dir = tmp_dir("synth-layout");
     for arch in ARCHS {
         let fixture = GgufFile::open(&fx.join(format!("models/{arch}-tiny-F32.gguf"))).unwrap();
         let (path, report) = gen(&tiny(arch, "F32"), &dir, &format!("{arch}-F32.gguf"));
@@ -139,7 +128,7 @@ fn tiny_models_match_the_fixtures_layout() {
 #[test]
 fn tiny_q4_k_m_types_follow_llama_quantize() {
     let fx = fixtures();
-    let dir = tmp_dir("q4km");
+    let dir = tmp_dir("synth-q4km");
     for arch in ARCHS {
         let fixture = GgufFile::open(&fx.join(format!("models/{arch}-tiny-Q4_K_M.gguf"))).unwrap();
         let (path, _) = gen(&tiny(arch, "Q4_K_M"), &dir, &format!("{arch}-Q4_K_M.gguf"));
@@ -161,7 +150,7 @@ fn tiny_q4_k_m_types_follow_llama_quantize() {
 
 #[test]
 fn pure_types_quantize_every_matrix() {
-    let dir = tmp_dir("plain");
+    let dir = tmp_dir("synth-plain");
     for (ty, ft) in [
         ("Q8_0", 7),
         ("Q4_K", 14),
@@ -251,7 +240,7 @@ fn value_std(f: &GgufFile, name: &str) -> f64 {
 
 #[test]
 fn iq_file_types_write_random_blocks_with_the_weights_spread() {
-    let dir = tmp_dir("iq");
+    let dir = tmp_dir("synth-iq");
     for arch in ARCHS {
         for ty in ["IQ2_M", "IQ1_M", "IQ2_XXS", "IQ3_XXS"] {
             let spec = tiny(arch, ty);
@@ -305,7 +294,7 @@ fn iq_file_types_write_random_blocks_with_the_weights_spread() {
 
 #[test]
 fn same_seed_same_bytes_other_seed_other_weights() {
-    let dir = tmp_dir("seed");
+    let dir = tmp_dir("synth-seed");
     let spec = tiny("glm4moe", "Q4_K_M");
     let (a, _) = gen(&spec, &dir, "a.gguf");
     // Thread count must not matter.
@@ -327,7 +316,7 @@ fn same_seed_same_bytes_other_seed_other_weights() {
 #[test]
 fn weights_are_scaled_like_the_fixtures() {
     let fx = fixtures();
-    let dir = tmp_dir("scale");
+    let dir = tmp_dir("synth-scale");
     for arch in ARCHS {
         let fixture = GgufFile::open(&fx.join(format!("models/{arch}-tiny-F32.gguf"))).unwrap();
         let (path, _) = gen(&tiny(arch, "F32"), &dir, &format!("{arch}.gguf"));
@@ -406,7 +395,7 @@ fn bad_specs_are_errors() {
     assert!(s.shape.set("n_expert", "four").is_err());
     s.shape.set("n_expert", "8").unwrap();
     assert_eq!(s.shape.n_expert, 8);
-    let dir = tmp_dir("bad");
+    let dir = tmp_dir("synth-bad");
     let mut s = tiny("deepseek2", "F32");
     s.shape.qk_rope_dim = 3;
     assert!(synth::generate(&s, &dir.join("x.gguf")).is_err());
@@ -516,7 +505,7 @@ fn bench_ds_and_bench_qwen_are_aliases() {
 
 #[test]
 fn generated_tiny_models_run_with_peaked_logits() {
-    let dir = tmp_dir("run");
+    let dir = tmp_dir("synth-run");
     for arch in ARCHS {
         for ty in ["F32", "Q4_K_M"] {
             let (path, _) = gen(&tiny(arch, ty), &dir, &format!("{arch}-{ty}.gguf"));
@@ -559,7 +548,7 @@ fn generated_tiny_models_run_with_peaked_logits() {
 
 #[test]
 fn decode_bytes_count_every_dense_weight_and_the_selected_experts_share() {
-    let dir = tmp_dir("decode-bytes");
+    let dir = tmp_dir("synth-decode-bytes");
     let (path, _) = gen(&tiny("deepseek2", "Q4_K_M"), &dir, "ds.gguf");
     let file = Arc::new(GgufFile::open(&path).unwrap());
     let model = Model::load(Arc::clone(&file)).unwrap();

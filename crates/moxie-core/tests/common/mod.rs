@@ -162,3 +162,16 @@ pub fn kld_per_row(a: &[f32], b: &[f32], n_vocab: usize) -> Vec<f64> {
         })
         .collect()
 }
+
+/// A fresh directory `moxie-{what}-{pid}` under the target dir's tmp (emptied first), for a
+/// test's generated files.
+#[allow(dead_code)] // not every test binary writes files
+pub fn tmp_dir(what: &str) -> PathBuf {
+    let base = std::env::var_os("CARGO_TARGET_TMPDIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
+    let d = base.join(format!("moxie-{what}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
