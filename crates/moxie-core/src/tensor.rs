@@ -445,11 +445,7 @@ impl<'a> Mat<'a> {
         let n_tok = acts.n_rows();
         let len = rows.len();
         debug_assert_eq!(out.len(), n_tok * len);
-        // Where row `i` of the chunk lands for token `t`.
-        let at = |i: usize, t: usize| {
-            let (k, w) = (i / TILE, TILE.min(len - i / TILE * TILE));
-            k * TILE * n_tok + t * w + i % TILE
-        };
+        let at = |i: usize, t: usize| tile_order(i, t, len, n_tok);
         match kernel {
             Kernel::Dot(dot) => {
                 for t in 0..n_tok {
@@ -535,19 +531,14 @@ impl<'a> Mat<'a> {
         let len = rows.len();
         let groups = rows.start / REPACK_ROWS..rows.end.div_ceil(REPACK_ROWS);
         if let Kernel::Interleaved = kernel {
-            let at = |i: usize, t: usize| {
-                let (k, w) = (i / TILE, TILE.min(len - i / TILE * TILE));
-                k * TILE * n_tok + t * w + i % TILE
-            };
-            let mut res = [0f32; REPACK_ROWS];
-            for g in groups {
-                let first = g * REPACK_ROWS;
-                let (lo, hi) = (rows.start.max(first), rows.end.min(first + REPACK_ROWS));
-                for t in 0..n_tok {
-                    repack::gemv(self.ty, self.n_in, self.group(g), acts.row(t), &mut res);
-                    for r in lo..hi {
-                        out[at(r - rows.start, t)] = res[r - first];
-                    }
+            if n_tok == 1 {
+                return self.interleaved_gemv(true, rows, acts.row(0), out);
+            }
+            scratch.resize(len, 0.0);
+            for t in 0..n_tok {
+                self.interleaved_gemv(true, rows.clone(), acts.row(t), scratch);
+                for (i, &v) in scratch.iter().enumerate() {
+                    out[tile_order(i, t, len, n_tok)] = v;
                 }
             }
             return;
@@ -835,6 +826,13 @@ impl ChunkedLayout {
 /// From this many activation rows on, [`Numerics::Fast`] uses the int8 GEMM: decoding a weight
 /// tile once then costs less than `vec_dot` unpacking it per token.
 const GEMM_MIN_TOKENS: usize = 4;
+
+/// Where [`Mat::rows_times`] puts row `i` of a `len`-row chunk for token `t` of `n_tok`: runs of
+/// [`TILE`] rows (the last may be shorter), token-major within a run.
+fn tile_order(i: usize, t: usize, len: usize, n_tok: usize) -> usize {
+    let (k, w) = (i / TILE, TILE.min(len - i / TILE * TILE));
+    k * TILE * n_tok + t * w + i % TILE
+}
 
 thread_local! {
     /// Groups of an interleaved matrix put back in GGUF order, per thread.

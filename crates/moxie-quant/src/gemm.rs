@@ -616,7 +616,7 @@ fn gemm_q8_rows(
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) use platform::{unpack_tile_q4_k, unpack_tile_q6_k};
+pub(crate) use platform::{lane_byte, unpack_tile_q4_k, unpack_tile_q6_k};
 
 #[cfg(target_arch = "x86_64")]
 mod platform {
@@ -719,7 +719,7 @@ mod platform {
 
     /// Byte `i` of every 32-bit lane, zero-extended.
     #[target_feature(enable = "avx512f")]
-    fn lane_byte(v: __m512i, i: u32) -> __m512i {
+    pub(crate) fn lane_byte(v: __m512i, i: u32) -> __m512i {
         _mm512_and_si512(
             _mm512_srlv_epi32(v, _mm512_set1_epi32(8 * i as i32)),
             _mm512_set1_epi32(0xFF),

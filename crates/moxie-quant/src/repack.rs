@@ -164,38 +164,43 @@ fn shuffle(
     }
 }
 
-/// The 16 products of one interleaved row group of `ty` (`group`: `n_in / 256` super-blocks)
-/// with one activation row `act` of its dot partner (Q8_K; Q8_0 for Q8_0), into `out`: the AVX-512 VNNI kernel where the CPU has
-/// it, else the portable one (the same arithmetic, bit for bit).
-pub fn gemv(ty: GgmlType, n_in: usize, group: &[u8], act: &[u8], out: &mut [f32; REPACK_ROWS]) {
-    match ty {
-        GgmlType::Q4_K => gemv_q4_k_r16(n_in, group, act, out),
-        GgmlType::Q6_K => gemv_q6_k_r16(n_in, group, act, out),
-        GgmlType::Q8_0 => gemv_q8_0_r16(n_in, group, act, out),
-        _ => panic!("{ty} has no interleaved layout"),
-    }
-}
+/// A one-token kernel over whole blocks of one group: (group, activations, out).
+type GroupKernel = fn(&[u8], &[u8], &mut [f32; REPACK_ROWS]);
 
-/// The 16 products of one repacked row group (`group`: `n_in / 256` super-blocks of 2304
-/// bytes) with one Q8_K activation row `act`, into `out`. Runs the AVX-512 VNNI kernel where
-/// the CPU has it, else [`gemv_q4_k_r16_scalar`] (the same arithmetic, bit for bit).
-pub fn gemv_q4_k_r16(n_in: usize, group: &[u8], act: &[u8], out: &mut [f32; REPACK_ROWS]) {
-    let nb = n_in / 256;
-    let group = &group[..nb * Q4K_GROUP_BLOCK];
-    let act = &act[..nb * Q8K_BLOCK];
+/// The 16 products of one interleaved row group of `ty` (`group`: `n_in / 256` super-blocks)
+/// with one activation row `act` of its dot partner (Q8_K; Q8_0 for Q8_0), into `out`: the
+/// AVX-512 VNNI kernel where the CPU has it, else the portable one (the same arithmetic, bit
+/// for bit). Panics for a type without an interleaved layout.
+pub fn gemv(ty: GgmlType, n_in: usize, group: &[u8], act: &[u8], out: &mut [f32; REPACK_ROWS]) {
+    // (elements per kernel block, group bytes per block, activation bytes per block, kernel)
+    let (elems, group_block, act_block, portable): (usize, usize, usize, GroupKernel) = match ty {
+        GgmlType::Q4_K => (256, Q4K_GROUP_BLOCK, Q8K_BLOCK, gemv_q4_k_r16_scalar),
+        GgmlType::Q6_K => (256, Q6K_GROUP_BLOCK, Q8K_BLOCK, gemv_q6_k_r16_scalar),
+        GgmlType::Q8_0 => (32, Q8_0_GROUP_BLOCK, 34, gemv_q8_0_r16_scalar),
+        _ => panic!("{ty} has no interleaved layout"),
+    };
+    let nb = n_in / elems;
+    let group = &group[..nb * group_block];
+    let act = &act[..nb * act_block];
     #[cfg(target_arch = "x86_64")]
     if crate::simd_level() == crate::SimdLevel::Avx512 {
-        // SAFETY: the AVX-512 level is only reported after AVX-512 F/BW/VL/VNNI were detected at
-        // run time; the slices hold exactly `nb` blocks (checked by the slicing above).
-        unsafe { avx512::gemv_q4_k_r16(group, act, out) };
+        // SAFETY: the AVX-512 level is only reported after AVX-512 F/BW/VL/VNNI, AVX2, FMA and
+        // F16C were detected at run time; the slices hold exactly `nb` blocks (sliced above).
+        unsafe {
+            match ty {
+                GgmlType::Q4_K => avx512::gemv_q4_k_r16(group, act, out),
+                GgmlType::Q6_K => avx512::gemv_q6_k_r16(group, act, out),
+                _ => avx512::gemv_q8_0_r16(group, act, out),
+            }
+        }
         return;
     }
-    gemv_q4_k_r16_scalar(group, act, out);
+    portable(group, act, out);
 }
 
-/// Portable [`gemv_q4_k_r16`]: per row, exact integer sums per sub-block, then ggml's two
+/// The portable Q4_K kernel of [`gemv`]: per row, exact integer sums per sub-block, then ggml's two
 /// float terms per super-block.
-pub fn gemv_q4_k_r16_scalar(group: &[u8], act: &[u8], out: &mut [f32; REPACK_ROWS]) {
+fn gemv_q4_k_r16_scalar(group: &[u8], act: &[u8], out: &mut [f32; REPACK_ROWS]) {
     let mut acc = [0f32; REPACK_ROWS];
     let mut acc_m = [0f32; REPACK_ROWS];
     for (o, y) in group
@@ -234,24 +239,9 @@ pub fn gemv_q4_k_r16_scalar(group: &[u8], act: &[u8], out: &mut [f32; REPACK_ROW
     }
 }
 
-/// [`gemv`] for Q6_K.
-pub fn gemv_q6_k_r16(n_in: usize, group: &[u8], act: &[u8], out: &mut [f32; REPACK_ROWS]) {
-    let nb = n_in / 256;
-    let group = &group[..nb * Q6K_GROUP_BLOCK];
-    let act = &act[..nb * Q8K_BLOCK];
-    #[cfg(target_arch = "x86_64")]
-    if crate::simd_level() == crate::SimdLevel::Avx512 {
-        // SAFETY: the AVX-512 level is only reported after AVX-512 F/BW/VL/VNNI were detected at
-        // run time; the slices hold exactly `nb` blocks (checked by the slicing above).
-        unsafe { avx512::gemv_q6_k_r16(group, act, out) };
-        return;
-    }
-    gemv_q6_k_r16_scalar(group, act, out);
-}
-
-/// Portable [`gemv_q6_k_r16`]: per row and sub-block of 16, the exact integer
+/// The portable Q6_K kernel of [`gemv`]: per row and sub-block of 16, the exact integer
 /// `Σ (q - 32)·y` (as `Σ q·y - 32·bsum`), times the scale, summed; then `(d * y.d) * sum`.
-pub fn gemv_q6_k_r16_scalar(group: &[u8], act: &[u8], out: &mut [f32; REPACK_ROWS]) {
+fn gemv_q6_k_r16_scalar(group: &[u8], act: &[u8], out: &mut [f32; REPACK_ROWS]) {
     let mut acc = [0f32; REPACK_ROWS];
     for (o, y) in group
         .chunks_exact(Q6K_GROUP_BLOCK)
@@ -291,25 +281,10 @@ pub fn gemv_q6_k_r16_scalar(group: &[u8], act: &[u8], out: &mut [f32; REPACK_ROW
     *out = acc;
 }
 
-/// [`gemv`] for Q8_0 (activations Q8_0).
-pub fn gemv_q8_0_r16(n_in: usize, group: &[u8], act: &[u8], out: &mut [f32; REPACK_ROWS]) {
-    let nb = n_in / 32;
-    let group = &group[..nb * Q8_0_GROUP_BLOCK];
-    let act = &act[..nb * 34];
-    #[cfg(target_arch = "x86_64")]
-    if crate::simd_level() == crate::SimdLevel::Avx512 {
-        // SAFETY: the AVX-512 level is only reported after AVX-512 F/BW/VL/VNNI were detected at
-        // run time; the slices hold exactly `nb` blocks (checked by the slicing above).
-        unsafe { avx512::gemv_q8_0_r16(group, act, out) };
-        return;
-    }
-    gemv_q8_0_r16_scalar(group, act, out);
-}
-
-/// Portable [`gemv_q8_0_r16`]: per row and block, the exact integer `Σ w·y` (computed as
+/// The portable Q8_0 kernel of [`gemv`]: per row and block, the exact integer `Σ w·y` (computed as
 /// `Σ (w + 128)·y - 128·Σ y`, as the unsigned-by-signed kernel does), then
 /// `(d_w * d_y) * isum` as ggml.
-pub fn gemv_q8_0_r16_scalar(group: &[u8], act: &[u8], out: &mut [f32; REPACK_ROWS]) {
+fn gemv_q8_0_r16_scalar(group: &[u8], act: &[u8], out: &mut [f32; REPACK_ROWS]) {
     let mut acc = [0f32; REPACK_ROWS];
     for (o, y) in group
         .chunks_exact(Q8_0_GROUP_BLOCK)
@@ -362,19 +337,12 @@ mod avx512 {
 
     use super::{Q4K_GROUP_BLOCK, Q8K_BLOCK, REPACK_ROWS};
     use crate::common::{rd_f32, rd_i16, rd_u32};
-
-    /// 64 bytes at `off` of `s`.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-    fn ld(s: &[u8], off: usize) -> __m512i {
-        let s: &[u8; 64] = s[off..off + 64].try_into().unwrap();
-        // SAFETY: `s` is exactly 64 readable bytes; `loadu` has no alignment requirement.
-        unsafe { _mm512_loadu_si512(s.as_ptr().cast()) }
-    }
+    use crate::gemm::lane_byte;
+    use crate::simd::x86_avx512::ld512;
 
     /// 16 f16 at `off` of `s` as f32.
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     fn ld_f16(s: &[u8], off: usize) -> __m512 {
         let s: &[u8; 32] = s[off..off + 32].try_into().unwrap();
         // SAFETY: `s` is exactly 32 readable bytes; `loadu` has no alignment requirement.
@@ -382,18 +350,8 @@ mod avx512 {
         _mm512_cvtph_ps(h)
     }
 
-    /// Byte `i` of every i32 lane, zero-extended.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-    fn lane_byte(v: __m512i, i: u32) -> __m512i {
-        _mm512_and_si512(
-            _mm512_srlv_epi32(v, _mm512_set1_epi32(8 * i as i32)),
-            _mm512_set1_epi32(0xFF),
-        )
-    }
-
-    /// See [`super::gemv_q4_k_r16`]; `group` and `act` hold the same number of super-blocks.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    /// [`super::gemv`] for Q4_K; `group` and `act` hold the same number of super-blocks.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     pub(super) fn gemv_q4_k_r16(group: &[u8], act: &[u8], out: &mut [f32; REPACK_ROWS]) {
         let m4 = _mm512_set1_epi8(0xF);
         let (m1, m2, m3) = (
@@ -410,7 +368,7 @@ mod avx512 {
             let yd = _mm512_set1_ps(rd_f32(y, 0));
             let d = _mm512_mul_ps(ld_f16(o, 0), yd);
             let dmin = _mm512_mul_ps(ld_f16(o, 32), yd);
-            let (u0, u1, u2) = (ld(o, 64), ld(o, 128), ld(o, 192));
+            let (u0, u1, u2) = (ld512(o, 64), ld512(o, 128), ld512(o, 192));
             // ggml's utmp words on 16 lanes: scales 0..3, 4..7, mins 0..3, 4..7 (a byte each)
             let sc_lo = _mm512_and_si512(u0, m1);
             let sc_hi = _mm512_or_si512(
@@ -428,7 +386,7 @@ mod avx512 {
                 let mut lo = _mm512_setzero_si512();
                 let mut hi = _mm512_setzero_si512();
                 for g in 0..8 {
-                    let q = ld(o, 256 + (j * 8 + g) * 64);
+                    let q = ld512(o, 256 + (j * 8 + g) * 64);
                     let ql = _mm512_and_si512(q, m4);
                     let qh = _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4);
                     let ya = _mm512_set1_epi32(rd_u32(y, 4 + 64 * j + 4 * g) as i32);
@@ -459,8 +417,8 @@ mod avx512 {
         unsafe { _mm512_storeu_ps(out.as_mut_ptr(), r) };
     }
 
-    /// See [`super::gemv_q6_k_r16`]; `group` and `act` hold the same number of super-blocks.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    /// [`super::gemv`] for Q6_K; `group` and `act` hold the same number of super-blocks.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     pub(super) fn gemv_q6_k_r16(group: &[u8], act: &[u8], out: &mut [f32; REPACK_ROWS]) {
         let m4 = _mm512_set1_epi8(0xF);
         let m30 = _mm512_set1_epi8(0x30);
@@ -475,7 +433,7 @@ mod avx512 {
             for n in 0..2 {
                 for g in 0..8 {
                     let step = 288 + (8 * n + g) * 192;
-                    let (a, b, h) = (ld(o, step), ld(o, step + 64), ld(o, step + 128));
+                    let (a, b, h) = (ld512(o, step), ld512(o, step + 64), ld512(o, step + 128));
                     let q = [
                         _mm512_or_si512(
                             _mm512_and_si512(a, m4),
@@ -515,8 +473,8 @@ mod avx512 {
         unsafe { _mm512_storeu_ps(out.as_mut_ptr(), acc) };
     }
 
-    /// See [`super::gemv_q8_0_r16`]; `group` and `act` hold the same number of blocks.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    /// [`super::gemv`] for Q8_0; `group` and `act` hold the same number of blocks.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     pub(super) fn gemv_q8_0_r16(group: &[u8], act: &[u8], out: &mut [f32; REPACK_ROWS]) {
         let flip = _mm512_set1_epi8(-128);
         let mut acc = _mm512_setzero_ps();
@@ -529,7 +487,7 @@ mod avx512 {
             let ysum: i32 = y[2..34].iter().map(|&v| v as i8 as i32).sum();
             let mut isum = _mm512_set1_epi32(-128 * ysum);
             for g in 0..8 {
-                let w = _mm512_xor_si512(ld(o, 32 + 64 * g), flip);
+                let w = _mm512_xor_si512(ld512(o, 32 + 64 * g), flip);
                 let yw = _mm512_set1_epi32(rd_u32(y, 2 + 4 * g) as i32);
                 isum = _mm512_dpbusd_epi32(isum, w, yw);
             }

@@ -51,7 +51,7 @@ entry!(dot_f16, dot_f16_imp, 1, 2, 2);
 /// Unaligned 64-byte load.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) fn ld512(s: &[u8], off: usize) -> __m512i {
+pub(crate) fn ld512(s: &[u8], off: usize) -> __m512i {
     let s: &[u8; 64] = s[off..off + 64].try_into().unwrap();
     // SAFETY: `s` is exactly 64 readable bytes; `loadu` has no alignment requirement.
     unsafe { _mm512_loadu_si512(s.as_ptr().cast()) }
