@@ -176,7 +176,7 @@ pub(crate) fn repack(model: &mut Model, on: bool) {
         return;
     }
     let t0 = std::time::Instant::now();
-    let (n, bytes) = model.interleave_cpu_weights();
+    let (n, bytes) = model.interleave_cpu_weights(&Parallel::available());
     if n > 0 {
         eprintln!(
             "repacked {n} weight tensors ({}) into interleaved rows in {:.1} s \

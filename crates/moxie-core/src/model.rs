@@ -139,7 +139,7 @@ impl Model {
     /// ik_llama.cpp's `-rtr`). Tensors are done one at a time and each mapped source is
     /// released after its copy, so resident memory stays about the model's size. Returns the
     /// tensors and bytes repacked.
-    pub fn interleave_cpu_weights(&mut self) -> (usize, u64) {
+    pub fn interleave_cpu_weights(&mut self, par: &crate::parallel::Parallel) -> (usize, u64) {
         use crate::blocks::{Ffn, Mixer};
         let mut tensors: Vec<&mut Tensor> = Vec::new();
         let layers = self
@@ -166,7 +166,7 @@ impl Model {
         }
         let (mut n, mut bytes) = (0, 0u64);
         for t in tensors {
-            if let Some(r) = t.interleaved() {
+            if let Some(r) = t.interleaved(par) {
                 bytes += r.data().len() as u64;
                 n += 1;
                 *t = r;

@@ -254,7 +254,7 @@ impl Tensor {
     /// process afterwards, so the model's resident memory does not double. Products with an
     /// interleaved matrix are the same numbers in [`Numerics::Exact`] (its rows are put back
     /// in GGUF order first) and agree to float rounding in [`Numerics::Fast`].
-    pub fn interleaved(&self) -> Option<Tensor> {
+    pub fn interleaved(&self, par: &Parallel) -> Option<Tensor> {
         let n_rows = self.ne[1] * self.ne[2] * self.ne[3];
         let fits = self.ne[1].is_multiple_of(REPACK_ROWS)
             && repack::repack_supports(self.ty, n_rows, self.ne[0]);
@@ -269,15 +269,16 @@ impl Tensor {
         let mut data = vec![0u8; src.len()];
         // Whole groups per thread: a 300 GB model is mostly this copy.
         let group = REPACK_ROWS * self.row_bytes();
-        let n_groups = n_rows / REPACK_ROWS;
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let per = n_groups.div_ceil(threads.min(n_groups).max(1)) * group;
-        std::thread::scope(|s| {
-            for (from, to) in src.chunks(per).zip(data.chunks_mut(per)) {
-                let rows = from.len() / group * REPACK_ROWS;
-                s.spawn(move || repack::repack(self.ty, from, rows, self.ne[0], to));
-            }
-        });
+        par.for_each_range(
+            n_rows / REPACK_ROWS,
+            group,
+            &mut data,
+            group,
+            |groups, to| {
+                let from = &src[groups.start * group..groups.end * group];
+                repack::repack(self.ty, from, groups.len() * REPACK_ROWS, self.ne[0], to);
+            },
+        );
         if let Some((file, index)) = released {
             file.release_tensor_pages(index);
         }

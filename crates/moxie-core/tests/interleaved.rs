@@ -28,7 +28,7 @@ fn interleaved_weights_change_no_exact_logit() {
     for case in &supported_models(&index) {
         let plain = load(&case.path);
         let mut model = load(&case.path);
-        let (n, bytes) = model.interleave_cpu_weights();
+        let (n, bytes) = model.interleave_cpu_weights(&par);
         if n == 0 {
             continue;
         }
