@@ -338,6 +338,7 @@ mod avx512 {
     use super::{Q4K_GROUP_BLOCK, Q8K_BLOCK, REPACK_ROWS};
     use crate::common::{rd_f32, rd_i16, rd_u32};
     use crate::gemm::lane_byte;
+    use crate::simd::x86_avx2::ld256;
     use crate::simd::x86_avx512::ld512;
 
     /// 16 f16 at `off` of `s` as f32.
@@ -484,7 +485,14 @@ mod avx512 {
         {
             let dy = _mm512_set1_ps(crate::common::rd_f16(y, 0));
             let d = _mm512_mul_ps(ld_f16(o, 0), dy);
-            let ysum: i32 = y[2..34].iter().map(|&v| v as i8 as i32).sum();
+            // Σ y of the block for the weights' +128: byte sums of y + 128, less 32·128.
+            let yu = _mm256_xor_si256(ld256(y, 2), _mm256_set1_epi8(-128));
+            let s4 = _mm256_sad_epu8(yu, _mm256_setzero_si256());
+            let s2 = _mm_add_epi64(
+                _mm256_castsi256_si128(s4),
+                _mm256_extracti128_si256::<1>(s4),
+            );
+            let ysum = (_mm_cvtsi128_si64(s2) + _mm_extract_epi64::<1>(s2)) as i32 - 32 * 128;
             let mut isum = _mm512_set1_epi32(-128 * ysum);
             for g in 0..8 {
                 let w = _mm512_xor_si512(ld512(o, 32 + 64 * g), flip);

@@ -71,7 +71,7 @@ entry!(dot_f16, dot_f16_imp, 1, 2, 2);
 /// Unaligned 32-byte load.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn ld256(s: &[u8], off: usize) -> __m256i {
+pub(crate) fn ld256(s: &[u8], off: usize) -> __m256i {
     let s: &[u8; 32] = s[off..off + 32].try_into().unwrap();
     // SAFETY: `s` is exactly 32 readable bytes; `loadu` has no alignment requirement.
     unsafe { _mm256_loadu_si256(s.as_ptr().cast()) }
