@@ -1063,28 +1063,7 @@ mod platform {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn lcg(seed: &mut u64) -> f32 {
-        *seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-
-    /// Random raw blocks of a grid type (no weight quantizer) with the scale 1/64.
-    fn random_grid_blocks(seed: &mut u64, ty: GgmlType, out: &mut [u8]) {
-        for b in out.iter_mut() {
-            *b = (lcg(seed).to_bits() >> 9) as u8;
-        }
-        let d = crate::f32_to_fp16(1.0 / 64.0);
-        for blk in out.chunks_exact_mut(ty.type_size()) {
-            if ty == GgmlType::IQ1_M {
-                crate::iq1::set_iq1m_scale(blk, d);
-            } else {
-                blk[..2].copy_from_slice(&d.to_le_bytes());
-            }
-        }
-    }
+    use crate::test_data::{act_rows, weight_rows};
 
     /// Interleaved groups give the int8 GEMM the tiles of their rows in GGUF order: the same
     /// results bit for bit.
@@ -1097,20 +1076,10 @@ mod tests {
         let mut seed = 5u64;
         for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0] {
             let (n_in, n_rows, n_tok) = (512, 48, 7);
-            let rb = ty.row_bytes(n_in as u64).unwrap() as usize;
-            let mut wq = vec![0u8; rb * n_rows];
-            let qw = crate::quantize_weights_fn(ty).unwrap();
-            for dst in wq.chunks_exact_mut(rb) {
-                let w: Vec<f32> = (0..n_in).map(|_| lcg(&mut seed)).collect();
-                qw(&w, dst);
-            }
+            let wq = weight_rows(ty, n_rows, n_in, &mut seed);
+            let xq = act_rows(ty, n_in, n_tok, &mut seed);
             let act = crate::vec_dot_type(ty).unwrap();
-            let arb = act.row_bytes(n_in as u64).unwrap() as usize;
-            let mut xq = vec![0u8; arb * n_tok];
-            for dst in xq.chunks_exact_mut(arb) {
-                let x: Vec<f32> = (0..n_in).map(|_| lcg(&mut seed) * 3.0).collect();
-                crate::quantize_fn(act).unwrap()(&x, dst);
-            }
+            let arb = xq.len() / n_tok;
             let acts = GemmActs::new(act, n_in, &xq, arb).unwrap();
             let mut packed = vec![0u8; wq.len()];
             crate::repack::repack(ty, &wq, n_rows, n_in, &mut packed);
@@ -1147,24 +1116,11 @@ mod tests {
         for ty in types.into_iter().chain(GgmlType::IQ_GRID) {
             let n_in = 512;
             let (n_rows, n_tok) = (37, 15);
-            let w: Vec<f32> = (0..n_in * n_rows).map(|_| lcg(&mut seed)).collect();
-            let x: Vec<f32> = (0..n_in * n_tok).map(|_| lcg(&mut seed) * 3.0).collect();
             let rb = ty.row_bytes(n_in as u64).unwrap() as usize;
-            let mut wq = vec![0u8; rb * n_rows];
-            if let Some(qw) = crate::quantize_weights_fn(ty) {
-                for (src, dst) in w.chunks_exact(n_in).zip(wq.chunks_exact_mut(rb)) {
-                    qw(src, dst);
-                }
-            } else {
-                random_grid_blocks(&mut seed, ty, &mut wq);
-            }
+            let wq = weight_rows(ty, n_rows, n_in, &mut seed);
+            let xq = act_rows(ty, n_in, n_tok, &mut seed);
             let act = crate::vec_dot_type(ty).unwrap();
-            let arb = act.row_bytes(n_in as u64).unwrap() as usize;
-            let mut xq = vec![0u8; arb * n_tok];
-            let qa = crate::quantize_fn(act).unwrap();
-            for (src, dst) in x.chunks_exact(n_in).zip(xq.chunks_exact_mut(arb)) {
-                qa(src, dst);
-            }
+            let arb = xq.len() / n_tok;
             let acts = GemmActs::new(act, n_in, &xq, arb).unwrap();
             let n_tiles = n_rows.div_ceil(GEMM_TILE_ROWS);
             let mut out = vec![f32::NAN; n_tiles * n_tok * GEMM_TILE_ROWS];

@@ -62,6 +62,8 @@ pub mod legacy;
 pub mod repack;
 mod simd;
 mod table;
+#[cfg(test)]
+mod test_data;
 pub mod tiled;
 pub mod tinyblas;
 pub mod types;

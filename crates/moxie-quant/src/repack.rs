@@ -509,30 +509,16 @@ mod avx512 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_data::{act_rows, weight_rows};
 
     const TYPES: [GgmlType; 3] = [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0];
 
-    fn lcg(seed: &mut u64) -> f32 {
-        *seed = seed
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-
-    /// Random `ty` rows (quantized from random values) and activations of its dot partner.
+    /// Random `ty` rows and one activation row of its dot partner.
     fn data(ty: GgmlType, n_rows: usize, n_in: usize, seed: &mut u64) -> (Vec<u8>, Vec<u8>) {
-        let rb = ty.row_bytes(n_in as u64).unwrap() as usize;
-        let mut w = vec![0u8; n_rows * rb];
-        let q = crate::quantize_weights_fn(ty).unwrap();
-        for row in w.chunks_exact_mut(rb) {
-            let x: Vec<f32> = (0..n_in).map(|_| lcg(seed)).collect();
-            q(&x, row);
-        }
-        let x: Vec<f32> = (0..n_in).map(|_| lcg(seed) * 3.0).collect();
-        let act = crate::vec_dot_type(ty).unwrap();
-        let mut a = vec![0u8; act.row_bytes(n_in as u64).unwrap() as usize];
-        crate::quantize_fn(act).unwrap()(&x, &mut a);
-        (w, a)
+        (
+            weight_rows(ty, n_rows, n_in, seed),
+            act_rows(ty, n_in, 1, seed),
+        )
     }
 
     #[test]
