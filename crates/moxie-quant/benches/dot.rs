@@ -214,6 +214,22 @@ fn activations(ty: GgmlType, n: usize) -> (Vec<u8>, usize) {
 
 fn matvec(bencher: Bencher, w: Weights, ty: GgmlType) {
     let dot = vec_dot_fn(ty).unwrap();
+    let row_bytes = w.row_bytes;
+    time_matvec(bencher, &w, ty, |m, a, out| {
+        for (o, row) in out.iter_mut().zip(m.chunks_exact(row_bytes)) {
+            *o = dot(COLS, row, a);
+        }
+    });
+}
+
+/// Times `product(matrix, activation row, out)` over the copies of `w` in turn, one
+/// activation row of `ty`'s dot partner, counting the matrix's bytes.
+fn time_matvec(
+    bencher: Bencher,
+    w: &Weights,
+    ty: GgmlType,
+    product: impl Fn(&[u8], &[u8], &mut [f32]),
+) {
     let (a, _) = activations(ty, 1);
     let mut out = vec![0f32; w.rows];
     let mut i = 0;
@@ -222,9 +238,7 @@ fn matvec(bencher: Bencher, w: Weights, ty: GgmlType) {
         .bench_local(|| {
             let m = black_box(w.matrix(i));
             i += 1;
-            for (o, row) in out.iter_mut().zip(m.chunks_exact(w.row_bytes)) {
-                *o = dot(COLS, row, &a);
-            }
+            product(m, &a, &mut out);
             black_box(&out);
         });
 }
@@ -248,23 +262,15 @@ fn matvec_repacked(bencher: Bencher, mut w: Weights, ty: GgmlType) {
         repack(ty, m, w.rows, COLS, &mut packed);
         m.copy_from_slice(&packed);
     }
-    let (a, _) = activations(ty, 1);
-    let mut out = vec![0f32; w.rows];
     let group_bytes = REPACK_ROWS * w.row_bytes;
-    let mut i = 0;
-    bencher
-        .counter(BytesCount::new(w.mat_bytes()))
-        .bench_local(|| {
-            let m = black_box(w.matrix(i));
-            i += 1;
-            for (o, g) in out
-                .chunks_exact_mut(REPACK_ROWS)
-                .zip(m.chunks_exact(group_bytes))
-            {
-                gemv(ty, COLS, g, &a, o.try_into().unwrap());
-            }
-            black_box(&out);
-        });
+    time_matvec(bencher, &w, ty, |m, a, out| {
+        for (o, g) in out
+            .chunks_exact_mut(REPACK_ROWS)
+            .zip(m.chunks_exact(group_bytes))
+        {
+            gemv(ty, COLS, g, a, o.try_into().unwrap());
+        }
+    });
 }
 
 #[divan::bench(args = [Q4_K, Q6_K, Q8_0], min_time = 0.5, max_time = 1)]
