@@ -256,8 +256,8 @@ impl Tensor {
     /// in GGUF order first) and agree to float rounding in [`Numerics::Fast`].
     pub fn interleaved(&self, par: &Parallel) -> Option<Tensor> {
         let n_rows = self.ne[1] * self.ne[2] * self.ne[3];
-        let fits = self.ne[1].is_multiple_of(REPACK_ROWS)
-            && repack::repack_supports(self.ty, n_rows, self.ne[0]);
+        // Whole groups per matrix, so no group straddles two experts or heads.
+        let fits = repack::repack_supports(self.ty, self.ne[1], self.ne[0]);
         if self.interleaved || self.device != CPU || !fits {
             return None;
         }
