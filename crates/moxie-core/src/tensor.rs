@@ -440,7 +440,7 @@ impl<'a> Mat<'a> {
         out: &mut [f32],
         scratch: &mut Vec<f32>,
     ) {
-        if self.interleaved {
+        if self.interleaved && !matches!(kernel, Kernel::Int8Gemm) {
             return self.interleaved_rows_times(kernel, acts, rows, out, scratch);
         }
         let n_tok = acts.n_rows();
@@ -472,9 +472,14 @@ impl<'a> Mat<'a> {
                 // The next chunk of this matrix is usually what this thread computes next.
                 let next_end = (rows.end + CHUNK_ROWS).min(self.n_out);
                 let next = &self.data[rows.end * self.row_bytes..next_end * self.row_bytes];
+                // An interleaved matrix's groups lie where their rows would: the same bytes.
+                let gemm_q8 = if self.interleaved {
+                    moxie_quant::gemm_q8_interleaved
+                } else {
+                    moxie_quant::gemm_q8
+                };
                 let gemm = |o: &mut [f32]| {
-                    let done =
-                        moxie_quant::gemm_q8(self.ty, self.n_in, data, acts.gemm_acts(), o, next);
+                    let done = gemm_q8(self.ty, self.n_in, data, acts.gemm_acts(), o, next);
                     debug_assert!(done, "fast_kernel checked the int8 GEMM applies");
                 };
                 if len.is_multiple_of(TILE) {
@@ -516,10 +521,11 @@ impl<'a> Mat<'a> {
         &self.data[g * b..(g + 1) * b]
     }
 
-    /// [`Mat::rows_times`] of an interleaved matrix. [`Kernel::Interleaved`] runs the
-    /// interleaved kernel on every group the rows touch; any other kernel gets the groups put
-    /// back in GGUF order (a per-thread buffer) and runs as on a plain matrix, so exact numerics
-    /// see ggml's bytes and order.
+    /// [`Mat::rows_times`] of an interleaved matrix for the kernels other than the int8 GEMM
+    /// (which reads the groups itself): [`Kernel::Interleaved`] runs the interleaved kernel on
+    /// every group the rows touch; ggml's kernels get the groups put back in GGUF order (a
+    /// per-thread buffer) and run as on a plain matrix, so exact numerics see ggml's bytes and
+    /// order.
     fn interleaved_rows_times(
         &self,
         kernel: Kernel,
@@ -542,24 +548,6 @@ impl<'a> Mat<'a> {
                     out[tile_order(i, t, len, n_tok)] = v;
                 }
             }
-            return;
-        }
-        if let Kernel::Int8Gemm = kernel {
-            // Tiles straight from the groups (`rows` starts on a chunk, so on a group).
-            debug_assert!(rows.start.is_multiple_of(CHUNK_ROWS) && len <= CHUNK_ROWS);
-            let gb = REPACK_ROWS * self.row_bytes;
-            let data = &self.data[groups.start * gb..groups.end * gb];
-            let next_end = (groups.end * gb + CHUNK_ROWS * self.row_bytes).min(self.data.len());
-            let next = &self.data[groups.end * gb..next_end];
-            let done = moxie_quant::gemm_q8_interleaved(
-                self.ty,
-                self.n_in,
-                data,
-                acts.gemm_acts(),
-                out,
-                next,
-            );
-            debug_assert!(done, "fast_kernel checked the int8 GEMM applies");
             return;
         }
         PLAIN_ROWS.with_borrow_mut(|buf| {
