@@ -120,8 +120,18 @@ pub fn vec_dot_f32_f32(n: usize, w: &[u8], a: &[u8]) -> f32 {
 // ---------------------------------------------------------------------------------------------
 // F16 rows
 
-/// Dequantize an F16 row.
+/// Dequantize an F16 row (with F16C where the SIMD level allows: the same bits, ~20x faster,
+/// which matters for attention over an f16 cache).
 pub fn dequantize_row_f16(src: &[u8], dst: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::dispatch::simd_level() >= crate::dispatch::SimdLevel::Avx2 {
+        return crate::simd::x86_avx2::dequantize_f16(src, dst);
+    }
+    dequantize_row_f16_scalar(src, dst);
+}
+
+/// [`dequantize_row_f16`]'s portable reference.
+pub fn dequantize_row_f16_scalar(src: &[u8], dst: &mut [f32]) {
     let src = &src[..dst.len() * 2];
     for (d, s) in dst.iter_mut().zip(src.chunks_exact(2)) {
         *d = fp16_to_f32(u16::from_le_bytes([s[0], s[1]]));
@@ -227,6 +237,46 @@ mod tests {
         assert_eq!(f32_to_fp16(65520.0), 0x7C00); // rounds up to inf
         assert_eq!(f32_to_fp16(65519.0), 0x7BFF);
         assert_eq!(f32_to_fp16(-f32::NAN), 0xFE00);
+    }
+
+    /// The F16C row conversions against the scalar ports: every half (odd row lengths, so the
+    /// tails run too), and 2^20 random floats plus ties and overflows narrowed.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn f16c_rows_equal_the_scalar_ports() {
+        if crate::dispatch::hardware_simd_level() < crate::dispatch::SimdLevel::Avx2 {
+            return;
+        }
+        use crate::simd::x86_avx2::{dequantize_f16, quantize_f16};
+        let halves: Vec<u8> = (0..=u16::MAX).flat_map(|h| h.to_le_bytes()).collect();
+        for len in [65536, 65531, 7, 1] {
+            let (mut simd, mut scalar) = (vec![0f32; len], vec![0f32; len]);
+            dequantize_f16(&halves, &mut simd);
+            dequantize_row_f16_scalar(&halves, &mut scalar);
+            for (h, (a, b)) in simd.iter().zip(&scalar).enumerate() {
+                assert!(
+                    a.to_bits() == b.to_bits() || a.is_nan() && b.is_nan(),
+                    "{h:#06x}"
+                );
+            }
+        }
+        let mut floats: Vec<f32> = [1.0 + f32::powi(2.0, -11), 65520.0, 65519.0, -0.0, 1e-8]
+            .into_iter()
+            .collect();
+        let mut s = 0x9E37_79B9u64;
+        floats.extend((0..1 << 20).map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            f32::from_bits(s as u32)
+        }));
+        floats.retain(|f| !f.is_nan());
+        for len in [floats.len(), floats.len() - 3, 5] {
+            let (mut simd, mut scalar) = (vec![0u8; 2 * len], vec![0u8; 2 * len]);
+            quantize_f16(&floats[..len], &mut simd);
+            quantize_row_f16(&floats[..len], &mut scalar);
+            assert_eq!(simd, scalar);
+        }
     }
 
     #[test]

@@ -282,7 +282,12 @@ const ROWS: [TypeRow; 53] = [
     },
     TypeRow {
         rows: Some(with_imatrix(
-            conversions(f16::dequantize_row_f16, f16::quantize_row_f16, None, None),
+            conversions(
+                f16::dequantize_row_f16,
+                f16::quantize_row_f16,
+                x86!(avx2::quantize_f16),
+                x86!(avx2::quantize_f16),
+            ),
             ImatrixQuantizer::Ignores,
         )),
         dot: Some(Dot {

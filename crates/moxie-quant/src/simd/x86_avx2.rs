@@ -1134,3 +1134,59 @@ fn quantize_q8_k_imp(src: &[f32], dst: &mut [u8]) {
         y[0..4].copy_from_slice(&(1.0 / iscale).to_le_bytes());
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// F16 rows
+
+/// F16 row to f32 with F16C (`vcvtph2ps`): widening is exact, so the result equals
+/// `f16::dequantize_row_f16`'s scalar port (ggml's own F16C conversion) bit for bit.
+pub(crate) fn dequantize_f16(src: &[u8], dst: &mut [f32]) {
+    let src = &src[..dst.len() * 2];
+    // SAFETY: only called after AVX2/FMA/F16C detection (`f16::dequantize_row_f16`); `src`
+    // holds `dst.len()` halves (checked by the slicing above).
+    unsafe { dequantize_f16_imp(src, dst) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dequantize_f16_imp(src: &[u8], dst: &mut [f32]) {
+    let done = dst.len() / 8 * 8;
+    let (body, tail) = dst.split_at_mut(done);
+    for (i, d) in body.chunks_exact_mut(8).enumerate() {
+        let x = _mm256_cvtph_ps(ld128(src, i * 16));
+        let d: &mut [f32; 8] = d.try_into().unwrap();
+        // SAFETY: `d` is 8 writable floats; `storeu` has no alignment requirement.
+        unsafe { _mm256_storeu_ps(d.as_mut_ptr(), x) };
+    }
+    for (i, d) in tail.iter_mut().enumerate() {
+        *d = h2f(src, (done + i) * 2);
+    }
+}
+
+/// f32 row to F16 with F16C (`vcvtps2ph`, round to nearest even), as ggml's
+/// `ggml_cpu_fp32_to_fp16` converts on x86; bit-identical to `f16::quantize_row_f16`.
+pub(crate) fn quantize_f16(src: &[f32], dst: &mut [u8]) {
+    let dst = &mut dst[..src.len() * 2];
+    // SAFETY: only handed out through its table row after AVX2/FMA/F16C detection; `dst` holds
+    // `src.len()` halves (checked by the slicing above).
+    unsafe { quantize_f16_imp(src, dst) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn quantize_f16_imp(src: &[f32], dst: &mut [u8]) {
+    let mut chunks = src.chunks_exact(8);
+    for (i, s) in chunks.by_ref().enumerate() {
+        let s: &[f32; 8] = s.try_into().unwrap();
+        let d: &mut [u8; 16] = (&mut dst[i * 16..i * 16 + 16]).try_into().unwrap();
+        // SAFETY: `s` is 8 readable floats and `d` 16 writable bytes; no alignment needed.
+        unsafe {
+            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(s.as_ptr()));
+            _mm_storeu_si128(d.as_mut_ptr().cast(), h);
+        }
+    }
+    let done = src.len() / 8 * 8;
+    for (i, &s) in chunks.remainder().iter().enumerate() {
+        let h = _mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_set_ss(s));
+        let at = (done + i) * 2;
+        dst[at..at + 2].copy_from_slice(&(_mm_extract_epi16::<0>(h) as u16).to_le_bytes());
+    }
+}
