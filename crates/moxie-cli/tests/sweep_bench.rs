@@ -82,8 +82,9 @@ fn table_steps_through_the_context() {
         assert_eq!(n_kv, [0.0, 64.0, 128.0], "{arch}:\n{out}");
         for r in &rows {
             assert_eq!((r[0], r[1]), (64.0, 4.0), "{arch}: PP, TG");
+            // Times print with 3 decimals: a tiny model's TG step can show 0.000 s.
             assert!(
-                r[3] > 0.0 && r[4] > 0.0 && r[5] > 0.0 && r[6] > 0.0,
+                r[3] >= 0.0 && r[4] > 0.0 && r[5] >= 0.0 && r[6] > 0.0,
                 "{r:?}"
             );
         }
