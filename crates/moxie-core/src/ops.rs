@@ -15,41 +15,7 @@ pub fn rms_norm_mul(x: &mut [f32], w: &[f32], eps: f32) {
     }
 }
 
-/// exp(x) exactly as ggml's AVX-512 `ggml_v_expf` computes it (ARM's optimized-routines
-/// polynomial: max error 1.45 ulp + 0.5). ggml uses it for softmax and SiLU on 16-lane chunks
-/// and libm `expf` for the remainder; matching it bit for bit keeps MoE routing near-ties
-/// resolving the same way as in llama.cpp.
-#[inline]
-pub fn ggml_v_expf(x: f32) -> f32 {
-    let r = f32::from_bits(0x4b40_0000); // 0x1.8p23
-    let z = x.mul_add(f32::from_bits(0x3fb8_aa3b), r); // 0x1.715476p+0
-    let n = z - r;
-    // b = x - n*ln2_hi - n*ln2_lo, as two fused negated multiply-adds.
-    let b = (-n).mul_add(
-        f32::from_bits(0x35bf_be8e),                  // 0x1.7f7d1cp-20
-        (-n).mul_add(f32::from_bits(0x3f31_7200), x), // 0x1.62e4p-1
-    );
-    let u = b * b;
-    let j = f32::from_bits(0x3c07_2010) // 0x1.0e4020p-7
-        .mul_add(b, f32::from_bits(0x3d2b_9f17)) // 0x1.573e2ep-5
-        .mul_add(
-            u,
-            f32::from_bits(0x3e2a_af33).mul_add(b, f32::from_bits(0x3eff_fedb)), // 0x1.555e66p-3, 0x1.fffdb6p-2
-        )
-        .mul_add(u, f32::from_bits(0x3f7f_fff6).mul_add(b, 1.0)); // 0x1.ffffecp-1
-    if n.abs() > 192.0 || n.is_nan() {
-        // _CMP_GT_OQ is false for NaN: NaN falls through to scalef below.
-        if n.is_nan() {
-            return f32::NAN;
-        }
-        return if n <= 0.0 { 0.0 } else { f32::INFINITY };
-    }
-    // scalef: j * 2^n with one rounding (exact in f64, then rounded to f32). n is an integer
-    // in [-192, 192] here, so 2^n is built from its exponent bits (what libm's exp2 returns
-    // for it, without the call).
-    let pow2 = f64::from_bits(((n as i64 + 1023) as u64) << 52);
-    (j as f64 * pow2) as f32
-}
+pub use moxie_quant::vexp::ggml_v_expf;
 
 /// Softmax of one row in place, as ggml's CPU soft_max: subtract the max, exponentiate
 /// (`ggml_v_expf` on 16-lane chunks, libm on the tail), sum in f64 per chunk, scale by 1/sum.
@@ -57,14 +23,12 @@ pub fn ggml_v_expf(x: f32) -> f32 {
 pub fn softmax(x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0.0f64;
+    let n16 = x.len() / 16 * 16;
+    x[..n16].iter_mut().for_each(|v| *v -= max);
+    moxie_quant::vexp::ggml_v_expf_16s(&mut x[..n16]);
     let mut chunks = x.chunks_exact_mut(16);
     for c in &mut chunks {
-        let mut v = [0f32; 16];
-        for (o, i) in v.iter_mut().zip(c.iter()) {
-            *o = ggml_v_expf(*i - max);
-        }
-        c.copy_from_slice(&v);
-        sum += moxie_quant::reduce_add_16(&v) as f64;
+        sum += moxie_quant::reduce_add_16((&*c).try_into().unwrap()) as f64;
     }
     for v in chunks.into_remainder() {
         *v = (*v - max).exp();
@@ -90,8 +54,12 @@ pub fn sigmoid(x: f32) -> f32 {
 /// `ggml_v_expf` on 16-lane chunks, libm on the tail.
 pub fn silu_row(x: &mut [f32]) {
     let n16 = x.len() / 16 * 16;
-    for v in &mut x[..n16] {
-        *v = *v / (1.0 + ggml_v_expf(-*v));
+    for c in x[..n16].chunks_exact_mut(16) {
+        let mut e: [f32; 16] = std::array::from_fn(|i| -c[i]);
+        moxie_quant::vexp::ggml_v_expf_16s(&mut e);
+        for (v, e) in c.iter_mut().zip(e) {
+            *v /= 1.0 + e;
+        }
     }
     for v in &mut x[n16..] {
         *v = silu(*v);
@@ -128,8 +96,12 @@ pub fn l2_norm(x: &mut [f32], n: usize, eps: f32) {
 /// `ggml_v_expf` on 16-lane chunks, libm on the tail).
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     let n16 = gate.len() / 16 * 16;
-    for (g, &u) in gate[..n16].iter_mut().zip(&up[..n16]) {
-        *g = (*g / (1.0 + ggml_v_expf(-*g))) * u;
+    for (g, u) in gate[..n16].chunks_exact_mut(16).zip(up.chunks_exact(16)) {
+        let mut e: [f32; 16] = std::array::from_fn(|i| -g[i]);
+        moxie_quant::vexp::ggml_v_expf_16s(&mut e);
+        for ((g, e), &u) in g.iter_mut().zip(e).zip(u) {
+            *g = (*g / (1.0 + e)) * u;
+        }
     }
     for (g, &u) in gate[n16..].iter_mut().zip(&up[n16..]) {
         *g = silu(*g) * u;

@@ -67,6 +67,7 @@ mod test_data;
 pub mod tiled;
 pub mod tinyblas;
 pub mod types;
+pub mod vexp;
 pub mod weighted;
 
 pub use dispatch::{
