@@ -159,7 +159,7 @@ pub struct Rows {
 
 impl Rows {
     /// `ty` is one of [`KV_TYPES`].
-    fn new(ty: GgmlType, width: usize) -> Rows {
+    pub(crate) fn new(ty: GgmlType, width: usize) -> Rows {
         Rows {
             ty,
             width,

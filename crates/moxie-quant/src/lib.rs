@@ -46,6 +46,7 @@
 #![allow(clippy::needless_range_loop)]
 
 pub(crate) mod bf16;
+pub mod bf16gemm;
 mod common;
 pub mod dispatch;
 pub mod f16;
@@ -70,6 +71,7 @@ pub mod types;
 pub mod vexp;
 pub mod weighted;
 
+pub use bf16gemm::{bf16_products_fast, gemm_bf16_ab, gemm_bf16_abt};
 pub use dispatch::{
     dequantize_fn, dequantize_row, hardware_simd_level, quantize_fn, quantize_fn_for_level,
     quantize_row, quantize_weights_fn, quantize_weights_imatrix, quantize_weights_row, simd_level,

@@ -120,12 +120,20 @@ pub(crate) fn attend(
 
 /// [`Numerics::Fast`] attention for one query token (decode), flash-style: the query heads that
 /// share a kv head (a GQA group, or all heads of MLA's single latent) go through the cache
-/// together in blocks of positions. Each block's keys and values are converted to f32 once for
-/// all those heads, scores and the weighted values are small f32 matrix products, and the
-/// softmax is the running (online) one, so the cache is read once. The exact path instead
-/// walks the cache once per query head in ggml's summation order. Queries take the rounding
-/// of the key type's dot partner as there; probabilities are not rounded (rounding the
-/// running, unnormalised ones to f16 moved the fixtures' decode further from exact decode).
+/// together in blocks of positions. Each block's keys and values are converted once for all
+/// those heads, scores and the weighted values are small matrix products, and the softmax is
+/// the running (online) one, so the cache is read once. Threads split the positions (each run
+/// ends with its own max, sum and weighted values, merged at the end), not the heads: MLA has
+/// one kv head, and splitting its heads made every thread read and convert all of the cache.
+///
+/// Products are bf16 with f32 sums ([`moxie_quant::gemm_bf16_abt`]) from
+/// [`BF16_FROM_POSITIONS`] positions on, where the CPU has `VDPBF16PS` and the cache is f16
+/// with head widths a multiple of 32 (twice the f32 FMA rate, half the bytes of converted keys;
+/// decode at depth is these products), else f32 with the queries rounded through the key
+/// type's dot partner as ggml does. The exact path instead
+/// walks the cache once per query head in ggml's summation order. Probabilities are not
+/// rounded to f16 (rounding the running, unnormalised ones moved the fixtures' decode further
+/// from exact decode).
 fn attend_one_token(
     g: AttnGeom,
     q: &[f32],
@@ -135,101 +143,305 @@ fn attend_one_token(
     out: &mut [f32],
     par: &Parallel,
 ) {
-    /// Positions per block: a block of MLA's 576-wide keys is 144 KiB of f32.
-    const BLOCK: usize = 64;
+    /// Positions per run below which a run is not split further between threads.
+    const MIN_RUN: usize = 256;
     debug_assert_eq!(q.len(), g.n_head * g.dk, "one query token");
     let group = g.n_head / g.n_head_kv;
     // The positions read: all of them, or the selected ones.
     let list = sel.and_then(|s| s.row(0));
     let n_kv = list.map_or(g.pos0 + 1, <[u32]>::len);
-    let work = n_kv * (g.dk + g.dv) / group.max(1);
-    let q_ty = moxie_quant::vec_dot_type(keys.ty).expect("cache types have a dot partner");
-    par.for_each_range(g.n_head, work, out, g.dv, |rows, o| {
-        // This thread's query heads read kv heads kv.start..kv.end: per block, their keys
-        // (and values) of all positions are converted in one go.
-        let kv = rows.start / group..(rows.end - 1) / group + 1;
-        let (k_width, v_width) = (kv.len() * g.dk, kv.len() * g.dv);
-        let mut qh = q[rows.start * g.dk..rows.end * g.dk].to_vec();
-        round_through(q_ty, g.dk, &mut qh, &mut Vec::new());
-        let mut kbuf = vec![0f32; BLOCK * k_width];
-        let mut vbuf = vec![0f32; if values.is_some() { BLOCK * v_width } else { 0 }];
-        let mut scores = Vec::new();
-        let mut part = Vec::new();
-        // Per head: running max and sum of exp(score - max).
-        let mut max = vec![f32::NEG_INFINITY; rows.len()];
-        let mut sum = vec![0f32; rows.len()];
-        o.fill(0.0);
-        for j0 in (0..n_kv).step_by(BLOCK) {
-            let b = BLOCK.min(n_kv - j0);
-            let chunk = list.map(|l| &l[j0..j0 + b]);
-            rows_to_f32(keys, j0, b, chunk, kv.start * g.dk, k_width, &mut kbuf);
-            // MLA's values are part of the converted keys.
-            let (v, ldv) = match values {
-                Some(values) => {
-                    rows_to_f32(values, j0, b, chunk, kv.start * g.dv, v_width, &mut vbuf);
-                    (&vbuf[..], v_width)
-                }
-                None => (&kbuf[..], k_width),
-            };
-            for kvh in kv.clone() {
-                // This thread's heads reading kv head `kvh`, as indices into `rows`.
-                let hs = rows.start.max(kvh * group) - rows.start
-                    ..rows.end.min((kvh + 1) * group) - rows.start;
-                let kk = (kvh - kv.start) * g.dk;
-                scores.resize(hs.len() * b, 0.0);
-                moxie_quant::gemm_f32_abt(
-                    hs.len(),
-                    b,
-                    g.dk,
-                    &qh[hs.start * g.dk..hs.end * g.dk],
-                    g.dk,
-                    &kbuf[kk..(b - 1) * k_width + kk + g.dk],
-                    k_width,
-                    &mut scores,
-                    b,
-                );
-                for (h, srow) in hs.clone().zip(scores.chunks_exact_mut(b)) {
-                    let block_max = srow
-                        .iter()
-                        .fold(f32::NEG_INFINITY, |m, &x| m.max(x * g.kq_scale));
-                    let new_max = max[h].max(block_max);
-                    let rescale = (max[h] - new_max).exp();
-                    max[h] = new_max;
-                    let mut s = 0f32;
-                    for x in srow.iter_mut() {
-                        *x = (*x * g.kq_scale - new_max).exp();
-                        s += *x;
-                    }
-                    sum[h] = sum[h] * rescale + s;
-                    if rescale != 1.0 {
-                        o[h * g.dv..(h + 1) * g.dv]
-                            .iter_mut()
-                            .for_each(|x| *x *= rescale);
-                    }
-                }
-                let vv = (kvh - kv.start) * g.dv;
-                part.resize(hs.len() * g.dv, 0.0);
-                moxie_quant::gemm_f32_ab(
-                    hs.len(),
-                    b,
-                    g.dv,
-                    &scores,
-                    b,
-                    &v[vv..(b - 1) * ldv + vv + g.dv],
-                    ldv,
-                    &mut part,
-                    g.dv,
-                );
-                for (x, &y) in o[hs.start * g.dv..hs.end * g.dv].iter_mut().zip(&part) {
-                    *x += y;
+    let bf16 = n_kv >= BF16_FROM_POSITIONS
+        && moxie_quant::bf16_products_fast()
+        && keys.ty == GgmlType::F16
+        && values.is_none_or(|v| v.ty == GgmlType::F16)
+        && g.dk.is_multiple_of(32)
+        && g.dv.is_multiple_of(32);
+    // Work items: (kv head, run of positions).
+    let runs = par
+        .n_threads()
+        .div_ceil(g.n_head_kv)
+        .min(n_kv.div_ceil(MIN_RUN))
+        .max(1);
+    let run_len = n_kv.div_ceil(runs);
+    // Per item and head: running max, running sum, weighted values (dv).
+    let head_state = g.dv + 2;
+    let stride = group * head_state;
+    let mut partial = vec![0f32; g.n_head_kv * runs * stride];
+    let work = run_len * group * (g.dk + g.dv);
+    par.for_each_range(
+        g.n_head_kv * runs,
+        work,
+        &mut partial,
+        stride,
+        |items, parts| {
+            let mut scratch = RunScratch::default();
+            for (item, part) in items.zip(parts.chunks_exact_mut(stride)) {
+                let (kvh, run) = (item / runs, item % runs);
+                let span = run * run_len..((run + 1) * run_len).min(n_kv);
+                let qh = &q[kvh * group * g.dk..(kvh + 1) * group * g.dk];
+                let run = KvRun {
+                    keys,
+                    values,
+                    list,
+                    kvh,
+                    span,
+                };
+                if bf16 {
+                    attend_run_bf16(g, qh, run, &mut scratch, part);
+                } else {
+                    attend_run_f32(g, qh, run, &mut scratch, part);
                 }
             }
-        }
-        for (oh, &s) in o.chunks_exact_mut(g.dv).zip(&sum) {
-            let inv = 1.0 / s;
+        },
+    );
+    // Merge the runs of each head: rescale each to the largest max, then normalise.
+    for (kvh, heads) in out.chunks_exact_mut(group * g.dv).enumerate() {
+        for (h, oh) in heads.chunks_exact_mut(g.dv).enumerate() {
+            let state = |r: usize| {
+                let at = (kvh * runs + r) * stride + h * head_state;
+                &partial[at..at + head_state]
+            };
+            let max = (0..runs).fold(f32::NEG_INFINITY, |m, r| m.max(state(r)[0]));
+            oh.fill(0.0);
+            let mut sum = 0f32;
+            for r in 0..runs {
+                let st = state(r);
+                if st[0] == f32::NEG_INFINITY {
+                    continue; // an empty run
+                }
+                let scale = (st[0] - max).exp();
+                sum += st[1] * scale;
+                for (o, &x) in oh.iter_mut().zip(&st[2..]) {
+                    *o += x * scale;
+                }
+            }
+            let inv = 1.0 / sum;
             oh.iter_mut().for_each(|x| *x *= inv);
         }
-    });
+    }
+}
+
+/// Cached positions from which one-token attention takes bf16 products: there the products
+/// are most of a decode step's time, while below it they are a small part and f32 keeps
+/// their rounding (bf16 keys lose 3 of f16's mantissa bits) out of short-context decode.
+const BF16_FROM_POSITIONS: usize = 512;
+
+/// One work item of [`attend_one_token`]: kv head `kvh`'s positions `span` (indices into
+/// `list` when the positions are a selection).
+#[derive(Clone)]
+struct KvRun<'a> {
+    keys: CacheRows<'a>,
+    values: Option<CacheRows<'a>>,
+    list: Option<&'a [u32]>,
+    kvh: usize,
+    span: std::ops::Range<usize>,
+}
+
+impl KvRun<'_> {
+    /// Blocks of positions: `(first index, count, the listed positions of the block)`.
+    fn blocks(&self) -> impl Iterator<Item = (usize, usize, Option<&[u32]>)> + '_ {
+        self.span.clone().step_by(RUN_BLOCK).map(|j0| {
+            let b = RUN_BLOCK.min(self.span.end - j0);
+            (j0, b, self.list.map(|l| &l[j0..j0 + b]))
+        })
+    }
+}
+
+/// Positions per block of a run: a block of MLA's 576-wide keys is 144 KiB of f32.
+const RUN_BLOCK: usize = 64;
+
+/// A thread's buffers for its runs.
+#[derive(Default)]
+struct RunScratch {
+    q16: Vec<u16>,
+    k16: Vec<u16>,
+    v16: Vec<u16>,
+    p16: Vec<u16>,
+    qf: Vec<f32>,
+    kf: Vec<f32>,
+    vf: Vec<f32>,
+    scores: Vec<f32>,
+    part: Vec<f32>,
+    tmp: Vec<u8>,
+}
+
+/// The online softmax step of one block for `heads` heads: scales `scores` (`heads` rows of
+/// `b`) and turns them into exp(score - running max); rescales each head's running sum and
+/// weighted values in `state` (`[max, sum, o..]` per head) to the new max.
+fn online_softmax(g: AttnGeom, scores: &mut [f32], b: usize, state: &mut [f32]) {
+    for (srow, st) in scores
+        .chunks_exact_mut(b)
+        .zip(state.chunks_exact_mut(g.dv + 2))
+    {
+        let block_max = srow
+            .iter()
+            .fold(f32::NEG_INFINITY, |m, &x| m.max(x * g.kq_scale));
+        let new_max = st[0].max(block_max);
+        let rescale = (st[0] - new_max).exp();
+        st[0] = new_max;
+        srow.iter_mut().for_each(|x| *x = *x * g.kq_scale - new_max);
+        let n16 = srow.len() / 16 * 16;
+        moxie_quant::vexp::ggml_v_expf_16s(&mut srow[..n16]);
+        srow[n16..]
+            .iter_mut()
+            .for_each(|x| *x = ops::ggml_v_expf(*x));
+        st[1] = st[1] * rescale + srow.iter().sum::<f32>();
+        if rescale != 1.0 {
+            st[2..].iter_mut().for_each(|x| *x *= rescale);
+        }
+    }
+}
+
+/// Start every head's state of a run: max -inf, sum and weighted values zero.
+fn start_run(g: AttnGeom, state: &mut [f32]) {
+    for st in state.chunks_exact_mut(g.dv + 2) {
+        st[0] = f32::NEG_INFINITY;
+        st[1..].fill(0.0);
+    }
+}
+
+/// Add `part` (`heads` rows of dv) into the weighted values of `state`.
+fn add_weighted(g: AttnGeom, part: &[f32], state: &mut [f32]) {
+    for (p, st) in part
+        .chunks_exact(g.dv)
+        .zip(state.chunks_exact_mut(g.dv + 2))
+    {
+        for (x, &y) in st[2..].iter_mut().zip(p) {
+            *x += y;
+        }
+    }
+}
+
+/// One run in f32: queries rounded through the key type's dot partner.
+fn attend_run_f32(g: AttnGeom, qh: &[f32], run: KvRun, s: &mut RunScratch, state: &mut [f32]) {
+    let heads = qh.len() / g.dk;
+    start_run(g, state);
+    let q_ty = moxie_quant::vec_dot_type(run.keys.ty).expect("cache types have a dot partner");
+    s.qf.clear();
+    s.qf.extend_from_slice(qh);
+    round_through(q_ty, g.dk, &mut s.qf, &mut s.tmp);
+    s.kf.resize(RUN_BLOCK * g.dk, 0.0);
+    if run.values.is_some() {
+        s.vf.resize(RUN_BLOCK * g.dv, 0.0);
+    }
+    for (j0, b, chunk) in run.blocks() {
+        rows_to_f32(run.keys, j0, b, chunk, run.kvh * g.dk, g.dk, &mut s.kf);
+        s.scores.resize(heads * b, 0.0);
+        moxie_quant::gemm_f32_abt(
+            heads,
+            b,
+            g.dk,
+            &s.qf,
+            g.dk,
+            &s.kf[..b * g.dk],
+            g.dk,
+            &mut s.scores,
+            b,
+        );
+        online_softmax(g, &mut s.scores, b, state);
+        // MLA's values are the first dv elements of the converted keys.
+        let (v, ldv) = match run.values {
+            Some(values) => {
+                rows_to_f32(values, j0, b, chunk, run.kvh * g.dv, g.dv, &mut s.vf);
+                (&s.vf[..], g.dv)
+            }
+            None => (&s.kf[..], g.dk),
+        };
+        s.part.resize(heads * g.dv, 0.0);
+        moxie_quant::gemm_f32_ab(
+            heads,
+            b,
+            g.dv,
+            &s.scores,
+            b,
+            &v[..(b - 1) * ldv + g.dv],
+            ldv,
+            &mut s.part,
+            g.dv,
+        );
+        add_weighted(g, &s.part, state);
+    }
+}
+
+/// One run with bf16 products (f16 cache): keys, values, queries and probabilities as bf16.
+fn attend_run_bf16(g: AttnGeom, qh: &[f32], run: KvRun, s: &mut RunScratch, state: &mut [f32]) {
+    let heads = qh.len() / g.dk;
+    start_run(g, state);
+    s.q16.resize(qh.len(), 0);
+    moxie_quant::bf16gemm::f32_to_bf16(qh, &mut s.q16);
+    s.k16.resize(RUN_BLOCK * g.dk, 0);
+    if run.values.is_some() {
+        s.v16.resize(RUN_BLOCK * g.dv, 0);
+    }
+    for (j0, b, chunk) in run.blocks() {
+        rows_to_bf16(run.keys, j0, b, chunk, run.kvh * g.dk, g.dk, &mut s.k16);
+        s.scores.resize(heads * b, 0.0);
+        moxie_quant::gemm_bf16_abt(
+            heads,
+            b,
+            g.dk,
+            &s.q16,
+            g.dk,
+            &s.k16[..b * g.dk],
+            g.dk,
+            &mut s.scores,
+            b,
+        );
+        online_softmax(g, &mut s.scores, b, state);
+        s.p16.resize(s.scores.len(), 0);
+        moxie_quant::bf16gemm::f32_to_bf16(&s.scores, &mut s.p16);
+        let (v, ldv) = match run.values {
+            Some(values) => {
+                rows_to_bf16(values, j0, b, chunk, run.kvh * g.dv, g.dv, &mut s.v16);
+                (&s.v16[..], g.dv)
+            }
+            None => (&s.k16[..], g.dk),
+        };
+        s.part.resize(heads * g.dv, 0.0);
+        moxie_quant::gemm_bf16_ab(
+            heads,
+            b,
+            g.dv,
+            &s.p16,
+            b,
+            &v[..(b - 1) * ldv + g.dv],
+            ldv,
+            &mut s.part,
+            g.dv,
+        );
+        add_weighted(g, &s.part, state);
+    }
+}
+
+/// As [`rows_to_f32`], to bf16, for f16 rows.
+fn rows_to_bf16(
+    rows: CacheRows,
+    j0: usize,
+    n: usize,
+    list: Option<&[u32]>,
+    first: usize,
+    width: usize,
+    out: &mut [u16],
+) {
+    debug_assert_eq!(rows.ty, GgmlType::F16);
+    let convert = |pos: usize, n_pos: usize, out: &mut [u16]| {
+        if first == 0 && width == rows.width {
+            let bytes = &rows.data[pos * rows.row_bytes..(pos + n_pos) * rows.row_bytes];
+            moxie_quant::bf16gemm::f16_to_bf16(bytes, &mut out[..n_pos * width]);
+        } else {
+            for (i, row) in out.chunks_exact_mut(width).take(n_pos).enumerate() {
+                moxie_quant::bf16gemm::f16_to_bf16(rows.span(pos + i, first, width), row);
+            }
+        }
+    };
+    match list {
+        None => convert(j0, n, out),
+        Some(l) => {
+            for (&pos, row) in l.iter().zip(out.chunks_exact_mut(width)) {
+                convert(pos as usize, 1, row);
+            }
+        }
+    }
 }
 
 /// `width` elements from element `first` of `n` positions as f32 rows: positions
@@ -431,6 +643,64 @@ fn round_through(ty: GgmlType, width: usize, x: &mut [f32], tmp: &mut Vec<u8>) {
                 conv(row, tmp);
                 moxie_quant::dequantize_row(ty, tmp, row).expect("dot partners dequantize");
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::Rows;
+
+    fn random(s: &mut u64, n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                *s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((*s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// Fast one-token attention at depth (bf16 products where the CPU has them, runs of
+    /// positions split between threads and merged) against the exact path: MLA's shape (one
+    /// latent kv head, values inside the keys) and GQA's (separate values), f16 caches.
+    #[test]
+    fn fast_decode_at_depth_is_close_to_exact() {
+        let mut s = 11;
+        for (n_head, n_head_kv, dk, dv, mla) in [(16, 1, 576, 512, true), (8, 2, 128, 128, false)] {
+            let n_kv = 2048;
+            let g = AttnGeom {
+                n_head,
+                n_head_kv,
+                dk,
+                dv,
+                kq_scale: 0.1,
+                pos0: n_kv - 1,
+            };
+            let mut keys = Rows::new(GgmlType::F16, n_head_kv * dk);
+            keys.append(&random(&mut s, n_kv * n_head_kv * dk));
+            let mut values = Rows::new(GgmlType::F16, n_head_kv * dv);
+            values.append(&random(&mut s, n_kv * n_head_kv * dv));
+            let vals = (!mla).then(|| values.view());
+            let q = random(&mut s, n_head * dk);
+            let run = |numerics| {
+                let mut out = vec![0f32; n_head * dv];
+                let par = Parallel::new(2).with_numerics(numerics);
+                attend(g, &q, keys.view(), vals, None, &mut out, &par);
+                out
+            };
+            let (exact, fast) = (run(Numerics::Exact), run(Numerics::Fast));
+            let scale = exact.iter().fold(0f32, |m, x| m.max(x.abs()));
+            let worst = exact
+                .iter()
+                .zip(&fast)
+                .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            assert!(
+                worst <= 1e-2 * scale,
+                "{n_head}x{dk}: worst {worst} of {scale}"
+            );
         }
     }
 }
