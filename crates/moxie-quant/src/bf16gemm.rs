@@ -49,7 +49,10 @@ fn bf(x: u16) -> f32 {
 }
 
 /// `c[i*ldc + j] = Σ_k a[i*lda + k] · b[j*ldb + k]` for `i < m`, `j < n`, `k < kd`;
-/// `kd` a multiple of 32.
+/// `kd` a multiple of 32. `prefetch`: bytes to bring into L2 while the products run, one line
+/// per step of 32 values (one-token attention passes the next block of the cache, so reading
+/// it from memory overlaps these products; the hardware prefetcher alone does not run ahead of
+/// a conversion pass).
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_bf16_abt(
     m: usize,
@@ -61,6 +64,7 @@ pub fn gemm_bf16_abt(
     ldb: usize,
     c: &mut [f32],
     ldc: usize,
+    prefetch: &[u8],
 ) {
     assert!(
         kd.is_multiple_of(32),
@@ -73,7 +77,7 @@ pub fn gemm_bf16_abt(
     if bf16_products_fast() {
         // SAFETY: AVX-512F and AVX512_BF16 are present (bf16_products_fast) and the slices
         // cover every index used (checked above).
-        unsafe { avx512::abt(m, n, kd, a, lda, b, ldb, c, ldc) };
+        unsafe { avx512::abt(m, n, kd, a, lda, b, ldb, c, ldc, prefetch) };
         return;
     }
     for i in 0..m {
@@ -244,14 +248,19 @@ mod avx512 {
         ldb: usize,
         c: &mut [f32],
         ldc: usize,
+        prefetch: &[u8],
     ) {
         let mut sums = [0f32; 16];
+        let mut lines = prefetch.chunks(64);
         for i0 in (0..m).step_by(4) {
             let rows: [usize; 4] = std::array::from_fn(|r| (i0 + r).min(m - 1) * lda);
             for j0 in (0..n).step_by(4) {
                 let cols: [usize; 4] = std::array::from_fn(|s| (j0 + s).min(n - 1) * ldb);
                 let mut acc = [_mm512_setzero_ps(); 16];
                 for k in (0..kd).step_by(32) {
+                    if let Some(line) = lines.next() {
+                        _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast());
+                    }
                     let x: [__m512bh; 4] = std::array::from_fn(|r| bh(ld32(a, rows[r] + k)));
                     for (s, &col) in cols.iter().enumerate() {
                         let y = bh(ld32(b, col + k));
@@ -366,7 +375,7 @@ mod tests {
             let a = random_bf16(&mut s, m * lda);
             let b = random_bf16(&mut s, n * ldb);
             let mut c = vec![f32::NAN; m * (n + 1)];
-            gemm_bf16_abt(m, n, kd, &a, lda, &b, ldb, &mut c, n + 1);
+            gemm_bf16_abt(m, n, kd, &a, lda, &b, ldb, &mut c, n + 1, &[]);
             for i in 0..m {
                 for j in 0..n {
                     let want: f64 = (0..kd)

@@ -376,6 +376,13 @@ fn attend_run_bf16(g: AttnGeom, qh: &[f32], run: KvRun, s: &mut RunScratch, stat
     for (j0, b, chunk) in run.blocks() {
         rows_to_bf16(run.keys, j0, b, chunk, run.kvh * g.dk, g.dk, &mut s.k16);
         s.scores.resize(heads * b, 0.0);
+        // The next block's rows (contiguous positions) stream in during the score product.
+        let next = (j0 + b).min(run.span.end)..(j0 + b + RUN_BLOCK).min(run.span.end);
+        let (rb, data) = (run.keys.row_bytes, run.keys.data);
+        let ahead = match chunk {
+            None => &data[next.start * rb..next.end * rb],
+            Some(_) => &[],
+        };
         moxie_quant::gemm_bf16_abt(
             heads,
             b,
@@ -386,6 +393,7 @@ fn attend_run_bf16(g: AttnGeom, qh: &[f32], run: KvRun, s: &mut RunScratch, stat
             g.dk,
             &mut s.scores,
             b,
+            ahead,
         );
         online_softmax(g, &mut s.scores, b, state);
         s.p16.resize(s.scores.len(), 0);
