@@ -150,12 +150,7 @@ fn attend_one_token(
     // The positions read: all of them, or the selected ones.
     let list = sel.and_then(|s| s.row(0));
     let n_kv = list.map_or(g.pos0 + 1, <[u32]>::len);
-    let bf16 = n_kv >= BF16_FROM_POSITIONS
-        && moxie_quant::bf16_products_fast()
-        && keys.ty == GgmlType::F16
-        && values.is_none_or(|v| v.ty == GgmlType::F16)
-        && g.dk.is_multiple_of(32)
-        && g.dv.is_multiple_of(32);
+    let bf16 = bf16_products(g, n_kv, keys, values);
     // Work items: (kv head, run of positions).
     let runs = par
         .n_threads()
@@ -516,9 +511,12 @@ fn reduce_v_slots(
 }
 
 /// [`Numerics::Fast`] attention for a batch of queries: the cache's keys and values are
-/// converted to f32 once per call, then per block of tokens and kv head the scores and the
-/// weighted sum of values are blocked f32 matrix products (each K/V row is read once per block
-/// instead of once per query row). Causal masking is applied to the scores.
+/// converted once per call, then per block of tokens and kv head the scores and the weighted
+/// sum of values are blocked matrix products (each K/V row is read once per block instead of
+/// once per query row). Causal masking is applied to the scores. The products are f32, or bf16
+/// with f32 sums under the same conditions as one-token attention ([`bf16_products`]: from
+/// [`BF16_FROM_POSITIONS`] positions on an f16 cache, where prompt processing at depth is
+/// mostly these products).
 fn attend_batch_f32(
     g: AttnGeom,
     q: &[f32],
@@ -533,29 +531,40 @@ fn attend_batch_f32(
     let n = q.len() / (g.n_head * g.dk);
     let n_kv = g.pos0 + n;
     let group = g.n_head / g.n_head_kv;
-    // Per kv head, all positions' `width` elements as f32 rows.
-    let to_f32 = |src: CacheRows, width: usize| {
-        let mut dst = vec![0f32; g.n_head_kv * n_kv * width];
-        for (kvh, head) in dst.chunks_exact_mut(n_kv * width).enumerate() {
-            src.block_to_f32(0, n_kv, kvh * width, width, head);
+    let bf16 = bf16_products(g, n_kv, keys, values);
+    // Per kv head, all positions' `width` elements as rows of the products' type.
+    let convert = |src: CacheRows, width: usize| {
+        let rows = g.n_head_kv * n_kv * width;
+        if bf16 {
+            let mut dst = vec![0u16; rows];
+            for (kvh, head) in dst.chunks_exact_mut(n_kv * width).enumerate() {
+                rows_to_bf16(src, 0, n_kv, None, kvh * width, width, head);
+            }
+            Converted::Bf16(dst)
+        } else {
+            let mut dst = vec![0f32; rows];
+            for (kvh, head) in dst.chunks_exact_mut(n_kv * width).enumerate() {
+                src.block_to_f32(0, n_kv, kvh * width, width, head);
+            }
+            Converted::F32(dst)
         }
-        dst
     };
-    let k32 = to_f32(keys, g.dk);
+    let k_rows = convert(keys, g.dk);
     // MLA's values are the first `dv` elements of its (single) key rows: no second copy.
-    let v32_own;
-    let (v32, ldv) = match values {
+    let v_own;
+    let (v_rows, ldv) = match values {
         Some(values) => {
-            v32_own = to_f32(values, g.dv);
-            (&v32_own, g.dv)
+            v_own = convert(values, g.dv);
+            (&v_own, g.dv)
         }
-        None => (&k32, g.dk),
+        None => (&k_rows, g.dk),
     };
-    // Queries take the rounding of the key type's dot partner, probabilities f16's when the
-    // values are f16, as ggml converts the other operand to them: the fixtures' quantized
-    // models amplify that rounding, so skipping it would not be "float rounding" only.
+    // f32 products: queries take the rounding of the key type's dot partner, probabilities
+    // f16's when the values are f16, as ggml converts the other operand to them: the fixtures'
+    // quantized models amplify that rounding, so skipping it would not be "float rounding"
+    // only. bf16 products round both to bf16.
     let q_ty = moxie_quant::vec_dot_type(keys.ty).expect("cache types have a dot partner");
-    let round_p = values.unwrap_or(keys).ty == GgmlType::F16;
+    let round_p = !bf16 && values.unwrap_or(keys).ty == GgmlType::F16;
     // Token t attends to pos0 + t + 1 positions: threads get runs of equal total work, not
     // equal token counts (with two threads the second would otherwise do ~3/4 of it).
     let head_work = g.n_head * (g.dk + g.dv);
@@ -571,6 +580,7 @@ fn attend_batch_f32(
             let mut qtmp = Vec::new();
             let mut scores = Vec::new();
             let mut obuf = Vec::new();
+            let mut b16 = Vec::new();
             let mut t0 = toks.start;
             while t0 < toks.end {
                 let t1 = (t0 + BLOCK).min(toks.end);
@@ -582,20 +592,12 @@ fn attend_batch_f32(
                         let first = (t * g.n_head + kvh * group) * g.dk;
                         qbuf.extend_from_slice(&q[first..first + group * g.dk]);
                     }
-                    round_through(q_ty, g.dk, &mut qbuf, &mut qtmp);
+                    if !bf16 {
+                        round_through(q_ty, g.dk, &mut qbuf, &mut qtmp);
+                    }
                     scores.resize(rows * kv_len, 0.0);
-                    let kh = &k32[kvh * n_kv * g.dk..];
-                    moxie_quant::gemm_f32_abt(
-                        rows,
-                        kv_len,
-                        g.dk,
-                        &qbuf,
-                        g.dk,
-                        kh,
-                        g.dk,
-                        &mut scores,
-                        kv_len,
-                    );
+                    let kh = kvh * n_kv * g.dk;
+                    k_rows.scores(rows, kv_len, g.dk, &qbuf, kh, &mut b16, &mut scores);
                     for (r, srow) in scores.chunks_exact_mut(kv_len).enumerate() {
                         let t = t0 + r / group;
                         let len = g.pos0 + t + 1;
@@ -610,10 +612,8 @@ fn attend_batch_f32(
                         srow[len..].fill(0.0);
                     }
                     obuf.resize(rows * g.dv, 0.0);
-                    let vh = &v32[kvh * n_kv * ldv..];
-                    moxie_quant::gemm_f32_ab(
-                        rows, kv_len, g.dv, &scores, kv_len, vh, ldv, &mut obuf, g.dv,
-                    );
+                    let vh = kvh * n_kv * ldv;
+                    v_rows.values(rows, kv_len, g.dv, &scores, vh, ldv, &mut b16, &mut obuf);
                     for (r, orow) in obuf.chunks_exact(g.dv).enumerate() {
                         let (t, hg) = (t0 + r / group, r % group);
                         let at = ((t - toks.start) * g.n_head + kvh * group + hg) * g.dv;
@@ -624,6 +624,74 @@ fn attend_batch_f32(
             }
         },
     );
+}
+
+/// Whether attention over `n_kv` positions takes bf16 products: from [`BF16_FROM_POSITIONS`]
+/// on, where the CPU has `VDPBF16PS`, on an f16 cache with head widths a multiple of 32.
+fn bf16_products(g: AttnGeom, n_kv: usize, keys: CacheRows, values: Option<CacheRows>) -> bool {
+    n_kv >= BF16_FROM_POSITIONS
+        && moxie_quant::bf16_products_fast()
+        && keys.ty == GgmlType::F16
+        && values.is_none_or(|v| v.ty == GgmlType::F16)
+        && g.dk.is_multiple_of(32)
+        && g.dv.is_multiple_of(32)
+}
+
+/// A batch's converted cache rows: f32, or bf16 for bf16 products.
+enum Converted {
+    F32(Vec<f32>),
+    Bf16(Vec<u16>),
+}
+
+impl Converted {
+    /// `scores` (`m` rows of `n`) = `q` (`m` rows of `kd`) against the `n` rows of `kd` from
+    /// element `at`. `q16`: scratch for the queries in bf16.
+    #[allow(clippy::too_many_arguments)]
+    fn scores(
+        &self,
+        m: usize,
+        n: usize,
+        kd: usize,
+        q: &[f32],
+        at: usize,
+        q16: &mut Vec<u16>,
+        scores: &mut [f32],
+    ) {
+        match self {
+            Converted::F32(k) => {
+                moxie_quant::gemm_f32_abt(m, n, kd, q, kd, &k[at..], kd, scores, n);
+            }
+            Converted::Bf16(k) => {
+                q16.resize(q.len(), 0);
+                moxie_quant::bf16gemm::f32_to_bf16(q, q16);
+                moxie_quant::gemm_bf16_abt(m, n, kd, q16, kd, &k[at..], kd, scores, n, &[]);
+            }
+        }
+    }
+
+    /// `out` (`m` rows of `dv`) = `p` (`m` rows of `n`) times the `n` rows (stride `ld`) of
+    /// `dv` from element `at`. `p16`: scratch for the probabilities in bf16.
+    #[allow(clippy::too_many_arguments)]
+    fn values(
+        &self,
+        m: usize,
+        n: usize,
+        dv: usize,
+        p: &[f32],
+        at: usize,
+        ld: usize,
+        p16: &mut Vec<u16>,
+        out: &mut [f32],
+    ) {
+        match self {
+            Converted::F32(v) => moxie_quant::gemm_f32_ab(m, n, dv, p, n, &v[at..], ld, out, dv),
+            Converted::Bf16(v) => {
+                p16.resize(p.len(), 0);
+                moxie_quant::bf16gemm::f32_to_bf16(p, p16);
+                moxie_quant::gemm_bf16_ab(m, n, dv, p16, n, &v[at..], ld, out, dv);
+            }
+        }
+    }
 }
 
 /// Set the scores of positions not in `allowed` (sorted) to -inf.
@@ -671,44 +739,47 @@ mod tests {
             .collect()
     }
 
-    /// Fast one-token attention at depth (bf16 products where the CPU has them, runs of
-    /// positions split between threads and merged) against the exact path: MLA's shape (one
-    /// latent kv head, values inside the keys) and GQA's (separate values), f16 caches.
+    /// Fast attention at depth (bf16 products where the CPU has them; one token: runs of
+    /// positions split between threads and merged; a batch: blocked products over the whole
+    /// cache) against the exact path: MLA's shape (one latent kv head, values inside the keys)
+    /// and GQA's (separate values), f16 caches.
     #[test]
-    fn fast_decode_at_depth_is_close_to_exact() {
+    fn fast_attention_at_depth_is_close_to_exact() {
         let mut s = 11;
         for (n_head, n_head_kv, dk, dv, mla) in [(16, 1, 576, 512, true), (8, 2, 128, 128, false)] {
-            let n_kv = 2048;
-            let g = AttnGeom {
-                n_head,
-                n_head_kv,
-                dk,
-                dv,
-                kq_scale: 0.1,
-                pos0: n_kv - 1,
-            };
-            let mut keys = Rows::new(GgmlType::F16, n_head_kv * dk);
-            keys.append(&random(&mut s, n_kv * n_head_kv * dk));
-            let mut values = Rows::new(GgmlType::F16, n_head_kv * dv);
-            values.append(&random(&mut s, n_kv * n_head_kv * dv));
-            let vals = (!mla).then(|| values.view());
-            let q = random(&mut s, n_head * dk);
-            let run = |numerics| {
-                let mut out = vec![0f32; n_head * dv];
-                let par = Parallel::new(2).with_numerics(numerics);
-                attend(g, &q, keys.view(), vals, None, &mut out, &par);
-                out
-            };
-            let (exact, fast) = (run(Numerics::Exact), run(Numerics::Fast));
-            let scale = exact.iter().fold(0f32, |m, x| m.max(x.abs()));
-            let worst = exact
-                .iter()
-                .zip(&fast)
-                .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-            assert!(
-                worst <= 1e-2 * scale,
-                "{n_head}x{dk}: worst {worst} of {scale}"
-            );
+            for n in [1, 4] {
+                let n_kv = 2048;
+                let g = AttnGeom {
+                    n_head,
+                    n_head_kv,
+                    dk,
+                    dv,
+                    kq_scale: 0.1,
+                    pos0: n_kv - n,
+                };
+                let mut keys = Rows::new(GgmlType::F16, n_head_kv * dk);
+                keys.append(&random(&mut s, n_kv * n_head_kv * dk));
+                let mut values = Rows::new(GgmlType::F16, n_head_kv * dv);
+                values.append(&random(&mut s, n_kv * n_head_kv * dv));
+                let vals = (!mla).then(|| values.view());
+                let q = random(&mut s, n * n_head * dk);
+                let run = |numerics| {
+                    let mut out = vec![0f32; n * n_head * dv];
+                    let par = Parallel::new(2).with_numerics(numerics);
+                    attend(g, &q, keys.view(), vals, None, &mut out, &par);
+                    out
+                };
+                let (exact, fast) = (run(Numerics::Exact), run(Numerics::Fast));
+                let scale = exact.iter().fold(0f32, |m, x| m.max(x.abs()));
+                let worst = exact
+                    .iter()
+                    .zip(&fast)
+                    .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+                assert!(
+                    worst <= 1e-2 * scale,
+                    "{n} tokens, {n_head}x{dk}: worst {worst} of {scale}"
+                );
+            }
         }
     }
 }
