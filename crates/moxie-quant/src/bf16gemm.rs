@@ -30,6 +30,29 @@ pub fn f16_to_bf16(src: &[u8], dst: &mut [u16]) {
     }
 }
 
+/// Rows of f16 values to bf16: row `i` is `width` values at byte `i * stride` of `src`, and
+/// goes to `dst[i * width..]` (`dst.len() / width` rows). One call for a block of positions
+/// of one kv head, whose rows are strided in the cache.
+pub fn f16_rows_to_bf16(src: &[u8], stride: usize, width: usize, dst: &mut [u16]) {
+    let rows = dst.len() / width;
+    if rows == 0 {
+        return;
+    }
+    let src = &src[..(rows - 1) * stride + 2 * width];
+    #[cfg(target_arch = "x86_64")]
+    if bf16_products_fast() {
+        for (i, d) in dst.chunks_exact_mut(width).enumerate() {
+            // SAFETY: AVX-512F and AVX512_BF16 are present (bf16_products_fast); row `i`
+            // holds `width` halves (the slicing of `src` above covers the last one).
+            unsafe { avx512::f16_to_bf16(&src[i * stride..i * stride + 2 * width], d) };
+        }
+        return;
+    }
+    for (i, d) in dst.chunks_exact_mut(width).enumerate() {
+        f16_to_bf16(&src[i * stride..i * stride + 2 * width], d);
+    }
+}
+
 /// f32 values to bf16.
 pub fn f32_to_bf16(src: &[f32], dst: &mut [u16]) {
     assert_eq!(src.len(), dst.len(), "f32_to_bf16 lengths");

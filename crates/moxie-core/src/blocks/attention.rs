@@ -146,73 +146,55 @@ fn attend_one_token(
     /// Positions per run below which a run is not split further between threads.
     const MIN_RUN: usize = 256;
     debug_assert_eq!(q.len(), g.n_head * g.dk, "one query token");
-    let group = g.n_head / g.n_head_kv;
     // The positions read: all of them, or the selected ones.
     let list = sel.and_then(|s| s.row(0));
     let n_kv = list.map_or(g.pos0 + 1, <[u32]>::len);
     let bf16 = bf16_products(g, n_kv, keys, values);
-    // Work items: (kv head, run of positions).
-    let runs = par
-        .n_threads()
-        .div_ceil(g.n_head_kv)
-        .min(n_kv.div_ceil(MIN_RUN))
-        .max(1);
+    // Work items: runs of positions, each over every kv head (whole cache rows, read in
+    // order).
+    let runs = par.n_threads().min(n_kv.div_ceil(MIN_RUN)).max(1);
     let run_len = n_kv.div_ceil(runs);
     // Per item and head: running max, running sum, weighted values (dv).
     let head_state = g.dv + 2;
-    let stride = group * head_state;
-    let mut partial = vec![0f32; g.n_head_kv * runs * stride];
-    let work = run_len * group * (g.dk + g.dv);
-    par.for_each_range(
-        g.n_head_kv * runs,
-        work,
-        &mut partial,
-        stride,
-        |items, parts| {
-            let mut scratch = RunScratch::default();
-            for (item, part) in items.zip(parts.chunks_exact_mut(stride)) {
-                let (kvh, run) = (item / runs, item % runs);
-                let span = run * run_len..((run + 1) * run_len).min(n_kv);
-                let qh = &q[kvh * group * g.dk..(kvh + 1) * group * g.dk];
-                let run = KvRun {
-                    keys,
-                    values,
-                    list,
-                    kvh,
-                    span,
-                };
-                if bf16 {
-                    attend_run_bf16(g, qh, run, &mut scratch, part);
-                } else {
-                    attend_run_f32(g, qh, run, &mut scratch, part);
-                }
-            }
-        },
-    );
-    // Merge the runs of each head: rescale each to the largest max, then normalise.
-    for (kvh, heads) in out.chunks_exact_mut(group * g.dv).enumerate() {
-        for (h, oh) in heads.chunks_exact_mut(g.dv).enumerate() {
-            let state = |r: usize| {
-                let at = (kvh * runs + r) * stride + h * head_state;
-                &partial[at..at + head_state]
+    let stride = g.n_head * head_state;
+    let mut partial = vec![0f32; runs * stride];
+    let work = run_len * g.n_head * (g.dk + g.dv);
+    par.for_each_range(runs, work, &mut partial, stride, |items, parts| {
+        let mut scratch = RunScratch::default();
+        for (run, part) in items.zip(parts.chunks_exact_mut(stride)) {
+            let span = run * run_len..((run + 1) * run_len).min(n_kv);
+            let run = KvRun {
+                keys,
+                values,
+                list,
+                span,
             };
-            let max = (0..runs).fold(f32::NEG_INFINITY, |m, r| m.max(state(r)[0]));
-            oh.fill(0.0);
-            let mut sum = 0f32;
-            for r in 0..runs {
-                let st = state(r);
-                if st[0] == f32::NEG_INFINITY {
-                    continue; // an empty run
-                }
-                let scale = (st[0] - max).exp();
-                sum += st[1] * scale;
-                for (o, &x) in oh.iter_mut().zip(&st[2..]) {
-                    *o += x * scale;
-                }
+            if bf16 {
+                attend_run_bf16(g, q, run, &mut scratch, part);
+            } else {
+                attend_run_f32(g, q, run, &mut scratch, part);
             }
-            let inv = 1.0 / sum;
-            oh.iter_mut().for_each(|x| *x *= inv);
         }
+    });
+    // Merge the runs of each head: rescale each to the largest max, then normalise.
+    for (h, oh) in out.chunks_exact_mut(g.dv).enumerate() {
+        let state = |r: usize| &partial[r * stride + h * head_state..][..head_state];
+        let max = (0..runs).fold(f32::NEG_INFINITY, |m, r| m.max(state(r)[0]));
+        oh.fill(0.0);
+        let mut sum = 0f32;
+        for r in 0..runs {
+            let st = state(r);
+            if st[0] == f32::NEG_INFINITY {
+                continue; // an empty run
+            }
+            let scale = (st[0] - max).exp();
+            sum += st[1] * scale;
+            for (o, &x) in oh.iter_mut().zip(&st[2..]) {
+                *o += x * scale;
+            }
+        }
+        let inv = 1.0 / sum;
+        oh.iter_mut().for_each(|x| *x *= inv);
     }
 }
 
@@ -221,14 +203,13 @@ fn attend_one_token(
 /// their rounding (bf16 keys lose 3 of f16's mantissa bits) out of short-context decode.
 const BF16_FROM_POSITIONS: usize = 512;
 
-/// One work item of [`attend_one_token`]: kv head `kvh`'s positions `span` (indices into
+/// One work item of [`attend_one_token`]: positions `span` of every kv head (indices into
 /// `list` when the positions are a selection).
 #[derive(Clone)]
 struct KvRun<'a> {
     keys: CacheRows<'a>,
     values: Option<CacheRows<'a>>,
     list: Option<&'a [u32]>,
-    kvh: usize,
     span: std::ops::Range<usize>,
 }
 
@@ -307,112 +288,133 @@ fn add_weighted(g: AttnGeom, part: &[f32], state: &mut [f32]) {
     }
 }
 
+/// The per-kv-head geometry of a run: (query heads per kv head, key row width, value row
+/// width) — rows hold every kv head's `dk` (`dv`) values.
+fn run_widths(g: AttnGeom) -> (usize, usize, usize) {
+    (
+        g.n_head / g.n_head_kv,
+        g.n_head_kv * g.dk,
+        g.n_head_kv * g.dv,
+    )
+}
+
 /// One run in f32: queries rounded through the key type's dot partner.
-fn attend_run_f32(g: AttnGeom, qh: &[f32], run: KvRun, s: &mut RunScratch, state: &mut [f32]) {
-    let heads = qh.len() / g.dk;
+fn attend_run_f32(g: AttnGeom, q: &[f32], run: KvRun, s: &mut RunScratch, state: &mut [f32]) {
+    let (group, kw, vw) = run_widths(g);
     start_run(g, state);
     let q_ty = moxie_quant::vec_dot_type(run.keys.ty).expect("cache types have a dot partner");
     s.qf.clear();
-    s.qf.extend_from_slice(qh);
+    s.qf.extend_from_slice(q);
     round_through(q_ty, g.dk, &mut s.qf, &mut s.tmp);
-    s.kf.resize(RUN_BLOCK * g.dk, 0.0);
+    s.kf.resize(RUN_BLOCK * kw, 0.0);
     if run.values.is_some() {
-        s.vf.resize(RUN_BLOCK * g.dv, 0.0);
+        s.vf.resize(RUN_BLOCK * vw, 0.0);
     }
     for (j0, b, chunk) in run.blocks() {
-        rows_to_f32(run.keys, j0, b, chunk, run.kvh * g.dk, g.dk, &mut s.kf);
-        s.scores.resize(heads * b, 0.0);
-        moxie_quant::gemm_f32_abt(
-            heads,
-            b,
-            g.dk,
-            &s.qf,
-            g.dk,
-            &s.kf[..b * g.dk],
-            g.dk,
-            &mut s.scores,
-            b,
-        );
-        online_softmax(g, &mut s.scores, b, state);
+        rows_to_f32(run.keys, j0, b, chunk, 0, kw, &mut s.kf);
         // MLA's values are the first dv elements of the converted keys.
         let (v, ldv) = match run.values {
             Some(values) => {
-                rows_to_f32(values, j0, b, chunk, run.kvh * g.dv, g.dv, &mut s.vf);
-                (&s.vf[..], g.dv)
+                rows_to_f32(values, j0, b, chunk, 0, vw, &mut s.vf);
+                (&s.vf[..], vw)
             }
-            None => (&s.kf[..], g.dk),
+            None => (&s.kf[..], kw),
         };
-        s.part.resize(heads * g.dv, 0.0);
-        moxie_quant::gemm_f32_ab(
-            heads,
-            b,
-            g.dv,
-            &s.scores,
-            b,
-            &v[..(b - 1) * ldv + g.dv],
-            ldv,
-            &mut s.part,
-            g.dv,
-        );
-        add_weighted(g, &s.part, state);
+        for kvh in 0..g.n_head_kv {
+            let heads = kvh * group..(kvh + 1) * group;
+            let st = &mut state[heads.start * (g.dv + 2)..heads.end * (g.dv + 2)];
+            s.scores.resize(group * b, 0.0);
+            let (k0, v0) = (kvh * g.dk, kvh * g.dv);
+            moxie_quant::gemm_f32_abt(
+                group,
+                b,
+                g.dk,
+                &s.qf[heads.start * g.dk..heads.end * g.dk],
+                g.dk,
+                &s.kf[k0..(b - 1) * kw + k0 + g.dk],
+                kw,
+                &mut s.scores,
+                b,
+            );
+            online_softmax(g, &mut s.scores, b, st);
+            s.part.resize(group * g.dv, 0.0);
+            moxie_quant::gemm_f32_ab(
+                group,
+                b,
+                g.dv,
+                &s.scores,
+                b,
+                &v[v0..(b - 1) * ldv + v0 + g.dv],
+                ldv,
+                &mut s.part,
+                g.dv,
+            );
+            add_weighted(g, &s.part, st);
+        }
     }
 }
 
 /// One run with bf16 products (f16 cache): keys, values, queries and probabilities as bf16.
-fn attend_run_bf16(g: AttnGeom, qh: &[f32], run: KvRun, s: &mut RunScratch, state: &mut [f32]) {
-    let heads = qh.len() / g.dk;
+fn attend_run_bf16(g: AttnGeom, q: &[f32], run: KvRun, s: &mut RunScratch, state: &mut [f32]) {
+    let (group, kw, vw) = run_widths(g);
     start_run(g, state);
-    s.q16.resize(qh.len(), 0);
-    moxie_quant::bf16gemm::f32_to_bf16(qh, &mut s.q16);
-    s.k16.resize(RUN_BLOCK * g.dk, 0);
+    s.q16.resize(q.len(), 0);
+    moxie_quant::bf16gemm::f32_to_bf16(q, &mut s.q16);
+    s.k16.resize(RUN_BLOCK * kw, 0);
     if run.values.is_some() {
-        s.v16.resize(RUN_BLOCK * g.dv, 0);
+        s.v16.resize(RUN_BLOCK * vw, 0);
     }
     for (j0, b, chunk) in run.blocks() {
-        rows_to_bf16(run.keys, j0, b, chunk, run.kvh * g.dk, g.dk, &mut s.k16);
-        s.scores.resize(heads * b, 0.0);
-        // The next block's rows (contiguous positions) stream in during the score product.
+        rows_to_bf16(run.keys, j0, b, chunk, 0, kw, &mut s.k16);
+        let (v, ldv) = match run.values {
+            Some(values) => {
+                rows_to_bf16(values, j0, b, chunk, 0, vw, &mut s.v16);
+                (&s.v16[..], vw)
+            }
+            None => (&s.k16[..], kw),
+        };
+        // The next block's rows (contiguous positions) stream in during the first score
+        // product.
         let next = (j0 + b).min(run.span.end)..(j0 + b + RUN_BLOCK).min(run.span.end);
         let (rb, data) = (run.keys.row_bytes, run.keys.data);
-        let ahead = match chunk {
+        let mut ahead = match chunk {
             None => &data[next.start * rb..next.end * rb],
             Some(_) => &[],
         };
-        moxie_quant::gemm_bf16_abt(
-            heads,
-            b,
-            g.dk,
-            &s.q16,
-            g.dk,
-            &s.k16[..b * g.dk],
-            g.dk,
-            &mut s.scores,
-            b,
-            ahead,
-        );
-        online_softmax(g, &mut s.scores, b, state);
-        s.p16.resize(s.scores.len(), 0);
-        moxie_quant::bf16gemm::f32_to_bf16(&s.scores, &mut s.p16);
-        let (v, ldv) = match run.values {
-            Some(values) => {
-                rows_to_bf16(values, j0, b, chunk, run.kvh * g.dv, g.dv, &mut s.v16);
-                (&s.v16[..], g.dv)
-            }
-            None => (&s.k16[..], g.dk),
-        };
-        s.part.resize(heads * g.dv, 0.0);
-        moxie_quant::gemm_bf16_ab(
-            heads,
-            b,
-            g.dv,
-            &s.p16,
-            b,
-            &v[..(b - 1) * ldv + g.dv],
-            ldv,
-            &mut s.part,
-            g.dv,
-        );
-        add_weighted(g, &s.part, state);
+        for kvh in 0..g.n_head_kv {
+            let heads = kvh * group..(kvh + 1) * group;
+            let st = &mut state[heads.start * (g.dv + 2)..heads.end * (g.dv + 2)];
+            s.scores.resize(group * b, 0.0);
+            let (k0, v0) = (kvh * g.dk, kvh * g.dv);
+            moxie_quant::gemm_bf16_abt(
+                group,
+                b,
+                g.dk,
+                &s.q16[heads.start * g.dk..heads.end * g.dk],
+                g.dk,
+                &s.k16[k0..(b - 1) * kw + k0 + g.dk],
+                kw,
+                &mut s.scores,
+                b,
+                std::mem::take(&mut ahead),
+            );
+            online_softmax(g, &mut s.scores, b, st);
+            s.p16.resize(s.scores.len(), 0);
+            moxie_quant::bf16gemm::f32_to_bf16(&s.scores, &mut s.p16);
+            s.part.resize(group * g.dv, 0.0);
+            moxie_quant::gemm_bf16_ab(
+                group,
+                b,
+                g.dv,
+                &s.p16,
+                b,
+                &v[v0..(b - 1) * ldv + v0 + g.dv],
+                ldv,
+                &mut s.part,
+                g.dv,
+            );
+            add_weighted(g, &s.part, st);
+        }
     }
 }
 
@@ -432,9 +434,13 @@ fn rows_to_bf16(
             let bytes = &rows.data[pos * rows.row_bytes..(pos + n_pos) * rows.row_bytes];
             moxie_quant::bf16gemm::f16_to_bf16(bytes, &mut out[..n_pos * width]);
         } else {
-            for (i, row) in out.chunks_exact_mut(width).take(n_pos).enumerate() {
-                moxie_quant::bf16gemm::f16_to_bf16(rows.span(pos + i, first, width), row);
-            }
+            let at = pos * rows.row_bytes + first * 2;
+            moxie_quant::bf16gemm::f16_rows_to_bf16(
+                &rows.data[at..],
+                rows.row_bytes,
+                width,
+                &mut out[..n_pos * width],
+            );
         }
     };
     match list {
