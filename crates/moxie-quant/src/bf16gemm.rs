@@ -9,6 +9,7 @@
 //! nearest even.
 
 use crate::f16::{f32_to_bf16 as f32_to_bf16_one, fp16_to_f32};
+use crate::f32gemm::check;
 
 /// Whether the products below run on `VDPBF16PS` (AVX512_BF16 at the AVX-512 level).
 pub fn bf16_products_fast() -> bool {
@@ -147,20 +148,6 @@ pub fn gemm_bf16_ab(
                 *o += w * bf(x);
             }
         }
-    }
-}
-
-/// A `rows x cols` matrix with leading dimension `ld` must fit in `len` elements.
-fn check(rows: usize, cols: usize, len: usize, ld: usize, what: &str) {
-    assert!(
-        cols <= ld || rows <= 1,
-        "{what}: {cols} columns exceed leading dimension {ld}"
-    );
-    if rows > 0 && cols > 0 {
-        assert!(
-            (rows - 1) * ld + cols <= len,
-            "{what}: {rows}x{cols} (ld {ld}) exceeds {len}"
-        );
     }
 }
 

@@ -68,7 +68,7 @@ pub fn gemm_f32_ab(
 }
 
 /// A `rows x cols` matrix with leading dimension `ld` must fit in `len` elements.
-fn check(rows: usize, cols: usize, len: usize, ld: usize, what: &str) {
+pub(crate) fn check(rows: usize, cols: usize, len: usize, ld: usize, what: &str) {
     assert!(
         cols <= ld || rows <= 1,
         "{what}: {cols} columns exceed leading dimension {ld}"
