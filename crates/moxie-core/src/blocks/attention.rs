@@ -160,7 +160,15 @@ fn attend_one_token(
     let mut partial = vec![0f32; runs * stride];
     let work = run_len * g.n_head * (g.dk + g.dv);
     par.for_each_range(runs, work, &mut partial, stride, |items, parts| {
-        let mut scratch = RunScratch::default();
+        let mut scratch = RunScratch {
+            q: Converted::new(bf16),
+            k: Converted::new(bf16),
+            v: Converted::new(bf16),
+            p16: Vec::new(),
+            scores: Vec::new(),
+            part: Vec::new(),
+            tmp: Vec::new(),
+        };
         for (run, part) in items.zip(parts.chunks_exact_mut(stride)) {
             let span = run * run_len..((run + 1) * run_len).min(n_kv);
             let run = KvRun {
@@ -169,11 +177,7 @@ fn attend_one_token(
                 list,
                 span,
             };
-            if bf16 {
-                attend_run_bf16(g, q, run, &mut scratch, part);
-            } else {
-                attend_run_f32(g, q, run, &mut scratch, part);
-            }
+            attend_run(g, q, run, &mut scratch, part);
         }
     });
     // Merge the runs of each head: rescale each to the largest max, then normalise.
@@ -226,16 +230,12 @@ impl KvRun<'_> {
 /// Positions per block of a run: a block of MLA's 576-wide keys is 144 KiB of f32.
 const RUN_BLOCK: usize = 64;
 
-/// A thread's buffers for its runs.
-#[derive(Default)]
+/// A thread's buffers for its runs: queries, keys and values in the products' type.
 struct RunScratch {
-    q16: Vec<u16>,
-    k16: Vec<u16>,
-    v16: Vec<u16>,
+    q: Converted,
+    k: Converted,
+    v: Converted,
     p16: Vec<u16>,
-    qf: Vec<f32>,
-    kf: Vec<f32>,
-    vf: Vec<f32>,
     scores: Vec<f32>,
     part: Vec<f32>,
     tmp: Vec<u8>,
@@ -298,82 +298,31 @@ fn run_widths(g: AttnGeom) -> (usize, usize, usize) {
     )
 }
 
-/// One run in f32: queries rounded through the key type's dot partner.
-fn attend_run_f32(g: AttnGeom, q: &[f32], run: KvRun, s: &mut RunScratch, state: &mut [f32]) {
+/// One run: per block, the keys (and values) of every kv head converted once to the products'
+/// type of `s` (bf16, or f32 with the queries rounded through the key type's dot partner),
+/// then per kv head the scores, the online softmax and the weighted values.
+fn attend_run(g: AttnGeom, q: &[f32], run: KvRun, s: &mut RunScratch, state: &mut [f32]) {
     let (group, kw, vw) = run_widths(g);
     start_run(g, state);
-    let q_ty = moxie_quant::vec_dot_type(run.keys.ty).expect("cache types have a dot partner");
-    s.qf.clear();
-    s.qf.extend_from_slice(q);
-    round_through(q_ty, g.dk, &mut s.qf, &mut s.tmp);
-    s.kf.resize(RUN_BLOCK * kw, 0.0);
-    if run.values.is_some() {
-        s.vf.resize(RUN_BLOCK * vw, 0.0);
+    if s.k.is_bf16() {
+        s.q.set(q);
+    } else {
+        let q_ty = moxie_quant::vec_dot_type(run.keys.ty).expect("cache types have a dot partner");
+        let mut qf = q.to_vec();
+        round_through(q_ty, g.dk, &mut qf, &mut s.tmp);
+        s.q = Converted::F32(qf);
     }
     for (j0, b, chunk) in run.blocks() {
-        rows_to_f32(run.keys, j0, b, chunk, 0, kw, &mut s.kf);
+        s.k.put_rows(0, run.keys, j0, b, chunk, 0, kw);
         // MLA's values are the first dv elements of the converted keys.
         let (v, ldv) = match run.values {
             Some(values) => {
-                rows_to_f32(values, j0, b, chunk, 0, vw, &mut s.vf);
-                (&s.vf[..], vw)
+                s.v.put_rows(0, values, j0, b, chunk, 0, vw);
+                (&s.v, vw)
             }
-            None => (&s.kf[..], kw),
+            None => (&s.k, kw),
         };
-        for kvh in 0..g.n_head_kv {
-            let heads = kvh * group..(kvh + 1) * group;
-            let st = &mut state[heads.start * (g.dv + 2)..heads.end * (g.dv + 2)];
-            s.scores.resize(group * b, 0.0);
-            let (k0, v0) = (kvh * g.dk, kvh * g.dv);
-            moxie_quant::gemm_f32_abt(
-                group,
-                b,
-                g.dk,
-                &s.qf[heads.start * g.dk..heads.end * g.dk],
-                g.dk,
-                &s.kf[k0..(b - 1) * kw + k0 + g.dk],
-                kw,
-                &mut s.scores,
-                b,
-            );
-            online_softmax(g, &mut s.scores, b, st);
-            s.part.resize(group * g.dv, 0.0);
-            moxie_quant::gemm_f32_ab(
-                group,
-                b,
-                g.dv,
-                &s.scores,
-                b,
-                &v[v0..(b - 1) * ldv + v0 + g.dv],
-                ldv,
-                &mut s.part,
-                g.dv,
-            );
-            add_weighted(g, &s.part, st);
-        }
-    }
-}
-
-/// One run with bf16 products (f16 cache): keys, values, queries and probabilities as bf16.
-fn attend_run_bf16(g: AttnGeom, q: &[f32], run: KvRun, s: &mut RunScratch, state: &mut [f32]) {
-    let (group, kw, vw) = run_widths(g);
-    start_run(g, state);
-    s.q16.resize(q.len(), 0);
-    moxie_quant::bf16gemm::f32_to_bf16(q, &mut s.q16);
-    s.k16.resize(RUN_BLOCK * kw, 0);
-    if run.values.is_some() {
-        s.v16.resize(RUN_BLOCK * vw, 0);
-    }
-    for (j0, b, chunk) in run.blocks() {
-        rows_to_bf16(run.keys, j0, b, chunk, 0, kw, &mut s.k16);
-        let (v, ldv) = match run.values {
-            Some(values) => {
-                rows_to_bf16(values, j0, b, chunk, 0, vw, &mut s.v16);
-                (&s.v16[..], vw)
-            }
-            None => (&s.k16[..], kw),
-        };
-        // The next block's rows (contiguous positions) stream in during the first score
+        // bf16: the next block's rows (contiguous positions) stream in during the first score
         // product.
         let next = (j0 + b).min(run.span.end)..(j0 + b + RUN_BLOCK).min(run.span.end);
         let (rb, data) = (run.keys.row_bytes, run.keys.data);
@@ -385,33 +334,30 @@ fn attend_run_bf16(g: AttnGeom, q: &[f32], run: KvRun, s: &mut RunScratch, state
             let heads = kvh * group..(kvh + 1) * group;
             let st = &mut state[heads.start * (g.dv + 2)..heads.end * (g.dv + 2)];
             s.scores.resize(group * b, 0.0);
-            let (k0, v0) = (kvh * g.dk, kvh * g.dv);
-            moxie_quant::gemm_bf16_abt(
+            let q_at = heads.start * g.dk;
+            let ahead = std::mem::take(&mut ahead);
+            s.k.scores(
+                &s.q,
+                q_at,
                 group,
                 b,
                 g.dk,
-                &s.q16[heads.start * g.dk..heads.end * g.dk],
-                g.dk,
-                &s.k16[k0..(b - 1) * kw + k0 + g.dk],
+                kvh * g.dk,
                 kw,
                 &mut s.scores,
-                b,
-                std::mem::take(&mut ahead),
+                ahead,
             );
             online_softmax(g, &mut s.scores, b, st);
-            s.p16.resize(s.scores.len(), 0);
-            moxie_quant::bf16gemm::f32_to_bf16(&s.scores, &mut s.p16);
             s.part.resize(group * g.dv, 0.0);
-            moxie_quant::gemm_bf16_ab(
+            v.values(
                 group,
                 b,
                 g.dv,
-                &s.p16,
-                b,
-                &v[v0..(b - 1) * ldv + v0 + g.dv],
+                &s.scores,
+                kvh * g.dv,
                 ldv,
+                &mut s.p16,
                 &mut s.part,
-                g.dv,
             );
             add_weighted(g, &s.part, st);
         }
@@ -540,20 +486,11 @@ fn attend_batch_f32(
     let bf16 = bf16_products(g, n_kv, keys, values);
     // Per kv head, all positions' `width` elements as rows of the products' type.
     let convert = |src: CacheRows, width: usize| {
-        let rows = g.n_head_kv * n_kv * width;
-        if bf16 {
-            let mut dst = vec![0u16; rows];
-            for (kvh, head) in dst.chunks_exact_mut(n_kv * width).enumerate() {
-                rows_to_bf16(src, 0, n_kv, None, kvh * width, width, head);
-            }
-            Converted::Bf16(dst)
-        } else {
-            let mut dst = vec![0f32; rows];
-            for (kvh, head) in dst.chunks_exact_mut(n_kv * width).enumerate() {
-                src.block_to_f32(0, n_kv, kvh * width, width, head);
-            }
-            Converted::F32(dst)
+        let mut dst = Converted::new(bf16);
+        for kvh in 0..g.n_head_kv {
+            dst.put_rows(kvh * n_kv * width, src, 0, n_kv, None, kvh * width, width);
         }
+        dst
     };
     let k_rows = convert(keys, g.dk);
     // MLA's values are the first `dv` elements of its (single) key rows: no second copy.
@@ -584,9 +521,10 @@ fn attend_batch_f32(
         |toks, o| {
             let mut qbuf = Vec::new();
             let mut qtmp = Vec::new();
+            let mut qc = Converted::new(bf16);
             let mut scores = Vec::new();
             let mut obuf = Vec::new();
-            let mut b16 = Vec::new();
+            let mut p16 = Vec::new();
             let mut t0 = toks.start;
             while t0 < toks.end {
                 let t1 = (t0 + BLOCK).min(toks.end);
@@ -603,7 +541,8 @@ fn attend_batch_f32(
                     }
                     scores.resize(rows * kv_len, 0.0);
                     let kh = kvh * n_kv * g.dk;
-                    k_rows.scores(rows, kv_len, g.dk, &qbuf, kh, &mut b16, &mut scores);
+                    qc.set(&qbuf);
+                    k_rows.scores(&qc, 0, rows, kv_len, g.dk, kh, g.dk, &mut scores, &[]);
                     for (r, srow) in scores.chunks_exact_mut(kv_len).enumerate() {
                         let t = t0 + r / group;
                         let len = g.pos0 + t + 1;
@@ -619,7 +558,7 @@ fn attend_batch_f32(
                     }
                     obuf.resize(rows * g.dv, 0.0);
                     let vh = kvh * n_kv * ldv;
-                    v_rows.values(rows, kv_len, g.dv, &scores, vh, ldv, &mut b16, &mut obuf);
+                    v_rows.values(rows, kv_len, g.dv, &scores, vh, ldv, &mut p16, &mut obuf);
                     for (r, orow) in obuf.chunks_exact(g.dv).enumerate() {
                         let (t, hg) = (t0 + r / group, r % group);
                         let at = ((t - toks.start) * g.n_head + kvh * group + hg) * g.dv;
@@ -643,40 +582,117 @@ fn bf16_products(g: AttnGeom, n_kv: usize, keys: CacheRows, values: Option<Cache
         && g.dv.is_multiple_of(32)
 }
 
-/// A batch's converted cache rows: f32, or bf16 for bf16 products.
+/// Rows in the products' type: f32, or bf16 for bf16 products ([`bf16_products`]).
 enum Converted {
     F32(Vec<f32>),
     Bf16(Vec<u16>),
 }
 
 impl Converted {
-    /// `scores` (`m` rows of `n`) = `q` (`m` rows of `kd`) against the `n` rows of `kd` from
-    /// element `at`. `q16`: scratch for the queries in bf16.
-    #[allow(clippy::too_many_arguments)]
-    fn scores(
-        &self,
-        m: usize,
-        n: usize,
-        kd: usize,
-        q: &[f32],
-        at: usize,
-        q16: &mut Vec<u16>,
-        scores: &mut [f32],
-    ) {
+    fn new(bf16: bool) -> Converted {
+        if bf16 {
+            Converted::Bf16(Vec::new())
+        } else {
+            Converted::F32(Vec::new())
+        }
+    }
+
+    fn is_bf16(&self) -> bool {
+        matches!(self, Converted::Bf16(_))
+    }
+
+    /// `x` in this type (copied, or rounded to bf16).
+    fn set(&mut self, x: &[f32]) {
         match self {
-            Converted::F32(k) => {
-                moxie_quant::gemm_f32_abt(m, n, kd, q, kd, &k[at..], kd, scores, n);
+            Converted::F32(d) => {
+                d.clear();
+                d.extend_from_slice(x);
             }
-            Converted::Bf16(k) => {
-                q16.resize(q.len(), 0);
-                moxie_quant::bf16gemm::f32_to_bf16(q, q16);
-                moxie_quant::gemm_bf16_abt(m, n, kd, q16, kd, &k[at..], kd, scores, n, &[]);
+            Converted::Bf16(d) => {
+                d.resize(x.len(), 0);
+                moxie_quant::bf16gemm::f32_to_bf16(x, d);
             }
         }
     }
 
-    /// `out` (`m` rows of `dv`) = `p` (`m` rows of `n`) times the `n` rows (stride `ld`) of
-    /// `dv` from element `at`. `p16`: scratch for the probabilities in bf16.
+    /// `n` cached positions from `j0` (or the listed ones), `width` elements of each from
+    /// element `first`, as rows of `width` from element `at` (the buffer grows when needed and
+    /// is otherwise overwritten in place: no fill per block).
+    #[allow(clippy::too_many_arguments)]
+    fn put_rows(
+        &mut self,
+        at: usize,
+        src: CacheRows,
+        j0: usize,
+        n: usize,
+        list: Option<&[u32]>,
+        first: usize,
+        width: usize,
+    ) {
+        let end = at + n * width;
+        match self {
+            Converted::F32(d) => {
+                if d.len() < end {
+                    d.resize(end, 0.0);
+                }
+                rows_to_f32(src, j0, n, list, first, width, &mut d[at..end]);
+            }
+            Converted::Bf16(d) => {
+                if d.len() < end {
+                    d.resize(end, 0);
+                }
+                rows_to_bf16(src, j0, n, list, first, width, &mut d[at..end]);
+            }
+        }
+    }
+
+    /// `scores` (`m` rows of `n`) = the `m` query rows of `kd` of `q` from element `q_at`
+    /// against `n` of these rows (stride `ld`), `kd` elements from element `at`. `prefetch`:
+    /// bytes the bf16 product brings into L2 meanwhile.
+    #[allow(clippy::too_many_arguments)]
+    fn scores(
+        &self,
+        q: &Converted,
+        q_at: usize,
+        m: usize,
+        n: usize,
+        kd: usize,
+        at: usize,
+        ld: usize,
+        scores: &mut [f32],
+        prefetch: &[u8],
+    ) {
+        let k_end = at + (n - 1) * ld + kd;
+        match (self, q) {
+            (Converted::F32(k), Converted::F32(q)) => moxie_quant::gemm_f32_abt(
+                m,
+                n,
+                kd,
+                &q[q_at..q_at + m * kd],
+                kd,
+                &k[at..k_end],
+                ld,
+                scores,
+                n,
+            ),
+            (Converted::Bf16(k), Converted::Bf16(q)) => moxie_quant::gemm_bf16_abt(
+                m,
+                n,
+                kd,
+                &q[q_at..q_at + m * kd],
+                kd,
+                &k[at..k_end],
+                ld,
+                scores,
+                n,
+                prefetch,
+            ),
+            _ => unreachable!("queries and keys are converted to the same type"),
+        }
+    }
+
+    /// `out` (`m` rows of `dv`) = `p` (`m` rows of `n`) times `n` of these rows (stride `ld`),
+    /// `dv` elements from element `at`. `p16`: scratch for the probabilities in bf16.
     #[allow(clippy::too_many_arguments)]
     fn values(
         &self,
@@ -689,12 +705,15 @@ impl Converted {
         p16: &mut Vec<u16>,
         out: &mut [f32],
     ) {
+        let v_end = at + (n - 1) * ld + dv;
         match self {
-            Converted::F32(v) => moxie_quant::gemm_f32_ab(m, n, dv, p, n, &v[at..], ld, out, dv),
+            Converted::F32(v) => {
+                moxie_quant::gemm_f32_ab(m, n, dv, p, n, &v[at..v_end], ld, out, dv);
+            }
             Converted::Bf16(v) => {
                 p16.resize(p.len(), 0);
                 moxie_quant::bf16gemm::f32_to_bf16(p, p16);
-                moxie_quant::gemm_bf16_ab(m, n, dv, p16, n, &v[at..], ld, out, dv);
+                moxie_quant::gemm_bf16_ab(m, n, dv, p16, n, &v[at..v_end], ld, out, dv);
             }
         }
     }
