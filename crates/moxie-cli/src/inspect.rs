@@ -100,9 +100,24 @@ fn dump(f: &GgufFile, name: &str, out: &Path) -> Result<()> {
         .collect::<Result<_, _>>()?;
     let mut w = moxie_core::npy::NpyWriter::create(out, &shape)?;
     let mut row = vec![0f32; row_len];
-    for bytes in data.chunks_exact(row_bytes.max(1)) {
-        dequantize(bytes, &mut row);
-        w.write(&row)?;
+    // Interleaved rows (moxie quantize --repack) are put back in GGUF order 16 at a time.
+    let group_rows = if t.interleaved {
+        moxie_quant::repack::REPACK_ROWS
+    } else {
+        1
+    };
+    let mut plain = vec![0u8; group_rows * row_bytes];
+    for group in data.chunks_exact((group_rows * row_bytes).max(1)) {
+        let rows = if t.interleaved {
+            moxie_quant::repack::unrepack(t.ty, group, group_rows, row_len, &mut plain);
+            &plain[..]
+        } else {
+            group
+        };
+        for bytes in rows.chunks_exact(row_bytes.max(1)) {
+            dequantize(bytes, &mut row);
+            w.write(&row)?;
+        }
     }
     w.finish()?;
     eprintln!(
@@ -162,6 +177,7 @@ pub fn main(a: Args) -> Result<()> {
             "files": f.paths(),
             "version": f.version(),
             "alignment": f.alignment(),
+        "interleaved_tensors": f.tensors().iter().filter(|t| t.interleaved).count(),
             "architecture": meta.get_str("general.architecture"),
             "supported": config.as_ref().map(|_| true).unwrap_or(false),
             "config_error": config.as_ref().err().map(|e| e.to_string()),
@@ -191,6 +207,19 @@ pub fn main(a: Args) -> Result<()> {
         f.tensors().len(),
         gb(inv.total.bytes)
     )?;
+    let (n_interleaved, interleaved_bytes) = f
+        .tensors()
+        .iter()
+        .filter(|t| t.interleaved)
+        .fold((0, 0), |(n, b), t| (n + 1, b + t.n_bytes));
+    if n_interleaved > 0 {
+        writeln!(
+            o,
+            "{n_interleaved} tensors ({}) stored with rows interleaved by 16 (moxie quantize \
+             --repack; type ids 1000 + the base type's, which only moxie reads)",
+            gb(interleaved_bytes)
+        )?;
+    }
     writeln!(o)?;
     writeln!(o, "metadata:")?;
     for (k, v) in meta.iter() {

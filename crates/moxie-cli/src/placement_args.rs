@@ -55,10 +55,11 @@ pub struct PlacementArgs {
     /// after loading (copy rate vs the CPU's expert time), `off`, or a token count.
     #[arg(long = "op-offload", value_name = "auto|off|N", default_value = "auto")]
     pub op_offload: String,
-    /// Keep the weights in the file's row order. By default, weight matrices read only by the
-    /// CPU (routed experts routed there, attention, dense and shared FFNs) have their rows
+    /// Keep the weights in GGUF row order. By default, weight matrices read only by the CPU
+    /// (routed experts routed there, attention, dense and shared FFNs) have their rows
     /// interleaved at load time (Q4_K, Q6_K and Q8_0 so far) for the fast one-token kernels, as
-    /// ik_llama.cpp's -rtr does; --exact never repacks.
+    /// ik_llama.cpp's -rtr does; a file written by `moxie quantize --repack` stores them so
+    /// already. --exact never repacks (both put stored interleaved rows back in GGUF order).
     #[arg(long = "no-repack")]
     pub no_repack: bool,
 }

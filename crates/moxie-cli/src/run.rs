@@ -170,19 +170,38 @@ pub(crate) fn load_opened_model(
 }
 
 /// Load-time repacking (`on`): the CPU's weight matrices interleaved for the fast one-token
-/// kernels, with a line on stderr saying what was done.
+/// kernels (or, off, put back in GGUF order where the file stores them interleaved), with a
+/// line on stderr saying what was done.
 pub(crate) fn repack(model: &mut Model, on: bool) {
-    if !on {
-        return;
-    }
     let t0 = std::time::Instant::now();
-    let (n, bytes) = model.interleave_cpu_weights(&Parallel::available());
-    if n > 0 {
+    let c = model.set_cpu_weight_layout(&Parallel::available(), on);
+    let secs = t0.elapsed().as_secs_f64();
+    let gib = moxie_core::placement::human_bytes;
+    if c.interleaved > 0 {
         eprintln!(
-            "repacked {n} weight tensors ({}) into interleaved rows in {:.1} s \
-             (--no-repack keeps the file's order)",
-            moxie_core::placement::human_bytes(bytes),
-            t0.elapsed().as_secs_f64()
+            "repacked {} weight tensors ({}) into interleaved rows in {secs:.1} s \
+             (--no-repack keeps the file's order; `moxie quantize --repack` writes them so once)",
+            c.interleaved,
+            gib(c.interleaved_bytes),
+        );
+    }
+    if c.as_stored > 0 {
+        eprintln!(
+            "{} weight tensors ({}) are stored interleaved in the file and used as they are",
+            c.as_stored,
+            gib(c.as_stored_bytes)
+        );
+    }
+    if c.restored > 0 {
+        eprintln!(
+            "put {} weight tensors ({}) stored interleaved back in GGUF order in {secs:.1} s{}",
+            c.restored,
+            gib(c.restored_bytes),
+            if on {
+                " (routed experts streamed to a GPU)"
+            } else {
+                " (--no-repack / --exact)"
+            }
         );
     }
 }

@@ -557,3 +557,122 @@ fn bad_input_gives_clear_errors() {
     );
     assert!(!Path::new(&out).exists(), "a failed run left {out}");
 }
+
+/// `moxie quantize --repack IN OUT COPY` writes the matrices load-time repacking would
+/// interleave, interleaved under their own type ids; loading that file gives the original's
+/// logits bit for bit (default numerics use both interleaved; `--no-repack` and `--exact` put
+/// the rows back), and COPY without `--repack` turns it back into the original tensors.
+#[test]
+fn repacked_copy_loads_like_load_time_repacking() {
+    let Some(fx) = fixtures() else { return };
+    let tmp = TempDir::new("repack");
+    for stem in ["deepseek2-tiny-Q4_K_M", "qwen3moe-tiny-Q8_0"] {
+        let src = fx.join(format!("models/{stem}.gguf"));
+        let src = src.to_str().unwrap();
+        let packed = tmp.path(&format!("{stem}-r16.gguf"));
+        let o = moxie_in(&tmp.0, &["quantize", "--repack", src, &packed, "COPY"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert!(stderr(&o).contains("written interleaved"), "{}", stderr(&o));
+
+        let a = GgufFile::open(Path::new(src)).unwrap();
+        let b = GgufFile::open(Path::new(&packed)).unwrap();
+        assert_eq!(a.tensors().len(), b.tensors().len());
+        assert_eq!(
+            a.metadata().get("general.file_type"),
+            b.metadata().get("general.file_type")
+        );
+        let mut interleaved = 0;
+        for t in a.tensors() {
+            let u = b.tensor(&t.name).unwrap();
+            assert_eq!((u.ty, &u.dims, u.n_bytes), (t.ty, &t.dims, t.n_bytes));
+            if u.interleaved {
+                interleaved += 1;
+                assert!(moxie_core::interleave_candidate(&t.name), "{}", t.name);
+                assert_eq!(u.type_id(), 1000 + t.ty.id());
+                assert_ne!(b.tensor_data(u).unwrap(), a.tensor_data(t).unwrap());
+            } else {
+                assert_eq!(b.tensor_data(u).unwrap(), a.tensor_data(t).unwrap());
+            }
+        }
+        assert!(
+            interleaved >= 6,
+            "{stem}: {interleaved} tensors interleaved"
+        );
+        // `inspect --dump` reads interleaved rows back in GGUF order.
+        let dump = |model: &str, out: &str| {
+            let o = moxie_in(
+                &tmp.0,
+                &[
+                    "inspect",
+                    model,
+                    "--dump",
+                    "blk.1.ffn_up_exps.weight",
+                    "--out",
+                    out,
+                ],
+            );
+            assert!(o.status.success(), "{}", stderr(&o));
+            std::fs::read(tmp.0.join(out)).unwrap()
+        };
+        assert_eq!(dump(src, "a.npy"), dump(&packed, "b.npy"), "{stem}");
+
+        let logits = |model: &str, flags: &[&str], out: &str| {
+            let mut args = vec![
+                "logits",
+                "-m",
+                model,
+                "-t",
+                "2",
+                "--tokens",
+                "1,20,300,2000",
+            ];
+            args.extend(flags);
+            args.extend(["--out", out]);
+            let o = moxie_in(&tmp.0, &args);
+            assert!(o.status.success(), "{}", stderr(&o));
+            (std::fs::read(tmp.0.join(out)).unwrap(), stderr(&o))
+        };
+        for flags in [&[][..], &["--no-repack"], &["--exact"]] {
+            let (want, _) = logits(src, flags, "a.npy");
+            let (got, log) = logits(&packed, flags, "b.npy");
+            assert!(want.len() > 4 * 1000);
+            assert_eq!(want, got, "{stem} {flags:?}");
+            let said = if flags.is_empty() {
+                "stored interleaved in the file and used as they are"
+            } else {
+                "back in GGUF order"
+            };
+            assert!(log.contains(said), "{stem} {flags:?}: {log}");
+        }
+
+        // COPY without --repack restores every tensor's bytes.
+        let back = tmp.path(&format!("{stem}-back.gguf"));
+        let o = moxie_in(&tmp.0, &["quantize", "-q", &packed, &back, "COPY"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let c = GgufFile::open(Path::new(&back)).unwrap();
+        for t in a.tensors() {
+            let u = c.tensor(&t.name).unwrap();
+            assert!(!u.interleaved);
+            assert_eq!(
+                c.tensor_data(u).unwrap(),
+                a.tensor_data(t).unwrap(),
+                "{}",
+                t.name
+            );
+        }
+    }
+    // COPY keeps types, so type-choosing flags are refused.
+    let src = fx.join("models/qwen3moe-tiny-Q8_0.gguf");
+    let o = moxie_in(
+        &tmp.0,
+        &[
+            "quantize",
+            "--pure",
+            src.to_str().unwrap(),
+            &tmp.path("x.gguf"),
+            "COPY",
+        ],
+    );
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("--pure"), "{}", stderr(&o));
+}

@@ -25,7 +25,7 @@ pub mod synth;
 pub mod tensor;
 
 pub use config::{Arch, Config};
-pub use model::{Logits, Model};
+pub use model::{interleave_candidate, LayoutChange, Logits, Model};
 pub use parallel::{Numerics, Parallel};
 pub use sampling::{Sampler, SamplerConfig};
 pub use state::{KvTypes, SeqState};

@@ -132,47 +132,69 @@ impl Model {
         Ok(model)
     }
 
-    /// Interleave the layers' weight matrices that live in host memory and are only read
-    /// there (routed experts whose router runs on the CPU too, so no GPU streams them; the
-    /// CPU's attention projections, dense and shared-expert FFNs) into the 16-row layout of
+    /// Set the layout of the layers' weight matrices in host memory. With `interleave`, the
+    /// matrices that live there and are only read there (routed experts whose router runs on
+    /// the CPU too, so no GPU streams them; the CPU's attention projections, dense and
+    /// shared-expert FFNs; names as [`interleave_candidate`]) get the 16-row layout of
     /// moxie's fastest one-token kernels ([`Tensor::interleaved`], load-time repacking;
-    /// ik_llama.cpp's `-rtr`). Tensors are done one at a time and each mapped source is
-    /// released after its copy, so resident memory stays about the model's size. Returns the
-    /// tensors and bytes repacked.
-    pub fn interleave_cpu_weights(&mut self, par: &crate::parallel::Parallel) -> (usize, u64) {
+    /// ik_llama.cpp's `-rtr`). Every other interleaved matrix (all of them without
+    /// `interleave`: `--no-repack`, `--exact`; a file written by `moxie quantize --repack`
+    /// stores them so) is put back in GGUF order ([`Tensor::in_gguf_order`]). Tensors are
+    /// done one at a time and each mapped source is released after its copy, so resident
+    /// memory stays about the model's size.
+    pub fn set_cpu_weight_layout(
+        &mut self,
+        par: &crate::parallel::Parallel,
+        interleave: bool,
+    ) -> LayoutChange {
         use crate::blocks::{Ffn, Mixer};
-        let mut tensors: Vec<&mut Tensor> = Vec::new();
+        // (matrix, whether it should be interleaved)
+        let mut tensors: Vec<(&mut Tensor, bool)> = Vec::new();
         let layers = self
             .layers
             .iter_mut()
             .chain(self.mtp.iter_mut().map(|m| &mut m.layer));
         for layer in layers {
             match &mut layer.mixer {
-                Mixer::Mla(a) => tensors.extend(a.projections_mut()),
-                Mixer::Gqa(a) => tensors.extend(a.matrices_mut()),
+                Mixer::Mla(a) => tensors.extend(a.projections_mut().into_iter().map(|t| (t, true))),
+                Mixer::Gqa(a) => tensors.extend(a.matrices_mut().into_iter().map(|t| (t, true))),
                 Mixer::DeltaNet(_) => {}
             }
             match &mut layer.ffn {
-                Ffn::Dense(f) => tensors.extend(f.matrices_mut()),
+                Ffn::Dense(f) => tensors.extend(f.matrices_mut().into_iter().map(|t| (t, true))),
                 Ffn::Moe(m) => {
-                    if m.device == crate::device::CPU && m.experts_device == crate::device::CPU {
-                        tensors.extend([&mut m.gate_exps, &mut m.up_exps, &mut m.down_exps]);
-                    }
+                    let host_only =
+                        m.device == crate::device::CPU && m.experts_device == crate::device::CPU;
+                    tensors.extend(
+                        [&mut m.gate_exps, &mut m.up_exps, &mut m.down_exps]
+                            .into_iter()
+                            .map(|t| (t, host_only)),
+                    );
                     if let Some(sh) = &mut m.shared {
-                        tensors.extend(sh.matrices_mut());
+                        tensors.extend(sh.matrices_mut().into_iter().map(|t| (t, true)));
                     }
                 }
             }
         }
-        let (mut n, mut bytes) = (0, 0u64);
-        for t in tensors {
-            if let Some(r) = t.interleaved(par) {
-                bytes += r.data().len() as u64;
-                n += 1;
+        let mut change = LayoutChange::default();
+        for (t, wanted) in tensors {
+            let wanted = wanted && interleave && interleave_candidate(&t.name);
+            if wanted {
+                if let Some(r) = t.interleaved(par) {
+                    change.interleaved += 1;
+                    change.interleaved_bytes += r.data().len() as u64;
+                    *t = r;
+                } else if t.is_interleaved() {
+                    change.as_stored += 1;
+                    change.as_stored_bytes += t.data().len() as u64;
+                }
+            } else if let Some(r) = t.in_gguf_order(par) {
+                change.restored += 1;
+                change.restored_bytes += r.data().len() as u64;
                 *t = r;
             }
         }
-        (n, bytes)
+        change
     }
 
     /// The batch size from which host-resident routed experts are streamed to the GPU that
@@ -310,4 +332,54 @@ impl Model {
         }
         Ok(logits)
     }
+}
+
+/// What [`Model::set_cpu_weight_layout`] did: tensors (and their bytes) interleaved now, used
+/// as the file stores them interleaved, and put back in GGUF order.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LayoutChange {
+    pub interleaved: usize,
+    pub interleaved_bytes: u64,
+    pub as_stored: usize,
+    pub as_stored_bytes: u64,
+    pub restored: usize,
+    pub restored_bytes: u64,
+}
+
+/// Whether tensor `name` is one of the weight matrices moxie keeps interleaved in host memory
+/// (where its type and shape have that layout): the attention projections, dense and
+/// shared-expert FFNs and routed experts of a layer. Load-time repacking and
+/// `moxie quantize --repack` both go by this, so a repacked file holds what loading would
+/// repack.
+pub fn interleave_candidate(name: &str) -> bool {
+    const MATRICES: [&str; 18] = [
+        "attn_q",
+        "attn_k",
+        "attn_v",
+        "attn_output",
+        "attn_q_a",
+        "attn_q_b",
+        "attn_kv_a_mqa",
+        "attn_k_b",
+        "attn_v_b",
+        "ffn_gate",
+        "ffn_up",
+        "ffn_down",
+        "ffn_gate_exps",
+        "ffn_up_exps",
+        "ffn_down_exps",
+        "ffn_gate_shexp",
+        "ffn_up_shexp",
+        "ffn_down_shexp",
+    ];
+    let Some(rest) = name.strip_prefix("blk.") else {
+        return false;
+    };
+    let Some((layer, rest)) = rest.split_once('.') else {
+        return false;
+    };
+    layer.parse::<usize>().is_ok()
+        && rest
+            .strip_suffix(".weight")
+            .is_some_and(|m| MATRICES.contains(&m))
 }

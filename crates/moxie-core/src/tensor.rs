@@ -84,7 +84,8 @@ impl Tensor {
                 file: Arc::clone(file),
                 index,
             },
-            interleaved: false,
+            // Files written by `moxie quantize --repack` store some matrices interleaved.
+            interleaved: info.interleaved,
         })
     }
 
@@ -122,16 +123,13 @@ impl Tensor {
                 self.name
             )));
         }
-        if self.interleaved {
-            return Err(Error::Model(format!(
-                "tensor '{}': repacked (interleaved) weights stay on the CPU",
-                self.name
-            )));
-        }
         let bytes = self.data();
         let held = devices.reserve(to, bytes.len() as u64, &format!("tensor '{}'", self.name))?;
         devices.count_copy(CPU, to, bytes.len());
         if let Some(gpu) = devices.gpu(to) {
+            // GPU kernels read rows in GGUF order; the host bytes (and `interleaved`) stay as
+            // they are, so host reads keep working without a second copy in RAM.
+            let bytes = self.gguf_order_bytes();
             if !moxie_gpu::Gpu::supports(self.ty) {
                 return Err(Error::Model(format!(
                     "tensor '{}': {} weights cannot go on {} (no GPU kernels for that type); \
@@ -141,7 +139,7 @@ impl Tensor {
                     gpu.name()
                 )));
             }
-            let buf = moxie_gpu::Buffer::from_bytes(gpu.backend(), bytes)?;
+            let buf = moxie_gpu::Buffer::from_bytes(gpu.backend(), &bytes)?;
             return Ok(Tensor {
                 device: to,
                 storage: Storage::OnGpu(Arc::new(GpuCopy {
@@ -174,6 +172,22 @@ impl Tensor {
             Storage::OnDevice(d) => &d.0,
             Storage::OnGpu(g) => Self::bytes_of(&g.host),
         }
+    }
+
+    /// The tensor's host bytes with rows in GGUF order: [`Tensor::data`], or for an
+    /// interleaved tensor a copy with its groups put back (for GPU uploads, whose kernels
+    /// read GGUF rows).
+    pub fn gguf_order_bytes(&self) -> std::borrow::Cow<'_, [u8]> {
+        let data = self.data();
+        if !self.interleaved {
+            return std::borrow::Cow::Borrowed(data);
+        }
+        let mut plain = vec![0u8; data.len()];
+        let group = REPACK_ROWS * self.row_bytes();
+        for (from, to) in data.chunks_exact(group).zip(plain.chunks_exact_mut(group)) {
+            repack::unrepack(self.ty, from, REPACK_ROWS, self.ne[0], to);
+        }
+        std::borrow::Cow::Owned(plain)
     }
 
     /// The tensor as a GPU kernel's weight operand, if it is in a GPU's memory.
@@ -285,6 +299,37 @@ impl Tensor {
         Some(Tensor {
             storage: Storage::Owned(Arc::new(data)),
             interleaved: true,
+            ..self.clone()
+        })
+    }
+
+    /// The inverse of [`Tensor::interleaved`]: a copy of this interleaved host tensor with its
+    /// rows back in GGUF order (`--no-repack` or `--exact` on a file written interleaved, and
+    /// host experts that are streamed to a GPU); `None` when the rows are already in GGUF
+    /// order. A mapped source's pages are released afterwards, as there.
+    pub fn in_gguf_order(&self, par: &Parallel) -> Option<Tensor> {
+        if !self.interleaved || self.device != CPU {
+            return None;
+        }
+        let released = match &self.storage {
+            Storage::Mapped { file, index } => Some((file, *index)),
+            Storage::Owned(_) => None,
+            _ => return None,
+        };
+        let src = self.data();
+        let mut data = vec![0u8; src.len()];
+        let group = REPACK_ROWS * self.row_bytes();
+        let n_groups = src.len() / group;
+        par.for_each_range(n_groups, group, &mut data, group, |groups, to| {
+            let from = &src[groups.start * group..groups.end * group];
+            repack::unrepack(self.ty, from, groups.len() * REPACK_ROWS, self.ne[0], to);
+        });
+        if let Some((file, index)) = released {
+            file.release_tensor_pages(index);
+        }
+        Some(Tensor {
+            storage: Storage::Owned(Arc::new(data)),
+            interleaved: false,
             ..self.clone()
         })
     }

@@ -63,7 +63,7 @@ fn load_model(case: &Case, numerics: Numerics) -> Model {
     let file = Arc::new(GgufFile::open(&case.path).unwrap_or_else(|e| panic!("{e}")));
     let mut model = Model::load(file).unwrap_or_else(|e| panic!("{}: {e}", case.stem));
     if numerics == Numerics::Fast {
-        model.interleave_cpu_weights(&Parallel::new(2));
+        model.set_cpu_weight_layout(&Parallel::new(2), true);
     }
     model
 }

@@ -686,3 +686,55 @@ fn gpu_top_k_breaks_ties_as_the_cpu() {
         assert_eq!(got, idx, "token {t}");
     }
 }
+
+/// A file whose matrices are stored interleaved (`moxie quantize --repack`) runs on GPUs
+/// from rows put back in GGUF order at upload: every placement gives the logits of the same
+/// placement of the plain file, bit for bit.
+#[test]
+fn interleaved_file_uploads_in_gguf_order() {
+    let path = fixtures().join("models/deepseek2-tiny-Q4_K_M.gguf");
+    let plain = open(&path);
+    let mut w = moxie_gguf::GgufWriter::new();
+    for (k, v) in plain.metadata().iter() {
+        w.add(k, v.clone()).unwrap();
+    }
+    let mut n_interleaved = 0;
+    for t in plain.tensors() {
+        w.add_tensor_info(&t.name, &t.dims, t.ty).unwrap();
+        if moxie_core::interleave_candidate(&t.name) && w.set_interleaved(&t.name).is_ok() {
+            n_interleaved += 1;
+        }
+    }
+    assert!(n_interleaved >= 6, "{n_interleaved}");
+    let bytes = w
+        .write_to_bytes(|t| {
+            let src = plain.tensor_data(plain.tensor(&t.name).unwrap()).unwrap();
+            if !t.interleaved {
+                return src.to_vec();
+            }
+            let mut out = vec![0u8; src.len()];
+            let n_rows = t.n_rows() as usize;
+            moxie_quant::repack::repack(t.ty, src, n_rows, t.dims[0] as usize, &mut out);
+            out
+        })
+        .unwrap();
+    let packed = Arc::new(GgufFile::from_bytes("packed.gguf", bytes).unwrap());
+    // Exact: the host's interleaved experts (hybrid) give their GGUF rows' products.
+    let par = Parallel::new(2).with_numerics(moxie_core::Numerics::Exact);
+    for (how, place) in [
+        ("all-GPU", all_gpu as fn(&GgufFile, Devices) -> Placement),
+        ("hybrid --cpu-moe", hybrid),
+    ] {
+        let load = |f: &Arc<GgufFile>| {
+            Model::load_placed(Arc::clone(f), &place(f, two_gpus()))
+                .unwrap_or_else(|e| panic!("{how}: {e}"))
+        };
+        let (want, got) = (run(&load(&plain), &par), run(&load(&packed), &par));
+        assert!(
+            want.iter()
+                .zip(&got)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{how}: logits of the interleaved file differ"
+        );
+    }
+}

@@ -448,12 +448,30 @@ pub(crate) fn parse(file: &str, buf: &[u8], header_only: bool) -> Result<ParsedH
 
         let ty_at = c.pos();
         let ty_id = c.u32(&|| tf("type"))?;
-        let ty = GgmlType::from_id(ty_id).ok_or_else(|| GgufError::UnknownTensorType {
-            file: file.to_owned(),
-            field: tf("type"),
-            offset: ty_at,
-            id: ty_id,
+        let interleaved_ty = moxie_quant::repack::interleaved_base_type(ty_id);
+        let interleaved = interleaved_ty.is_some();
+        let ty = GgmlType::from_id(ty_id).or(interleaved_ty).ok_or_else(|| {
+            GgufError::UnknownTensorType {
+                file: file.to_owned(),
+                field: tf("type"),
+                offset: ty_at,
+                id: ty_id,
+            }
         })?;
+        let per_matrix = dims.get(1).copied().unwrap_or(1);
+        if interleaved
+            && !moxie_quant::repack::repack_supports(ty, per_matrix as usize, dims[0] as usize)
+        {
+            return Err(c.err_invalid(
+                tf("type"),
+                ty_at,
+                format!(
+                    "type id {ty_id} ({ty} rows interleaved by 16) needs rows of a multiple of \
+                     256 and a multiple of 16 rows per matrix, not shape {}",
+                    shape()
+                ),
+            ));
+        }
         let bs = ty.block_size() as u64;
         if !dims[0].is_multiple_of(bs) {
             return Err(c.err_invalid(
@@ -500,6 +518,7 @@ pub(crate) fn parse(file: &str, buf: &[u8], header_only: bool) -> Result<ParsedH
             name: name.to_owned(),
             dims,
             ty,
+            interleaved,
             split: 0,
             offset,
             file_offset: 0,

@@ -12,6 +12,9 @@ pub struct TensorInfo {
     pub dims: Vec<u64>,
     /// Element / block type.
     pub ty: GgmlType,
+    /// Whether the rows are stored interleaved 16 at a time (`moxie_quant::repack`; files
+    /// written by `moxie quantize --repack`, type id [`moxie_quant::repack::interleaved_type_id`]).
+    pub interleaved: bool,
     /// Index of the split part (file) that holds the data; 0 for unsplit files.
     pub split: usize,
     /// Data offset relative to the start of that part's data section (a multiple of the
@@ -48,6 +51,15 @@ impl TensorInfo {
     /// blocks, which the reader rejects.
     pub fn row_bytes(&self) -> u64 {
         self.ty.row_bytes(self.row_len()).unwrap_or(0)
+    }
+
+    /// The type id stored in the file (an interleaved tensor's own id).
+    pub fn type_id(&self) -> u32 {
+        if self.interleaved {
+            moxie_quant::repack::interleaved_type_id(self.ty).unwrap_or(self.ty.id())
+        } else {
+            self.ty.id()
+        }
     }
 
     /// Number of dimensions.

@@ -275,12 +275,38 @@ impl GgufWriter {
             name: name.to_owned(),
             dims: dims.to_vec(),
             ty,
+            interleaved: false,
             split: 0,
             offset,
             file_offset: 0,
             n_bytes,
         });
         self.data_size = end;
+        Ok(())
+    }
+
+    /// Marks tensor `name` (already added) as stored with its rows interleaved 16 at a time
+    /// (`moxie_quant::repack`): its infos carry the interleaved type id and the bytes written
+    /// for it must be in that layout. Fails where the type or shape has no interleaved layout.
+    pub fn set_interleaved(&mut self, name: &str) -> Result<(), GgufError> {
+        let field = || format!("tensor '{name}'");
+        let i = *self
+            .names
+            .get(name)
+            .ok_or_else(|| GgufError::writer(field(), "no such tensor"))?;
+        let t = &mut self.tensors[i];
+        let per_matrix = t.dims.get(1).copied().unwrap_or(1) as usize;
+        if !moxie_quant::repack::repack_supports(t.ty, per_matrix, t.dims[0] as usize) {
+            return Err(GgufError::writer(
+                field(),
+                format!(
+                    "{} {:?} has no interleaved layout (Q4_K, Q6_K, Q8_0; rows of a multiple \
+                     of 256, a multiple of 16 rows per matrix)",
+                    t.ty, t.dims
+                ),
+            ));
+        }
+        t.interleaved = true;
         Ok(())
     }
 
@@ -343,7 +369,7 @@ impl GgufWriter {
             for d in &t.dims {
                 out.extend_from_slice(&d.to_le_bytes());
             }
-            out.extend_from_slice(&t.ty.id().to_le_bytes());
+            out.extend_from_slice(&t.type_id().to_le_bytes());
             out.extend_from_slice(&t.offset.to_le_bytes());
         }
         let padded = align_up(out.len() as u64, self.alignment).unwrap_or(out.len() as u64);

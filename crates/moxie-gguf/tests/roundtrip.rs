@@ -429,3 +429,47 @@ fn tensor_data_rejects_foreign_infos() {
     let e = h.tensor_data(&h.tensors()[0]).unwrap_err();
     assert!(matches!(e, GgufError::HeaderOnly { .. }), "{e}");
 }
+
+#[test]
+fn interleaved_tensors_keep_their_own_type_id() {
+    let mut w = GgufWriter::new();
+    w.add_tensor_info("blk.0.ffn_up_exps.weight", &[256, 16, 2], GgmlType::Q8_0)
+        .unwrap();
+    w.add_tensor_info("blk.0.ffn_down.weight", &[256, 8], GgmlType::Q8_0)
+        .unwrap();
+    w.set_interleaved("blk.0.ffn_up_exps.weight").unwrap();
+    // 8 rows per matrix: no whole group of 16.
+    let e = w.set_interleaved("blk.0.ffn_down.weight").unwrap_err();
+    assert!(e.to_string().contains("no interleaved layout"), "{e}");
+    assert!(w.set_interleaved("missing.weight").is_err());
+
+    let bytes = w
+        .write_to_bytes(|t| vec![0x11; t.n_bytes as usize])
+        .unwrap();
+    let id = 1000 + GgmlType::Q8_0.id();
+    let name = b"blk.0.ffn_up_exps.weight";
+    let at = bytes.windows(name.len()).position(|x| x == name).unwrap() + name.len();
+    // n_dims (u32), 3 dims (u64), then the type id.
+    assert_eq!(&bytes[at + 4 + 24..at + 4 + 24 + 4], &id.to_le_bytes());
+
+    let f = GgufFile::from_bytes("interleaved.gguf", bytes.clone()).unwrap();
+    let t = &f.tensors()[0];
+    assert_eq!(
+        (t.ty, t.interleaved, t.type_id()),
+        (GgmlType::Q8_0, true, id)
+    );
+    assert!(!f.tensors()[1].interleaved);
+
+    // The same id on a shape without whole groups is refused, naming the tensor and field.
+    let mut bad = bytes;
+    let name = b"blk.0.ffn_down.weight";
+    let at = bad.windows(name.len()).position(|x| x == name).unwrap() + name.len() + 4 + 16;
+    bad[at..at + 4].copy_from_slice(&id.to_le_bytes());
+    let e = GgufFile::from_bytes("bad.gguf", bad)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("blk.0.ffn_down.weight") && e.contains("interleaved by 16"),
+        "{e}"
+    );
+}

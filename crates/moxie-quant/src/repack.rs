@@ -111,6 +111,24 @@ pub fn repack_supports(ty: GgmlType, n_rows: usize, n_in: usize) -> bool {
     fields(ty).is_some() && n_rows.is_multiple_of(REPACK_ROWS) && n_in.is_multiple_of(256)
 }
 
+/// Tensor type ids of interleaved tensors in files moxie writes (`moxie quantize --repack`):
+/// this plus the base type's id (Q4_K 1012, Q6_K 1014, Q8_0 1008). Above every id of ggml and
+/// ik_llama.cpp (whose `_R4`/`_R8` types end at 399), so both refuse such a file ("invalid
+/// type") instead of reading interleaved bytes as rows.
+pub const INTERLEAVED_TYPE_ID_BASE: u32 = 1000;
+
+/// The id a file stores for a tensor of `ty` whose rows are interleaved; `None` where `ty` has
+/// no interleaved layout.
+pub fn interleaved_type_id(ty: GgmlType) -> Option<u32> {
+    fields(ty).map(|_| INTERLEAVED_TYPE_ID_BASE + ty.id())
+}
+
+/// The base type of interleaved type id `id` ([`interleaved_type_id`]'s inverse).
+pub fn interleaved_base_type(id: u32) -> Option<GgmlType> {
+    let ty = GgmlType::from_id(id.checked_sub(INTERLEAVED_TYPE_ID_BASE)?)?;
+    (interleaved_type_id(ty) == Some(id)).then_some(ty)
+}
+
 /// `src` (`n_rows` GGUF rows of `n_in` values of `ty`) interleaved into `dst` (same size),
 /// group after group. Panics unless [`repack_supports`] and the sizes match.
 pub fn repack(ty: GgmlType, src: &[u8], n_rows: usize, n_in: usize, dst: &mut [u8]) {
@@ -512,6 +530,23 @@ mod tests {
     use crate::test_data::{act_rows, weight_rows};
 
     const TYPES: [GgmlType; 3] = [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0];
+
+    #[test]
+    fn interleaved_type_ids_round_trip_and_stay_clear_of_ggml_ids() {
+        for ty in GgmlType::ALL {
+            match interleaved_type_id(ty) {
+                Some(id) => {
+                    assert!(TYPES.contains(&ty), "{ty}");
+                    assert!(GgmlType::from_id(id).is_none(), "{ty}: {id} is a ggml id");
+                    assert_eq!(interleaved_base_type(id), Some(ty));
+                }
+                None => assert!(!TYPES.contains(&ty), "{ty}"),
+            }
+        }
+        for id in [0, 8, 12, 999, 1000, 1002, 1013, u32::MAX] {
+            assert_eq!(interleaved_base_type(id), None, "{id}");
+        }
+    }
 
     /// Random `ty` rows and one activation row of its dot partner.
     fn data(ty: GgmlType, n_rows: usize, n_in: usize, seed: &mut u64) -> (Vec<u8>, Vec<u8>) {

@@ -88,11 +88,19 @@ pub struct Args {
     /// No progress line and no summary.
     #[arg(short = 'q', long)]
     quiet: bool,
+    /// Store the weight matrices moxie interleaves at load time (attention projections, dense,
+    /// shared and routed expert FFNs of Q4_K, Q6_K or Q8_0 with whole groups of 16 rows)
+    /// interleaved, so that loading the file skips repacking. Such tensors get their own type
+    /// ids (1000 + the base type's), which llama.cpp and ik_llama.cpp refuse rather than
+    /// misread. With the file type COPY, an existing quantized file is rewritten repacked.
+    #[arg(long)]
+    repack: bool,
 }
 
 fn quantize_help() -> String {
     let mut s = String::from("File types moxie can write (llama-quantize's names):\n  ");
     s.push_str(&ftype::supported_names().join(" "));
+    s.push_str(" COPY (tensors as they are; with --repack, a repacked copy)");
     s.push_str("\nllama-quantize's IQ1/IQ2/IQ3, TQ, MXFP4 and Q1_0/Q2_0 types need quantizers moxie does not have yet.");
     s.push_str(
         "\n\nBlock types for --tensor-type / --output-tensor-type / --token-embedding-type:\n  ",
@@ -114,6 +122,8 @@ struct Job {
     /// The importance-matrix entry (`n_per_row * n_expert` weights) used for this tensor.
     imatrix: Option<String>,
     out_bytes: u64,
+    /// Written with rows interleaved 16 at a time (`--repack`).
+    interleave: bool,
 }
 
 pub fn main(a: Args) -> Result<()> {
@@ -139,30 +149,47 @@ pub fn main(a: Args) -> Result<()> {
             imx = None;
         }
     }
-    let params = Params {
-        ftype: cmd.ftype,
+    // COPY (no file type): every tensor keeps its type.
+    let params = cmd.ftype.map(|ftype| Params {
+        ftype,
         output_tensor_type: cmd.output_tensor_type,
         token_embedding_type: cmd.token_embedding_type,
         pure: a.pure,
         quantize_output_tensor: !a.leave_output_tensor,
         overrides: cmd.overrides,
         has_imatrix: imx.is_some(),
-    };
+    });
 
     // llama-quantize's tensor order: by block number, then by name.
     let mut order: Vec<usize> = (0..input.tensors().len()).collect();
     order.sort_by(|&x, &y| rules::tensor_order(&input.tensors()[x].name, &input.tensors()[y].name));
-    let mut planner = Planner::new(
-        &model,
-        &params,
-        order.iter().map(|&i| input.tensors()[i].name.as_str()),
-    );
+    let mut planner = params.as_ref().map(|p| {
+        Planner::new(
+            &model,
+            p,
+            order.iter().map(|&i| input.tensors()[i].name.as_str()),
+        )
+    });
     let mut jobs = Vec::with_capacity(order.len());
     for &i in &order {
         let t = &input.tensors()[i];
-        let target = planner.target_type(&t.name, &t.dims, t.ty)?;
-        jobs.push(check_job(&a, &params, imx.as_ref(), i, t, target)?);
+        let mut job = match (&mut planner, &params) {
+            (Some(planner), Some(p)) => {
+                let target = planner.target_type(&t.name, &t.dims, t.ty)?;
+                check_job(&a, p, imx.as_ref(), i, t, target)?
+            }
+            _ => Job {
+                src: i,
+                target: t.ty,
+                imatrix: None,
+                out_bytes: t.n_bytes,
+                interleave: false,
+            },
+        };
+        job.interleave = a.repack && interleaves(t, job.target);
+        jobs.push(job);
     }
+    let fallbacks = planner.map(|p| p.fallbacks).unwrap_or_default();
 
     if let (Some(_), false) = (&imx, a.quiet) {
         // llama-quantize notes these too: quantized without importance weights.
@@ -182,7 +209,7 @@ pub fn main(a: Args) -> Result<()> {
         }
     }
     if a.dry_run {
-        return dry_run(&input, &jobs, &planner.fallbacks);
+        return dry_run(&input, &jobs, &fallbacks);
     }
 
     let parts = split_parts(cmd.split_max_size, a.split_max_tensors, &jobs)?;
@@ -205,7 +232,7 @@ pub fn main(a: Args) -> Result<()> {
         }
     }
 
-    let meta = output_metadata(&input, &a, &params, imx.as_ref())?;
+    let meta = output_metadata(&input, &a, params.as_ref(), imx.as_ref())?;
     let writers = part_writers(&meta, &input, &jobs, &parts)?;
 
     let source = Source::open(&input)?;
@@ -267,11 +294,21 @@ pub fn main(a: Args) -> Result<()> {
             jobs.len(),
             progress.elapsed(),
         );
-        if !planner.fallbacks.is_empty() {
+        if !fallbacks.is_empty() {
             eprintln!(
                 "{} of {} tensors required fallback quantization (rows not a multiple of the block size)",
-                planner.fallbacks.len(),
+                fallbacks.len(),
                 jobs.len()
+            );
+        }
+        if a.repack {
+            let (n, bytes) = jobs
+                .iter()
+                .filter(|j| j.interleave)
+                .fold((0, 0), |(n, b), j| (n + 1, b + j.out_bytes));
+            eprintln!(
+                "{n} tensors ({}) written interleaved (--repack); moxie loads them without repacking",
+                human_bytes(bytes)
             );
         }
     }
@@ -281,7 +318,8 @@ pub fn main(a: Args) -> Result<()> {
 /// The parsed positional arguments and type options.
 struct Command {
     out: PathBuf,
-    ftype: Ftype,
+    /// `None` for COPY.
+    ftype: Option<Ftype>,
     ftype_name: &'static str,
     threads: usize,
     split_max_size: Option<u64>,
@@ -302,8 +340,15 @@ fn parse_command_line(a: &Args) -> Result<Command> {
             ftype::supported_names().join(" ")
         )
     };
+    // COPY: llama-quantize's copy-only mode (no file type; tensors keep theirs).
+    let parse = |s: &str| -> Option<(Option<Ftype>, &'static str)> {
+        if s.eq_ignore_ascii_case("COPY") {
+            return Some((None, "COPY"));
+        }
+        Ftype::parse(s).map(|(f, n)| (Some(f), n))
+    };
     // `IN TYPE [N]` when the first word is a file type, else `IN OUT TYPE [N]` (as llama-quantize).
-    let (out, (ftype, ftype_name), nthreads) = match Ftype::parse(&a.rest[0]) {
+    let (out, (ftype, ftype_name), nthreads) = match parse(&a.rest[0]) {
         Some(f) => {
             let dir = a.input.parent().unwrap_or(Path::new(""));
             let out = dir.join(format!("ggml-model-{}.gguf", f.1));
@@ -320,9 +365,37 @@ fn parse_command_line(a: &Args) -> Result<Command> {
                     a.rest[0]
                 );
             };
-            let f = Ftype::parse(t).ok_or_else(|| bad_type(t))?;
+            let f = parse(t).ok_or_else(|| bad_type(t))?;
             (PathBuf::from(&a.rest[0]), f, a.rest.get(2))
         }
+    };
+    let Some(ftype) = ftype else {
+        let typing = [
+            ("--tensor-type", !a.tensor_type.is_empty()),
+            ("--tensor-type-file", !a.tensor_type_file.is_empty()),
+            ("--pure", a.pure),
+            ("--imatrix", a.imatrix.is_some()),
+            ("--output-tensor-type", a.output_tensor_type.is_some()),
+            ("--token-embedding-type", a.token_embedding_type.is_some()),
+            ("--leave-output-tensor", a.leave_output_tensor),
+        ];
+        if let Some((flag, _)) = typing.iter().find(|(_, on)| *on) {
+            bail!("{flag} chooses tensor types, but COPY keeps every tensor's type");
+        }
+        return Ok(Command {
+            out,
+            ftype: None,
+            ftype_name,
+            threads: threads(a, nthreads)?,
+            split_max_size: a
+                .split_max_size
+                .as_deref()
+                .map(parse_split_size)
+                .transpose()?,
+            output_tensor_type: None,
+            token_embedding_type: None,
+            overrides: Vec::new(),
+        });
     };
     if !ftype::can_write(ftype.default_type()) {
         bail!(
@@ -331,24 +404,7 @@ fn parse_command_line(a: &Args) -> Result<Command> {
             ftype::supported_names().join(" ")
         );
     }
-    let positional_threads = match nthreads {
-        Some(s) => Some(
-            s.parse::<i64>()
-                .map_err(|_| anyhow::anyhow!("invalid thread count '{s}'"))?,
-        ),
-        None => None,
-    };
-    let threads = match (positional_threads, a.threads) {
-        (Some(_), Some(_)) => bail!("thread count given twice (positional and -t)"),
-        (Some(n), None) => usize::try_from(n).unwrap_or(0),
-        (None, Some(n)) => n,
-        (None, None) => 0,
-    };
-    let threads = if threads == 0 {
-        std::thread::available_parallelism().map_or(1, |n| n.get())
-    } else {
-        threads
-    };
+    let threads = threads(a, nthreads)?;
 
     let mut overrides = Vec::new();
     for s in &a.tensor_type {
@@ -369,7 +425,7 @@ fn parse_command_line(a: &Args) -> Result<Command> {
     }
     Ok(Command {
         out,
-        ftype,
+        ftype: Some(ftype),
         ftype_name,
         threads,
         split_max_size: a
@@ -389,6 +445,37 @@ fn parse_command_line(a: &Args) -> Result<Command> {
             .transpose()?,
         overrides,
     })
+}
+
+/// The thread count: positional `NTHREADS` or `-t`, 0 or neither meaning all cores.
+fn threads(a: &Args, positional: Option<&String>) -> Result<usize> {
+    let positional = match positional {
+        Some(s) => Some(
+            s.parse::<i64>()
+                .map_err(|_| anyhow::anyhow!("invalid thread count '{s}'"))?,
+        ),
+        None => None,
+    };
+    let threads = match (positional, a.threads) {
+        (Some(_), Some(_)) => bail!("thread count given twice (positional and -t)"),
+        (Some(n), None) => usize::try_from(n).unwrap_or(0),
+        (None, Some(n)) => n,
+        (None, None) => 0,
+    };
+    Ok(if threads == 0 {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    } else {
+        threads
+    })
+}
+
+/// Whether `--repack` writes tensor `t`, quantized to `target`, interleaved: the matrices
+/// moxie interleaves at load ([`moxie_core::interleave_candidate`]) where `target` and the
+/// shape have the layout.
+fn interleaves(t: &TensorInfo, target: GgmlType) -> bool {
+    let per_matrix = t.dims.get(1).copied().unwrap_or(1) as usize;
+    moxie_core::interleave_candidate(&t.name)
+        && moxie_quant::repack::repack_supports(target, per_matrix, t.dims[0] as usize)
 }
 
 fn parse_ggml_type(s: &str, flag: &str) -> Result<GgmlType> {
@@ -455,6 +542,7 @@ fn check_job(
         target,
         imatrix: None,
         out_bytes,
+        interleave: false,
     };
     if target == t.ty {
         return Ok(job);
@@ -583,7 +671,7 @@ fn same_file(a: &Path, b: &Path) -> bool {
 fn output_metadata(
     input: &GgufFile,
     a: &Args,
-    p: &Params,
+    p: Option<&Params>,
     imx: Option<&imatrix::Imatrix>,
 ) -> Result<GgufWriter> {
     let mut w = GgufWriter::new();
@@ -592,7 +680,10 @@ fn output_metadata(
             .with_context(|| format!("copying metadata key {k}"))?;
     }
     w.set("general.quantization_version", Value::U32(2))?;
-    w.set("general.file_type", Value::U32(p.ftype.id()))?;
+    // COPY keeps the input's file type (llama-quantize: `ftype = ml.ftype`).
+    if let Some(p) = p {
+        w.set("general.file_type", Value::U32(p.ftype.id()))?;
+    }
     for k in [
         moxie_gguf::KEY_SPLIT_NO,
         moxie_gguf::KEY_SPLIT_COUNT,
@@ -661,6 +752,9 @@ fn part_writers(
             let t = &input.tensors()[j.src];
             // ggml writes `ggml_n_dims` dimensions: trailing 1s are dropped ([256, 1] -> [256]).
             w.add_tensor_info(&t.name, &t.dims[..rules::n_dims(&t.dims)], j.target)?;
+            if j.interleave {
+                w.set_interleaved(&t.name)?;
+            }
         }
         out.push(w);
     }
@@ -737,6 +831,29 @@ impl Source {
 struct Slabs {
     src: Vec<u8>,
     dst: Vec<u8>,
+    /// Input rows put back in GGUF order (an interleaved input), and output rows interleaved
+    /// (`--repack`).
+    reorder: Vec<u8>,
+    packed: Vec<u8>,
+}
+
+/// `slab` (whole groups of 16 rows of `n_in` values of `ty`) put back in GGUF order
+/// (`to_interleaved` false) or interleaved, in `buf`.
+fn reorder<'a>(
+    ty: GgmlType,
+    n_in: usize,
+    slab: &[u8],
+    buf: &'a mut Vec<u8>,
+    to_interleaved: bool,
+) -> &'a [u8] {
+    let out = scratch(buf, slab.len());
+    let n_rows = slab.len() / ty.row_bytes(n_in as u64).unwrap_or(1) as usize;
+    if to_interleaved {
+        moxie_quant::repack::repack(ty, slab, n_rows, n_in, out);
+    } else {
+        moxie_quant::repack::unrepack(ty, slab, n_rows, n_in, out);
+    }
+    out
 }
 
 /// The first `n` bytes of `buf`, grown to hold them (its contents are to be overwritten).
@@ -778,18 +895,39 @@ fn write_tensor(
         out.write_tensor(name, &[])?;
         return Ok(());
     }
+    // Interleaved rows (read or written) go in slabs of whole groups of 16.
+    let group_rows = if t.interleaved || job.interleave {
+        moxie_quant::repack::REPACK_ROWS
+    } else {
+        1
+    };
     if job.target == t.ty {
         // Copied in slabs of whole rows, each validated as llama-quantize does.
-        let rows = (SLAB_BYTES / src_rb).max(1);
+        let rows = (SLAB_BYTES / src_rb / group_rows).max(1) * group_rows;
         let buf = scratch(&mut slabs.src, (rows * src_rb).min(t.n_bytes as usize));
         let mut off = 0usize;
         while (off as u64) < t.n_bytes {
             let n = buf.len().min(t.n_bytes as usize - off);
             let slab = &mut buf[..n];
             source.read(t, off as u64, slab)?;
-            moxie_quant::validate_row_data(t.ty, slab)
-                .map_err(|i| invalid("input", i + off / t.ty.type_size(), t.ty))?;
-            out.write_tensor_chunk(name, slab)?;
+            let valid = |rows: &[u8]| {
+                moxie_quant::validate_row_data(t.ty, rows)
+                    .map_err(|i| invalid("input", i + off / t.ty.type_size(), t.ty))
+            };
+            // Validated in GGUF order; written in the layout the job asks for.
+            if t.interleaved {
+                let plain = reorder(t.ty, n_per_row, slab, &mut slabs.reorder, false);
+                valid(plain)?;
+                out.write_tensor_chunk(name, if job.interleave { slab } else { plain })?;
+            } else {
+                valid(slab)?;
+                if job.interleave {
+                    let packed = reorder(t.ty, n_per_row, slab, &mut slabs.reorder, true);
+                    out.write_tensor_chunk(name, packed)?;
+                } else {
+                    out.write_tensor_chunk(name, slab)?;
+                }
+            }
             progress.advance(index, name, n as u64);
             off += n;
         }
@@ -816,9 +954,8 @@ fn write_tensor(
     };
     let rows_per_expert = t.dims.get(1).copied().unwrap_or(1) as usize;
     let chunk_rows = CHUNK_ELEMENTS.div_ceil(n_per_row).max(1);
-    let slab_rows = (SLAB_BYTES / (src_rb + dst_rb).max(1))
-        .max(1)
-        .min(n_rows.max(1));
+    let slab_rows = (SLAB_BYTES / (src_rb + dst_rb).max(1) / group_rows).max(1) * group_rows;
+    let slab_rows = slab_rows.min(n_rows.max(1));
     let buf = scratch(&mut slabs.dst, slab_rows * dst_rb);
     let src_buf = scratch(&mut slabs.src, slab_rows * src_rb);
     let mut r0 = 0;
@@ -826,7 +963,10 @@ fn write_tensor(
         let nr = slab_rows.min(n_rows - r0);
         let src_slab = &mut src_buf[..nr * src_rb];
         source.read(t, (r0 * src_rb) as u64, src_slab)?;
-        let src_slab = &*src_slab;
+        let mut src_slab = &*src_slab;
+        if t.interleaved {
+            src_slab = reorder(t.ty, n_per_row, src_slab, &mut slabs.reorder, false);
+        }
         moxie_quant::validate_row_data(t.ty, src_slab)
             .map_err(|i| invalid("input", i + r0 * (n_per_row / t.ty.block_size()), t.ty))?;
         let dst_slab = &mut buf[..nr * dst_rb];
@@ -857,8 +997,14 @@ fn write_tensor(
         moxie_quant::validate_row_data(job.target, dst_slab).map_err(|_| {
             anyhow::anyhow!("tensor {name}: quantized data validation failed (non-finite scale)")
         })?;
-        out.write_tensor_chunk(name, dst_slab)?;
-        progress.advance(index, name, src_slab.len() as u64);
+        if job.interleave {
+            // (The source slab is no longer needed: its buffer takes the interleaved rows.)
+            let packed = reorder(job.target, n_per_row, dst_slab, &mut slabs.packed, true);
+            out.write_tensor_chunk(name, packed)?;
+        } else {
+            out.write_tensor_chunk(name, dst_slab)?;
+        }
+        progress.advance(index, name, (nr * src_rb) as u64);
         r0 += nr;
     }
     Ok(())

@@ -14,6 +14,7 @@ fn tensor(name: &str, bytes: u64) -> TensorInfo {
         name: name.to_owned(),
         dims: vec![1],
         ty: GgmlType::F32,
+        interleaved: false,
         split: 0,
         offset: 0,
         file_offset: 0,

@@ -625,9 +625,10 @@ impl Moe {
 
 /// Host tensor `t` copied into work buffer `name` of GPU `id`.
 fn stream_weight(p: &mut Pass, id: DeviceId, name: &'static str, t: &Tensor) -> Result<Weight> {
-    let bytes = t.data();
+    // (Streamed experts are kept in GGUF order at load, so this borrows.)
+    let bytes = t.gguf_order_bytes();
     let ptr = p.gpu.buf(id, name, bytes.len().div_ceil(F32))?;
-    p.gpu.gpu(id)?.backend().upload(ptr, bytes)?;
+    p.gpu.gpu(id)?.backend().upload(ptr, &bytes)?;
     p.devices.count_copy(CPU, id, bytes.len());
     Ok(t.weight_at(ptr))
 }
