@@ -300,7 +300,7 @@ impl GgufWriter {
             return Err(GgufError::writer(
                 field(),
                 format!(
-                    "{} {:?} has no interleaved layout (Q4_K, Q6_K, Q8_0; rows of a multiple \
+                    "{} {:?} has no interleaved layout (Q4_K, Q5_K, Q6_K, Q8_0; rows of a multiple \
                      of 256, a multiple of 16 rows per matrix)",
                     t.ty, t.dims
                 ),

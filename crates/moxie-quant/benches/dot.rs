@@ -273,7 +273,7 @@ fn matvec_repacked(bencher: Bencher, mut w: Weights, ty: GgmlType) {
     });
 }
 
-#[divan::bench(args = [Q4_K, Q6_K, Q8_0], min_time = 0.5, max_time = 1)]
+#[divan::bench(args = [Q4_K, Q5_K, Q6_K, Q8_0], min_time = 0.5, max_time = 1)]
 fn matvec_repacked_l2(bencher: Bencher, ty: GgmlType) {
     let row_bytes = ty.row_bytes(COLS as u64).unwrap() as usize;
     matvec_repacked(
@@ -283,7 +283,7 @@ fn matvec_repacked_l2(bencher: Bencher, ty: GgmlType) {
     );
 }
 
-#[divan::bench(args = [Q4_K, Q6_K, Q8_0], max_time = 2)]
+#[divan::bench(args = [Q4_K, Q5_K, Q6_K, Q8_0], max_time = 2)]
 fn matvec_repacked_dram(bencher: Bencher, ty: GgmlType) {
     matvec_repacked(bencher, Weights::dram(ty), ty);
 }

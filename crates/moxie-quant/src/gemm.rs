@@ -378,8 +378,11 @@ impl WeightTile {
     fn fill_from_group(&mut self, ty: GgmlType, n_in: usize, group: &[u8]) {
         let r16 = GEMM_TILE_ROWS;
         match ty {
-            GgmlType::Q4_K => {
-                for (b, o) in group.chunks_exact(r16 * 144).enumerate().take(n_in / 256) {
+            GgmlType::Q4_K | GgmlType::Q5_K => {
+                // Q5_K: Q4_K's fields with 8 words of fifth bits before the quants.
+                let q5 = ty == GgmlType::Q5_K;
+                let (block, qs) = if q5 { (176, 768) } else { (144, 256) };
+                for (b, o) in group.chunks_exact(r16 * block).enumerate().take(n_in / 256) {
                     for r in 0..r16 {
                         let d = rd_f16(o, 2 * r);
                         let dmin = rd_f16(o, 32 + 2 * r);
@@ -393,14 +396,20 @@ impl WeightTile {
                     for j in 0..4 {
                         for g in 0..8 {
                             let src: &[u8; 64] =
-                                o[256 + (8 * j + g) * 64..][..64].try_into().unwrap();
+                                o[qs + (8 * j + g) * 64..][..64].try_into().unwrap();
+                            let high = &o[256 + 64 * g..][..64];
                             let lo = (64 * b + 16 * j + g) * 64;
                             let (head, tail) = self.q.split_at_mut(lo + 8 * 64);
                             let dl: &mut [u8; 64] = (&mut head[lo..lo + 64]).try_into().unwrap();
                             let dh: &mut [u8; 64] = (&mut tail[..64]).try_into().unwrap();
                             for i in 0..64 {
-                                dl[i] = src[i] & 0xF;
-                                dh[i] = src[i] >> 4;
+                                let (h0, h1) = if q5 {
+                                    ((high[i] >> (2 * j)) & 1, (high[i] >> (2 * j + 1)) & 1)
+                                } else {
+                                    (0, 0)
+                                };
+                                dl[i] = (src[i] & 0xF) | h0 << 4;
+                                dh[i] = (src[i] >> 4) | h1 << 4;
                             }
                         }
                     }
@@ -1074,7 +1083,12 @@ mod tests {
             return;
         }
         let mut seed = 5u64;
-        for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0] {
+        for ty in [
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
+            GgmlType::Q8_0,
+        ] {
             let (n_in, n_rows, n_tok) = (512, 48, 7);
             let wq = weight_rows(ty, n_rows, n_in, &mut seed);
             let xq = act_rows(ty, n_in, n_tok, &mut seed);

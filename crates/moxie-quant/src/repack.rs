@@ -17,6 +17,9 @@
 //!   with ggml's `utmp` shuffle on 16 lanes), the 128 quant bytes as 32 words (word `8j + g`:
 //!   low nibbles are elements `64j + 4g ..+4`, sub-block `2j`; high nibbles `64j + 32 + 4g ..+4`,
 //!   sub-block `2j + 1`);
+//! - Q5_K (2816 bytes): Q4_K's fields, with the 32 high-bit bytes as 8 words between the
+//!   scales and the quants (word `g` holds the fifth bits of elements `32c + 4g ..+4`, bit `c`
+//!   of each byte for the 32-element chunk `c`);
 //! - Q8_0, per run of 8 blocks (256 elements, 4352 bytes): per block, `d` (16 x f16) and its 8
 //!   quant words (signed bytes, made unsigned with `^ 0x80` for `vpdpbusd`, the offset taken
 //!   back with the activations' block sum);
@@ -36,12 +39,14 @@ use crate::GgmlType;
 pub const REPACK_ROWS: usize = 16;
 
 const Q4K_BLOCK: usize = 144;
+const Q5K_BLOCK: usize = 176;
 const Q6K_BLOCK: usize = 210;
 /// Q8_0 is laid out per 8 blocks (256 elements) like the super-block types.
 const Q8_0_X8: usize = 8 * 34;
 const Q8K_BLOCK: usize = 292;
 /// Bytes of one 16-row group's super-block.
 const Q4K_GROUP_BLOCK: usize = REPACK_ROWS * Q4K_BLOCK;
+const Q5K_GROUP_BLOCK: usize = REPACK_ROWS * Q5K_BLOCK;
 const Q6K_GROUP_BLOCK: usize = REPACK_ROWS * Q6K_BLOCK;
 /// Bytes of one 16-row group's Q8_0 block: 16 x f16 scales, then 8 words of 16 rows.
 const Q8_0_GROUP_BLOCK: usize = REPACK_ROWS * 34;
@@ -66,10 +71,18 @@ fn fields(ty: GgmlType) -> Option<(&'static [Field], usize)> {
         field(4, 4, 3),
         field(16, 4, 32),
     ];
+    const Q5K: &[Field] = &[
+        field(0, 2, 1),
+        field(2, 2, 1),
+        field(4, 4, 3),
+        field(16, 4, 8),
+        field(48, 4, 32),
+    ];
     const Q6K: &[Field] = &q6_k_fields();
     const Q80: &[Field] = &q8_0_fields();
     match ty {
         GgmlType::Q4_K => Some((Q4K, Q4K_BLOCK)),
+        GgmlType::Q5_K => Some((Q5K, Q5K_BLOCK)),
         GgmlType::Q6_K => Some((Q6K, Q6K_BLOCK)),
         GgmlType::Q8_0 => Some((Q80, Q8_0_X8)),
         _ => None,
@@ -112,7 +125,7 @@ pub fn repack_supports(ty: GgmlType, n_rows: usize, n_in: usize) -> bool {
 }
 
 /// Tensor type ids of interleaved tensors in files moxie writes (`moxie quantize --repack`):
-/// this plus the base type's id (Q4_K 1012, Q6_K 1014, Q8_0 1008). Above every id of ggml and
+/// this plus the base type's id (Q4_K 1012, Q5_K 1013, Q6_K 1014, Q8_0 1008). Above every id of ggml and
 /// ik_llama.cpp (whose `_R4`/`_R8` types end at 399), so both refuse such a file ("invalid
 /// type") instead of reading interleaved bytes as rows.
 pub const INTERLEAVED_TYPE_ID_BASE: u32 = 1000;
@@ -192,7 +205,18 @@ type GroupKernel = fn(&[u8], &[u8], &mut [f32; REPACK_ROWS]);
 pub fn gemv(ty: GgmlType, n_in: usize, group: &[u8], act: &[u8], out: &mut [f32; REPACK_ROWS]) {
     // (elements per kernel block, group bytes per block, activation bytes per block, kernel)
     let (elems, group_block, act_block, portable): (usize, usize, usize, GroupKernel) = match ty {
-        GgmlType::Q4_K => (256, Q4K_GROUP_BLOCK, Q8K_BLOCK, gemv_q4_k_r16_scalar),
+        GgmlType::Q4_K => (
+            256,
+            Q4K_GROUP_BLOCK,
+            Q8K_BLOCK,
+            gemv_q4_k_r16_scalar::<false>,
+        ),
+        GgmlType::Q5_K => (
+            256,
+            Q5K_GROUP_BLOCK,
+            Q8K_BLOCK,
+            gemv_q4_k_r16_scalar::<true>,
+        ),
         GgmlType::Q6_K => (256, Q6K_GROUP_BLOCK, Q8K_BLOCK, gemv_q6_k_r16_scalar),
         GgmlType::Q8_0 => (32, Q8_0_GROUP_BLOCK, 34, gemv_q8_0_r16_scalar),
         _ => panic!("{ty} has no interleaved layout"),
@@ -206,7 +230,8 @@ pub fn gemv(ty: GgmlType, n_in: usize, group: &[u8], act: &[u8], out: &mut [f32;
         // F16C were detected at run time; the slices hold exactly `nb` blocks (sliced above).
         unsafe {
             match ty {
-                GgmlType::Q4_K => avx512::gemv_q4_k_r16(group, act, out),
+                GgmlType::Q4_K => avx512::gemv_q4_k_r16::<false>(group, act, out),
+                GgmlType::Q5_K => avx512::gemv_q4_k_r16::<true>(group, act, out),
                 GgmlType::Q6_K => avx512::gemv_q6_k_r16(group, act, out),
                 _ => avx512::gemv_q8_0_r16(group, act, out),
             }
@@ -216,13 +241,18 @@ pub fn gemv(ty: GgmlType, n_in: usize, group: &[u8], act: &[u8], out: &mut [f32;
     portable(group, act, out);
 }
 
-/// The portable Q4_K kernel of [`gemv`]: per row, exact integer sums per sub-block, then ggml's two
-/// float terms per super-block.
-fn gemv_q4_k_r16_scalar(group: &[u8], act: &[u8], out: &mut [f32; REPACK_ROWS]) {
+/// The portable Q4_K (`Q5`: Q5_K) kernel of [`gemv`]: per row, exact integer sums per
+/// sub-block, then ggml's two float terms per super-block.
+fn gemv_q4_k_r16_scalar<const Q5: bool>(group: &[u8], act: &[u8], out: &mut [f32; REPACK_ROWS]) {
     let mut acc = [0f32; REPACK_ROWS];
     let mut acc_m = [0f32; REPACK_ROWS];
+    let (group_block, qs) = if Q5 {
+        (Q5K_GROUP_BLOCK, 768)
+    } else {
+        (Q4K_GROUP_BLOCK, 256)
+    };
     for (o, y) in group
-        .chunks_exact(Q4K_GROUP_BLOCK)
+        .chunks_exact(group_block)
         .zip(act.chunks_exact(Q8K_BLOCK))
     {
         let yd = rd_f32(y, 0);
@@ -235,10 +265,13 @@ fn gemv_q4_k_r16_scalar(group: &[u8], act: &[u8], out: &mut [f32; REPACK_ROWS]) 
             for j in 0..4 {
                 let (mut lo, mut hi) = (0i32, 0i32);
                 for g in 0..8 {
-                    let q = &o[256 + (j * 8 + g) * 64 + 4 * r..][..4];
+                    let q = &o[qs + (j * 8 + g) * 64 + 4 * r..][..4];
                     for (i, &b) in q.iter().enumerate() {
-                        lo += (b & 0xF) as i32 * yq(64 * j + 4 * g + i);
-                        hi += (b >> 4) as i32 * yq(64 * j + 32 + 4 * g + i);
+                        // Q5_K: the fifth bits of chunks 2j and 2j + 1.
+                        let h = if Q5 { o[256 + g * 64 + 4 * r + i] } else { 0 };
+                        let (h0, h1) = ((h >> (2 * j)) & 1, (h >> (2 * j + 1)) & 1);
+                        lo += ((b & 0xF) | h0 << 4) as i32 * yq(64 * j + 4 * g + i);
+                        hi += ((b >> 4) | h1 << 4) as i32 * yq(64 * j + 32 + 4 * g + i);
                     }
                 }
                 sumi += lo * sc[2 * j] + hi * sc[2 * j + 1];
@@ -353,7 +386,7 @@ pub(crate) fn unpack_scales_mins(u0: u32, u1: u32, u2: u32) -> ([i32; 8], [i32; 
 mod avx512 {
     use core::arch::x86_64::*;
 
-    use super::{Q4K_GROUP_BLOCK, Q8K_BLOCK, REPACK_ROWS};
+    use super::{Q4K_GROUP_BLOCK, Q5K_GROUP_BLOCK, Q8K_BLOCK, REPACK_ROWS};
     use crate::common::{rd_f32, rd_i16, rd_u32};
     use crate::gemm::lane_byte;
     use crate::simd::x86_avx2::ld256;
@@ -369,9 +402,31 @@ mod avx512 {
         _mm512_cvtph_ps(h)
     }
 
-    /// [`super::gemv`] for Q4_K; `group` and `act` hold the same number of super-blocks.
+    /// The fifth bits of one chunk (bit `B` of each byte of `h`) at bit 4.
+    #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    pub(super) fn gemv_q4_k_r16(group: &[u8], act: &[u8], out: &mut [f32; REPACK_ROWS]) {
+    fn bit_at_4<const B: u32>(h: __m512i) -> __m512i {
+        // 16-bit shifts by at most 4: bit 4 of each byte comes from its own byte.
+        let moved = match B {
+            0..=3 => _mm512_sll_epi16(h, _mm_cvtsi32_si128(4 - B as i32)),
+            _ => _mm512_srl_epi16(h, _mm_cvtsi32_si128(B as i32 - 4)),
+        };
+        _mm512_and_si512(moved, _mm512_set1_epi8(0x10))
+    }
+
+    /// [`super::gemv`] for Q4_K (`Q5`: Q5_K); `group` and `act` hold the same number of
+    /// super-blocks.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub(super) fn gemv_q4_k_r16<const Q5: bool>(
+        group: &[u8],
+        act: &[u8],
+        out: &mut [f32; REPACK_ROWS],
+    ) {
+        let (group_block, qs) = if Q5 {
+            (Q5K_GROUP_BLOCK, 768)
+        } else {
+            (Q4K_GROUP_BLOCK, 256)
+        };
         let m4 = _mm512_set1_epi8(0xF);
         let (m1, m2, m3) = (
             _mm512_set1_epi32(0x3f3f_3f3f),
@@ -381,12 +436,17 @@ mod avx512 {
         let mut acc = _mm512_setzero_ps();
         let mut acc_m = _mm512_setzero_ps();
         for (o, y) in group
-            .chunks_exact(Q4K_GROUP_BLOCK)
+            .chunks_exact(group_block)
             .zip(act.chunks_exact(Q8K_BLOCK))
         {
             let yd = _mm512_set1_ps(rd_f32(y, 0));
             let d = _mm512_mul_ps(ld_f16(o, 0), yd);
             let dmin = _mm512_mul_ps(ld_f16(o, 32), yd);
+            let qh: [__m512i; 8] = if Q5 {
+                core::array::from_fn(|g| ld512(o, 256 + 64 * g))
+            } else {
+                [_mm512_setzero_si512(); 8]
+            };
             let (u0, u1, u2) = (ld512(o, 64), ld512(o, 128), ld512(o, 192));
             // ggml's utmp words on 16 lanes: scales 0..3, 4..7, mins 0..3, 4..7 (a byte each)
             let sc_lo = _mm512_and_si512(u0, m1);
@@ -405,9 +465,20 @@ mod avx512 {
                 let mut lo = _mm512_setzero_si512();
                 let mut hi = _mm512_setzero_si512();
                 for g in 0..8 {
-                    let q = ld512(o, 256 + (j * 8 + g) * 64);
-                    let ql = _mm512_and_si512(q, m4);
-                    let qh = _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4);
+                    let q = ld512(o, qs + (j * 8 + g) * 64);
+                    let mut ql = _mm512_and_si512(q, m4);
+                    let mut qh_ = _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4);
+                    if Q5 {
+                        let (h0, h1) = match j {
+                            0 => (bit_at_4::<0>(qh[g]), bit_at_4::<1>(qh[g])),
+                            1 => (bit_at_4::<2>(qh[g]), bit_at_4::<3>(qh[g])),
+                            2 => (bit_at_4::<4>(qh[g]), bit_at_4::<5>(qh[g])),
+                            _ => (bit_at_4::<6>(qh[g]), bit_at_4::<7>(qh[g])),
+                        };
+                        ql = _mm512_or_si512(ql, h0);
+                        qh_ = _mm512_or_si512(qh_, h1);
+                    }
+                    let qh = qh_;
                     let ya = _mm512_set1_epi32(rd_u32(y, 4 + 64 * j + 4 * g) as i32);
                     let yb = _mm512_set1_epi32(rd_u32(y, 4 + 64 * j + 32 + 4 * g) as i32);
                     lo = _mm512_dpbusd_epi32(lo, ql, ya);
@@ -529,7 +600,12 @@ mod tests {
     use super::*;
     use crate::test_data::{act_rows, weight_rows};
 
-    const TYPES: [GgmlType; 3] = [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0];
+    const TYPES: [GgmlType; 4] = [
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+        GgmlType::Q8_0,
+    ];
 
     #[test]
     fn interleaved_type_ids_round_trip_and_stay_clear_of_ggml_ids() {
@@ -543,7 +619,7 @@ mod tests {
                 None => assert!(!TYPES.contains(&ty), "{ty}"),
             }
         }
-        for id in [0, 8, 12, 999, 1000, 1002, 1013, u32::MAX] {
+        for id in [0, 8, 12, 999, 1000, 1002, 1010, u32::MAX] {
             assert_eq!(interleaved_base_type(id), None, "{id}");
         }
     }
@@ -588,7 +664,8 @@ mod tests {
                 gemv(ty, n_in, group, &a, &mut got);
                 let mut scalar = [0f32; REPACK_ROWS];
                 match ty {
-                    GgmlType::Q4_K => gemv_q4_k_r16_scalar(group, &a, &mut scalar),
+                    GgmlType::Q4_K => gemv_q4_k_r16_scalar::<false>(group, &a, &mut scalar),
+                    GgmlType::Q5_K => gemv_q4_k_r16_scalar::<true>(group, &a, &mut scalar),
                     GgmlType::Q6_K => gemv_q6_k_r16_scalar(group, &a, &mut scalar),
                     _ => gemv_q8_0_r16_scalar(group, &a, &mut scalar),
                 }
