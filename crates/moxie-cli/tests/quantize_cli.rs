@@ -86,6 +86,25 @@ impl Drop for TempDir {
     }
 }
 
+/// `moxie logits` of tokens 1,20,300,2000 on `model` with `flags` (2 threads), written to
+/// `out` in `tmp`: the .npy bytes and stderr.
+fn logits(tmp: &TempDir, model: &str, flags: &[&str], out: &str) -> (Vec<u8>, String) {
+    let mut args = vec![
+        "logits",
+        "-m",
+        model,
+        "-t",
+        "2",
+        "--tokens",
+        "1,20,300,2000",
+    ];
+    args.extend(flags);
+    args.extend(["--out", out]);
+    let o = moxie_in(&tmp.0, &args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    (std::fs::read(tmp.0.join(out)).unwrap(), stderr(&o))
+}
+
 /// SHA-256 (FIPS 180-4), for comparing with the goldens' hashes.
 fn sha256(data: &[u8]) -> String {
     const K: [u32; 64] = [
@@ -368,26 +387,8 @@ fn split_output_loads_like_the_whole_file() {
         .unwrap();
         assert!(f.tensors().len() == 1 || f.total_tensor_bytes() <= 1_000_000);
     }
-    let logits = |model: &str, out: &str| {
-        let o = moxie_in(
-            &tmp.0,
-            &[
-                "logits",
-                "-m",
-                model,
-                "-t",
-                "2",
-                "--tokens",
-                "1,20,300,2000",
-                "--out",
-                out,
-            ],
-        );
-        assert!(o.status.success(), "{}", stderr(&o));
-        std::fs::read(tmp.0.join(out)).unwrap()
-    };
-    let a = logits(&whole, "a.npy");
-    let b = logits(&first, "b.npy");
+    let a = logits(&tmp, &whole, &[], "a.npy").0;
+    let b = logits(&tmp, &first, &[], "b.npy").0;
     assert!(a.len() > 4 * 2048);
     assert_eq!(a, b);
 }
@@ -616,25 +617,9 @@ fn repacked_copy_loads_like_load_time_repacking() {
         };
         assert_eq!(dump(src, "a.npy"), dump(&packed, "b.npy"), "{stem}");
 
-        let logits = |model: &str, flags: &[&str], out: &str| {
-            let mut args = vec![
-                "logits",
-                "-m",
-                model,
-                "-t",
-                "2",
-                "--tokens",
-                "1,20,300,2000",
-            ];
-            args.extend(flags);
-            args.extend(["--out", out]);
-            let o = moxie_in(&tmp.0, &args);
-            assert!(o.status.success(), "{}", stderr(&o));
-            (std::fs::read(tmp.0.join(out)).unwrap(), stderr(&o))
-        };
         for flags in [&[][..], &["--no-repack"], &["--exact"]] {
-            let (want, _) = logits(src, flags, "a.npy");
-            let (got, log) = logits(&packed, flags, "b.npy");
+            let (want, _) = logits(&tmp, src, flags, "a.npy");
+            let (got, log) = logits(&tmp, &packed, flags, "b.npy");
             assert!(want.len() > 4 * 1000);
             assert_eq!(want, got, "{stem} {flags:?}");
             let said = if flags.is_empty() {

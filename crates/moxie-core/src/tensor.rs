@@ -183,10 +183,8 @@ impl Tensor {
             return std::borrow::Cow::Borrowed(data);
         }
         let mut plain = vec![0u8; data.len()];
-        let group = REPACK_ROWS * self.row_bytes();
-        for (from, to) in data.chunks_exact(group).zip(plain.chunks_exact_mut(group)) {
-            repack::unrepack(self.ty, from, REPACK_ROWS, self.ne[0], to);
-        }
+        let n_rows = self.ne[1] * self.ne[2] * self.ne[3];
+        repack::unrepack(self.ty, data, n_rows, self.ne[0], &mut plain);
         std::borrow::Cow::Owned(plain)
     }
 
@@ -263,16 +261,36 @@ impl Tensor {
 
     /// A copy of this host tensor with its rows interleaved 16 at a time
     /// (`moxie_quant::repack`), the layout of moxie's fastest one-token kernels; `None` where
-    /// the type or shape has no such layout (Q4_K, Q5_K, Q6_K and Q8_0 so far; each matrix needs a multiple
-    /// of 16 rows). The copy has the same size; a mapped source's pages are released from this
+    /// the type or shape has no such layout (Q4_K, Q5_K, Q6_K and Q8_0 so far; each matrix
+    /// needs a multiple of 16 rows). The copy has the same size; a mapped source's pages are released from this
     /// process afterwards, so the model's resident memory does not double. Products with an
     /// interleaved matrix are the same numbers in [`Numerics::Exact`] (its rows are put back
     /// in GGUF order first) and agree to float rounding in [`Numerics::Fast`].
     pub fn interleaved(&self, par: &Parallel) -> Option<Tensor> {
-        let n_rows = self.ne[1] * self.ne[2] * self.ne[3];
         // Whole groups per matrix, so no group straddles two experts or heads.
         let fits = repack::repack_supports(self.ty, self.ne[1], self.ne[0]);
-        if self.interleaved || self.device != CPU || !fits {
+        if self.interleaved || !fits {
+            return None;
+        }
+        self.relaid(par, true)
+    }
+
+    /// The inverse of [`Tensor::interleaved`]: a copy of this interleaved host tensor with its
+    /// rows back in GGUF order (`--no-repack` or `--exact` on a file written interleaved, and
+    /// host experts that are streamed to a GPU); `None` when the rows are already in GGUF
+    /// order. A mapped source's pages are released afterwards, as there.
+    pub fn in_gguf_order(&self, par: &Parallel) -> Option<Tensor> {
+        if !self.interleaved {
+            return None;
+        }
+        self.relaid(par, false)
+    }
+
+    /// A host copy of this tensor with its rows interleaved (`to_interleaved`) or put back in
+    /// GGUF order, made on `par` a run of groups per work item; a mapped source's pages are
+    /// released afterwards. `None` for a tensor not in host memory.
+    fn relaid(&self, par: &Parallel, to_interleaved: bool) -> Option<Tensor> {
+        if self.device != CPU {
             return None;
         }
         let (src, released) = match &self.storage {
@@ -283,53 +301,21 @@ impl Tensor {
         let mut data = vec![0u8; src.len()];
         // Whole groups per thread: a 300 GB model is mostly this copy.
         let group = REPACK_ROWS * self.row_bytes();
-        par.for_each_range(
-            n_rows / REPACK_ROWS,
-            group,
-            &mut data,
-            group,
-            |groups, to| {
-                let from = &src[groups.start * group..groups.end * group];
-                repack::repack(self.ty, from, groups.len() * REPACK_ROWS, self.ne[0], to);
-            },
-        );
-        if let Some((file, index)) = released {
-            file.release_tensor_pages(index);
-        }
-        Some(Tensor {
-            storage: Storage::Owned(Arc::new(data)),
-            interleaved: true,
-            ..self.clone()
-        })
-    }
-
-    /// The inverse of [`Tensor::interleaved`]: a copy of this interleaved host tensor with its
-    /// rows back in GGUF order (`--no-repack` or `--exact` on a file written interleaved, and
-    /// host experts that are streamed to a GPU); `None` when the rows are already in GGUF
-    /// order. A mapped source's pages are released afterwards, as there.
-    pub fn in_gguf_order(&self, par: &Parallel) -> Option<Tensor> {
-        if !self.interleaved || self.device != CPU {
-            return None;
-        }
-        let released = match &self.storage {
-            Storage::Mapped { file, index } => Some((file, *index)),
-            Storage::Owned(_) => None,
-            _ => return None,
-        };
-        let src = self.data();
-        let mut data = vec![0u8; src.len()];
-        let group = REPACK_ROWS * self.row_bytes();
-        let n_groups = src.len() / group;
-        par.for_each_range(n_groups, group, &mut data, group, |groups, to| {
+        par.for_each_range(src.len() / group, group, &mut data, group, |groups, to| {
             let from = &src[groups.start * group..groups.end * group];
-            repack::unrepack(self.ty, from, groups.len() * REPACK_ROWS, self.ne[0], to);
+            let n_rows = groups.len() * REPACK_ROWS;
+            if to_interleaved {
+                repack::repack(self.ty, from, n_rows, self.ne[0], to);
+            } else {
+                repack::unrepack(self.ty, from, n_rows, self.ne[0], to);
+            }
         });
         if let Some((file, index)) = released {
             file.release_tensor_pages(index);
         }
         Some(Tensor {
             storage: Storage::Owned(Arc::new(data)),
-            interleaved: false,
+            interleaved: to_interleaved,
             ..self.clone()
         })
     }

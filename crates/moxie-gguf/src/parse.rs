@@ -458,10 +458,7 @@ pub(crate) fn parse(file: &str, buf: &[u8], header_only: bool) -> Result<ParsedH
                 id: ty_id,
             }
         })?;
-        let per_matrix = dims.get(1).copied().unwrap_or(1);
-        if interleaved
-            && !moxie_quant::repack::repack_supports(ty, per_matrix as usize, dims[0] as usize)
-        {
+        if interleaved && !moxie_quant::repack::repack_supports_shape(ty, &dims) {
             return Err(c.err_invalid(
                 tf("type"),
                 ty_at,

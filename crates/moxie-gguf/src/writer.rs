@@ -295,8 +295,7 @@ impl GgufWriter {
             .get(name)
             .ok_or_else(|| GgufError::writer(field(), "no such tensor"))?;
         let t = &mut self.tensors[i];
-        let per_matrix = t.dims.get(1).copied().unwrap_or(1) as usize;
-        if !moxie_quant::repack::repack_supports(t.ty, per_matrix, t.dims[0] as usize) {
+        if !moxie_quant::repack::repack_supports_shape(t.ty, &t.dims) {
             return Err(GgufError::writer(
                 field(),
                 format!(

@@ -40,15 +40,6 @@ pub fn f16_rows_to_bf16(src: &[u8], stride: usize, width: usize, dst: &mut [u16]
         return;
     }
     let src = &src[..(rows - 1) * stride + 2 * width];
-    #[cfg(target_arch = "x86_64")]
-    if bf16_products_fast() {
-        for (i, d) in dst.chunks_exact_mut(width).enumerate() {
-            // SAFETY: AVX-512F and AVX512_BF16 are present (bf16_products_fast); row `i`
-            // holds `width` halves (the slicing of `src` above covers the last one).
-            unsafe { avx512::f16_to_bf16(&src[i * stride..i * stride + 2 * width], d) };
-        }
-        return;
-    }
     for (i, d) in dst.chunks_exact_mut(width).enumerate() {
         f16_to_bf16(&src[i * stride..i * stride + 2 * width], d);
     }
@@ -360,13 +351,7 @@ mod avx512 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn lcg(s: &mut u64) -> f32 {
-        *s = s
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((*s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
+    use crate::test_data::lcg;
 
     fn random_bf16(s: &mut u64, n: usize) -> Vec<u16> {
         let x: Vec<f32> = (0..n).map(|_| lcg(s)).collect();

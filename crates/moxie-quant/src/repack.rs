@@ -142,6 +142,16 @@ pub fn interleaved_base_type(id: u32) -> Option<GgmlType> {
     (interleaved_type_id(ty) == Some(id)).then_some(ty)
 }
 
+/// [`repack_supports`] for a tensor of ggml shape `dims` (`dims[0]` the row length, `dims[1]`
+/// the rows of each matrix; 1 for a 1-D tensor).
+pub fn repack_supports_shape(ty: GgmlType, dims: &[u64]) -> bool {
+    let (n_in, per_matrix) = (
+        dims.first().copied().unwrap_or(0),
+        dims.get(1).copied().unwrap_or(1),
+    );
+    repack_supports(ty, per_matrix as usize, n_in as usize)
+}
+
 /// `src` (`n_rows` GGUF rows of `n_in` values of `ty`) interleaved into `dst` (same size),
 /// group after group. Panics unless [`repack_supports`] and the sizes match.
 pub fn repack(ty: GgmlType, src: &[u8], n_rows: usize, n_in: usize, dst: &mut [u8]) {

@@ -473,9 +473,8 @@ fn threads(a: &Args, positional: Option<&String>) -> Result<usize> {
 /// moxie interleaves at load ([`moxie_core::interleave_candidate`]) where `target` and the
 /// shape have the layout.
 fn interleaves(t: &TensorInfo, target: GgmlType) -> bool {
-    let per_matrix = t.dims.get(1).copied().unwrap_or(1) as usize;
     moxie_core::interleave_candidate(&t.name)
-        && moxie_quant::repack::repack_supports(target, per_matrix, t.dims[0] as usize)
+        && moxie_quant::repack::repack_supports_shape(target, &t.dims)
 }
 
 fn parse_ggml_type(s: &str, flag: &str) -> Result<GgmlType> {

@@ -157,17 +157,14 @@ fn attend_one_token(
     // Per item and head: running max, running sum, weighted values (dv).
     let head_state = g.dv + 2;
     let stride = g.n_head * head_state;
-    let mut partial = vec![0f32; runs * stride];
+    // (Each run starts its own state: the buffer is not cleared.)
+    let mut partial = PARTIAL.take();
+    partial.resize(runs * stride, 0.0);
     let work = run_len * g.n_head * (g.dk + g.dv);
     par.for_each_range(runs, work, &mut partial, stride, |items, parts| {
-        let mut scratch = RunScratch {
-            q: Converted::new(bf16),
-            k: Converted::new(bf16),
-            v: Converted::new(bf16),
-            p16: Vec::new(),
-            scores: Vec::new(),
-            part: Vec::new(),
-            tmp: Vec::new(),
+        let mut scratch = match RUN_SCRATCH.take() {
+            Some(s) if s.k.is_bf16() == bf16 => s,
+            _ => RunScratch::new(bf16),
         };
         for (run, part) in items.zip(parts.chunks_exact_mut(stride)) {
             let span = run * run_len..((run + 1) * run_len).min(n_kv);
@@ -179,6 +176,7 @@ fn attend_one_token(
             };
             attend_run(g, q, run, &mut scratch, part);
         }
+        RUN_SCRATCH.set(Some(scratch));
     });
     // Merge the runs of each head: rescale each to the largest max, then normalise.
     for (h, oh) in out.chunks_exact_mut(g.dv).enumerate() {
@@ -200,6 +198,14 @@ fn attend_one_token(
         let inv = 1.0 / sum;
         oh.iter_mut().for_each(|x| *x *= inv);
     }
+    PARTIAL.set(partial);
+}
+
+thread_local! {
+    /// Buffers kept by each thread from call to call (decode attends once per layer and
+    /// token): the caller's per-run states, each worker's run buffers.
+    static PARTIAL: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+    static RUN_SCRATCH: std::cell::Cell<Option<RunScratch>> = const { std::cell::Cell::new(None) };
 }
 
 /// Cached positions from which one-token attention takes bf16 products: there the products
@@ -239,6 +245,20 @@ struct RunScratch {
     scores: Vec<f32>,
     part: Vec<f32>,
     tmp: Vec<u8>,
+}
+
+impl RunScratch {
+    fn new(bf16: bool) -> RunScratch {
+        RunScratch {
+            q: Converted::new(bf16),
+            k: Converted::new(bf16),
+            v: Converted::new(bf16),
+            p16: Vec::new(),
+            scores: Vec::new(),
+            part: Vec::new(),
+            tmp: Vec::new(),
+        }
+    }
 }
 
 /// The online softmax step of one block for `heads` heads: scales `scores` (`heads` rows of
@@ -304,13 +324,10 @@ fn run_widths(g: AttnGeom) -> (usize, usize, usize) {
 fn attend_run(g: AttnGeom, q: &[f32], run: KvRun, s: &mut RunScratch, state: &mut [f32]) {
     let (group, kw, vw) = run_widths(g);
     start_run(g, state);
-    if s.k.is_bf16() {
-        s.q.set(q);
-    } else {
+    s.q.set(q);
+    if let Converted::F32(qf) = &mut s.q {
         let q_ty = moxie_quant::vec_dot_type(run.keys.ty).expect("cache types have a dot partner");
-        let mut qf = q.to_vec();
-        round_through(q_ty, g.dk, &mut qf, &mut s.tmp);
-        s.q = Converted::F32(qf);
+        round_through(q_ty, g.dk, qf, &mut s.tmp);
     }
     for (j0, b, chunk) in run.blocks() {
         s.k.put_rows(0, run.keys, j0, b, chunk, 0, kw);
