@@ -176,6 +176,9 @@ impl Model {
                 }
             }
         }
+        // The output head on the host (interleave_candidate keeps a tied head's rows).
+        let head_on_host = self.head.output.device == crate::device::CPU;
+        tensors.push((&mut self.head.output, head_on_host));
         let mut change = LayoutChange::default();
         for (t, wanted) in tensors {
             let wanted = wanted && interleave && interleave_candidate(&t.name);
@@ -348,7 +351,9 @@ pub struct LayoutChange {
 
 /// Whether tensor `name` is one of the weight matrices moxie keeps interleaved in host memory
 /// (where its type and shape have that layout): the attention projections, dense and
-/// shared-expert FFNs and routed experts of a layer. Load-time repacking and
+/// shared-expert FFNs and routed experts of a layer, and the output head (`output.weight`; a head
+/// tied to the token embeddings stays in GGUF order, the embedding lookup reads rows). Load-time
+/// repacking and
 /// `moxie quantize --repack` both go by this, so a repacked file holds what loading would
 /// repack.
 pub fn interleave_candidate(name: &str) -> bool {
@@ -372,6 +377,9 @@ pub fn interleave_candidate(name: &str) -> bool {
         "ffn_up_shexp",
         "ffn_down_shexp",
     ];
+    if name == "output.weight" {
+        return true;
+    }
     let Some(rest) = name.strip_prefix("blk.") else {
         return false;
     };

@@ -1,5 +1,5 @@
 //! Load-time repacking (`Model::interleave_cpu_weights`): weight rows interleaved 16 at a time
-//! (routed experts, attention projections, dense and shared FFNs) change no number under exact numerics (prompt batch and one-token decode give
+//! (routed experts, attention projections, dense and shared FFNs, the output head) change no number under exact numerics (prompt batch and one-token decode give
 //! the plain model's logits bit for bit: every product sees its rows back in GGUF order), and
 //! keep every tensor's size. The fast kernels on them are checked against the goldens in
 //! `tests/golden.rs` (fast numerics load the models interleaved, as the command line does).
@@ -15,6 +15,17 @@ use moxie_gguf::GgufFile;
 
 mod common;
 use common::{golden_index, prefill_and_decode, supported_models};
+
+/// Every layer's matrices, then the output head.
+fn matrices(m: &Model) -> Vec<&moxie_core::tensor::Tensor> {
+    let mut v: Vec<_> = m
+        .layers
+        .iter()
+        .flat_map(|l| [l.mixer.matrices(), l.ffn.matrices()].concat())
+        .collect();
+    v.push(&m.head.output);
+    v
+}
 
 fn load(path: &std::path::Path) -> Model {
     Model::load(Arc::new(GgufFile::open(path).unwrap())).unwrap()
@@ -36,18 +47,12 @@ fn interleaved_weights_change_no_exact_logit() {
         interleaved_files += 1;
         // Same tensors, same sizes, some now interleaved.
         let mut seen = 0u64;
-        for (a, b) in plain.layers.iter().zip(&model.layers) {
-            let (ma, mb) = (
-                [a.mixer.matrices(), a.ffn.matrices()].concat(),
-                [b.mixer.matrices(), b.ffn.matrices()].concat(),
-            );
-            for (x, y) in ma.into_iter().zip(mb) {
-                assert_eq!(x.name, y.name);
-                assert_eq!(x.data().len(), y.data().len(), "{}", x.name);
-                if y.is_interleaved() {
-                    seen += y.data().len() as u64;
-                    assert_ne!(x.data(), y.data(), "{}: not repacked", x.name);
-                }
+        for (x, y) in matrices(&plain).into_iter().zip(matrices(&model)) {
+            assert_eq!(x.name, y.name);
+            assert_eq!(x.data().len(), y.data().len(), "{}", x.name);
+            if y.is_interleaved() {
+                seen += y.data().len() as u64;
+                assert_ne!(x.data(), y.data(), "{}: not repacked", x.name);
             }
         }
         assert_eq!(seen, bytes, "{}", case.stem);

@@ -460,6 +460,27 @@ impl WeightTile {
                     }
                 }
             }
+            GgmlType::Q4_0 | GgmlType::Q5_0 => {
+                // Codes (value + 8, or + 16) as decode_q4_0 / decode_q5_0 give them.
+                let q5 = ty == GgmlType::Q5_0;
+                let (block, qs) = if q5 { (22, 96) } else { (18, 32) };
+                for (b, o) in group.chunks_exact(r16 * block).enumerate().take(n_in / 32) {
+                    for r in 0..r16 {
+                        self.scale[b * r16 + r] = rd_f16(o, 2 * r);
+                    }
+                    for g in 0..4 {
+                        let src = &o[qs + 64 * g..][..64];
+                        let (lo, hi) = ((8 * b + g) * 64, (8 * b + 4 + g) * 64);
+                        for (i, &v) in src.iter().enumerate() {
+                            let qh = if q5 { rd_u32(o, 32 + 4 * (i / 4)) } else { 0 };
+                            let bit = |e: usize| (((qh >> e) & 1) << 4) as u8;
+                            let e = 4 * g + i % 4;
+                            self.q[lo + i] = (v & 0xF) | bit(e);
+                            self.q[hi + i] = (v >> 4) | bit(16 + e);
+                        }
+                    }
+                }
+            }
             _ => unreachable!("gemm_q8_interleaved checked the type has an interleaved layout"),
         }
     }
@@ -1083,13 +1104,16 @@ mod tests {
             return;
         }
         let mut seed = 5u64;
-        for ty in [
-            GgmlType::Q4_K,
-            GgmlType::Q5_K,
-            GgmlType::Q6_K,
-            GgmlType::Q8_0,
+        for (ty, n_in) in [
+            (GgmlType::Q4_K, 512),
+            (GgmlType::Q5_K, 512),
+            (GgmlType::Q6_K, 512),
+            (GgmlType::Q8_0, 512),
+            (GgmlType::Q8_0, 160),
+            (GgmlType::Q4_0, 128),
+            (GgmlType::Q5_0, 160),
         ] {
-            let (n_in, n_rows, n_tok) = (512, 48, 7);
+            let (n_rows, n_tok) = (48, 7);
             let wq = weight_rows(ty, n_rows, n_in, &mut seed);
             let xq = act_rows(ty, n_in, n_tok, &mut seed);
             let act = crate::vec_dot_type(ty).unwrap();

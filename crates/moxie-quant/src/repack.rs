@@ -10,8 +10,9 @@
 //! 16 rows. The repacked matrix has exactly the bytes of the original (ik_llama.cpp's `_R4` /
 //! `_R8` types, `-rtr`, do the same with 4 or 8 rows).
 //!
-//! Layout: for each group of 16 rows and each super-block of 256 elements, the block's fields
-//! one after the other ([`fields`]), each as `[unit index][row 0..16][unit bytes]`:
+//! Layout: for each group of 16 rows and each block (256 elements for the K-quants, 32 for the
+//! legacy types), the block's fields one after the other ([`fields`]), each as
+//! `[unit index][row 0..16][unit bytes]`:
 //! - Q4_K (2304 bytes): `d` (16 x f16), `dmin` (16 x f16), the 12 packed scale/min bytes as
 //!   three words (`[word][row]` u32; the 16 rows' 6-bit scales and mins come out of three loads
 //!   with ggml's `utmp` shuffle on 16 lanes), the 128 quant bytes as 32 words (word `8j + g`:
@@ -20,9 +21,13 @@
 //! - Q5_K (2816 bytes): Q4_K's fields, with the 32 high-bit bytes as 8 words between the
 //!   scales and the quants (word `g` holds the fifth bits of elements `32c + 4g ..+4`, bit `c`
 //!   of each byte for the 32-element chunk `c`);
-//! - Q8_0, per run of 8 blocks (256 elements, 4352 bytes): per block, `d` (16 x f16) and its 8
-//!   quant words (signed bytes, made unsigned with `^ 0x80` for `vpdpbusd`, the offset taken
-//!   back with the activations' block sum);
+//! - Q8_0 (544 bytes): `d` (16 x f16) and its 8 quant words (signed bytes, made unsigned with
+//!   `^ 0x80` for `vpdpbusd`, the offset taken back with the activations' block sum);
+//! - Q4_0 (288 bytes) and Q5_0 (352 bytes): `d` (16 x f16), Q5_0's fifth bits (one word per
+//!   row), then the 16 quant bytes as 4 words (word `g`: low nibbles are elements `4g ..+4`,
+//!   high nibbles `16 + 4g ..+4`); the codes are unsigned (value + 8, value + 16) and the offset
+//!   is taken back with the activations' block sum, as for Q8_0. Rows of 128 (MLA's `attn_k_b`,
+//!   which llama.cpp's K-quant mixes store as Q5_0 or Q8_0) interleave too;
 //! - Q6_K (3360 bytes): `d` (16 x f16), the 16 scales (`[sub-block][row]` i8), then for each of
 //!   16 steps `8n + g` the words `ql[64n + 4g]`, `ql[64n + 32 + 4g]` and `qh[32n + 4g]`, which
 //!   hold elements `128n + 32k + 4g ..+4` for k = 0..3 (sub-block `8n + 2k + g / 4`).
@@ -41,8 +46,6 @@ pub const REPACK_ROWS: usize = 16;
 const Q4K_BLOCK: usize = 144;
 const Q5K_BLOCK: usize = 176;
 const Q6K_BLOCK: usize = 210;
-/// Q8_0 is laid out per 8 blocks (256 elements) like the super-block types.
-const Q8_0_X8: usize = 8 * 34;
 const Q8K_BLOCK: usize = 292;
 /// Bytes of one 16-row group's super-block.
 const Q4K_GROUP_BLOCK: usize = REPACK_ROWS * Q4K_BLOCK;
@@ -50,6 +53,9 @@ const Q5K_GROUP_BLOCK: usize = REPACK_ROWS * Q5K_BLOCK;
 const Q6K_GROUP_BLOCK: usize = REPACK_ROWS * Q6K_BLOCK;
 /// Bytes of one 16-row group's Q8_0 block: 16 x f16 scales, then 8 words of 16 rows.
 const Q8_0_GROUP_BLOCK: usize = REPACK_ROWS * 34;
+/// Q4_0 and Q5_0 group blocks: scales, (Q5_0: fifth-bit words,) 4 words of quants.
+const Q4_0_GROUP_BLOCK: usize = REPACK_ROWS * 18;
+const Q5_0_GROUP_BLOCK: usize = REPACK_ROWS * 22;
 
 /// A run of `count` units of `unit` bytes at byte `src` of a block, stored interleaved as
 /// `[unit index][row][unit]`.
@@ -63,8 +69,15 @@ const fn field(src: usize, unit: usize, count: usize) -> Field {
     Field { src, unit, count }
 }
 
-/// The fields of `ty`'s blocks in interleaved order (they cover the block), and its block size.
-fn fields(ty: GgmlType) -> Option<(&'static [Field], usize)> {
+/// How `ty` interleaves: its blocks' fields in interleaved order (they cover the block), the
+/// block's bytes and its elements.
+struct Blocks {
+    fields: &'static [Field],
+    bytes: usize,
+    elems: usize,
+}
+
+fn fields(ty: GgmlType) -> Option<Blocks> {
     const Q4K: &[Field] = &[
         field(0, 2, 1),
         field(2, 2, 1),
@@ -79,14 +92,23 @@ fn fields(ty: GgmlType) -> Option<(&'static [Field], usize)> {
         field(48, 4, 32),
     ];
     const Q6K: &[Field] = &q6_k_fields();
-    const Q80: &[Field] = &q8_0_fields();
-    match ty {
-        GgmlType::Q4_K => Some((Q4K, Q4K_BLOCK)),
-        GgmlType::Q5_K => Some((Q5K, Q5K_BLOCK)),
-        GgmlType::Q6_K => Some((Q6K, Q6K_BLOCK)),
-        GgmlType::Q8_0 => Some((Q80, Q8_0_X8)),
-        _ => None,
-    }
+    const Q80: &[Field] = &[field(0, 2, 1), field(2, 4, 8)];
+    const Q40: &[Field] = &[field(0, 2, 1), field(2, 4, 4)];
+    const Q50: &[Field] = &[field(0, 2, 1), field(2, 4, 1), field(6, 4, 4)];
+    let (fields, bytes, elems) = match ty {
+        GgmlType::Q4_K => (Q4K, Q4K_BLOCK, 256),
+        GgmlType::Q5_K => (Q5K, Q5K_BLOCK, 256),
+        GgmlType::Q6_K => (Q6K, Q6K_BLOCK, 256),
+        GgmlType::Q8_0 => (Q80, 34, 32),
+        GgmlType::Q4_0 => (Q40, 18, 32),
+        GgmlType::Q5_0 => (Q50, 22, 32),
+        _ => return None,
+    };
+    Some(Blocks {
+        fields,
+        bytes,
+        elems,
+    })
 }
 
 /// Q6_K: `d`, the scales, then per step (n, g) the three words the kernel reads together,
@@ -107,25 +129,15 @@ const fn q6_k_fields() -> [Field; 50] {
     f
 }
 
-/// Q8_0, per block of 32 of the 8 in a run of 256: its `d`, then its 8 quant words.
-const fn q8_0_fields() -> [Field; 16] {
-    let mut f = [const { field(0, 0, 0) }; 16];
-    let mut b = 0;
-    while b < 8 {
-        f[2 * b] = field(34 * b, 2, 1);
-        f[2 * b + 1] = field(34 * b + 2, 4, 8);
-        b += 1;
-    }
-    f
-}
-
 /// Whether `n_rows` rows of `n_in` elements of `ty` have an interleaved layout here.
 pub fn repack_supports(ty: GgmlType, n_rows: usize, n_in: usize) -> bool {
-    fields(ty).is_some() && n_rows.is_multiple_of(REPACK_ROWS) && n_in.is_multiple_of(256)
+    fields(ty).is_some_and(|b| n_in > 0 && n_in.is_multiple_of(b.elems))
+        && n_rows.is_multiple_of(REPACK_ROWS)
 }
 
 /// Tensor type ids of interleaved tensors in files moxie writes (`moxie quantize --repack`):
-/// this plus the base type's id (Q4_K 1012, Q5_K 1013, Q6_K 1014, Q8_0 1008). Above every id of ggml and
+/// this plus the base type's id (Q4_K 1012, Q5_K 1013, Q6_K 1014, Q8_0 1008, Q4_0 1002,
+/// Q5_0 1006). Above every id of ggml and
 /// ik_llama.cpp (whose `_R4`/`_R8` types end at 399), so both refuse such a file ("invalid
 /// type") instead of reading interleaved bytes as rows.
 pub const INTERLEAVED_TYPE_ID_BASE: u32 = 1000;
@@ -177,15 +189,19 @@ fn shuffle(
         repack_supports(ty, n_rows, n_in),
         "{ty}: no interleaved layout for {n_rows} x {n_in}"
     );
-    let (fields, block) = fields(ty).expect("checked above");
-    let row_bytes = n_in / 256 * block;
+    let Blocks {
+        fields,
+        bytes: block,
+        elems,
+    } = fields(ty).expect("checked above");
+    let row_bytes = n_in / elems * block;
     assert!(src.len() == n_rows * row_bytes && dst.len() == src.len());
     let group_bytes = REPACK_ROWS * row_bytes;
     for (from, to) in src
         .chunks_exact(group_bytes)
         .zip(dst.chunks_exact_mut(group_bytes))
     {
-        for b in 0..n_in / 256 {
+        for b in 0..n_in / elems {
             // Interleaved side in address order: field, unit, row.
             let mut q = b * REPACK_ROWS * block;
             for f in fields {
@@ -208,8 +224,9 @@ fn shuffle(
 /// A one-token kernel over whole blocks of one group: (group, activations, out).
 type GroupKernel = fn(&[u8], &[u8], &mut [f32; REPACK_ROWS]);
 
-/// The 16 products of one interleaved row group of `ty` (`group`: `n_in / 256` super-blocks)
-/// with one activation row `act` of its dot partner (Q8_K; Q8_0 for Q8_0), into `out`: the
+/// The 16 products of one interleaved row group of `ty` (`group`: `n_in` elements' blocks)
+/// with one activation row `act` of its dot partner (Q8_K; Q8_0 for the legacy types), into
+/// `out`: the
 /// AVX-512 VNNI kernel where the CPU has it, else the portable one (the same arithmetic, bit
 /// for bit). Panics for a type without an interleaved layout.
 pub fn gemv(ty: GgmlType, n_in: usize, group: &[u8], act: &[u8], out: &mut [f32; REPACK_ROWS]) {
@@ -229,6 +246,8 @@ pub fn gemv(ty: GgmlType, n_in: usize, group: &[u8], act: &[u8], out: &mut [f32;
         ),
         GgmlType::Q6_K => (256, Q6K_GROUP_BLOCK, Q8K_BLOCK, gemv_q6_k_r16_scalar),
         GgmlType::Q8_0 => (32, Q8_0_GROUP_BLOCK, 34, gemv_q8_0_r16_scalar),
+        GgmlType::Q4_0 => (32, Q4_0_GROUP_BLOCK, 34, gemv_q4_0_r16_scalar::<false>),
+        GgmlType::Q5_0 => (32, Q5_0_GROUP_BLOCK, 34, gemv_q4_0_r16_scalar::<true>),
         _ => panic!("{ty} has no interleaved layout"),
     };
     let nb = n_in / elems;
@@ -243,6 +262,8 @@ pub fn gemv(ty: GgmlType, n_in: usize, group: &[u8], act: &[u8], out: &mut [f32;
                 GgmlType::Q4_K => avx512::gemv_q4_k_r16::<false>(group, act, out),
                 GgmlType::Q5_K => avx512::gemv_q4_k_r16::<true>(group, act, out),
                 GgmlType::Q6_K => avx512::gemv_q6_k_r16(group, act, out),
+                GgmlType::Q4_0 => avx512::gemv_q4_0_r16::<false>(group, act, out),
+                GgmlType::Q5_0 => avx512::gemv_q4_0_r16::<true>(group, act, out),
                 _ => avx512::gemv_q8_0_r16(group, act, out),
             }
         }
@@ -368,6 +389,39 @@ fn gemv_q8_0_r16_scalar(group: &[u8], act: &[u8], out: &mut [f32; REPACK_ROWS]) 
     *out = acc;
 }
 
+/// The portable Q4_0 (`Q5`: Q5_0) kernel of [`gemv`]: per row and block, the exact integer
+/// `Σ w·y` (as `Σ code·y - offset·Σ y`, the code being the value plus 8, or 16 for Q5_0), then
+/// `(d_w * d_y) * isum` as ggml.
+fn gemv_q4_0_r16_scalar<const Q5: bool>(group: &[u8], act: &[u8], out: &mut [f32; REPACK_ROWS]) {
+    let (group_block, qs, offset) = if Q5 {
+        (Q5_0_GROUP_BLOCK, 96, 16)
+    } else {
+        (Q4_0_GROUP_BLOCK, 32, 8)
+    };
+    let mut acc = [0f32; REPACK_ROWS];
+    for (o, y) in group.chunks_exact(group_block).zip(act.chunks_exact(34)) {
+        let dy = rd_f16(y, 0);
+        let yq = |i: usize| y[2 + i] as i8 as i32;
+        let ysum: i32 = (0..32).map(yq).sum();
+        for r in 0..REPACK_ROWS {
+            let qh = if Q5 { rd_u32(o, 32 + 4 * r) } else { 0 };
+            let bit = |e: usize| (((qh >> e) & 1) << 4) as u8;
+            let mut isum = -offset * ysum;
+            for g in 0..4 {
+                let w = &o[qs + (g * REPACK_ROWS + r) * 4..][..4];
+                for (i, &b) in w.iter().enumerate() {
+                    let (lo, hi) = (4 * g + i, 16 + 4 * g + i);
+                    isum += ((b & 0xF) | bit(lo)) as i32 * yq(lo);
+                    isum += ((b >> 4) | bit(hi)) as i32 * yq(hi);
+                }
+            }
+            let d = rd_f16(o, 2 * r) * dy;
+            acc[r] = d.mul_add(isum as f32, acc[r]);
+        }
+    }
+    *out = acc;
+}
+
 /// The 8 scales and 8 mins of a Q4_K super-block from its three packed words
 /// (`get_scale_min_k4`, as ggml's `utmp` shuffle computes them).
 pub(crate) fn unpack_scales_mins(u0: u32, u1: u32, u2: u32) -> ([i32; 8], [i32; 8]) {
@@ -396,7 +450,10 @@ pub(crate) fn unpack_scales_mins(u0: u32, u1: u32, u2: u32) -> ([i32; 8], [i32; 
 mod avx512 {
     use core::arch::x86_64::*;
 
-    use super::{Q4K_GROUP_BLOCK, Q5K_GROUP_BLOCK, Q8K_BLOCK, REPACK_ROWS};
+    use super::{
+        Q4K_GROUP_BLOCK, Q4_0_GROUP_BLOCK, Q5K_GROUP_BLOCK, Q5_0_GROUP_BLOCK, Q8K_BLOCK,
+        REPACK_ROWS,
+    };
     use crate::common::{rd_f32, rd_i16, rd_u32};
     use crate::gemm::lane_byte;
     use crate::simd::x86_avx2::ld256;
@@ -573,6 +630,84 @@ mod avx512 {
         unsafe { _mm512_storeu_ps(out.as_mut_ptr(), acc) };
     }
 
+    /// Σ y of a Q8_0 activation block (`y`: its 34 bytes): the byte sums of y + 128, less
+    /// 32·128.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    fn q8_0_sum(y: &[u8]) -> i32 {
+        let yu = _mm256_xor_si256(ld256(y, 2), _mm256_set1_epi8(-128));
+        let s4 = _mm256_sad_epu8(yu, _mm256_setzero_si256());
+        let s2 = _mm_add_epi64(
+            _mm256_castsi256_si128(s4),
+            _mm256_extracti128_si256::<1>(s4),
+        );
+        (_mm_cvtsi128_si64(s2) + _mm_extract_epi64::<1>(s2)) as i32 - 32 * 128
+    }
+
+    /// [`super::gemv`] for Q4_0 (`Q5`: Q5_0); `group` and `act` hold the same number of blocks.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub(super) fn gemv_q4_0_r16<const Q5: bool>(
+        group: &[u8],
+        act: &[u8],
+        out: &mut [f32; REPACK_ROWS],
+    ) {
+        let (group_block, qs, offset) = if Q5 {
+            (Q5_0_GROUP_BLOCK, 96, 16)
+        } else {
+            (Q4_0_GROUP_BLOCK, 32, 8)
+        };
+        let m4 = _mm512_set1_epi8(0xF);
+        let b4 = _mm512_set1_epi8(0x10);
+        // Byte `k` of each row's fifth-bit word copied to the row's four bytes (`vpshufb`
+        // indexes within 128-bit lanes, four rows each).
+        let spread: [__m512i; 4] = core::array::from_fn(|k| {
+            let idx: [u8; 64] = core::array::from_fn(|b| (b / 4 % 4 * 4 + k) as u8);
+            ld512(&idx, 0)
+        });
+        // Byte i of a row tests bit i (even word) or bit 4 + i (odd word) of its copy.
+        let bits = [
+            _mm512_set1_epi32(0x0804_0201),
+            _mm512_set1_epi32(0x8040_2010_u32 as i32),
+        ];
+        let mut acc = _mm512_setzero_ps();
+        for (o, y) in group.chunks_exact(group_block).zip(act.chunks_exact(34)) {
+            let dy = _mm512_set1_ps(crate::common::rd_f16(y, 0));
+            let d = _mm512_mul_ps(ld_f16(o, 0), dy);
+            let mut isum = _mm512_set1_epi32(-offset * q8_0_sum(y));
+            let qh = if Q5 {
+                ld512(o, 32)
+            } else {
+                _mm512_setzero_si512()
+            };
+            for g in 0..4 {
+                let q = ld512(o, qs + 64 * g);
+                let mut lo = _mm512_and_si512(q, m4);
+                let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4);
+                if Q5 {
+                    // Elements 4g + i (byte g / 2 of the word) and 16 + 4g + i (byte 2 + g / 2).
+                    let t = bits[g % 2];
+                    let h_lo = _mm512_shuffle_epi8(qh, spread[g / 2]);
+                    let h_hi = _mm512_shuffle_epi8(qh, spread[2 + g / 2]);
+                    lo = _mm512_or_si512(
+                        lo,
+                        _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(h_lo, t), b4),
+                    );
+                    hi = _mm512_or_si512(
+                        hi,
+                        _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(h_hi, t), b4),
+                    );
+                }
+                let ya = _mm512_set1_epi32(rd_u32(y, 2 + 4 * g) as i32);
+                let yb = _mm512_set1_epi32(rd_u32(y, 18 + 4 * g) as i32);
+                isum = _mm512_dpbusd_epi32(isum, lo, ya);
+                isum = _mm512_dpbusd_epi32(isum, hi, yb);
+            }
+            acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(isum), acc);
+        }
+        // SAFETY: `out` is 16 f32 = 64 writable bytes; `storeu` has no alignment requirement.
+        unsafe { _mm512_storeu_ps(out.as_mut_ptr(), acc) };
+    }
+
     /// [`super::gemv`] for Q8_0; `group` and `act` hold the same number of blocks.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     pub(super) fn gemv_q8_0_r16(group: &[u8], act: &[u8], out: &mut [f32; REPACK_ROWS]) {
@@ -584,15 +719,8 @@ mod avx512 {
         {
             let dy = _mm512_set1_ps(crate::common::rd_f16(y, 0));
             let d = _mm512_mul_ps(ld_f16(o, 0), dy);
-            // Σ y of the block for the weights' +128: byte sums of y + 128, less 32·128.
-            let yu = _mm256_xor_si256(ld256(y, 2), _mm256_set1_epi8(-128));
-            let s4 = _mm256_sad_epu8(yu, _mm256_setzero_si256());
-            let s2 = _mm_add_epi64(
-                _mm256_castsi256_si128(s4),
-                _mm256_extracti128_si256::<1>(s4),
-            );
-            let ysum = (_mm_cvtsi128_si64(s2) + _mm_extract_epi64::<1>(s2)) as i32 - 32 * 128;
-            let mut isum = _mm512_set1_epi32(-128 * ysum);
+            // Σ y of the block for the weights' +128.
+            let mut isum = _mm512_set1_epi32(-128 * q8_0_sum(y));
             for g in 0..8 {
                 let w = _mm512_xor_si512(ld512(o, 32 + 64 * g), flip);
                 let yw = _mm512_set1_epi32(rd_u32(y, 2 + 4 * g) as i32);
@@ -610,11 +738,13 @@ mod tests {
     use super::*;
     use crate::test_data::{act_rows, weight_rows};
 
-    const TYPES: [GgmlType; 4] = [
+    const TYPES: [GgmlType; 6] = [
         GgmlType::Q4_K,
         GgmlType::Q5_K,
         GgmlType::Q6_K,
         GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q5_0,
     ];
 
     #[test]
@@ -629,7 +759,7 @@ mod tests {
                 None => assert!(!TYPES.contains(&ty), "{ty}"),
             }
         }
-        for id in [0, 8, 12, 999, 1000, 1002, 1010, u32::MAX] {
+        for id in [0, 8, 12, 999, 1000, 1003, 1010, u32::MAX] {
             assert_eq!(interleaved_base_type(id), None, "{id}");
         }
     }
@@ -646,7 +776,15 @@ mod tests {
     fn repack_round_trips() {
         let mut seed = 3;
         for ty in TYPES {
-            let (n_rows, n_in) = (32, 512);
+            // Rows of 128: MLA's attn_k_b in the legacy types.
+            let (n_rows, n_in) = (
+                32,
+                if fields(ty).unwrap().elems == 32 {
+                    128
+                } else {
+                    512
+                },
+            );
             let (w, _) = data(ty, n_rows, n_in, &mut seed);
             let mut r = vec![0u8; w.len()];
             repack(ty, &w, n_rows, n_in, &mut r);
@@ -662,8 +800,12 @@ mod tests {
     #[test]
     fn gemv_matches_vec_dot() {
         let mut seed = 11;
-        for ty in TYPES {
-            let (n_rows, n_in) = (48, 1536);
+        for (ty, n_in) in TYPES.map(|t| (t, 1536)).into_iter().chain([
+            (GgmlType::Q8_0, 128),
+            (GgmlType::Q4_0, 160),
+            (GgmlType::Q5_0, 128),
+        ]) {
+            let n_rows = 48;
             let (w, a) = data(ty, n_rows, n_in, &mut seed);
             let mut r = vec![0u8; w.len()];
             repack(ty, &w, n_rows, n_in, &mut r);
@@ -677,6 +819,8 @@ mod tests {
                     GgmlType::Q4_K => gemv_q4_k_r16_scalar::<false>(group, &a, &mut scalar),
                     GgmlType::Q5_K => gemv_q4_k_r16_scalar::<true>(group, &a, &mut scalar),
                     GgmlType::Q6_K => gemv_q6_k_r16_scalar(group, &a, &mut scalar),
+                    GgmlType::Q4_0 => gemv_q4_0_r16_scalar::<false>(group, &a, &mut scalar),
+                    GgmlType::Q5_0 => gemv_q4_0_r16_scalar::<true>(group, &a, &mut scalar),
                     _ => gemv_q8_0_r16_scalar(group, &a, &mut scalar),
                 }
                 assert_eq!(got.map(f32::to_bits), scalar.map(f32::to_bits), "{ty}");

@@ -144,7 +144,7 @@ fn attend_one_token(
     par: &Parallel,
 ) {
     /// Positions per run below which a run is not split further between threads.
-    const MIN_RUN: usize = 256;
+    const MIN_RUN: usize = 32;
     debug_assert_eq!(q.len(), g.n_head * g.dk, "one query token");
     // The positions read: all of them, or the selected ones.
     let list = sel.and_then(|s| s.row(0));
