@@ -177,7 +177,7 @@ pub fn main(a: Args) -> Result<()> {
             "files": f.paths(),
             "version": f.version(),
             "alignment": f.alignment(),
-        "interleaved_tensors": f.tensors().iter().filter(|t| t.interleaved).count(),
+            "interleaved_tensors": f.tensors().iter().filter(|t| t.interleaved).count(),
             "architecture": meta.get_str("general.architecture"),
             "supported": config.as_ref().map(|_| true).unwrap_or(false),
             "config_error": config.as_ref().err().map(|e| e.to_string()),

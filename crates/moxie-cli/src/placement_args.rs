@@ -56,9 +56,9 @@ pub struct PlacementArgs {
     #[arg(long = "op-offload", value_name = "auto|off|N", default_value = "auto")]
     pub op_offload: String,
     /// Keep the weights in GGUF row order. By default, weight matrices read only by the CPU
-    /// (routed experts routed there, attention, dense and shared FFNs) have their rows
-    /// interleaved at load time (Q4_K, Q5_K, Q6_K and Q8_0 so far) for the fast one-token kernels, as
-    /// ik_llama.cpp's -rtr does; a file written by `moxie quantize --repack` stores them so
+    /// (routed experts routed there, attention, dense and shared FFNs, the output head) have
+    /// their rows interleaved at load time (Q4_K, Q5_K, Q6_K, Q8_0, Q4_0 and Q5_0 so far) for the
+    /// fast one-token kernels, as ik_llama.cpp's -rtr does; a file written by `moxie quantize --repack` stores them so
     /// already. --exact never repacks (both put stored interleaved rows back in GGUF order).
     #[arg(long = "no-repack")]
     pub no_repack: bool,

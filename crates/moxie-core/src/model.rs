@@ -132,10 +132,10 @@ impl Model {
         Ok(model)
     }
 
-    /// Set the layout of the layers' weight matrices in host memory. With `interleave`, the
-    /// matrices that live there and are only read there (routed experts whose router runs on
-    /// the CPU too, so no GPU streams them; the CPU's attention projections, dense and
-    /// shared-expert FFNs; names as [`interleave_candidate`]) get the 16-row layout of
+    /// Set the layout of the weight matrices in host memory. With `interleave`, the matrices
+    /// that live there and are only read there (routed experts whose router runs on the CPU
+    /// too, so no GPU streams them; the CPU's attention projections, dense and shared-expert
+    /// FFNs and output head; names as [`interleave_candidate`]) get the 16-row layout of
     /// moxie's fastest one-token kernels ([`Tensor::interleaved`], load-time repacking;
     /// ik_llama.cpp's `-rtr`). Every other interleaved matrix (all of them without
     /// `interleave`: `--no-repack`, `--exact`; a file written by `moxie quantize --repack`
@@ -351,11 +351,10 @@ pub struct LayoutChange {
 
 /// Whether tensor `name` is one of the weight matrices moxie keeps interleaved in host memory
 /// (where its type and shape have that layout): the attention projections, dense and
-/// shared-expert FFNs and routed experts of a layer, and the output head (`output.weight`; a head
-/// tied to the token embeddings stays in GGUF order, the embedding lookup reads rows). Load-time
-/// repacking and
-/// `moxie quantize --repack` both go by this, so a repacked file holds what loading would
-/// repack.
+/// shared-expert FFNs and routed experts of a layer, and the output head (`output.weight`; a
+/// head tied to the token embeddings stays in GGUF order, the embedding lookup reads rows).
+/// Load-time repacking and `moxie quantize --repack` both go by this, so a repacked file holds
+/// what loading would repack.
 pub fn interleave_candidate(name: &str) -> bool {
     const MATRICES: [&str; 18] = [
         "attn_q",

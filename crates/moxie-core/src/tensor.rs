@@ -261,9 +261,8 @@ impl Tensor {
 
     /// A copy of this host tensor with its rows interleaved 16 at a time
     /// (`moxie_quant::repack`), the layout of moxie's fastest one-token kernels; `None` where
-    /// the type or shape has no such layout (Q4_K, Q5_K, Q6_K and Q8_0 so far; each matrix
-    /// needs a multiple of 16 rows). The copy has the same size; a mapped source's pages are released from this
-    /// process afterwards, so the model's resident memory does not double. Products with an
+    /// the type or shape has no such layout ([`repack::repack_supports`]). The copy has the
+    /// same size; a mapped source's pages are released from this process afterwards, so the model's resident memory does not double. Products with an
     /// interleaved matrix are the same numbers in [`Numerics::Exact`] (its rows are put back
     /// in GGUF order first) and agree to float rounding in [`Numerics::Fast`].
     pub fn interleaved(&self, par: &Parallel) -> Option<Tensor> {

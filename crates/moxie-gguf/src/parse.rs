@@ -463,8 +463,8 @@ pub(crate) fn parse(file: &str, buf: &[u8], header_only: bool) -> Result<ParsedH
                 tf("type"),
                 ty_at,
                 format!(
-                    "type id {ty_id} ({ty} rows interleaved by 16) needs rows of a multiple of \
-                     256 and a multiple of 16 rows per matrix, not shape {}",
+                    "type id {ty_id} ({ty} rows interleaved by 16) needs {}, not shape {}",
+                    moxie_quant::repack::layout_requirement(ty),
                     shape()
                 ),
             ));

@@ -299,9 +299,10 @@ impl GgufWriter {
             return Err(GgufError::writer(
                 field(),
                 format!(
-                    "{} {:?} has no interleaved layout (Q4_K, Q5_K, Q6_K, Q8_0; rows of a multiple \
-                     of 256, a multiple of 16 rows per matrix)",
-                    t.ty, t.dims
+                    "{} {:?} has no interleaved layout (that needs {})",
+                    t.ty,
+                    t.dims,
+                    moxie_quant::repack::layout_requirement(t.ty)
                 ),
             ));
         }

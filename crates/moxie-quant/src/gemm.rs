@@ -463,20 +463,17 @@ impl WeightTile {
             GgmlType::Q4_0 | GgmlType::Q5_0 => {
                 // Codes (value + 8, or + 16) as decode_q4_0 / decode_q5_0 give them.
                 let q5 = ty == GgmlType::Q5_0;
-                let (block, qs) = if q5 { (22, 96) } else { (18, 32) };
+                let block = if q5 { 22 } else { 18 };
                 for (b, o) in group.chunks_exact(r16 * block).enumerate().take(n_in / 32) {
                     for r in 0..r16 {
                         self.scale[b * r16 + r] = rd_f16(o, 2 * r);
-                    }
-                    for g in 0..4 {
-                        let src = &o[qs + 64 * g..][..64];
-                        let (lo, hi) = ((8 * b + g) * 64, (8 * b + 4 + g) * 64);
-                        for (i, &v) in src.iter().enumerate() {
-                            let qh = if q5 { rd_u32(o, 32 + 4 * (i / 4)) } else { 0 };
-                            let bit = |e: usize| (((qh >> e) & 1) << 4) as u8;
-                            let e = 4 * g + i % 4;
-                            self.q[lo + i] = (v & 0xF) | bit(e);
-                            self.q[hi + i] = (v >> 4) | bit(16 + e);
+                        let codes = if q5 {
+                            crate::repack::legacy_codes::<true>(o, r)
+                        } else {
+                            crate::repack::legacy_codes::<false>(o, r)
+                        };
+                        for (k, &c) in codes.iter().enumerate() {
+                            self.q[(8 * b + k / 4) * 64 + 4 * r + k % 4] = c;
                         }
                     }
                 }

@@ -38,6 +38,7 @@
 //! only; `--exact` keeps GGUF order).
 
 use crate::common::{rd_f16, rd_f32, rd_i16, rd_u32};
+use crate::legacy::{quants_4bit, quants_5bit};
 use crate::GgmlType;
 
 /// Rows interleaved per group.
@@ -133,6 +134,25 @@ const fn q6_k_fields() -> [Field; 50] {
 pub fn repack_supports(ty: GgmlType, n_rows: usize, n_in: usize) -> bool {
     fields(ty).is_some_and(|b| n_in > 0 && n_in.is_multiple_of(b.elems))
         && n_rows.is_multiple_of(REPACK_ROWS)
+}
+
+/// What an interleaved `ty` matrix needs, for error messages: the row length and row count
+/// [`repack_supports`] asks for, or the types that have a layout at all.
+pub fn layout_requirement(ty: GgmlType) -> String {
+    match fields(ty) {
+        Some(b) => format!(
+            "{ty} rows of a multiple of {} elements, a multiple of {REPACK_ROWS} rows per matrix",
+            b.elems
+        ),
+        None => {
+            let with: Vec<String> = GgmlType::ALL
+                .into_iter()
+                .filter(|&t| fields(t).is_some())
+                .map(|t| t.to_string())
+                .collect();
+            format!("{ty} has none; {} do", with.join(", "))
+        }
+    }
 }
 
 /// Tensor type ids of interleaved tensors in files moxie writes (`moxie quantize --repack`):
@@ -389,14 +409,27 @@ fn gemv_q8_0_r16_scalar(group: &[u8], act: &[u8], out: &mut [f32; REPACK_ROWS]) 
     *out = acc;
 }
 
+/// Row `r`'s 32 codes (value + 8, or + 16 for Q5_0) in element order, from one group block of
+/// the Q4_0 (`Q5`: Q5_0) layout: its 4 quant words and (Q5_0) fifth-bit word, decoded as a
+/// GGUF block is ([`quants_4bit`], [`quants_5bit`]).
+pub(crate) fn legacy_codes<const Q5: bool>(o: &[u8], r: usize) -> [u8; 32] {
+    let qs_at = if Q5 { 96 } else { 32 };
+    let qs: [u8; 16] = core::array::from_fn(|i| o[qs_at + (i / 4 * REPACK_ROWS + r) * 4 + i % 4]);
+    if Q5 {
+        quants_5bit(&qs, rd_u32(o, 32 + 4 * r))
+    } else {
+        quants_4bit(&qs)
+    }
+}
+
 /// The portable Q4_0 (`Q5`: Q5_0) kernel of [`gemv`]: per row and block, the exact integer
 /// `Σ w·y` (as `Σ code·y - offset·Σ y`, the code being the value plus 8, or 16 for Q5_0), then
 /// `(d_w * d_y) * isum` as ggml.
 fn gemv_q4_0_r16_scalar<const Q5: bool>(group: &[u8], act: &[u8], out: &mut [f32; REPACK_ROWS]) {
-    let (group_block, qs, offset) = if Q5 {
-        (Q5_0_GROUP_BLOCK, 96, 16)
+    let (group_block, offset) = if Q5 {
+        (Q5_0_GROUP_BLOCK, 16)
     } else {
-        (Q4_0_GROUP_BLOCK, 32, 8)
+        (Q4_0_GROUP_BLOCK, 8)
     };
     let mut acc = [0f32; REPACK_ROWS];
     for (o, y) in group.chunks_exact(group_block).zip(act.chunks_exact(34)) {
@@ -404,17 +437,8 @@ fn gemv_q4_0_r16_scalar<const Q5: bool>(group: &[u8], act: &[u8], out: &mut [f32
         let yq = |i: usize| y[2 + i] as i8 as i32;
         let ysum: i32 = (0..32).map(yq).sum();
         for r in 0..REPACK_ROWS {
-            let qh = if Q5 { rd_u32(o, 32 + 4 * r) } else { 0 };
-            let bit = |e: usize| (((qh >> e) & 1) << 4) as u8;
-            let mut isum = -offset * ysum;
-            for g in 0..4 {
-                let w = &o[qs + (g * REPACK_ROWS + r) * 4..][..4];
-                for (i, &b) in w.iter().enumerate() {
-                    let (lo, hi) = (4 * g + i, 16 + 4 * g + i);
-                    isum += ((b & 0xF) | bit(lo)) as i32 * yq(lo);
-                    isum += ((b >> 4) | bit(hi)) as i32 * yq(hi);
-                }
-            }
+            let codes = legacy_codes::<Q5>(o, r);
+            let isum = (0..32).map(|e| codes[e] as i32 * yq(e)).sum::<i32>() - offset * ysum;
             let d = rd_f16(o, 2 * r) * dy;
             acc[r] = d.mul_add(isum as f32, acc[r]);
         }
@@ -644,6 +668,22 @@ mod avx512 {
         (_mm_cvtsi128_si64(s2) + _mm_extract_epi64::<1>(s2)) as i32 - 32 * 128
     }
 
+    /// `vpshufb` indices copying byte `k` of each row's fifth-bit word to the row's four bytes
+    /// (`vpshufb` indexes within 128-bit lanes, four rows each).
+    const SPREAD: [[u8; 64]; 4] = {
+        let mut t = [[0u8; 64]; 4];
+        let mut k = 0;
+        while k < 4 {
+            let mut b = 0;
+            while b < 64 {
+                t[k][b] = (b / 4 % 4 * 4 + k) as u8;
+                b += 1;
+            }
+            k += 1;
+        }
+        t
+    };
+
     /// [`super::gemv`] for Q4_0 (`Q5`: Q5_0); `group` and `act` hold the same number of blocks.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     pub(super) fn gemv_q4_0_r16<const Q5: bool>(
@@ -658,12 +698,7 @@ mod avx512 {
         };
         let m4 = _mm512_set1_epi8(0xF);
         let b4 = _mm512_set1_epi8(0x10);
-        // Byte `k` of each row's fifth-bit word copied to the row's four bytes (`vpshufb`
-        // indexes within 128-bit lanes, four rows each).
-        let spread: [__m512i; 4] = core::array::from_fn(|k| {
-            let idx: [u8; 64] = core::array::from_fn(|b| (b / 4 % 4 * 4 + k) as u8);
-            ld512(&idx, 0)
-        });
+        let spread: [__m512i; 4] = core::array::from_fn(|k| ld512(&SPREAD[k], 0));
         // Byte i of a row tests bit i (even word) or bit 4 + i (odd word) of its copy.
         let bits = [
             _mm512_set1_epi32(0x0804_0201),

@@ -89,8 +89,8 @@ pub struct Args {
     #[arg(short = 'q', long)]
     quiet: bool,
     /// Store the weight matrices moxie interleaves at load time (attention projections, dense,
-    /// shared and routed expert FFNs of Q4_K, Q5_K, Q6_K or Q8_0 with whole groups of 16 rows)
-    /// interleaved, so that loading the file skips repacking. Such tensors get their own type
+    /// shared and routed expert FFNs and the output head, of a type and shape with a layout:
+    /// Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q5_0 with whole groups of 16 rows) interleaved, so that loading the file skips repacking. Such tensors get their own type
     /// ids (1000 + the base type's), which llama.cpp and ik_llama.cpp refuse rather than
     /// misread. With the file type COPY, an existing quantized file is rewritten repacked.
     #[arg(long)]
