@@ -30,6 +30,10 @@
 //!   (int8 AVX-512 VNNI) for Q8_0/Q4_0/Q5_0/Q4_K/Q5_K/Q6_K, the IQ1/IQ2/IQ3 types and
 //!   ik_llama.cpp's types; its `GemmActs` are prepared outside the timed loop. Skipped where
 //!   `gemm_available()` is false (no AVX-512, or `MOXIE_QUANT_SIMD` below `avx512`).
+//! * `attention_bf16`: one-token attention's two bf16 products (`gemm_bf16_abt` for the
+//!   scores, `gemm_bf16_ab` for the weighted values) on one block of DeepSeek's MLA shapes, in
+//!   multiply-adds per second; `VDPBF16PS` does 32 per instruction, so 32x the CPU's rate of
+//!   that instruction is the ceiling.
 //!
 //! `MOXIE_QUANT_SIMD` (`scalar`, `avx2`, `avx512`) lowers the level `vec_dot_fn` and
 //! `quantize_fn` pick, as everywhere in moxie, and turns `gemm_q8` off below `avx512`; the level
@@ -44,9 +48,10 @@ use divan::counter::BytesCount;
 use divan::{black_box, Bencher};
 use moxie_quant::iq1::set_iq1m_scale;
 use moxie_quant::{
-    f32_to_fp16, gemm_available, gemm_q8, gemm_supports, hardware_simd_level, quantize_fn,
-    quantize_weights_fn, simd_level, tiled_dot_many_fn, tinyblas_dot_fn, tinyblas_dot_many_fn,
-    vec_dot_fn, vec_dot_type, DotManyFn, GemmActs, GgmlType, VecDotFn, GEMM_TILE_ROWS,
+    f32_to_fp16, gemm_available, gemm_bf16_ab, gemm_bf16_abt, gemm_q8, gemm_supports,
+    hardware_simd_level, quantize_fn, quantize_weights_fn, simd_level, tiled_dot_many_fn,
+    tinyblas_dot_fn, tinyblas_dot_many_fn, vec_dot_fn, vec_dot_type, DotManyFn, GemmActs, GgmlType,
+    VecDotFn, GEMM_TILE_ROWS,
 };
 use GgmlType::*;
 
@@ -374,4 +379,59 @@ fn batch32_gemm_l2(bencher: Bencher, ty: GgmlType) {
 #[divan::bench(args = GEMM_TYPES, max_time = 2)]
 fn batch32_gemm_dram(bencher: Bencher, ty: GgmlType) {
     batch_gemm(bencher, ty, Weights::dram);
+}
+
+/// One-token MLA attention's two bf16 products for one block of cached positions: 16 query
+/// heads against 64 positions of 576-wide keys (scores), then the 16 x 64 probabilities times
+/// the positions' first 512 elements (values) — DeepSeek's shapes, in L1/L2. Counted in
+/// multiply-adds (`ItemsCount`), so the figure against the CPU's `VDPBF16PS` rate (32 per
+/// instruction) says how close decode at depth runs to the instruction's peak.
+#[divan::bench(args = ["scores", "values"], min_time = 0.5, max_time = 1)]
+fn attention_bf16(bencher: Bencher, product: &str) {
+    let (heads, positions, dk, dv) = (16, 64, 576, 512);
+    let mut rng = Rng(11);
+    let mut bf16 = |n: usize| -> Vec<u16> {
+        let x: Vec<f32> = (0..n).map(|_| rng.f32()).collect();
+        let mut out = vec![0u16; n];
+        moxie_quant::bf16gemm::f32_to_bf16(&x, &mut out);
+        out
+    };
+    let (q, k) = (bf16(heads * dk), bf16(positions * dk));
+    let p = bf16(heads * positions);
+    let mut out = vec![0f32; heads * dv.max(positions)];
+    match product {
+        "scores" => bencher
+            .counter(divan::counter::ItemsCount::new(heads * positions * dk))
+            .bench_local(|| {
+                gemm_bf16_abt(
+                    heads,
+                    positions,
+                    dk,
+                    black_box(&q),
+                    dk,
+                    black_box(&k),
+                    dk,
+                    &mut out,
+                    positions,
+                    &[],
+                );
+                black_box(&out);
+            }),
+        _ => bencher
+            .counter(divan::counter::ItemsCount::new(heads * positions * dv))
+            .bench_local(|| {
+                gemm_bf16_ab(
+                    heads,
+                    positions,
+                    dv,
+                    black_box(&p),
+                    positions,
+                    black_box(&k),
+                    dk,
+                    &mut out,
+                    dv,
+                );
+                black_box(&out);
+            }),
+    }
 }

@@ -146,15 +146,6 @@ pub fn gemm_bf16_ab(
 mod avx512 {
     use std::arch::x86_64::*;
 
-    /// 32 bf16 from `s[at..at + 32]` (bounds-checked).
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bf16")]
-    fn ld32(s: &[u16], at: usize) -> __m512i {
-        let s: &[u16; 32] = s[at..at + 32].try_into().unwrap();
-        // SAFETY: `s` is exactly 64 readable bytes; `loadu` has no alignment requirement.
-        unsafe { _mm512_loadu_si512(s.as_ptr().cast()) }
-    }
-
     #[inline]
     #[target_feature(enable = "avx512f,avx512bf16")]
     fn bh(x: __m512i) -> __m512bh {
@@ -162,18 +153,20 @@ mod avx512 {
         unsafe { std::mem::transmute::<__m512i, __m512bh>(x) }
     }
 
+    /// 32 values per step: two 16-value f16 → f32 conversions, one paired rounding to bf16.
     #[target_feature(enable = "avx512f,avx512bf16")]
     pub(super) unsafe fn f16_to_bf16(src: &[u8], dst: &mut [u16]) {
-        let body = dst.len() / 16 * 16;
+        let body = dst.len() / 32 * 32;
         let (head, tail) = dst.split_at_mut(body);
-        for (i, d) in head.chunks_exact_mut(16).enumerate() {
-            let s: &[u8; 32] = src[i * 32..i * 32 + 32].try_into().unwrap();
-            let d: &mut [u16; 16] = d.try_into().unwrap();
-            // SAFETY: `s` is 32 readable bytes and `d` 32 writable ones; no alignment needed.
+        for (s, d) in src.chunks_exact(64).zip(head.chunks_exact_mut(32)) {
+            let s: &[u8; 64] = s.try_into().unwrap();
+            let d: &mut [u16; 32] = d.try_into().unwrap();
+            // SAFETY: `s` is 64 readable bytes and `d` 64 writable ones; no alignment needed.
             unsafe {
-                let x = _mm512_cvtph_ps(_mm256_loadu_si256(s.as_ptr().cast()));
-                let y: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(x));
-                _mm256_storeu_si256(d.as_mut_ptr().cast(), y);
+                let lo = _mm512_cvtph_ps(_mm256_loadu_si256(s.as_ptr().cast()));
+                let hi = _mm512_cvtph_ps(_mm256_loadu_si256(s.as_ptr().add(32).cast()));
+                let y: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
+                _mm512_storeu_si512(d.as_mut_ptr().cast(), y);
             }
         }
         for (i, d) in tail.iter_mut().enumerate() {
@@ -235,8 +228,13 @@ mod avx512 {
     }
 
     /// Q·Kᵀ in 4x4 blocks: 16 accumulators of 16 lanes over 32-element steps, then each
-    /// reduced to one sum. Rows and columns past `m`/`n` reuse the last one (computed, not
-    /// stored).
+    /// reduced to one sum. Columns (cached positions) outside, rows (query heads) inside, so a
+    /// block's four key rows are read from L2 once and stay in L1 for every row block. Rows and
+    /// columns past `m`/`n` reuse the last one (computed, not stored).
+    ///
+    /// # Safety
+    /// AVX-512F and AVX512_BF16 present; `a`, `b`, `c` cover the shapes (`f32gemm::check`);
+    /// `kd` a multiple of 32.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f,avx512bf16")]
     pub(super) unsafe fn abt(
@@ -251,20 +249,29 @@ mod avx512 {
         ldc: usize,
         prefetch: &[u8],
     ) {
+        if m == 0 || n == 0 {
+            return;
+        }
         let mut sums = [0f32; 16];
         let mut lines = prefetch.chunks(64);
-        for i0 in (0..m).step_by(4) {
-            let rows: [usize; 4] = std::array::from_fn(|r| (i0 + r).min(m - 1) * lda);
-            for j0 in (0..n).step_by(4) {
-                let cols: [usize; 4] = std::array::from_fn(|s| (j0 + s).min(n - 1) * ldb);
+        let (ap, bp) = (a.as_ptr(), b.as_ptr());
+        for j0 in (0..n).step_by(4) {
+            let cols: [usize; 4] = std::array::from_fn(|s| (j0 + s).min(n - 1) * ldb);
+            for i0 in (0..m).step_by(4) {
+                let rows: [usize; 4] = std::array::from_fn(|r| (i0 + r).min(m - 1) * lda);
                 let mut acc = [_mm512_setzero_ps(); 16];
                 for k in (0..kd).step_by(32) {
                     if let Some(line) = lines.next() {
                         _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast());
                     }
-                    let x: [__m512bh; 4] = std::array::from_fn(|r| bh(ld32(a, rows[r] + k)));
+                    // SAFETY: rows < m and columns < n, k + 32 <= kd; `check` verified that
+                    // (m - 1) * lda + kd <= a.len() and (n - 1) * ldb + kd <= b.len().
+                    let x: [__m512bh; 4] = std::array::from_fn(|r| unsafe {
+                        bh(_mm512_loadu_si512(ap.add(rows[r] + k).cast()))
+                    });
                     for (s, &col) in cols.iter().enumerate() {
-                        let y = bh(ld32(b, col + k));
+                        // SAFETY: as above.
+                        let y = unsafe { bh(_mm512_loadu_si512(bp.add(col + k).cast())) };
                         for r in 0..4 {
                             acc[4 * r + s] = _mm512_dpbf16_ps(acc[4 * r + s], x[r], y);
                         }
@@ -281,10 +288,36 @@ mod avx512 {
         }
     }
 
+    /// One pair of positions of [`ab`]: V rows `x` and `y` interleaved, times each of 8 P rows'
+    /// broadcast pair `w`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    fn pv_pair(
+        lo: &mut [__m512; 8],
+        hi: &mut [__m512; 8],
+        x: __m512i,
+        y: __m512i,
+        w: [__m512bh; 8],
+    ) {
+        let (vl, vh) = (
+            bh(_mm512_unpacklo_epi16(x, y)),
+            bh(_mm512_unpackhi_epi16(x, y)),
+        );
+        for r in 0..8 {
+            lo[r] = _mm512_dpbf16_ps(lo[r], vl, w[r]);
+            hi[r] = _mm512_dpbf16_ps(hi[r], vh, w[r]);
+        }
+    }
+
     /// P·V over pairs of positions: rows `j` and `j + 1` of V interleaved 16 bits at a time
-    /// (`unpacklo/hi_epi16`) meet a broadcast pair of each P row; 8 rows of P by 32 columns of
-    /// V per block. The interleave leaves columns in the order {0-3, 8-11, 16-19, 24-27} (lo) and
-    /// {4-7, ...} (hi); the stores put them back.
+    /// (`unpacklo/hi_epi16`) meet a broadcast pair of each P row (adjacent in P, so one 32-bit
+    /// broadcast load); 8 rows of P by 32 columns of V per block. The interleave leaves columns
+    /// in the order {0-3, 8-11, 16-19, 24-27} (lo) and {4-7, ...} (hi); the stores put them
+    /// back. An odd last position pairs with zeros.
+    ///
+    /// # Safety
+    /// AVX-512F and AVX512_BF16 present; `p`, `v`, `c` cover the shapes (`f32gemm::check`);
+    /// `dv` a multiple of 32.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f,avx512bf16")]
     pub(super) unsafe fn ab(
@@ -298,34 +331,40 @@ mod avx512 {
         c: &mut [f32],
         ldc: usize,
     ) {
+        if m == 0 || n == 0 {
+            return;
+        }
         let first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
         let second =
             _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
-        let pair = |row: usize, j: usize| -> __m512bh {
-            let lo = p[row + j] as u32;
-            let hi = if j + 1 < n { p[row + j + 1] as u32 } else { 0 };
-            bh(_mm512_set1_epi32((lo | hi << 16) as i32))
-        };
+        let (pp, vp) = (p.as_ptr(), v.as_ptr());
+        let pairs = n / 2 * 2;
         for i0 in (0..m).step_by(8) {
             let rows: [usize; 8] = std::array::from_fn(|r| (i0 + r).min(m - 1) * ldp);
             for d0 in (0..dv).step_by(32) {
                 let mut lo = [_mm512_setzero_ps(); 8];
                 let mut hi = [_mm512_setzero_ps(); 8];
-                for j in (0..n).step_by(2) {
-                    let x = ld32(v, j * ldv + d0);
-                    let y = if j + 1 < n {
-                        ld32(v, (j + 1) * ldv + d0)
-                    } else {
-                        _mm512_setzero_si512()
-                    };
-                    let (vl, vh) = (
-                        bh(_mm512_unpacklo_epi16(x, y)),
-                        bh(_mm512_unpackhi_epi16(x, y)),
-                    );
-                    for r in 0..8 {
-                        let w = pair(rows[r], j);
-                        lo[r] = _mm512_dpbf16_ps(lo[r], vl, w);
-                        hi[r] = _mm512_dpbf16_ps(hi[r], vh, w);
+                for j in (0..pairs).step_by(2) {
+                    // SAFETY: j + 1 < n and d0 + 32 <= dv: (n - 1) * ldv + dv <= v.len()
+                    // (`check`); each row's j + 1 < n: (m - 1) * ldp + n <= p.len().
+                    unsafe {
+                        let x = _mm512_loadu_si512(vp.add(j * ldv + d0).cast());
+                        let y = _mm512_loadu_si512(vp.add((j + 1) * ldv + d0).cast());
+                        let w = rows.map(|row| {
+                            bh(_mm512_set1_epi32(
+                                pp.add(row + j).cast::<i32>().read_unaligned(),
+                            ))
+                        });
+                        pv_pair(&mut lo, &mut hi, x, y, w);
+                    }
+                }
+                if pairs < n {
+                    let j = pairs;
+                    // SAFETY: j < n (as above); the pair's second half is zero.
+                    unsafe {
+                        let x = _mm512_loadu_si512(vp.add(j * ldv + d0).cast());
+                        let w = rows.map(|row| bh(_mm512_set1_epi32(*pp.add(row + j) as i32)));
+                        pv_pair(&mut lo, &mut hi, x, _mm512_setzero_si512(), w);
                     }
                 }
                 for r in 0..8.min(m - i0) {

@@ -269,9 +269,7 @@ fn online_softmax(g: AttnGeom, scores: &mut [f32], b: usize, state: &mut [f32]) 
         .chunks_exact_mut(b)
         .zip(state.chunks_exact_mut(g.dv + 2))
     {
-        let block_max = srow
-            .iter()
-            .fold(f32::NEG_INFINITY, |m, &x| m.max(x * g.kq_scale));
+        let block_max = lanes_max(srow) * g.kq_scale;
         let new_max = st[0].max(block_max);
         let rescale = (st[0] - new_max).exp();
         st[0] = new_max;
@@ -281,11 +279,40 @@ fn online_softmax(g: AttnGeom, scores: &mut [f32], b: usize, state: &mut [f32]) 
         srow[n16..]
             .iter_mut()
             .for_each(|x| *x = ops::ggml_v_expf(*x));
-        st[1] = st[1] * rescale + srow.iter().sum::<f32>();
+        st[1] = st[1] * rescale + lanes_sum(srow);
         if rescale != 1.0 {
             st[2..].iter_mut().for_each(|x| *x *= rescale);
         }
     }
+}
+
+/// The largest of `x` (-inf when empty), over 16 lanes so it vectorises (max is exact in any
+/// order). `kq_scale` is positive, so scaling commutes with it.
+fn lanes_max(x: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; 16];
+    let mut chunks = x.chunks_exact(16);
+    for c in &mut chunks {
+        for (l, &v) in lanes.iter_mut().zip(c) {
+            *l = l.max(v);
+        }
+    }
+    let rest = chunks
+        .remainder()
+        .iter()
+        .fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    lanes.iter().fold(rest, |m, &l| m.max(l))
+}
+
+/// The sum of `x` over 16 lanes (vectorised; a fixed order, so runs are deterministic).
+fn lanes_sum(x: &[f32]) -> f32 {
+    let mut lanes = [0f32; 16];
+    let mut chunks = x.chunks_exact(16);
+    for c in &mut chunks {
+        for (l, &v) in lanes.iter_mut().zip(c) {
+            *l += v;
+        }
+    }
+    chunks.remainder().iter().sum::<f32>() + lanes.iter().sum::<f32>()
 }
 
 /// Start every head's state of a run: max -inf, sum and weighted values zero.
