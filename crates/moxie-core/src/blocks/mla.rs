@@ -17,7 +17,7 @@ use crate::gpu_pass::weight;
 use crate::loader::Vector;
 use crate::ops::{self, Rope, RopeKind};
 use crate::state::{LayerState, LayerStateSpec, RowSpec};
-use crate::tensor::{QuantizedActs, Tensor};
+use crate::tensor::{gemv_many, QuantizedActs, Tensor};
 use crate::{Error, Result};
 
 /// The dimensions of MLA.
@@ -110,6 +110,46 @@ impl Mla {
     }
 }
 
+/// The vectors of one CPU call of [`Mla`], kept by each thread from one one-token call to the
+/// next: decode runs every layer for every token, and fresh vectors there cost zeroing and page
+/// faults (about 2% of a decode step); a batch allocates its own (they are large, and
+/// short-lived next to the batch's work).
+#[derive(Default)]
+struct MlaBufs {
+    q: Vec<f32>,
+    /// `q_a` rows of every token, then the latent + rotary key rows.
+    qa_kv: Vec<f32>,
+    qfull: Vec<f32>,
+    latent_out: Vec<f32>,
+    heads: Vec<f32>,
+    o: Vec<f32>,
+}
+
+thread_local! {
+    static DECODE_BUFS: std::cell::Cell<Option<MlaBufs>> = const { std::cell::Cell::new(None) };
+}
+
+impl MlaBufs {
+    fn take(n: usize) -> MlaBufs {
+        match n {
+            1 => DECODE_BUFS.take().unwrap_or_default(),
+            _ => MlaBufs::default(),
+        }
+    }
+
+    fn put_back(self, n: usize) {
+        if n == 1 {
+            DECODE_BUFS.set(Some(self));
+        }
+    }
+}
+
+/// `v` as `len` values; it is zeroed only where it grows (every caller overwrites all of it).
+fn sized(v: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    v.resize(len, 0.0);
+    v
+}
+
 fn no_state() -> Error {
     Error::Model("MLA state without its rows".into())
 }
@@ -127,29 +167,57 @@ impl Block for Mla {
         let nope = dk - n_rot;
         let dv = s.head_v;
 
-        // Queries: optional low-rank compression, then per head [nope | rope].
-        let mut q = vec![0f32; n * n_head * dk];
-        let acts_h;
-        let mut qa = Vec::new();
-        match &self.wq_a {
-            Some((wq_a, norm)) => {
-                let m = wq_a.matrix()?;
-                acts_h = QuantizedActs::new(m.act_type(), c.n_embd, h);
-                qa.resize(n * m.n_out, 0.0);
-                m.matmul_q(par, &acts_h, &mut qa);
-                ops::rms_norm_mul(&mut qa, norm, c.rms_eps);
-                self.wq_b.matrix()?.matmul(par, &qa, &mut q);
+        let mut bufs = MlaBufs::take(n);
+        let MlaBufs {
+            q,
+            qa_kv,
+            qfull,
+            latent_out,
+            heads,
+            o,
+        } = &mut bufs;
+
+        // Queries: optional low-rank compression (`qa`), then per head [nope | rope]; and the
+        // latent + rotary key (`kv`) from the same input.
+        let q = sized(q, n * n_head * dk);
+        let kw = rank + n_rot;
+        let wkv_a = self.wkv_a.matrix()?;
+        let wq_a = match &self.wq_a {
+            Some((t, norm)) => Some((t.matrix()?, norm)),
+            None => None,
+        };
+        let qa_width = wq_a.as_ref().map_or(0, |(m, _)| m.n_out);
+        let first = match &wq_a {
+            Some((m, _)) => m.act_type(),
+            None => self.wq_b.matrix()?.act_type(),
+        };
+        let acts_h = QuantizedActs::new(first, c.n_embd, h);
+        let qa_kv = sized(qa_kv, n * (qa_width + kw));
+        // One token: both products of the layer input in one parallel region.
+        let fused = n == 1 && wkv_a.act_type() == acts_h.ty;
+        if let (Some((m, _)), true) = (&wq_a, fused) {
+            let x = acts_h.row(0);
+            gemv_many(par, &[(*m, x), (wkv_a, x)], qa_kv);
+        }
+        let (qa, kv) = qa_kv.split_at_mut(n * qa_width);
+        match &wq_a {
+            Some((m, norm)) => {
+                if !fused {
+                    m.matmul_q(par, &acts_h, qa);
+                    matmul_shared(&self.wkv_a, &acts_h, h, par, kv)?;
+                }
+                ops::rms_norm_mul(qa, norm, c.rms_eps);
+                self.wq_b.matrix()?.matmul(par, qa, q);
             }
             None => {
-                let m = self.wq_b.matrix()?;
-                acts_h = QuantizedActs::new(m.act_type(), c.n_embd, h);
-                m.matmul_q(par, &acts_h, &mut q);
+                self.wq_b.matrix()?.matmul_q(par, &acts_h, q);
+                matmul_shared(&self.wkv_a, &acts_h, h, par, kv)?;
             }
         }
         // The positions each query attends to (DSA), from the normed `q_a`.
         if let Some(Sparse::Indexer(ix)) = &self.sparse {
             let keys = state.indexer_keys.as_mut().ok_or_else(no_state)?;
-            p.top_k = Some(ix.select_cpu(p, h, &qa, keys)?);
+            p.top_k = Some(ix.select_cpu(p, h, qa, keys)?);
         }
         // Borrowed out of the pass while the attention below reads it.
         let selected = match &self.sparse {
@@ -163,15 +231,11 @@ impl Block for Mla {
             Some(Selected::Host(top)) => Some(top),
             _ => None,
         };
-        // Latent + rotary key.
-        let kw = rank + n_rot;
-        let mut kv = vec![0f32; n * kw];
-        matmul_shared(&self.wkv_a, &acts_h, h, par, &mut kv)?;
 
         // Absorbed queries [latent (rank) | rope (n_rot)] per head.
         let qw = rank + n_rot;
-        let mut qfull = vec![0f32; n * n_head * qw];
-        per_head_products(par, &self.wk_b, &q, dk, true, &mut qfull, qw)?;
+        let qfull = sized(qfull, n * n_head * qw);
+        per_head_products(par, &self.wk_b, q, dk, true, qfull, qw)?;
         for (t, rc) in p.rope.iter().enumerate() {
             for hh in 0..n_head {
                 let src = &mut q[(t * n_head + hh) * dk..][..dk];
@@ -183,10 +247,10 @@ impl Block for Mla {
             ops::rms_norm_mul(&mut row[..rank], &self.kv_a_norm, c.rms_eps);
         }
         let latent = state.keys.as_mut().ok_or_else(no_state)?;
-        latent.append(&kv);
+        latent.append(kv);
 
         // MQA over the latent: one kv "head" of width rank + n_rot, values = its first `rank`.
-        let mut latent_out = vec![0f32; n * n_head * rank];
+        let latent_out = sized(latent_out, n * n_head * rank);
         attend(
             AttnGeom {
                 n_head,
@@ -196,22 +260,23 @@ impl Block for Mla {
                 kq_scale: self.kq_scale,
                 pos0: p.pos0,
             },
-            &qfull,
+            qfull,
             latent.view(),
             None,
             sel,
-            &mut latent_out,
+            latent_out,
             par,
         );
         if selected.is_some() {
             p.top_k = selected;
         }
         // Per head: expand the attended latent with attn_v_b.
-        let mut heads = vec![0f32; n * n_head * dv];
-        per_head_products(par, &self.wv_b, &latent_out, rank, false, &mut heads, dv)?;
-        let mut o = vec![0f32; n * c.n_embd];
-        self.wo.matrix()?.matmul(par, &heads, &mut o);
-        ops::add_assign(x, &o);
+        let heads = sized(heads, n * n_head * dv);
+        per_head_products(par, &self.wv_b, latent_out, rank, false, heads, dv)?;
+        let o = sized(o, n * c.n_embd);
+        self.wo.matrix()?.matmul(par, heads, o);
+        ops::add_assign(x, o);
+        bufs.put_back(n);
         Ok(())
     }
 

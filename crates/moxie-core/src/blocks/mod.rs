@@ -30,7 +30,7 @@ pub(crate) use crate::forward::Block;
 use crate::loader::Vector;
 use crate::parallel::Parallel;
 use crate::state::LayerStateSpec;
-use crate::tensor::{ChunkedLayout, QuantizedActs, Tensor};
+use crate::tensor::{gemv_many, ChunkedLayout, Mat, QuantizedActs, Tensor};
 use crate::Result;
 
 pub use delta_net::DeltaNet;
@@ -151,6 +151,46 @@ pub(crate) fn matmul_shared(
     Ok(())
 }
 
+/// [`per_head_products`] of one token: every head's activations converted on the caller (a
+/// few thousand values), then all heads' rows in one parallel region ([`gemv_many`], the
+/// kernel `mul_mat` picks for one row, so the same values as the batch path's), where the
+/// batch path takes three regions.
+fn one_token_per_head(
+    par: &Parallel,
+    mats: &[Mat<'_>],
+    x: &[f32],
+    x_stride: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) -> Result<()> {
+    let (n_in, n_out) = (mats[0].n_in, mats[0].n_out);
+    let rows = (0..mats.len()).map(|h| &x[h * x_stride..][..n_in]);
+    let acts = QuantizedActs::from_rows(mats[0].act_type(), n_in, rows);
+    let list: Vec<_> = mats
+        .iter()
+        .enumerate()
+        .map(|(h, m)| (*m, acts.row(h)))
+        .collect();
+    if out_stride == n_out {
+        gemv_many(par, &list, &mut out[..mats.len() * n_out]);
+        return Ok(());
+    }
+    ONE_TOKEN_HEADS.with_borrow_mut(|heads| {
+        heads.resize(mats.len() * n_out, 0.0);
+        gemv_many(par, &list, heads);
+        for (dst, src) in out.chunks_mut(out_stride).zip(heads.chunks_exact(n_out)) {
+            dst[..n_out].copy_from_slice(src);
+        }
+    });
+    Ok(())
+}
+
+thread_local! {
+    /// [`one_token_per_head`]'s results before they go to their strided places (kept between
+    /// calls: decode makes two per layer).
+    static ONE_TOKEN_HEADS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// `W_h · x_h` for every head `h` of a 3-D weight (MLA's `attn_k_b`, `attn_v_b`: one matrix per
 /// head, `n_head` = its third dimension), all heads in one parallel region. Head `h` of token
 /// `t` reads the first `W_h.n_in` values at `x[(t * n_head + h) * x_stride..]` and writes
@@ -172,6 +212,9 @@ pub(crate) fn per_head_products(
         .map(|h| w.slice(h))
         .collect::<Result<Vec<_>>>()?;
     let (n_in, n_out) = (mats[0].n_in, mats[0].n_out);
+    if n == 1 {
+        return one_token_per_head(par, &mats, x, x_stride, out, out_stride);
+    }
     let kernels: Vec<_> = mats
         .iter()
         .map(|m| m.mul_mat_kernel(par, n, permuted_input))
