@@ -16,7 +16,7 @@ use crate::gpu_pass::weight;
 use crate::loader::Vector;
 use crate::ops::{self, RopeKind};
 use crate::state::{LayerState, LayerStateSpec, RowSpec};
-use crate::tensor::{QuantizedActs, Tensor};
+use crate::tensor::{gemv_many, QuantizedActs, Tensor};
 use crate::{Error, Result};
 
 pub struct Gqa {
@@ -84,10 +84,34 @@ impl Block for Gqa {
         let mut v = vec![0f32; n * n_kv * self.head_v];
         let wq = self.wq.matrix()?;
         let acts = QuantizedActs::new(wq.act_type(), c.n_embd, h);
-        let gate = if self.gated {
-            // [query | gate] per head: split into the query heads and the gates.
-            let mut qg = vec![0f32; 2 * q.len()];
-            wq.matmul_q(par, &acts, &mut qg);
+        // [query | gate] per head when gated.
+        let mut qg = vec![0f32; if self.gated { 2 * q.len() } else { 0 }];
+        let (wk, wv) = (self.wk.matrix()?, self.wv.matrix()?);
+        if n == 1 && wk.act_type() == acts.ty && wv.act_type() == acts.ty {
+            // One token: the three products of the input in one parallel region.
+            let x = acts.row(0);
+            let mut qkv = vec![0f32; wq.n_out + k.len() + v.len()];
+            gemv_many(par, &[(wq, x), (wk, x), (wv, x)], &mut qkv);
+            let (first, kv) = qkv.split_at(wq.n_out);
+            if self.gated {
+                qg.copy_from_slice(first);
+            } else {
+                q.copy_from_slice(first);
+            }
+            let (kk, vv) = kv.split_at(k.len());
+            k.copy_from_slice(kk);
+            v.copy_from_slice(vv);
+        } else {
+            if self.gated {
+                wq.matmul_q(par, &acts, &mut qg);
+            } else {
+                wq.matmul_q(par, &acts, &mut q);
+            }
+            matmul_shared(&self.wk, &acts, h, par, &mut k)?;
+            matmul_shared(&self.wv, &acts, h, par, &mut v)?;
+        }
+        let gate = self.gated.then(|| {
+            // Split into the query heads and the gates.
             let mut gate = vec![0f32; q.len()];
             for ((both, qh), gh) in qg
                 .chunks_exact(2 * hd)
@@ -97,13 +121,8 @@ impl Block for Gqa {
                 qh.copy_from_slice(&both[..hd]);
                 gh.copy_from_slice(&both[hd..]);
             }
-            Some(gate)
-        } else {
-            wq.matmul_q(par, &acts, &mut q);
-            None
-        };
-        matmul_shared(&self.wk, &acts, h, par, &mut k)?;
-        matmul_shared(&self.wv, &acts, h, par, &mut v)?;
+            gate
+        });
         if let Some(b) = &self.bq {
             ops::add_bias(&mut q, b);
         }
