@@ -376,6 +376,22 @@ impl WeightTile {
     /// The tile of one interleaved 16-row group (`crate::repack`): quants, scales and mins as
     /// [`WeightTile::fill`] decodes them from the same rows in GGUF order.
     fn fill_from_group(&mut self, ty: GgmlType, n_in: usize, group: &[u8]) {
+        #[cfg(target_arch = "x86_64")]
+        if gemm_available() && matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K) {
+            let out = TileOut {
+                q: &mut self.q,
+                scale: &mut self.scale,
+                min: &mut self.min,
+            };
+            platform::fill_from_group_k(ty, n_in, group, out);
+            return;
+        }
+        self.fill_from_group_portable(ty, n_in, group);
+    }
+
+    /// [`WeightTile::fill_from_group`] without SIMD (every type; the AVX-512 fill of the
+    /// K-quants gives the same bytes, checked in the tests).
+    fn fill_from_group_portable(&mut self, ty: GgmlType, n_in: usize, group: &[u8]) {
         let r16 = GEMM_TILE_ROWS;
         match ty {
             GgmlType::Q4_K | GgmlType::Q5_K => {
@@ -931,6 +947,179 @@ mod platform {
         }
     }
 
+    /// [`super::WeightTile::fill_from_group`] for Q4_K, Q5_K and Q6_K on AVX-512: the
+    /// interleaved group already holds each field for the 16 rows side by side (a lane per
+    /// row), so scales are 16-lane vector products and quants are masks and shifts of 64-byte
+    /// units; the same values as the portable fill, bit for bit.
+    pub(super) fn fill_from_group_k(
+        ty: crate::GgmlType,
+        n_in: usize,
+        group: &[u8],
+        out: super::TileOut,
+    ) {
+        let (block, n_sub, mins) = match ty {
+            crate::GgmlType::Q4_K => (crate::repack::Q4K_GROUP_BLOCK, n_in / 32, true),
+            crate::GgmlType::Q5_K => (crate::repack::Q5K_GROUP_BLOCK, n_in / 32, true),
+            crate::GgmlType::Q6_K => (crate::repack::Q6K_GROUP_BLOCK, n_in / 16, false),
+            _ => unreachable!("fill_from_group_k takes the K-quant group layouts"),
+        };
+        let nb = n_in / 256;
+        assert!(super::gemm_available() && group.len() >= nb * block);
+        assert!(out.q.len() >= GEMM_TILE_ROWS * n_in && out.scale.len() >= n_sub * 16);
+        assert!(!mins || out.min.len() >= n_sub * 16);
+        // SAFETY: AVX-512 F/BW is present (gemm_available); the group holds `nb` blocks and
+        // the tile `n_in` columns of 16 rows (asserted above), which bound every access.
+        unsafe {
+            match ty {
+                crate::GgmlType::Q4_K => fill_group_q4_k::<false>(nb, group, out),
+                crate::GgmlType::Q5_K => fill_group_q4_k::<true>(nb, group, out),
+                _ => fill_group_q6_k(nb, group, out),
+            }
+        }
+    }
+
+    /// 64 bytes at `at` of `s`.
+    ///
+    /// # Safety
+    /// AVX-512F; `at + 64 <= s.len()`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn ld64(s: &[u8], at: usize) -> __m512i {
+        debug_assert!(at + 64 <= s.len());
+        // SAFETY: per the function's contract.
+        unsafe { _mm512_loadu_si512(s.as_ptr().add(at).cast()) }
+    }
+
+    /// 16 f16 at `at` of `s` as f32.
+    ///
+    /// # Safety
+    /// AVX-512F; `at + 32 <= s.len()`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn ld_f16x16(s: &[u8], at: usize) -> __m512 {
+        debug_assert!(at + 32 <= s.len());
+        // SAFETY: per the function's contract.
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(s.as_ptr().add(at).cast())) }
+    }
+
+    /// Q4_K (`Q5`: Q5_K) groups: per block d, dmin and the three scale words of the 16 rows
+    /// (`crate::repack`'s layout), then 32 quant units whose low and high nibbles are
+    /// sub-blocks 2j and 2j + 1 (Q5_K: plus bit 2j / 2j + 1 of the fifth-bit units).
+    ///
+    /// # Safety
+    /// AVX-512F/BW; `group` holds `nb` blocks; the tile has `256 * nb` columns.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn fill_group_q4_k<const Q5: bool>(nb: usize, group: &[u8], out: super::TileOut) {
+        let (block, qs) = if Q5 {
+            (crate::repack::Q5K_GROUP_BLOCK, 768)
+        } else {
+            (crate::repack::Q4K_GROUP_BLOCK, 256)
+        };
+        let q = out.q;
+        let m4 = _mm512_set1_epi8(0x0F);
+        let m6 = _mm512_set1_epi32(63);
+        let low4 = _mm512_set1_epi32(0xF);
+        let b4 = _mm512_set1_epi8(0x10);
+        for b in 0..nb {
+            let o = &group[b * block..(b + 1) * block];
+            // SAFETY (this block): every offset is inside the block (`o`), every sub-block
+            // below 8 * nb and every tile group below 64 * nb (the caller's contract).
+            unsafe {
+                let (d, dmin) = (ld_f16x16(o, 0), ld_f16x16(o, 32));
+                let (s0, s1, s2) = (ld64(o, 64), ld64(o, 128), ld64(o, 192));
+                // get_scale_min_k4 for sub-blocks j and 4 + j, 16 rows at once.
+                for j in 0..4u32 {
+                    let (a, m, c) = (lane_byte(s0, j), lane_byte(s1, j), lane_byte(s2, j));
+                    let sc_lo = _mm512_and_si512(a, m6);
+                    let mn_lo = _mm512_and_si512(m, m6);
+                    let hi2 = |v: __m512i| _mm512_slli_epi32::<4>(_mm512_srli_epi32::<6>(v));
+                    let sc_hi = _mm512_or_si512(_mm512_and_si512(c, low4), hi2(a));
+                    let mn_hi = _mm512_or_si512(_mm512_srli_epi32::<4>(c), hi2(m));
+                    let sb = 8 * b + j as usize;
+                    let f = _mm512_cvtepi32_ps;
+                    store_sub(out.scale, sb, _mm512_mul_ps(d, f(sc_lo)));
+                    store_sub(out.min, sb, _mm512_mul_ps(dmin, f(mn_lo)));
+                    store_sub(out.scale, sb + 4, _mm512_mul_ps(d, f(sc_hi)));
+                    store_sub(out.min, sb + 4, _mm512_mul_ps(dmin, f(mn_hi)));
+                }
+                for j in 0..4 {
+                    for g in 0..8 {
+                        let v = ld64(o, qs + (8 * j + g) * 64);
+                        let mut lo = _mm512_and_si512(v, m4);
+                        let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
+                        if Q5 {
+                            // Bits 2j and 2j + 1 of each byte, moved to bit 4.
+                            let h = _mm512_srl_epi16(
+                                ld64(o, 256 + 64 * g),
+                                _mm_cvtsi32_si128(2 * j as i32),
+                            );
+                            lo = _mm512_or_si512(
+                                lo,
+                                _mm512_and_si512(_mm512_slli_epi16::<4>(h), b4),
+                            );
+                            hi = _mm512_or_si512(
+                                hi,
+                                _mm512_and_si512(_mm512_slli_epi16::<3>(h), b4),
+                            );
+                        }
+                        let at = 64 * b + 16 * j + g;
+                        store_group(q, at, lo);
+                        store_group(q, at + 8, hi);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Q6_K groups: per block d and the 16 i8 scales of the 16 rows per sub-block, then per
+    /// half and unit the low-nibble units `a`, `b` and the high-bit unit `h` of four groups.
+    ///
+    /// # Safety
+    /// AVX-512F/BW; `group` holds `nb` blocks; the tile has `256 * nb` columns.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn fill_group_q6_k(nb: usize, group: &[u8], out: super::TileOut) {
+        let block = crate::repack::Q6K_GROUP_BLOCK;
+        let q = out.q;
+        let m4 = _mm512_set1_epi8(0x0F);
+        let m30 = _mm512_set1_epi8(0x30);
+        for b in 0..nb {
+            let o = &group[b * block..(b + 1) * block];
+            // SAFETY (this block): as in fill_group_q4_k.
+            unsafe {
+                let d = ld_f16x16(o, 0);
+                for s in 0..16 {
+                    let sc: &[u8; 16] = o[32 + 16 * s..48 + 16 * s].try_into().unwrap();
+                    let sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(sc.as_ptr().cast()));
+                    store_sub(
+                        out.scale,
+                        16 * b + s,
+                        _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc)),
+                    );
+                }
+                for n in 0..2 {
+                    for g in 0..8 {
+                        let step = 288 + (8 * n + g) * 192;
+                        let (a, bb, h) = (ld64(o, step), ld64(o, step + 64), ld64(o, step + 128));
+                        let lo = |v: __m512i| _mm512_and_si512(v, m4);
+                        let hi = |v: __m512i| _mm512_and_si512(v, m30);
+                        let v = [
+                            _mm512_or_si512(lo(a), hi(_mm512_slli_epi16::<4>(h))),
+                            _mm512_or_si512(lo(bb), hi(_mm512_slli_epi16::<2>(h))),
+                            _mm512_or_si512(lo(_mm512_srli_epi16::<4>(a)), hi(h)),
+                            _mm512_or_si512(
+                                lo(_mm512_srli_epi16::<4>(bb)),
+                                hi(_mm512_srli_epi16::<2>(h)),
+                            ),
+                        ];
+                        for (k, &v) in v.iter().enumerate() {
+                            store_group(q, 64 * b + 32 * n + 8 * k + g, v);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     /// `R` tiles (1 or 2) times every token of `acts`: `out[r]` receives tile `r`'s `n_tok`
     /// runs of 16 results. Prefetches `next` along the way.
     pub(super) fn tiles_times_tokens<const R: usize>(
@@ -1128,6 +1317,31 @@ mod tests {
                     .all(|(a, b)| a.to_bits() == b.to_bits()),
                 "{ty}: interleaved tiles differ"
             );
+        }
+    }
+
+    /// The AVX-512 tile fill from K-quant groups writes the portable fill's quants, scales
+    /// and mins.
+    #[test]
+    fn group_tile_fills_agree() {
+        if !gemm_available() {
+            eprintln!("AVX-512 VNNI not available here: skipped");
+            return;
+        }
+        let mut seed = 9u64;
+        for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
+            let n_in = 768;
+            let l = layout(ty).unwrap();
+            let wq = weight_rows(ty, GEMM_TILE_ROWS, n_in, &mut seed);
+            let mut packed = vec![0u8; wq.len()];
+            crate::repack::repack(ty, &wq, GEMM_TILE_ROWS, n_in, &mut packed);
+            let (mut fast, mut portable) = (WeightTile::new(l, n_in), WeightTile::new(l, n_in));
+            fast.fill_from_group(ty, n_in, &packed);
+            portable.fill_from_group_portable(ty, n_in, &packed);
+            assert_eq!(fast.q, portable.q, "{ty}: quants");
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&fast.scale), bits(&portable.scale), "{ty}: scales");
+            assert_eq!(bits(&fast.min), bits(&portable.min), "{ty}: mins");
         }
     }
 
