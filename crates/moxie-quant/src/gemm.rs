@@ -377,20 +377,25 @@ impl WeightTile {
     /// [`WeightTile::fill`] decodes them from the same rows in GGUF order.
     fn fill_from_group(&mut self, ty: GgmlType, n_in: usize, group: &[u8]) {
         #[cfg(target_arch = "x86_64")]
-        if gemm_available() && matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K) {
+        if gemm_available()
+            && matches!(
+                ty,
+                GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::Q8_0
+            )
+        {
             let out = TileOut {
                 q: &mut self.q,
                 scale: &mut self.scale,
                 min: &mut self.min,
             };
-            platform::fill_from_group_k(ty, n_in, group, out);
+            platform::fill_from_group_simd(ty, n_in, group, out);
             return;
         }
         self.fill_from_group_portable(ty, n_in, group);
     }
 
     /// [`WeightTile::fill_from_group`] without SIMD (every type; the AVX-512 fill of the
-    /// K-quants gives the same bytes, checked in the tests).
+    /// K-quants and Q8_0 gives the same bytes, checked in the tests).
     fn fill_from_group_portable(&mut self, ty: GgmlType, n_in: usize, group: &[u8]) {
         let r16 = GEMM_TILE_ROWS;
         match ty {
@@ -947,23 +952,24 @@ mod platform {
         }
     }
 
-    /// [`super::WeightTile::fill_from_group`] for Q4_K, Q5_K and Q6_K on AVX-512: the
+    /// [`super::WeightTile::fill_from_group`] for Q4_K, Q5_K, Q6_K and Q8_0 on AVX-512: the
     /// interleaved group already holds each field for the 16 rows side by side (a lane per
     /// row), so scales are 16-lane vector products and quants are masks and shifts of 64-byte
     /// units; the same values as the portable fill, bit for bit.
-    pub(super) fn fill_from_group_k(
+    pub(super) fn fill_from_group_simd(
         ty: crate::GgmlType,
         n_in: usize,
         group: &[u8],
         out: super::TileOut,
     ) {
-        let (block, n_sub, mins) = match ty {
-            crate::GgmlType::Q4_K => (crate::repack::Q4K_GROUP_BLOCK, n_in / 32, true),
-            crate::GgmlType::Q5_K => (crate::repack::Q5K_GROUP_BLOCK, n_in / 32, true),
-            crate::GgmlType::Q6_K => (crate::repack::Q6K_GROUP_BLOCK, n_in / 16, false),
-            _ => unreachable!("fill_from_group_k takes the K-quant group layouts"),
+        let (elems, block, n_sub, mins) = match ty {
+            crate::GgmlType::Q4_K => (256, crate::repack::Q4K_GROUP_BLOCK, n_in / 32, true),
+            crate::GgmlType::Q5_K => (256, crate::repack::Q5K_GROUP_BLOCK, n_in / 32, true),
+            crate::GgmlType::Q6_K => (256, crate::repack::Q6K_GROUP_BLOCK, n_in / 16, false),
+            crate::GgmlType::Q8_0 => (32, crate::repack::Q8_0_GROUP_BLOCK, n_in / 32, false),
+            _ => unreachable!("fill_from_group_simd takes Q4_K, Q5_K, Q6_K and Q8_0 groups"),
         };
-        let nb = n_in / 256;
+        let nb = n_in / elems;
         assert!(super::gemm_available() && group.len() >= nb * block);
         assert!(out.q.len() >= GEMM_TILE_ROWS * n_in && out.scale.len() >= n_sub * 16);
         assert!(!mins || out.min.len() >= n_sub * 16);
@@ -973,7 +979,8 @@ mod platform {
             match ty {
                 crate::GgmlType::Q4_K => fill_group_q4_k::<false>(nb, group, out),
                 crate::GgmlType::Q5_K => fill_group_q4_k::<true>(nb, group, out),
-                _ => fill_group_q6_k(nb, group, out),
+                crate::GgmlType::Q6_K => fill_group_q6_k(nb, group, out),
+                _ => fill_group_q8_0(nb, group, out),
             }
         }
     }
@@ -1066,6 +1073,32 @@ mod platform {
                         store_group(q, at, lo);
                         store_group(q, at + 8, hi);
                     }
+                }
+            }
+        }
+    }
+
+    /// Q8_0 groups: per block of 32 the 16 rows' d, then 8 units of quants, stored with the
+    /// +128 offset the tile's unsigned bytes carry (as `decode_q8_0`).
+    ///
+    /// # Safety
+    /// AVX-512F; `group` holds `nb` blocks; the tile has `32 * nb` columns.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn fill_group_q8_0(nb: usize, group: &[u8], out: super::TileOut) {
+        let block = crate::repack::Q8_0_GROUP_BLOCK;
+        let flip = _mm512_set1_epi32(0x8080_8080_u32 as i32);
+        for b in 0..nb {
+            let o = &group[b * block..(b + 1) * block];
+            // SAFETY: offsets inside the block; sub-block b and tile groups 8b..8b+8 are
+            // inside the tile (the caller's contract).
+            unsafe {
+                store_sub(out.scale, b, ld_f16x16(o, 0));
+                for g in 0..8 {
+                    store_group(
+                        out.q,
+                        8 * b + g,
+                        _mm512_xor_si512(ld64(o, 32 + 64 * g), flip),
+                    );
                 }
             }
         }
@@ -1320,8 +1353,8 @@ mod tests {
         }
     }
 
-    /// The AVX-512 tile fill from K-quant groups writes the portable fill's quants, scales
-    /// and mins.
+    /// The AVX-512 tile fill from K-quant and Q8_0 groups writes the portable fill's quants,
+    /// scales and mins.
     #[test]
     fn group_tile_fills_agree() {
         if !gemm_available() {
@@ -1329,7 +1362,12 @@ mod tests {
             return;
         }
         let mut seed = 9u64;
-        for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
+        for ty in [
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
+            GgmlType::Q8_0,
+        ] {
             let n_in = 768;
             let l = layout(ty).unwrap();
             let wq = weight_rows(ty, GEMM_TILE_ROWS, n_in, &mut seed);
