@@ -183,7 +183,8 @@ pub(super) fn batch(
     par: &Parallel,
     routes: &[(usize, f32)],
     shared: Option<&DenseFfn>,
-) -> Result<Vec<f32>> {
+    out: &mut Vec<f32>,
+) -> Result<()> {
     let n_embd = m.n_embd();
     let k_used = m.routing.n_expert_used;
     let routes: Vec<&[(usize, f32)]> = routes.chunks_exact(k_used).collect();
@@ -247,7 +248,9 @@ pub(super) fn batch(
 
     // Region 2: gate and up of every (expert, chunk of rows), then SiLU·mul.
     let ff = ChunkedLayout::new(n_ff, n_tok.clone());
-    let mut act = vec![0f32; ff.len()];
+    // Every value of both is written by its region before it is read.
+    let [mut act, mut down_out] = BATCH_BUFS.take().unwrap_or_default();
+    act.resize(ff.len(), 0.0);
     ff.for_each_item(par, 2 * n_embd, &mut act, |a, rows, g, [scratch, up]| {
         let (r, r0, width) = (&routed[a], rows.start, rows.len());
         let (acts_gate, acts_up) = &acts_in[a];
@@ -288,16 +291,17 @@ pub(super) fn batch(
 
     // Region 4: every (expert, chunk of rows) of the down projections.
     let emb = ChunkedLayout::new(n_embd, n_tok);
-    let mut down_out = vec![0f32; emb.len()];
+    down_out.resize(emb.len(), 0.0);
     emb.for_each_item(par, n_ff, &mut down_out, |a, rows, o, [scratch, _]| {
         let r = &routed[a];
         r.down
             .rows_times(kernels[a].2, &acts_down[a], rows, o, scratch);
     });
 
-    // Region 5: each token's experts, weighted, summed in selection order.
-    let mut out = vec![0f32; n * n_embd];
-    par.for_each_range(n, k_used * n_embd, &mut out, n_embd, |toks, o| {
+    // Region 5: each token's experts, weighted, summed in selection order (the first
+    // assigns, so `out` needs no clearing).
+    out.resize(n * n_embd, 0.0);
+    par.for_each_range(n, k_used * n_embd, out, n_embd, |toks, o| {
         let mut v = vec![0f32; n_embd];
         for (t, orow) in toks.zip(o.chunks_exact_mut(n_embd)) {
             for (slot, &(_, w)) in routes[t].iter().enumerate() {
@@ -312,7 +316,15 @@ pub(super) fn batch(
         if let Some(g) = &m.shared_gate {
             super::gate_shared_rows(g, h, &mut sh, par)?;
         }
-        ops::add_assign(&mut out, &sh);
+        ops::add_assign(out, &sh);
     }
-    Ok(out)
+    BATCH_BUFS.set(Some([act, down_out]));
+    Ok(())
+}
+
+thread_local! {
+    /// [`batch`]'s two large intermediate buffers (gate·up, down products of every expert's
+    /// tokens), kept between calls: fresh ones cost a page fault per 4 KiB in every layer.
+    static BATCH_BUFS: std::cell::Cell<Option<[Vec<f32>; 2]>> =
+        const { std::cell::Cell::new(None) };
 }

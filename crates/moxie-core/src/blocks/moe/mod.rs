@@ -374,8 +374,7 @@ fn run_experts(
     if n == 1 {
         experts::one_token(m, h, par, s, shared)
     } else {
-        s.out = experts::batch(m, h, n, par, &s.routes, shared)?;
-        Ok(())
+        experts::batch(m, h, n, par, &s.routes, shared, &mut s.out)
     }
 }
 
