@@ -110,10 +110,10 @@ impl Mla {
     }
 }
 
-/// The vectors of one CPU call of [`Mla`], kept by each thread from one call to the next:
-/// a forward pass runs every layer, and fresh vectors per layer cost zeroing and page faults
-/// (about 2% of a decode step, and of the caller's time in a prompt batch). They hold the
-/// largest batch seen, as llama.cpp's compute buffers do.
+/// The vectors of one CPU call of [`Mla`], kept by each thread from one one-token call to the
+/// next: decode runs every layer for every token, and fresh vectors there cost zeroing and page
+/// faults (about 2% of a decode step); a batch allocates its own (they are large, and
+/// short-lived next to the batch's work).
 #[derive(Default)]
 struct MlaBufs {
     q: Vec<f32>,
@@ -126,16 +126,21 @@ struct MlaBufs {
 }
 
 thread_local! {
-    static MLA_BUFS: std::cell::Cell<Option<MlaBufs>> = const { std::cell::Cell::new(None) };
+    static DECODE_BUFS: std::cell::Cell<Option<MlaBufs>> = const { std::cell::Cell::new(None) };
 }
 
 impl MlaBufs {
-    fn take() -> MlaBufs {
-        MLA_BUFS.take().unwrap_or_default()
+    fn take(n: usize) -> MlaBufs {
+        match n {
+            1 => DECODE_BUFS.take().unwrap_or_default(),
+            _ => MlaBufs::default(),
+        }
     }
 
-    fn put_back(self) {
-        MLA_BUFS.set(Some(self));
+    fn put_back(self, n: usize) {
+        if n == 1 {
+            DECODE_BUFS.set(Some(self));
+        }
     }
 }
 
@@ -162,7 +167,7 @@ impl Block for Mla {
         let nope = dk - n_rot;
         let dv = s.head_v;
 
-        let mut bufs = MlaBufs::take();
+        let mut bufs = MlaBufs::take(n);
         let MlaBufs {
             q,
             qa_kv,
@@ -271,7 +276,7 @@ impl Block for Mla {
         let o = sized(o, n * c.n_embd);
         self.wo.matrix()?.matmul(par, heads, o);
         ops::add_assign(x, o);
-        bufs.put_back();
+        bufs.put_back(n);
         Ok(())
     }
 
