@@ -377,19 +377,15 @@ impl WeightTile {
     /// [`WeightTile::fill`] decodes them from the same rows in GGUF order.
     fn fill_from_group(&mut self, ty: GgmlType, n_in: usize, group: &[u8]) {
         #[cfg(target_arch = "x86_64")]
-        if gemm_available()
-            && matches!(
-                ty,
-                GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::Q8_0
-            )
-        {
+        if gemm_available() {
             let out = TileOut {
                 q: &mut self.q,
                 scale: &mut self.scale,
                 min: &mut self.min,
             };
-            platform::fill_from_group_simd(ty, n_in, group, out);
-            return;
+            if platform::fill_from_group_simd(ty, n_in, group, out) {
+                return;
+            }
         }
         self.fill_from_group_portable(ty, n_in, group);
     }
@@ -664,7 +660,7 @@ fn gemm_q8_rows(
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) use platform::{lane_byte, unpack_tile_q4_k, unpack_tile_q6_k};
+pub(crate) use platform::{lane_byte, q6_k_quads, unpack_tile_q4_k, unpack_tile_q6_k};
 
 #[cfg(target_arch = "x86_64")]
 mod platform {
@@ -834,6 +830,59 @@ mod platform {
         (live, unsafe { _mm512_loadu_si512(offs.as_ptr().cast()) })
     }
 
+    /// One Q4_K block's scales and mins of 16 rows (`get_scale_min_k4` on 16 lanes): `d`,
+    /// `dmin` per row, `words` the three 32-bit scale words per row; writes sub-blocks
+    /// `8b..8b+8` of `scale` and `min`.
+    ///
+    /// # Safety
+    /// AVX-512F; `16 * (8 * b + 8) <= scale.len(), min.len()`.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn store_q4_k_scales(
+        d: __m512,
+        dmin: __m512,
+        words: [__m512i; 3],
+        b: usize,
+        scale: &mut [f32],
+        min: &mut [f32],
+    ) {
+        let [s0, s1, s2] = words;
+        let m6 = _mm512_set1_epi32(63);
+        let low4 = _mm512_set1_epi32(0xF);
+        for j in 0..4u32 {
+            let (a, m, c) = (lane_byte(s0, j), lane_byte(s1, j), lane_byte(s2, j));
+            let sc_lo = _mm512_and_si512(a, m6);
+            let mn_lo = _mm512_and_si512(m, m6);
+            let hi2 = |v: __m512i| _mm512_slli_epi32::<4>(_mm512_srli_epi32::<6>(v));
+            let sc_hi = _mm512_or_si512(_mm512_and_si512(c, low4), hi2(a));
+            let mn_hi = _mm512_or_si512(_mm512_srli_epi32::<4>(c), hi2(m));
+            let sb = 8 * b + j as usize;
+            let f = _mm512_cvtepi32_ps;
+            // SAFETY: sb + 4 < 8 * b + 8 (the function's contract).
+            unsafe {
+                store_sub(scale, sb, _mm512_mul_ps(d, f(sc_lo)));
+                store_sub(min, sb, _mm512_mul_ps(dmin, f(mn_lo)));
+                store_sub(scale, sb + 4, _mm512_mul_ps(d, f(sc_hi)));
+                store_sub(min, sb + 4, _mm512_mul_ps(dmin, f(mn_hi)));
+            }
+        }
+    }
+
+    /// Q6_K's four groups of 6-bit codes from low-nibble units `a`, `c` and the high-bit unit
+    /// `h` (any unit width: every shift is masked back to its own byte), as `q6_k_quants`
+    /// assembles elements l, l + 32, l + 64 and l + 96.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(crate) fn q6_k_quads(a: __m512i, c: __m512i, h: __m512i) -> [__m512i; 4] {
+        let lo = |v: __m512i| _mm512_and_si512(v, _mm512_set1_epi32(0x0F0F_0F0F));
+        let hi = |v: __m512i| _mm512_and_si512(v, _mm512_set1_epi32(0x3030_3030));
+        [
+            _mm512_or_si512(lo(a), hi(_mm512_slli_epi32::<4>(h))),
+            _mm512_or_si512(lo(c), hi(_mm512_slli_epi32::<2>(h))),
+            _mm512_or_si512(lo(_mm512_srli_epi32::<4>(a)), hi(h)),
+            _mm512_or_si512(lo(_mm512_srli_epi32::<4>(c)), hi(_mm512_srli_epi32::<2>(h))),
+        ]
+    }
+
     /// Each 4-byte gather holds the low nibbles of one group of 4 elements and the high
     /// nibbles of the group 32 elements on.
     #[target_feature(enable = "avx512f")]
@@ -847,8 +896,6 @@ mod platform {
         let (live, offsets) = tile_lanes(n_rows, row_bytes);
         let q = out.q;
         let m4 = _mm512_set1_epi32(0x0F0F_0F0F);
-        let m6 = _mm512_set1_epi32(63);
-        let low4 = _mm512_set1_epi32(0xF);
         for b in 0..n_in / 256 {
             // SAFETY: bytes b*144 .. b*144 + 16 (d, dmin and the 12 scale bytes) of live rows;
             // sub-blocks 8b..8b+8 are below n_in / 32.
@@ -858,21 +905,7 @@ mod platform {
                 let s0 = gather_rows(rows, live, offsets, b * 144 + 4);
                 let s1 = gather_rows(rows, live, offsets, b * 144 + 8);
                 let s2 = gather_rows(rows, live, offsets, b * 144 + 12);
-                // get_scale_min_k4 for sub-blocks j and 4 + j, 16 rows at once.
-                for j in 0..4u32 {
-                    let (a, m, c) = (lane_byte(s0, j), lane_byte(s1, j), lane_byte(s2, j));
-                    let sc_lo = _mm512_and_si512(a, m6);
-                    let mn_lo = _mm512_and_si512(m, m6);
-                    let hi2 = |v: __m512i| _mm512_slli_epi32::<4>(_mm512_srli_epi32::<6>(v));
-                    let sc_hi = _mm512_or_si512(_mm512_and_si512(c, low4), hi2(a));
-                    let mn_hi = _mm512_or_si512(_mm512_srli_epi32::<4>(c), hi2(m));
-                    let sb = 8 * b + j as usize;
-                    let f = _mm512_cvtepi32_ps;
-                    store_sub(out.scale, sb, _mm512_mul_ps(d, f(sc_lo)));
-                    store_sub(out.min, sb, _mm512_mul_ps(dmin, f(mn_lo)));
-                    store_sub(out.scale, sb + 4, _mm512_mul_ps(d, f(sc_hi)));
-                    store_sub(out.min, sb + 4, _mm512_mul_ps(dmin, f(mn_hi)));
-                }
+                store_q4_k_scales(d, dmin, [s0, s1, s2], b, out.scale, out.min);
             }
             for j in 0..4 {
                 for i in 0..8 {
@@ -901,8 +934,6 @@ mod platform {
     ) {
         let (live, offsets) = tile_lanes(n_rows, row_bytes);
         let q = out.q;
-        let m4 = _mm512_set1_epi32(0x0F0F_0F0F);
-        let m_hi = _mm512_set1_epi32(0x3030_3030);
         for b in 0..n_in / 256 {
             // SAFETY: bytes b*210 + 192 .. b*210 + 210 (16 i8 scales, then d) of live rows;
             // sub-blocks 16b..16b+16 are below n_in / 16.
@@ -933,19 +964,9 @@ mod platform {
                         let a = gather_rows(rows, live, offsets, ql + 4 * i);
                         let c = gather_rows(rows, live, offsets, ql + 32 + 4 * i);
                         let h = gather_rows(rows, live, offsets, qh + 4 * i);
-                        let hi = |v: __m512i| _mm512_and_si512(v, m_hi);
-                        let lo = |v: __m512i| _mm512_and_si512(v, m4);
-                        let g0 = _mm512_or_si512(lo(a), hi(_mm512_slli_epi32::<4>(h)));
-                        let g1 = _mm512_or_si512(lo(c), hi(_mm512_slli_epi32::<2>(h)));
-                        let g2 = _mm512_or_si512(lo(_mm512_srli_epi32::<4>(a)), hi(h));
-                        let g3 = _mm512_or_si512(
-                            lo(_mm512_srli_epi32::<4>(c)),
-                            hi(_mm512_srli_epi32::<2>(h)),
-                        );
-                        store_group(q, g, g0);
-                        store_group(q, g + 8, g1);
-                        store_group(q, g + 16, g2);
-                        store_group(q, g + 24, g3);
+                        for (k, v) in q6_k_quads(a, c, h).into_iter().enumerate() {
+                            store_group(q, g + 8 * k, v);
+                        }
                     }
                 }
             }
@@ -955,19 +976,20 @@ mod platform {
     /// [`super::WeightTile::fill_from_group`] for Q4_K, Q5_K, Q6_K and Q8_0 on AVX-512: the
     /// interleaved group already holds each field for the 16 rows side by side (a lane per
     /// row), so scales are 16-lane vector products and quants are masks and shifts of 64-byte
-    /// units; the same values as the portable fill, bit for bit.
+    /// units; the same values as the portable fill, bit for bit. `false` (nothing written)
+    /// for the other types.
     pub(super) fn fill_from_group_simd(
         ty: crate::GgmlType,
         n_in: usize,
         group: &[u8],
         out: super::TileOut,
-    ) {
+    ) -> bool {
         let (elems, block, n_sub, mins) = match ty {
             crate::GgmlType::Q4_K => (256, crate::repack::Q4K_GROUP_BLOCK, n_in / 32, true),
             crate::GgmlType::Q5_K => (256, crate::repack::Q5K_GROUP_BLOCK, n_in / 32, true),
             crate::GgmlType::Q6_K => (256, crate::repack::Q6K_GROUP_BLOCK, n_in / 16, false),
             crate::GgmlType::Q8_0 => (32, crate::repack::Q8_0_GROUP_BLOCK, n_in / 32, false),
-            _ => unreachable!("fill_from_group_simd takes Q4_K, Q5_K, Q6_K and Q8_0 groups"),
+            _ => return false,
         };
         let nb = n_in / elems;
         assert!(super::gemm_available() && group.len() >= nb * block);
@@ -983,6 +1005,7 @@ mod platform {
                 _ => fill_group_q8_0(nb, group, out),
             }
         }
+        true
     }
 
     /// 64 bytes at `at` of `s`.
@@ -1024,8 +1047,6 @@ mod platform {
         };
         let q = out.q;
         let m4 = _mm512_set1_epi8(0x0F);
-        let m6 = _mm512_set1_epi32(63);
-        let low4 = _mm512_set1_epi32(0xF);
         let b4 = _mm512_set1_epi8(0x10);
         for b in 0..nb {
             let o = &group[b * block..(b + 1) * block];
@@ -1034,21 +1055,7 @@ mod platform {
             unsafe {
                 let (d, dmin) = (ld_f16x16(o, 0), ld_f16x16(o, 32));
                 let (s0, s1, s2) = (ld64(o, 64), ld64(o, 128), ld64(o, 192));
-                // get_scale_min_k4 for sub-blocks j and 4 + j, 16 rows at once.
-                for j in 0..4u32 {
-                    let (a, m, c) = (lane_byte(s0, j), lane_byte(s1, j), lane_byte(s2, j));
-                    let sc_lo = _mm512_and_si512(a, m6);
-                    let mn_lo = _mm512_and_si512(m, m6);
-                    let hi2 = |v: __m512i| _mm512_slli_epi32::<4>(_mm512_srli_epi32::<6>(v));
-                    let sc_hi = _mm512_or_si512(_mm512_and_si512(c, low4), hi2(a));
-                    let mn_hi = _mm512_or_si512(_mm512_srli_epi32::<4>(c), hi2(m));
-                    let sb = 8 * b + j as usize;
-                    let f = _mm512_cvtepi32_ps;
-                    store_sub(out.scale, sb, _mm512_mul_ps(d, f(sc_lo)));
-                    store_sub(out.min, sb, _mm512_mul_ps(dmin, f(mn_lo)));
-                    store_sub(out.scale, sb + 4, _mm512_mul_ps(d, f(sc_hi)));
-                    store_sub(out.min, sb + 4, _mm512_mul_ps(dmin, f(mn_hi)));
-                }
+                store_q4_k_scales(d, dmin, [s0, s1, s2], b, out.scale, out.min);
                 for j in 0..4 {
                     for g in 0..8 {
                         let v = ld64(o, qs + (8 * j + g) * 64);
@@ -1113,8 +1120,6 @@ mod platform {
     unsafe fn fill_group_q6_k(nb: usize, group: &[u8], out: super::TileOut) {
         let block = crate::repack::Q6K_GROUP_BLOCK;
         let q = out.q;
-        let m4 = _mm512_set1_epi8(0x0F);
-        let m30 = _mm512_set1_epi8(0x30);
         for b in 0..nb {
             let o = &group[b * block..(b + 1) * block];
             // SAFETY (this block): as in fill_group_q4_k.
@@ -1133,18 +1138,7 @@ mod platform {
                     for g in 0..8 {
                         let step = 288 + (8 * n + g) * 192;
                         let (a, bb, h) = (ld64(o, step), ld64(o, step + 64), ld64(o, step + 128));
-                        let lo = |v: __m512i| _mm512_and_si512(v, m4);
-                        let hi = |v: __m512i| _mm512_and_si512(v, m30);
-                        let v = [
-                            _mm512_or_si512(lo(a), hi(_mm512_slli_epi16::<4>(h))),
-                            _mm512_or_si512(lo(bb), hi(_mm512_slli_epi16::<2>(h))),
-                            _mm512_or_si512(lo(_mm512_srli_epi16::<4>(a)), hi(h)),
-                            _mm512_or_si512(
-                                lo(_mm512_srli_epi16::<4>(bb)),
-                                hi(_mm512_srli_epi16::<2>(h)),
-                            ),
-                        ];
-                        for (k, &v) in v.iter().enumerate() {
+                        for (k, v) in q6_k_quads(a, bb, h).into_iter().enumerate() {
                             store_group(q, 64 * b + 32 * n + 8 * k + g, v);
                         }
                     }

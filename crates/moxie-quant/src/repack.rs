@@ -479,7 +479,7 @@ mod avx512 {
         REPACK_ROWS,
     };
     use crate::common::{rd_f32, rd_i16, rd_u32};
-    use crate::gemm::lane_byte;
+    use crate::gemm::{lane_byte, q6_k_quads};
     use crate::simd::x86_avx2::ld256;
     use crate::simd::x86_avx512::ld512;
 
@@ -601,8 +601,6 @@ mod avx512 {
     /// [`super::gemv`] for Q6_K; `group` and `act` hold the same number of super-blocks.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     pub(super) fn gemv_q6_k_r16(group: &[u8], act: &[u8], out: &mut [f32; REPACK_ROWS]) {
-        let m4 = _mm512_set1_epi8(0xF);
-        let m30 = _mm512_set1_epi8(0x30);
         let mut acc = _mm512_setzero_ps();
         for (o, y) in group
             .chunks_exact(super::Q6K_GROUP_BLOCK)
@@ -615,24 +613,7 @@ mod avx512 {
                 for g in 0..8 {
                     let step = 288 + (8 * n + g) * 192;
                     let (a, b, h) = (ld512(o, step), ld512(o, step + 64), ld512(o, step + 128));
-                    let q = [
-                        _mm512_or_si512(
-                            _mm512_and_si512(a, m4),
-                            _mm512_and_si512(_mm512_slli_epi16::<4>(h), m30),
-                        ),
-                        _mm512_or_si512(
-                            _mm512_and_si512(b, m4),
-                            _mm512_and_si512(_mm512_slli_epi16::<2>(h), m30),
-                        ),
-                        _mm512_or_si512(
-                            _mm512_and_si512(_mm512_srli_epi16::<4>(a), m4),
-                            _mm512_and_si512(h, m30),
-                        ),
-                        _mm512_or_si512(
-                            _mm512_and_si512(_mm512_srli_epi16::<4>(b), m4),
-                            _mm512_and_si512(_mm512_srli_epi16::<2>(h), m30),
-                        ),
-                    ];
+                    let q = q6_k_quads(a, b, h);
                     for (k, &q) in q.iter().enumerate() {
                         let yw = _mm512_set1_epi32(rd_u32(y, 4 + 128 * n + 32 * k + 4 * g) as i32);
                         let s = 8 * n + 2 * k + g / 4;
