@@ -79,64 +79,58 @@ impl Block for Gqa {
     fn cpu(&self, p: &mut Pass, h: &[f32], x: &mut [f32], state: &mut LayerState) -> Result<()> {
         let (c, par, n) = (p.c, p.par, p.n);
         let (hd, n_kv) = (self.head_k, self.n_head_kv);
-        let mut q = vec![0f32; n * self.n_head * hd];
-        let mut k = vec![0f32; n * n_kv * hd];
-        let mut v = vec![0f32; n * n_kv * self.head_v];
+        let q_len = n * self.n_head * hd;
+        let k_len = n * n_kv * hd;
         let wq = self.wq.matrix()?;
-        let acts = QuantizedActs::new(wq.act_type(), c.n_embd, h);
-        // [query | gate] per head when gated.
-        let mut qg = vec![0f32; if self.gated { 2 * q.len() } else { 0 }];
         let (wk, wv) = (self.wk.matrix()?, self.wv.matrix()?);
-        if n == 1 && wk.act_type() == acts.ty && wv.act_type() == acts.ty {
+        let acts = QuantizedActs::new(wq.act_type(), c.n_embd, h);
+        // wq's rows ([query | gate] per head when gated), then k, then v: one token's three
+        // products are `gemv_many`'s contiguous outputs.
+        let first = if self.gated { 2 * q_len } else { q_len };
+        let mut qkv = vec![0f32; first + k_len + n * n_kv * self.head_v];
+        let fused = n == 1 && wk.act_type() == acts.ty && wv.act_type() == acts.ty;
+        if fused {
             // One token: the three products of the input in one parallel region.
             let x = acts.row(0);
-            let mut qkv = vec![0f32; wq.n_out + k.len() + v.len()];
             gemv_many(par, &[(wq, x), (wk, x), (wv, x)], &mut qkv);
-            let (first, kv) = qkv.split_at(wq.n_out);
-            if self.gated {
-                qg.copy_from_slice(first);
-            } else {
-                q.copy_from_slice(first);
-            }
-            let (kk, vv) = kv.split_at(k.len());
-            k.copy_from_slice(kk);
-            v.copy_from_slice(vv);
-        } else {
-            if self.gated {
-                wq.matmul_q(par, &acts, &mut qg);
-            } else {
-                wq.matmul_q(par, &acts, &mut q);
-            }
-            matmul_shared(&self.wk, &acts, h, par, &mut k)?;
-            matmul_shared(&self.wv, &acts, h, par, &mut v)?;
         }
-        let gate = self.gated.then(|| {
+        let (wq_out, kv) = qkv.split_at_mut(first);
+        let (k, v) = kv.split_at_mut(k_len);
+        if !fused {
+            wq.matmul_q(par, &acts, wq_out);
+            matmul_shared(&self.wk, &acts, h, par, k)?;
+            matmul_shared(&self.wv, &acts, h, par, v)?;
+        }
+        let (mut split_q, mut gate) = (Vec::new(), None);
+        if self.gated {
             // Split into the query heads and the gates.
-            let mut gate = vec![0f32; q.len()];
-            for ((both, qh), gh) in qg
+            split_q = vec![0f32; q_len];
+            let mut g = vec![0f32; q_len];
+            for ((both, qh), gh) in wq_out
                 .chunks_exact(2 * hd)
-                .zip(q.chunks_exact_mut(hd))
-                .zip(gate.chunks_exact_mut(hd))
+                .zip(split_q.chunks_exact_mut(hd))
+                .zip(g.chunks_exact_mut(hd))
             {
                 qh.copy_from_slice(&both[..hd]);
                 gh.copy_from_slice(&both[hd..]);
             }
-            gate
-        });
+            gate = Some(g);
+        }
+        let q: &mut [f32] = if self.gated { &mut split_q } else { wq_out };
         if let Some(b) = &self.bq {
-            ops::add_bias(&mut q, b);
+            ops::add_bias(q, b);
         }
         if let Some(b) = &self.bk {
-            ops::add_bias(&mut k, b);
+            ops::add_bias(k, b);
         }
         if let Some(b) = &self.bv {
-            ops::add_bias(&mut v, b);
+            ops::add_bias(v, b);
         }
         if let Some(w) = &self.q_norm {
-            ops::rms_norm_mul(&mut q, w, c.rms_eps);
+            ops::rms_norm_mul(q, w, c.rms_eps);
         }
         if let Some(w) = &self.k_norm {
-            ops::rms_norm_mul(&mut k, w, c.rms_eps);
+            ops::rms_norm_mul(k, w, c.rms_eps);
         }
         for (t, rc) in p.rope.iter().enumerate() {
             let qw = self.n_head * hd;
@@ -145,9 +139,9 @@ impl Block for Gqa {
                 .apply(&mut k[t * n_kv * hd..(t + 1) * n_kv * hd], hd, 0, rc);
         }
         let keys = state.keys.as_mut().ok_or_else(|| missing("keys"))?;
-        keys.append(&k);
+        keys.append(k);
         let values = state.values.as_mut().ok_or_else(|| missing("values"))?;
-        values.append(&v);
+        values.append(v);
         let (keys, values) = (
             state.keys.as_ref().expect("checked").view(),
             state.values.as_ref().expect("checked").view(),
@@ -162,7 +156,7 @@ impl Block for Gqa {
                 kq_scale: self.kq_scale,
                 pos0: p.pos0,
             },
-            &q,
+            q,
             keys,
             Some(values),
             None,

@@ -194,11 +194,14 @@ impl Block for Mla {
         let acts_h = QuantizedActs::new(first, c.n_embd, h);
         let qa_kv = sized(qa_kv, n * (qa_width + kw));
         // One token: both products of the layer input in one parallel region.
-        let fused = n == 1 && wkv_a.act_type() == acts_h.ty;
-        if let (Some((m, _)), true) = (&wq_a, fused) {
-            let x = acts_h.row(0);
-            gemv_many(par, &[(*m, x), (wkv_a, x)], qa_kv);
-        }
+        let fused = match &wq_a {
+            Some((m, _)) if n == 1 && wkv_a.act_type() == acts_h.ty => {
+                let x = acts_h.row(0);
+                gemv_many(par, &[(*m, x), (wkv_a, x)], qa_kv);
+                true
+            }
+            _ => false,
+        };
         let (qa, kv) = qa_kv.split_at_mut(n * qa_width);
         match &wq_a {
             Some((m, norm)) => {
