@@ -5,6 +5,11 @@
 //! portable loops compute the same products (bf16 values, f32 sums) in a simpler order, so
 //! callers pick this path only where [`bf16_products_fast`] says it pays.
 //!
+//! Where the CPU has AMX-BF16 (`crate::amx`), the products run on its tiles instead
+//! (`tdpbf16ps`: 16 x 16 x 32 multiply-adds per instruction; 4-6x the `VDPBF16PS` rate for the
+//! scores and about 2x for the weighted values on one Sapphire-Rapids-class core, see
+//! docs/performance.md); the sums are f32 either way, in a different order.
+//!
 //! Operands are bf16 bit patterns (`u16`). [`f16_to_bf16`] and [`f32_to_bf16`] round to
 //! nearest even.
 
@@ -59,6 +64,10 @@ pub fn f32_to_bf16(src: &[f32], dst: &mut [u16]) {
     }
 }
 
+/// Positions (`n`) from which the products take the AMX tiles where they run: below it the
+/// padding to whole 16 x 32 tiles costs more than it saves.
+const AMX_FROM: usize = 16;
+
 fn bf(x: u16) -> f32 {
     f32::from_bits((x as u32) << 16)
 }
@@ -88,6 +97,11 @@ pub fn gemm_bf16_abt(
     check(m, kd, a.len(), lda, "a");
     check(n, kd, b.len(), ldb, "b");
     check(m, n, c.len(), ldc, "c");
+    #[cfg(target_arch = "x86_64")]
+    if crate::amx::bf16_available() && n >= AMX_FROM {
+        amx::abt(m, n, kd, a, lda, b, ldb, c, ldc, prefetch);
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if bf16_products_fast() {
         // SAFETY: AVX-512F and AVX512_BF16 are present (bf16_products_fast) and the slices
@@ -124,6 +138,11 @@ pub fn gemm_bf16_ab(
     check(m, n, p.len(), ldp, "p");
     check(n, dv, v.len(), ldv, "v");
     check(m, dv, c.len(), ldc, "c");
+    #[cfg(target_arch = "x86_64")]
+    if crate::amx::bf16_available() && n >= AMX_FROM {
+        amx::ab(m, n, dv, p, ldp, v, ldv, c, ldc);
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if bf16_products_fast() {
         // SAFETY: as in gemm_bf16_abt.
@@ -387,6 +406,376 @@ mod avx512 {
     }
 }
 
+/// The products on AMX tiles (`tdpbf16ps`: 16 x 16 f32 sums per tile, 32 bf16 along the sum
+/// per step). Operands are repacked into the tiles' layouts in per-thread buffers (rows past
+/// `m` or `n` zero), so any shape runs on whole tiles; only whole results are written back.
+#[cfg(target_arch = "x86_64")]
+mod amx {
+    use std::cell::RefCell;
+
+    use crate::amx::{configure, dp_bf16, load, store, zero, TileConfig};
+
+    thread_local! {
+        /// Per-thread repacked operands and the sums of partial tiles.
+        static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+    }
+
+    #[derive(Default)]
+    struct Scratch {
+        /// The operand shared by every product of a step (queries, or probabilities).
+        shared: Vec<u16>,
+        /// Zero-padded rows of the other operand where a tile would run past its end.
+        edge: Vec<u16>,
+        /// Values in pairs of positions (the B layout of `ab`).
+        pairs: Vec<u16>,
+        /// One tile of sums.
+        sums: Vec<f32>,
+    }
+
+    /// [`super::gemm_bf16_abt`] on AMX: per group of 16 query rows, the keys (16 positions x
+    /// 32 values, straight from `b`) times the group's queries laid out as 16 pairs per tile
+    /// row, into sums of 16 positions x 16 rows, four position tiles per step.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn abt(
+        m: usize,
+        n: usize,
+        kd: usize,
+        a: &[u16],
+        lda: usize,
+        b: &[u16],
+        ldb: usize,
+        c: &mut [f32],
+        ldc: usize,
+        prefetch: &[u8],
+    ) {
+        // The callers checked the shapes (`f32gemm::check`, kd a multiple of 32).
+        // SAFETY: `bf16_available()` (the dispatcher's check).
+        unsafe { configure(&TileConfig::FULL) };
+        SCRATCH.with_borrow_mut(|s| {
+            let mut lines = prefetch.chunks(64);
+            s.sums.resize(256, 0.0);
+            s.shared.resize(16 * kd, 0);
+            // Key rows past `n` (the last block's) come from a zero-padded copy.
+            let whole = n / 16 * 16;
+            if whole < n {
+                s.edge.clear();
+                s.edge.resize(16 * kd, 0);
+                for (j, row) in s.edge.chunks_exact_mut(kd).take(n - whole).enumerate() {
+                    row.copy_from_slice(&b[(whole + j) * ldb..][..kd]);
+                }
+            }
+            for h0 in (0..m).step_by(16) {
+                let hm = (m - h0).min(16);
+                // Queries as B: row p holds, for each of the 16 rows, elements 2p and 2p + 1.
+                // SAFETY: AVX-512F is present (bf16_available implies bf16_products_fast);
+                // rows h0..h0 + hm of `a` hold kd values each from h * lda (`check`).
+                unsafe { query_pairs(&a[h0 * lda..], lda, hm, kd, &mut s.shared) };
+                let key_tile = |j: usize| -> (*const u8, usize) {
+                    if j < whole {
+                        (b[j * ldb..].as_ptr().cast(), 2 * ldb)
+                    } else {
+                        (s.edge.as_ptr().cast(), 2 * kd)
+                    }
+                };
+                for p0 in (0..n).step_by(64) {
+                    let tiles = (n - p0).div_ceil(16).min(4);
+                    let k_tiles: [(*const u8, usize); 4] =
+                        std::array::from_fn(|t| key_tile(p0 + 16 * t.min(tiles - 1)));
+                    // SAFETY: the tiles are configured (above); every tile read lies in
+                    // `shared` (16 * kd values), in `b` (whole tiles of 16 rows of kd from a row
+                    // < n, strides of ldb: the callers checked (n - 1) * ldb + kd <= b.len())
+                    // or in `edge` (16 * kd); `sums` holds 256 floats.
+                    unsafe {
+                        zero::<0>();
+                        zero::<1>();
+                        zero::<2>();
+                        zero::<3>();
+                        for k in (0..kd).step_by(32) {
+                            if let Some(line) = lines.next() {
+                                use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+                                _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast());
+                            }
+                            load::<4>(s.shared.as_ptr().add(16 * k).cast(), 64);
+                            let at = |t: usize| k_tiles[t].0.add(2 * k);
+                            load::<5>(at(0), k_tiles[0].1);
+                            dp_bf16::<0, 5, 4>();
+                            if tiles > 1 {
+                                load::<6>(at(1), k_tiles[1].1);
+                                dp_bf16::<1, 6, 4>();
+                            }
+                            if tiles > 2 {
+                                load::<7>(at(2), k_tiles[2].1);
+                                dp_bf16::<2, 7, 4>();
+                            }
+                            if tiles > 3 {
+                                load::<5>(at(3), k_tiles[3].1);
+                                dp_bf16::<3, 5, 4>();
+                            }
+                        }
+                    }
+                    for t in 0..tiles {
+                        let sums = s.sums.as_mut_ptr().cast();
+                        // SAFETY: as above.
+                        unsafe {
+                            match t {
+                                0 => store::<0>(sums, 64),
+                                1 => store::<1>(sums, 64),
+                                2 => store::<2>(sums, 64),
+                                _ => store::<3>(sums, 64),
+                            }
+                        }
+                        // Sums are [position][row]: transposed into `c`.
+                        let j0 = p0 + 16 * t;
+                        let sums: &mut [f32; 256] = (&mut s.sums[..256]).try_into().unwrap();
+                        // SAFETY: AVX-512F is present (as above).
+                        unsafe { transpose_16x16(sums) };
+                        let cols = (n - j0).min(16);
+                        for (h, row) in sums.chunks_exact(16).take(hm).enumerate() {
+                            c[(h0 + h) * ldc + j0..][..cols].copy_from_slice(&row[..cols]);
+                        }
+                    }
+                }
+            }
+        });
+    }
+
+    /// Transpose 16 x 16 floats in place (unpack pairs, then quads, then 128-bit lanes twice).
+    ///
+    /// # Safety
+    /// AVX-512F present.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn transpose_16x16(m: &mut [f32; 256]) {
+        use std::arch::x86_64::*;
+        // SAFETY: 16 loads and stores of 16 floats inside the 256.
+        let r: [__m512; 16] =
+            std::array::from_fn(|i| unsafe { _mm512_loadu_ps(m.as_ptr().add(16 * i)) });
+        // t[2k], t[2k+1]: rows 2k and 2k+1 interleaved by element.
+        let t: [__m512; 16] = std::array::from_fn(|i| {
+            let (a, b) = (r[i & !1], r[i | 1]);
+            if i % 2 == 0 {
+                _mm512_unpacklo_ps(a, b)
+            } else {
+                _mm512_unpackhi_ps(a, b)
+            }
+        });
+        // u[4k + q]: 64-bit pairs of t[4k] and t[4k + 2] (q = 0, 1), of t[4k + 1] and
+        // t[4k + 3] (q = 2, 3).
+        let u: [__m512; 16] = std::array::from_fn(|i| {
+            let (base, q) = (i & !3, i % 4);
+            let (a, b) = (
+                _mm512_castps_pd(t[base + q / 2]),
+                _mm512_castps_pd(t[base + 2 + q / 2]),
+            );
+            _mm512_castpd_ps(if q % 2 == 0 {
+                _mm512_unpacklo_pd(a, b)
+            } else {
+                _mm512_unpackhi_pd(a, b)
+            })
+        });
+        // Now u[4k + q] holds, in each 128-bit lane L, column 4L + q of rows 4k..4k+4. Gather
+        // the four lanes of column c = 4L + q from u[q], u[4 + q], u[8 + q], u[12 + q].
+        let v: [__m512; 16] = std::array::from_fn(|i| {
+            let (q, half) = (i % 4, (i / 4) / 2);
+            let (a, b) = (u[q], u[4 + q]);
+            let (c, d) = (u[8 + q], u[12 + q]);
+            // Lanes L = 2*half and 2*half+1 of a and b, then of c and d.
+            let ab = if half == 0 {
+                _mm512_shuffle_f32x4::<0b01_00_01_00>(a, b)
+            } else {
+                _mm512_shuffle_f32x4::<0b11_10_11_10>(a, b)
+            };
+            let cd = if half == 0 {
+                _mm512_shuffle_f32x4::<0b01_00_01_00>(c, d)
+            } else {
+                _mm512_shuffle_f32x4::<0b11_10_11_10>(c, d)
+            };
+            // ab = [a.L, a.L+1, b.L, b.L+1], cd likewise; column 4L + q takes a.L, b.L, c.L,
+            // d.L (even i/4) or the L+1 ones (odd i/4).
+            if (i / 4) % 2 == 0 {
+                _mm512_shuffle_f32x4::<0b10_00_10_00>(ab, cd)
+            } else {
+                _mm512_shuffle_f32x4::<0b11_01_11_01>(ab, cd)
+            }
+        });
+        for (i, x) in v.iter().enumerate() {
+            // SAFETY: as above.
+            unsafe { _mm512_storeu_ps(m.as_mut_ptr().add(16 * i), *x) };
+        }
+    }
+
+    /// `out[(p * 16 + h) * 2 + e] = a[h * lda + 2p + e]` for `h < hm` (zero for the other
+    /// rows of 16), `p < kd / 2`: each row's pair `p` as one 32-bit lane, gathered.
+    ///
+    /// # Safety
+    /// AVX-512F present; rows `h < hm` of `a` hold `kd` values from `h * lda`; `out` holds
+    /// `16 * kd` values.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn query_pairs(a: &[u16], lda: usize, hm: usize, kd: usize, out: &mut [u16]) {
+        use std::arch::x86_64::*;
+        debug_assert!(hm <= 16 && out.len() >= 16 * kd);
+        debug_assert!(hm == 0 || (hm - 1) * lda + kd <= a.len());
+        let rows = _mm512_mullo_epi32(
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+            _mm512_set1_epi32(2 * lda as i32),
+        );
+        let live: __mmask16 = ((1u32 << hm) - 1) as u16;
+        for p in 0..kd / 2 {
+            // SAFETY: lanes h < hm read a[h * lda + 2p..+2] (in `a`); the store writes
+            // out[32p..32p + 32] (inside 16 * kd).
+            unsafe {
+                let v = _mm512_mask_i32gather_epi32::<1>(
+                    _mm512_setzero_si512(),
+                    live,
+                    rows,
+                    a.as_ptr().add(2 * p).cast(),
+                );
+                _mm512_storeu_si512(out.as_mut_ptr().add(32 * p).cast(), v);
+            }
+        }
+    }
+
+    /// `out[(j / 2) * 2 * dv + 2d + j % 2] = v[j * ldv + d]` for `j < n`, zero for the
+    /// positions from `n` to `out.len() / dv`: two positions' columns interleaved.
+    ///
+    /// # Safety
+    /// AVX-512F and AVX-512BW present; rows `j < n` of `v` hold `dv` (a multiple of 32) values
+    /// from `j * ldv`; `out.len()` is an even number of rows of `dv`, at least `n`.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn position_pairs(v: &[u16], ldv: usize, n: usize, dv: usize, out: &mut [u16]) {
+        use std::arch::x86_64::*;
+        debug_assert!(dv.is_multiple_of(32) && out.len().is_multiple_of(2 * dv));
+        debug_assert!(n == 0 || (n - 1) * ldv + dv <= v.len());
+        // Lanes 0..31 of (x, y): x0 y0 x1 y1 ... x15 y15, then x16 y16 ... x31 y31.
+        let lo = _mm512_set_epi16(
+            47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37, 5, 36,
+            4, 35, 3, 34, 2, 33, 1, 32, 0,
+        );
+        let hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+        for (pair, row) in out.chunks_exact_mut(2 * dv).enumerate() {
+            let (j, ptr) = (2 * pair, v.as_ptr());
+            for d in (0..dv).step_by(32) {
+                // SAFETY: rows j, j + 1 are read only when below n (inside `v`), 32 values
+                // from column d < dv; the stores write row[2d..2d + 64] (inside 2 * dv).
+                unsafe {
+                    let x = if j < n {
+                        _mm512_loadu_si512(ptr.add(j * ldv + d).cast())
+                    } else {
+                        _mm512_setzero_si512()
+                    };
+                    let y = if j + 1 < n {
+                        _mm512_loadu_si512(ptr.add((j + 1) * ldv + d).cast())
+                    } else {
+                        _mm512_setzero_si512()
+                    };
+                    let o = row.as_mut_ptr().add(2 * d);
+                    _mm512_storeu_si512(o.cast(), _mm512_permutex2var_epi16(x, lo, y));
+                    _mm512_storeu_si512(o.add(32).cast(), _mm512_permutex2var_epi16(x, hi, y));
+                }
+            }
+        }
+    }
+
+    /// [`super::gemm_bf16_ab`] on AMX: per group of 16 probability rows (zero-padded to whole
+    /// steps of 32 positions), times the values laid out in pairs of positions, into sums of
+    /// 16 rows x 16 columns, four column tiles per step.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn ab(
+        m: usize,
+        n: usize,
+        dv: usize,
+        p: &[u16],
+        ldp: usize,
+        v: &[u16],
+        ldv: usize,
+        c: &mut [f32],
+        ldc: usize,
+    ) {
+        // The callers checked the shapes (`f32gemm::check`, dv a multiple of 32).
+        let n_pad = n.next_multiple_of(32);
+        // SAFETY: `bf16_available()` (the dispatcher's check).
+        unsafe { configure(&TileConfig::FULL) };
+        SCRATCH.with_borrow_mut(|s| {
+            s.sums.resize(256, 0.0);
+            // Values as B: row j/2 holds, per column, positions j and j + 1 (zero past n).
+            s.pairs.resize(n_pad * dv, 0);
+            // SAFETY: AVX-512F is present (as above); rows j < n of `v` hold dv values from
+            // j * ldv (`check`); `pairs` holds n_pad * dv values.
+            unsafe { position_pairs(v, ldv, n, dv, &mut s.pairs) };
+            s.shared.resize(16 * n_pad, 0);
+            for h0 in (0..m).step_by(16) {
+                let hm = (m - h0).min(16);
+                for (h, row) in s.shared.chunks_exact_mut(n_pad).enumerate() {
+                    if h < hm {
+                        row[..n].copy_from_slice(&p[(h0 + h) * ldp..][..n]);
+                        row[n..].fill(0);
+                    } else {
+                        row.fill(0);
+                    }
+                }
+                for d0 in (0..dv).step_by(64) {
+                    let tiles = (dv - d0) / 16;
+                    let tiles = tiles.min(4);
+                    let col = |t: usize| 2 * (d0 + 16 * t.min(tiles - 1));
+                    // SAFETY: the tiles are configured (above); the A tiles lie
+                    // in `shared` (16 rows of n_pad, read 32 at a time below n_pad), the B tiles
+                    // in `pairs` (rows j/2 < n_pad/2 of 2 * dv values, 32 of them from column
+                    // 2 * (d0 + 16t) with d0 + 16t + 16 <= dv); `sums` holds 256 floats.
+                    unsafe {
+                        zero::<0>();
+                        zero::<1>();
+                        zero::<2>();
+                        zero::<3>();
+                        let stride = 4 * dv;
+                        for j in (0..n_pad).step_by(32) {
+                            load::<4>(s.shared.as_ptr().add(j).cast(), 2 * n_pad);
+                            let at = |t: usize| s.pairs.as_ptr().add(j * dv + col(t)).cast();
+                            load::<5>(at(0), stride);
+                            dp_bf16::<0, 4, 5>();
+                            if tiles > 1 {
+                                load::<6>(at(1), stride);
+                                dp_bf16::<1, 4, 6>();
+                            }
+                            if tiles > 2 {
+                                load::<7>(at(2), stride);
+                                dp_bf16::<2, 4, 7>();
+                            }
+                            if tiles > 3 {
+                                load::<5>(at(3), stride);
+                                dp_bf16::<3, 4, 5>();
+                            }
+                        }
+                    }
+                    for t in 0..tiles {
+                        let d = d0 + 16 * t;
+                        // A whole group of rows goes straight into `c`, else through `sums`.
+                        let (at, stride) = if hm == 16 {
+                            (c[h0 * ldc + d..].as_mut_ptr(), 4 * ldc)
+                        } else {
+                            (s.sums.as_mut_ptr(), 64)
+                        };
+                        // SAFETY: as above; with hm == 16, rows h0..h0 + 16 of `c` hold
+                        // columns d..d + 16 <= dv (the callers checked (m - 1) * ldc + dv <=
+                        // c.len()).
+                        unsafe {
+                            match t {
+                                0 => store::<0>(at.cast(), stride),
+                                1 => store::<1>(at.cast(), stride),
+                                2 => store::<2>(at.cast(), stride),
+                                _ => store::<3>(at.cast(), stride),
+                            }
+                        }
+                        if hm < 16 {
+                            for (h, row) in s.sums.chunks_exact(16).take(hm).enumerate() {
+                                c[(h0 + h) * ldc + d..][..16].copy_from_slice(row);
+                            }
+                        }
+                    }
+                }
+            }
+        });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -399,12 +788,36 @@ mod tests {
         out
     }
 
-    /// Both products against f64 sums of the same bf16 values, on shapes with edge rows and
-    /// columns (and an odd count of positions for P·V).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn transpose_16x16_transposes() {
+        if !crate::amx::bf16_available() {
+            return;
+        }
+        let mut m: [f32; 256] = std::array::from_fn(|i| i as f32);
+        // SAFETY: bf16_available implies AVX-512F.
+        unsafe { super::amx::transpose_16x16(&mut m) };
+        for i in 0..16 {
+            for j in 0..16 {
+                assert_eq!(m[16 * i + j], (16 * j + i) as f32, "[{i}][{j}]");
+            }
+        }
+    }
+
+    /// Both products (on AMX tiles, AVX-512 or the portable loops, whichever runs here) against
+    /// f64 sums of the same bf16 values, on shapes with edge rows and columns (partial tiles on
+    /// every side, an odd count of positions for P·V).
     #[test]
     fn products_match_f64_sums() {
         let mut s = 7;
-        for (m, n, kd) in [(16, 64, 576), (5, 7, 32), (1, 1, 128), (3, 33, 64)] {
+        for (m, n, kd) in [
+            (16, 64, 576),
+            (5, 7, 32),
+            (1, 1, 128),
+            (3, 33, 64),
+            (20, 100, 192),
+            (40, 130, 576),
+        ] {
             let (lda, ldb) = (kd + 32, kd);
             let a = random_bf16(&mut s, m * lda);
             let b = random_bf16(&mut s, n * ldb);
@@ -423,7 +836,14 @@ mod tests {
                 }
             }
         }
-        for (m, n, dv) in [(16, 64, 512), (5, 7, 32), (9, 1, 64), (8, 33, 96)] {
+        for (m, n, dv) in [
+            (16, 64, 512),
+            (5, 7, 32),
+            (9, 1, 64),
+            (8, 33, 96),
+            (20, 100, 96),
+            (33, 47, 128),
+        ] {
             let (ldp, ldv) = (n + 3, dv + 64);
             let p = random_bf16(&mut s, m * ldp);
             let v = random_bf16(&mut s, n * ldv);
