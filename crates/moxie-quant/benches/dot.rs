@@ -33,7 +33,8 @@
 //! * `attention_bf16`: one-token attention's two bf16 products (`gemm_bf16_abt` for the
 //!   scores, `gemm_bf16_ab` for the weighted values) on one block of DeepSeek's MLA shapes, in
 //!   multiply-adds per second; `VDPBF16PS` does 32 per instruction, so 32x the CPU's rate of
-//!   that instruction is the ceiling.
+//!   that instruction is the ceiling. On CPUs with AMX-BF16 the products run on AMX tiles
+//!   (`MOXIE_QUANT_SIMD=avx512` measures `VDPBF16PS` there).
 //!
 //! `MOXIE_QUANT_SIMD` (`scalar`, `avx2`, `avx512`) lowers the level `vec_dot_fn` and
 //! `quantize_fn` pick, as everywhere in moxie, and turns `gemm_q8` off below `avx512`; the level
