@@ -432,9 +432,12 @@ mod amx {
         sums: Vec<f32>,
     }
 
-    /// [`super::gemm_bf16_abt`] on AMX: per group of 16 query rows, the keys (16 positions x
-    /// 32 values, straight from `b`) times the group's queries laid out as 16 pairs per tile
-    /// row, into sums of 16 positions x 16 rows, four position tiles per step.
+    /// [`super::gemm_bf16_abt`] on AMX: the keys (16 positions x 32 values, straight from
+    /// `b`) times each group of 16 query rows laid out as 16 pairs per tile row, into sums of
+    /// 16 positions x 16 rows, three position tiles per step (a fourth would have to reuse a
+    /// key tile a product may still be reading: 1.7x slower on the divan bench). Positions
+    /// outside, groups inside: a block of 48 keys stays in L1 for every group (prompt
+    /// batches have 16 groups).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn abt(
         m: usize,
@@ -451,10 +454,19 @@ mod amx {
         // The callers checked the shapes (`f32gemm::check`, kd a multiple of 32).
         // SAFETY: `bf16_available()` (the dispatcher's check).
         unsafe { configure(&TileConfig::FULL) };
+        let groups = m.div_ceil(16);
         SCRATCH.with_borrow_mut(|s| {
             let mut lines = prefetch.chunks(64);
             s.sums.resize(256, 0.0);
-            s.shared.resize(16 * kd, 0);
+            // Queries as B, per group: row p holds, for each of its 16 rows, elements 2p and
+            // 2p + 1.
+            s.shared.resize(groups * 16 * kd, 0);
+            for (g, qt) in s.shared.chunks_exact_mut(16 * kd).enumerate() {
+                let hm = (m - 16 * g).min(16);
+                // SAFETY: AVX-512F is present (bf16_available implies bf16_products_fast);
+                // rows 16g..16g + hm of `a` hold kd values each from h * lda (`check`).
+                unsafe { query_pairs(&a[16 * g * lda..], lda, hm, kd, qt) };
+            }
             // Key rows past `n` (the last block's) come from a zero-padded copy.
             let whole = n / 16 * 16;
             if whole < n {
@@ -464,71 +476,76 @@ mod amx {
                     row.copy_from_slice(&b[(whole + j) * ldb..][..kd]);
                 }
             }
-            for h0 in (0..m).step_by(16) {
-                let hm = (m - h0).min(16);
-                // Queries as B: row p holds, for each of the 16 rows, elements 2p and 2p + 1.
-                // SAFETY: AVX-512F is present (bf16_available implies bf16_products_fast);
-                // rows h0..h0 + hm of `a` hold kd values each from h * lda (`check`).
-                unsafe { query_pairs(&a[h0 * lda..], lda, hm, kd, &mut s.shared) };
-                let key_tile = |j: usize| -> (*const u8, usize) {
-                    if j < whole {
-                        (b[j * ldb..].as_ptr().cast(), 2 * ldb)
-                    } else {
-                        (s.edge.as_ptr().cast(), 2 * kd)
-                    }
-                };
-                for p0 in (0..n).step_by(64) {
-                    let tiles = (n - p0).div_ceil(16).min(4);
-                    let k_tiles: [(*const u8, usize); 4] =
-                        std::array::from_fn(|t| key_tile(p0 + 16 * t.min(tiles - 1)));
-                    // SAFETY: the tiles are configured (above); every tile read lies in
-                    // `shared` (16 * kd values), in `b` (whole tiles of 16 rows of kd from a row
-                    // < n, strides of ldb: the callers checked (n - 1) * ldb + kd <= b.len())
-                    // or in `edge` (16 * kd); `sums` holds 256 floats.
-                    unsafe {
-                        zero::<0>();
-                        zero::<1>();
-                        zero::<2>();
-                        zero::<3>();
-                        for k in (0..kd).step_by(32) {
+            let key_tile = |j: usize| -> (*const u8, usize) {
+                if j < whole {
+                    (b[j * ldb..].as_ptr().cast(), 2 * ldb)
+                } else {
+                    (s.edge.as_ptr().cast(), 2 * kd)
+                }
+            };
+            for p0 in (0..n).step_by(48) {
+                let tiles = (n - p0).div_ceil(16).min(3);
+                let k_tiles: [(*const u8, usize); 3] =
+                    std::array::from_fn(|t| key_tile(p0 + 16 * t.min(tiles - 1)));
+                for g in 0..groups {
+                    let (h0, hm) = (16 * g, (m - 16 * g).min(16));
+                    let qt = s.shared[g * 16 * kd..].as_ptr();
+                    // One step of 32 values: the group's queries into tile Q, each position
+                    // tile's keys into its own tile (no tile is reloaded while a product may
+                    // still read it: the next step's queries go to the other of tmm3/tmm4).
+                    macro_rules! step {
+                        ($q:literal, $k:expr) => {{
+                            let k = $k;
                             if let Some(line) = lines.next() {
                                 use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
                                 _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast());
                             }
-                            load::<4>(s.shared.as_ptr().add(16 * k).cast(), 64);
+                            load::<$q>(qt.add(16 * k).cast(), 64);
                             let at = |t: usize| k_tiles[t].0.add(2 * k);
                             load::<5>(at(0), k_tiles[0].1);
-                            dp_bf16::<0, 5, 4>();
+                            dp_bf16::<0, 5, $q>();
                             if tiles > 1 {
                                 load::<6>(at(1), k_tiles[1].1);
-                                dp_bf16::<1, 6, 4>();
+                                dp_bf16::<1, 6, $q>();
                             }
                             if tiles > 2 {
                                 load::<7>(at(2), k_tiles[2].1);
-                                dp_bf16::<2, 7, 4>();
+                                dp_bf16::<2, 7, $q>();
                             }
-                            if tiles > 3 {
-                                load::<5>(at(3), k_tiles[3].1);
-                                dp_bf16::<3, 5, 4>();
-                            }
+                        }};
+                    }
+                    // SAFETY: the tiles are configured (above); every tile read lies in
+                    // `shared` (the group's 16 * kd values), in `b` (whole tiles of 16 rows of
+                    // kd from a row < n, strides of ldb: the callers checked (n - 1) * ldb + kd
+                    // <= b.len()) or in `edge` (16 * kd).
+                    unsafe {
+                        zero::<0>();
+                        zero::<1>();
+                        zero::<2>();
+                        let mut k = 0;
+                        while k + 64 <= kd {
+                            step!(3, k);
+                            step!(4, k + 32);
+                            k += 64;
+                        }
+                        if k < kd {
+                            step!(3, k);
                         }
                     }
                     for t in 0..tiles {
-                        let sums = s.sums.as_mut_ptr().cast();
-                        // SAFETY: as above.
-                        unsafe {
-                            match t {
-                                0 => store::<0>(sums, 64),
-                                1 => store::<1>(sums, 64),
-                                2 => store::<2>(sums, 64),
-                                _ => store::<3>(sums, 64),
-                            }
-                        }
-                        // Sums are [position][row]: transposed into `c`.
-                        let j0 = p0 + 16 * t;
                         let sums: &mut [f32; 256] = (&mut s.sums[..256]).try_into().unwrap();
-                        // SAFETY: AVX-512F is present (as above).
-                        unsafe { transpose_16x16(sums) };
+                        // SAFETY: as above; `sums` holds 256 floats; AVX-512F is present.
+                        unsafe {
+                            let at = sums.as_mut_ptr().cast();
+                            match t {
+                                0 => store::<0>(at, 64),
+                                1 => store::<1>(at, 64),
+                                _ => store::<2>(at, 64),
+                            }
+                            // Sums are [position][row]: transposed into `c`.
+                            transpose_16x16(sums);
+                        }
+                        let j0 = p0 + 16 * t;
                         let cols = (n - j0).min(16);
                         for (h, row) in sums.chunks_exact(16).take(hm).enumerate() {
                             c[(h0 + h) * ldc + j0..][..cols].copy_from_slice(&row[..cols]);
@@ -675,9 +692,10 @@ mod amx {
         }
     }
 
-    /// [`super::gemm_bf16_ab`] on AMX: per group of 16 probability rows (zero-padded to whole
-    /// steps of 32 positions), times the values laid out in pairs of positions, into sums of
-    /// 16 rows x 16 columns, four column tiles per step.
+    /// [`super::gemm_bf16_ab`] on AMX: each group of 16 probability rows (zero-padded to
+    /// whole steps of 32 positions) times the values laid out in pairs of positions, into
+    /// sums of 16 rows x 16 columns, three column tiles per step (as `abt`). Columns outside,
+    /// groups inside: a block of 48 columns' values stays in L2 for every group.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn ab(
         m: usize,
@@ -692,57 +710,70 @@ mod amx {
     ) {
         // The callers checked the shapes (`f32gemm::check`, dv a multiple of 32).
         let n_pad = n.next_multiple_of(32);
+        let groups = m.div_ceil(16);
         // SAFETY: `bf16_available()` (the dispatcher's check).
         unsafe { configure(&TileConfig::FULL) };
         SCRATCH.with_borrow_mut(|s| {
             s.sums.resize(256, 0.0);
             // Values as B: row j/2 holds, per column, positions j and j + 1 (zero past n).
             s.pairs.resize(n_pad * dv, 0);
-            // SAFETY: AVX-512F is present (as above); rows j < n of `v` hold dv values from
-            // j * ldv (`check`); `pairs` holds n_pad * dv values.
+            // SAFETY: AVX-512F and BW are present (bf16_available implies the AVX-512 level);
+            // rows j < n of `v` hold dv values from j * ldv (`check`); `pairs` holds n_pad * dv
+            // values.
             unsafe { position_pairs(v, ldv, n, dv, &mut s.pairs) };
-            s.shared.resize(16 * n_pad, 0);
-            for h0 in (0..m).step_by(16) {
-                let hm = (m - h0).min(16);
-                for (h, row) in s.shared.chunks_exact_mut(n_pad).enumerate() {
-                    if h < hm {
-                        row[..n].copy_from_slice(&p[(h0 + h) * ldp..][..n]);
-                        row[n..].fill(0);
-                    } else {
-                        row.fill(0);
-                    }
+            // Probabilities as A: 16 rows per group, n_pad values each (zero past n and m).
+            s.shared.resize(groups * 16 * n_pad, 0);
+            for (h, row) in s.shared.chunks_exact_mut(n_pad).enumerate() {
+                if h < m {
+                    row[..n].copy_from_slice(&p[h * ldp..][..n]);
+                    row[n..].fill(0);
+                } else {
+                    row.fill(0);
                 }
-                for d0 in (0..dv).step_by(64) {
-                    let tiles = (dv - d0) / 16;
-                    let tiles = tiles.min(4);
-                    let col = |t: usize| 2 * (d0 + 16 * t.min(tiles - 1));
-                    // SAFETY: the tiles are configured (above); the A tiles lie
-                    // in `shared` (16 rows of n_pad, read 32 at a time below n_pad), the B tiles
-                    // in `pairs` (rows j/2 < n_pad/2 of 2 * dv values, 32 of them from column
-                    // 2 * (d0 + 16t) with d0 + 16t + 16 <= dv); `sums` holds 256 floats.
+            }
+            for d0 in (0..dv).step_by(48) {
+                let tiles = ((dv - d0) / 16).min(3);
+                let col = |t: usize| 2 * (d0 + 16 * t.min(tiles - 1));
+                for g in 0..groups {
+                    let (h0, hm) = (16 * g, (m - 16 * g).min(16));
+                    let pg = s.shared[g * 16 * n_pad..].as_ptr();
+                    let stride = 4 * dv;
+                    // One step of 32 positions: the group's probabilities into tile P, each
+                    // column tile's values into its own tile (the next step's probabilities go
+                    // to the other of tmm3/tmm4).
+                    macro_rules! step {
+                        ($p:literal, $j:expr) => {{
+                            let j = $j;
+                            load::<$p>(pg.add(j).cast(), 2 * n_pad);
+                            let at = |t: usize| s.pairs.as_ptr().add(j * dv + col(t)).cast();
+                            load::<5>(at(0), stride);
+                            dp_bf16::<0, $p, 5>();
+                            if tiles > 1 {
+                                load::<6>(at(1), stride);
+                                dp_bf16::<1, $p, 6>();
+                            }
+                            if tiles > 2 {
+                                load::<7>(at(2), stride);
+                                dp_bf16::<2, $p, 7>();
+                            }
+                        }};
+                    }
+                    // SAFETY: the tiles are configured (above); the A tiles lie in `shared`
+                    // (the group's 16 rows of n_pad, read 32 at a time below n_pad), the B
+                    // tiles in `pairs` (rows j/2 < n_pad/2 of 2 * dv values, 32 of them from
+                    // column 2 * (d0 + 16t) with d0 + 16t + 16 <= dv).
                     unsafe {
                         zero::<0>();
                         zero::<1>();
                         zero::<2>();
-                        zero::<3>();
-                        let stride = 4 * dv;
-                        for j in (0..n_pad).step_by(32) {
-                            load::<4>(s.shared.as_ptr().add(j).cast(), 2 * n_pad);
-                            let at = |t: usize| s.pairs.as_ptr().add(j * dv + col(t)).cast();
-                            load::<5>(at(0), stride);
-                            dp_bf16::<0, 4, 5>();
-                            if tiles > 1 {
-                                load::<6>(at(1), stride);
-                                dp_bf16::<1, 4, 6>();
-                            }
-                            if tiles > 2 {
-                                load::<7>(at(2), stride);
-                                dp_bf16::<2, 4, 7>();
-                            }
-                            if tiles > 3 {
-                                load::<5>(at(3), stride);
-                                dp_bf16::<3, 4, 5>();
-                            }
+                        let mut j = 0;
+                        while j + 64 <= n_pad {
+                            step!(3, j);
+                            step!(4, j + 32);
+                            j += 64;
+                        }
+                        if j < n_pad {
+                            step!(3, j);
                         }
                     }
                     for t in 0..tiles {
@@ -755,13 +786,12 @@ mod amx {
                         };
                         // SAFETY: as above; with hm == 16, rows h0..h0 + 16 of `c` hold
                         // columns d..d + 16 <= dv (the callers checked (m - 1) * ldc + dv <=
-                        // c.len()).
+                        // c.len()); `sums` holds 256 floats.
                         unsafe {
                             match t {
                                 0 => store::<0>(at.cast(), stride),
                                 1 => store::<1>(at.cast(), stride),
-                                2 => store::<2>(at.cast(), stride),
-                                _ => store::<3>(at.cast(), stride),
+                                _ => store::<2>(at.cast(), stride),
                             }
                         }
                         if hm < 16 {
