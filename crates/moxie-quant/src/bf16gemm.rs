@@ -420,6 +420,21 @@ mod amx {
         static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
     }
 
+    /// Bytes of scratch a thread keeps between calls: one-token attention's operands (a few
+    /// hundred KiB) stay, a long prompt's (MBs per thread, growing with the context) are
+    /// freed when its call ends.
+    const KEEP_BYTES: usize = 4 << 20;
+
+    impl Scratch {
+        fn trim(&mut self) {
+            for v in [&mut self.shared, &mut self.edge, &mut self.pairs] {
+                if v.capacity() * 2 > KEEP_BYTES {
+                    *v = Vec::new();
+                }
+            }
+        }
+    }
+
     #[derive(Default)]
     struct Scratch {
         /// The operand shared by every product of a step (queries, or probabilities).
@@ -553,6 +568,7 @@ mod amx {
                     }
                 }
             }
+            s.trim();
         });
     }
 
@@ -802,6 +818,7 @@ mod amx {
                     }
                 }
             }
+            s.trim();
         });
     }
 }
