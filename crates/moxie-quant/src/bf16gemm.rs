@@ -549,7 +549,8 @@ mod amx {
                     }
                     for t in 0..tiles {
                         let sums: &mut [f32; 256] = (&mut s.sums[..256]).try_into().unwrap();
-                        // SAFETY: as above; `sums` holds 256 floats; AVX-512F is present.
+                        // SAFETY: as above; `sums` holds 256 floats; the AVX-512 level is present
+                        // (bf16_available implies bf16_products_fast).
                         unsafe {
                             let at = sums.as_mut_ptr().cast();
                             match t {
@@ -572,67 +573,21 @@ mod amx {
         });
     }
 
-    /// Transpose 16 x 16 floats in place (unpack pairs, then quads, then 128-bit lanes twice).
+    /// Transpose 16 x 16 floats in place (the int8 GEMM's 32-bit lane transpose).
     ///
     /// # Safety
-    /// AVX-512F present.
-    #[target_feature(enable = "avx512f")]
+    /// The AVX-512 level present (`crate::simd_level()`: AVX-512 F/BW/VL/VNNI on AVX2/FMA/F16C).
     pub(super) unsafe fn transpose_16x16(m: &mut [f32; 256]) {
         use std::arch::x86_64::*;
-        // SAFETY: 16 loads and stores of 16 floats inside the 256.
-        let r: [__m512; 16] =
-            std::array::from_fn(|i| unsafe { _mm512_loadu_ps(m.as_ptr().add(16 * i)) });
-        // t[2k], t[2k+1]: rows 2k and 2k+1 interleaved by element.
-        let t: [__m512; 16] = std::array::from_fn(|i| {
-            let (a, b) = (r[i & !1], r[i | 1]);
-            if i % 2 == 0 {
-                _mm512_unpacklo_ps(a, b)
-            } else {
-                _mm512_unpackhi_ps(a, b)
+        // SAFETY: 16 loads and stores of 16 lanes inside the 256; the target features of the
+        // transpose are the AVX-512 level's (the caller's contract).
+        unsafe {
+            let r: [__m512i; 16] =
+                std::array::from_fn(|i| _mm512_loadu_si512(m.as_ptr().add(16 * i).cast()));
+            let t = crate::simd::x86_avx512_iqk::transpose_16x16(r);
+            for (i, x) in t.iter().enumerate() {
+                _mm512_storeu_si512(m.as_mut_ptr().add(16 * i).cast(), *x);
             }
-        });
-        // u[4k + q]: 64-bit pairs of t[4k] and t[4k + 2] (q = 0, 1), of t[4k + 1] and
-        // t[4k + 3] (q = 2, 3).
-        let u: [__m512; 16] = std::array::from_fn(|i| {
-            let (base, q) = (i & !3, i % 4);
-            let (a, b) = (
-                _mm512_castps_pd(t[base + q / 2]),
-                _mm512_castps_pd(t[base + 2 + q / 2]),
-            );
-            _mm512_castpd_ps(if q % 2 == 0 {
-                _mm512_unpacklo_pd(a, b)
-            } else {
-                _mm512_unpackhi_pd(a, b)
-            })
-        });
-        // Now u[4k + q] holds, in each 128-bit lane L, column 4L + q of rows 4k..4k+4. Gather
-        // the four lanes of column c = 4L + q from u[q], u[4 + q], u[8 + q], u[12 + q].
-        let v: [__m512; 16] = std::array::from_fn(|i| {
-            let (q, half) = (i % 4, (i / 4) / 2);
-            let (a, b) = (u[q], u[4 + q]);
-            let (c, d) = (u[8 + q], u[12 + q]);
-            // Lanes L = 2*half and 2*half+1 of a and b, then of c and d.
-            let ab = if half == 0 {
-                _mm512_shuffle_f32x4::<0b01_00_01_00>(a, b)
-            } else {
-                _mm512_shuffle_f32x4::<0b11_10_11_10>(a, b)
-            };
-            let cd = if half == 0 {
-                _mm512_shuffle_f32x4::<0b01_00_01_00>(c, d)
-            } else {
-                _mm512_shuffle_f32x4::<0b11_10_11_10>(c, d)
-            };
-            // ab = [a.L, a.L+1, b.L, b.L+1], cd likewise; column 4L + q takes a.L, b.L, c.L,
-            // d.L (even i/4) or the L+1 ones (odd i/4).
-            if (i / 4) % 2 == 0 {
-                _mm512_shuffle_f32x4::<0b10_00_10_00>(ab, cd)
-            } else {
-                _mm512_shuffle_f32x4::<0b11_01_11_01>(ab, cd)
-            }
-        });
-        for (i, x) in v.iter().enumerate() {
-            // SAFETY: as above.
-            unsafe { _mm512_storeu_ps(m.as_mut_ptr().add(16 * i), *x) };
         }
     }
 
@@ -842,7 +797,7 @@ mod tests {
             return;
         }
         let mut m: [f32; 256] = std::array::from_fn(|i| i as f32);
-        // SAFETY: bf16_available implies AVX-512F.
+        // SAFETY: bf16_available implies the AVX-512 level.
         unsafe { super::amx::transpose_16x16(&mut m) };
         for i in 0..16 {
             for j in 0..16 {

@@ -306,10 +306,10 @@ fn dot_q6_0_imp(w: &[u8], a: &[u8]) -> f32 {
 
 /// The 16 x 16 matrix of 32-bit lanes whose row i is `r[i]`, transposed: lane i of result j is
 /// lane j of `r[i]`. Pairs of lanes, then 4 x 4 blocks inside 128-bit lanes, then the 128-bit
-/// lanes (64 shuffles).
+/// lanes (64 shuffles). Also transposes the AMX products' 16 x 16 f32 sums (`bf16gemm.rs`).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn transpose_16x16(r: [__m512i; 16]) -> [__m512i; 16] {
+pub(crate) fn transpose_16x16(r: [__m512i; 16]) -> [__m512i; 16] {
     let z = _mm512_setzero_si512();
     // t[2i] lane L: (2i, 4L), (2i+1, 4L), (2i, 4L+1), (2i+1, 4L+1); t[2i+1] the same of
     // columns 4L+2, 4L+3 ((row, column) of r).
