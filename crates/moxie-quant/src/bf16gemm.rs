@@ -447,6 +447,93 @@ mod amx {
         sums: Vec<f32>,
     }
 
+    /// One operand of [`accumulate`]: its first tile's rows at `at`, `stride` bytes apart;
+    /// each step of 32 along the sum moves it `step` bytes.
+    #[derive(Clone, Copy)]
+    struct Operand {
+        at: *const u8,
+        stride: usize,
+        step: usize,
+    }
+
+    /// C tiles tmm0..tmm(tiles - 1) = the sum over `steps` steps of `shared` times tile t's
+    /// `own[t]`; `SHARED_A`: the shared operand is A (the probabilities of `ab`), else B (the
+    /// queries of `abt`). The shared operand alternates between tmm3 and tmm4 and tile t's own
+    /// goes to tmm(5 + t), so no tile is reloaded while a product may still read it (the tile
+    /// unit would wait for the reader). One line of `lines` is prefetched per step.
+    ///
+    /// # Safety
+    /// Tiles configured (`configure(&TileConfig::FULL)`); `tiles <= 3`; every tile read (16
+    /// rows of 64 bytes from `at + i * step`, `i < steps`) readable.
+    #[inline(always)]
+    unsafe fn accumulate<'a, const SHARED_A: bool>(
+        tiles: usize,
+        steps: usize,
+        shared: Operand,
+        own: [Operand; 3],
+        lines: &mut impl Iterator<Item = &'a [u8]>,
+    ) {
+        macro_rules! step {
+            ($s:literal, $i:expr) => {{
+                let i = $i;
+                if let Some(line) = lines.next() {
+                    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+                    _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast());
+                }
+                load::<$s>(shared.at.add(i * shared.step), shared.stride);
+                let at = |t: usize| own[t].at.add(i * own[t].step);
+                macro_rules! product {
+                    ($c:literal, $o:literal) => {
+                        load::<$o>(at($c), own[$c].stride);
+                        if SHARED_A {
+                            dp_bf16::<$c, $s, $o>();
+                        } else {
+                            dp_bf16::<$c, $o, $s>();
+                        }
+                    };
+                }
+                product!(0, 5);
+                if tiles > 1 {
+                    product!(1, 6);
+                }
+                if tiles > 2 {
+                    product!(2, 7);
+                }
+            }};
+        }
+        // SAFETY: the caller's contract.
+        unsafe {
+            zero::<0>();
+            zero::<1>();
+            zero::<2>();
+            let mut i = 0;
+            while i + 2 <= steps {
+                step!(3, i);
+                step!(4, i + 1);
+                i += 2;
+            }
+            if i < steps {
+                step!(3, i);
+            }
+        }
+    }
+
+    /// Store C tile `t` (0..3) at `at`, rows `stride` bytes apart.
+    ///
+    /// # Safety
+    /// As [`store`].
+    #[inline(always)]
+    unsafe fn store_sums(t: usize, at: *mut u8, stride: usize) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            match t {
+                0 => store::<0>(at, stride),
+                1 => store::<1>(at, stride),
+                _ => store::<2>(at, stride),
+            }
+        }
+    }
+
     /// [`super::gemm_bf16_abt`] on AMX: the keys (16 positions x 32 values, straight from
     /// `b`) times each group of 16 query rows laid out as 16 pairs per tile row, into sums of
     /// 16 positions x 16 rows, three position tiles per step (a fourth would have to reuse a
@@ -504,60 +591,27 @@ mod amx {
                     std::array::from_fn(|t| key_tile(p0 + 16 * t.min(tiles - 1)));
                 for g in 0..groups {
                     let (h0, hm) = (16 * g, (m - 16 * g).min(16));
-                    let qt = s.shared[g * 16 * kd..].as_ptr();
-                    // One step of 32 values: the group's queries into tile Q, each position
-                    // tile's keys into its own tile (no tile is reloaded while a product may
-                    // still read it: the next step's queries go to the other of tmm3/tmm4).
-                    macro_rules! step {
-                        ($q:literal, $k:expr) => {{
-                            let k = $k;
-                            if let Some(line) = lines.next() {
-                                use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
-                                _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast());
-                            }
-                            load::<$q>(qt.add(16 * k).cast(), 64);
-                            let at = |t: usize| k_tiles[t].0.add(2 * k);
-                            load::<5>(at(0), k_tiles[0].1);
-                            dp_bf16::<0, 5, $q>();
-                            if tiles > 1 {
-                                load::<6>(at(1), k_tiles[1].1);
-                                dp_bf16::<1, 6, $q>();
-                            }
-                            if tiles > 2 {
-                                load::<7>(at(2), k_tiles[2].1);
-                                dp_bf16::<2, 7, $q>();
-                            }
-                        }};
-                    }
+                    let queries = Operand {
+                        at: s.shared[g * 16 * kd..].as_ptr().cast(),
+                        stride: 64,
+                        step: 1024,
+                    };
+                    let keys = k_tiles.map(|(at, stride)| Operand {
+                        at,
+                        stride,
+                        step: 64,
+                    });
                     // SAFETY: the tiles are configured (above); every tile read lies in
                     // `shared` (the group's 16 * kd values), in `b` (whole tiles of 16 rows of
                     // kd from a row < n, strides of ldb: the callers checked (n - 1) * ldb + kd
                     // <= b.len()) or in `edge` (16 * kd).
-                    unsafe {
-                        zero::<0>();
-                        zero::<1>();
-                        zero::<2>();
-                        let mut k = 0;
-                        while k + 64 <= kd {
-                            step!(3, k);
-                            step!(4, k + 32);
-                            k += 64;
-                        }
-                        if k < kd {
-                            step!(3, k);
-                        }
-                    }
+                    unsafe { accumulate::<false>(tiles, kd / 32, queries, keys, &mut lines) };
                     for t in 0..tiles {
                         let sums: &mut [f32; 256] = (&mut s.sums[..256]).try_into().unwrap();
                         // SAFETY: as above; `sums` holds 256 floats; the AVX-512 level is present
                         // (bf16_available implies bf16_products_fast).
                         unsafe {
-                            let at = sums.as_mut_ptr().cast();
-                            match t {
-                                0 => store::<0>(at, 64),
-                                1 => store::<1>(at, 64),
-                                _ => store::<2>(at, 64),
-                            }
+                            store_sums(t, sums.as_mut_ptr().cast(), 64);
                             // Sums are [position][row]: transposed into `c`.
                             transpose_16x16(sums);
                         }
@@ -707,46 +761,23 @@ mod amx {
                 let col = |t: usize| 2 * (d0 + 16 * t.min(tiles - 1));
                 for g in 0..groups {
                     let (h0, hm) = (16 * g, (m - 16 * g).min(16));
-                    let pg = s.shared[g * 16 * n_pad..].as_ptr();
-                    let stride = 4 * dv;
-                    // One step of 32 positions: the group's probabilities into tile P, each
-                    // column tile's values into its own tile (the next step's probabilities go
-                    // to the other of tmm3/tmm4).
-                    macro_rules! step {
-                        ($p:literal, $j:expr) => {{
-                            let j = $j;
-                            load::<$p>(pg.add(j).cast(), 2 * n_pad);
-                            let at = |t: usize| s.pairs.as_ptr().add(j * dv + col(t)).cast();
-                            load::<5>(at(0), stride);
-                            dp_bf16::<0, $p, 5>();
-                            if tiles > 1 {
-                                load::<6>(at(1), stride);
-                                dp_bf16::<1, $p, 6>();
-                            }
-                            if tiles > 2 {
-                                load::<7>(at(2), stride);
-                                dp_bf16::<2, $p, 7>();
-                            }
-                        }};
-                    }
+                    let probs = Operand {
+                        at: s.shared[g * 16 * n_pad..].as_ptr().cast(),
+                        stride: 2 * n_pad,
+                        step: 64,
+                    };
+                    let values = std::array::from_fn(|t| Operand {
+                        at: s.pairs[col(t)..].as_ptr().cast(),
+                        stride: 4 * dv,
+                        step: 64 * dv,
+                    });
                     // SAFETY: the tiles are configured (above); the A tiles lie in `shared`
                     // (the group's 16 rows of n_pad, read 32 at a time below n_pad), the B
                     // tiles in `pairs` (rows j/2 < n_pad/2 of 2 * dv values, 32 of them from
                     // column 2 * (d0 + 16t) with d0 + 16t + 16 <= dv).
                     unsafe {
-                        zero::<0>();
-                        zero::<1>();
-                        zero::<2>();
-                        let mut j = 0;
-                        while j + 64 <= n_pad {
-                            step!(3, j);
-                            step!(4, j + 32);
-                            j += 64;
-                        }
-                        if j < n_pad {
-                            step!(3, j);
-                        }
-                    }
+                        accumulate::<true>(tiles, n_pad / 32, probs, values, &mut [].into_iter())
+                    };
                     for t in 0..tiles {
                         let d = d0 + 16 * t;
                         // A whole group of rows goes straight into `c`, else through `sums`.
@@ -758,13 +789,7 @@ mod amx {
                         // SAFETY: as above; with hm == 16, rows h0..h0 + 16 of `c` hold
                         // columns d..d + 16 <= dv (the callers checked (m - 1) * ldc + dv <=
                         // c.len()); `sums` holds 256 floats.
-                        unsafe {
-                            match t {
-                                0 => store::<0>(at.cast(), stride),
-                                1 => store::<1>(at.cast(), stride),
-                                _ => store::<2>(at.cast(), stride),
-                            }
-                        }
+                        unsafe { store_sums(t, at.cast(), stride) };
                         if hm < 16 {
                             for (h, row) in s.sums.chunks_exact(16).take(hm).enumerate() {
                                 c[(h0 + h) * ldc + d..][..16].copy_from_slice(row);
