@@ -18,11 +18,9 @@
 pub fn bf16_available() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| {
-        let wanted = !matches!(
-            std::env::var("MOXIE_QUANT_SIMD").as_deref(),
-            Ok("avx512" | "avx2" | "scalar")
-        );
-        wanted && crate::bf16gemm::bf16_products_fast() && hardware::bf16()
+        crate::dispatch::requested_simd().1
+            && crate::bf16gemm::bf16_products_fast()
+            && hardware::bf16()
     })
 }
 

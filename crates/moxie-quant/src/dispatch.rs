@@ -89,15 +89,19 @@ pub fn hardware_simd_level() -> SimdLevel {
 /// The level [`vec_dot_fn`] uses: the hardware level, lowered by `MOXIE_QUANT_SIMD` if set.
 pub fn simd_level() -> SimdLevel {
     static LEVEL: OnceLock<SimdLevel> = OnceLock::new();
-    *LEVEL.get_or_init(|| {
-        let hw = hardware_simd_level();
-        let wanted = match std::env::var("MOXIE_QUANT_SIMD").as_deref() {
-            Ok("scalar") => SimdLevel::Scalar,
-            Ok("avx2") => SimdLevel::Avx2,
-            _ => SimdLevel::Avx512,
-        };
-        hw.min(wanted)
-    })
+    *LEVEL.get_or_init(|| hardware_simd_level().min(requested_simd().0))
+}
+
+/// What `MOXIE_QUANT_SIMD` asks for: the highest level to use, and whether AMX tiles may run
+/// on top of it (`crate::amx`; only when the variable is unset or `amx`, so `avx512` compares
+/// the AVX-512 kernels on an AMX machine).
+pub(crate) fn requested_simd() -> (SimdLevel, bool) {
+    match std::env::var("MOXIE_QUANT_SIMD").as_deref() {
+        Ok("scalar") => (SimdLevel::Scalar, false),
+        Ok("avx2") => (SimdLevel::Avx2, false),
+        Ok("avx512") => (SimdLevel::Avx512, false),
+        _ => (SimdLevel::Avx512, true),
+    }
 }
 
 /// The activation type ggml pairs with weights of type `ty` in dot products, or `None` if
