@@ -124,6 +124,8 @@ fn params_label(n: u64) -> String {
 
 struct Row {
     model: String,
+    /// llama-bench's backend column: "CUDA" when a GPU holds part of the model, else "CPU".
+    backend: &'static str,
     file: String,
     size: u64,
     params: u64,
@@ -133,6 +135,21 @@ struct Row {
     kv: KvTypes,
     test: BenchTest,
     samples: Vec<f64>,
+}
+
+/// llama-bench's name for the backend that runs `model`: "CUDA" as soon as a GPU holds any of
+/// it (llama-bench names its build's GPU backend whatever `-ngl` is), else "CPU" (simulated
+/// devices compute with the CPU kernels).
+fn backend_name(model: &Model) -> &'static str {
+    let on_gpu = model
+        .devices
+        .iter()
+        .any(|d| d.kind == moxie_core::device::DeviceKind::Gpu && d.stats().peak_bytes > 0);
+    if on_gpu {
+        "CUDA"
+    } else {
+        "CPU"
+    }
 }
 
 fn tests(a: &Args) -> Result<Vec<BenchTest>> {
@@ -239,6 +256,7 @@ pub fn main(a: Args, matches: &clap::ArgMatches) -> Result<()> {
                         }
                         let row = Row {
                             model: desc.clone(),
+                            backend: backend_name(&model),
                             file: path.display().to_string(),
                             size,
                             params,
@@ -354,9 +372,10 @@ fn md_row(r: &Row, show_kv: bool) -> String {
         String::new()
     };
     format!(
-        "| {} | {size} | {} | CPU | {} |{kv} {} | {m:.2} ± {s:.2} |\n",
+        "| {} | {size} | {} | {} | {} |{kv} {} | {m:.2} ± {s:.2} |\n",
         r.model,
         params_label(r.params),
+        r.backend,
         r.threads,
         r.test.name()
     )
@@ -369,7 +388,7 @@ fn row_json(r: &Row) -> serde_json::Value {
         "model_type": r.model,
         "model_size": r.size,
         "model_n_params": r.params,
-        "backend": "CPU",
+        "backend": r.backend,
         "n_threads": r.threads,
         "n_batch": r.batch,
         "n_ubatch": r.ubatch,

@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# Everything in moxie that needs an NVIDIA GPU, in two steps: build on any Linux x86-64 machine
+# with Rust, then run on the GPU machine, which needs no Rust toolchain (the CUDA driver and
+# NVRTC are loaded at run time; NVRTC comes from a CUDA toolkit or `CUDA_HOME`).
+#
+#   scripts/gpu-check.sh stage [DIR]        # CPU machine: build (release, --features cuda) and
+#                                           # copy the binaries and the fixtures into DIR
+#                                           # (default .gpu-check, ignored by git)
+#   scripts/gpu-check.sh run [DIR] [REPORT] # GPU machine: the checks below, one report file
+#                                           # (default DIR/report.md)
+#
+# `run` does, each step under its own time limit (the whole under 10 minutes on an H100):
+#   1. the ignored CUDA tests of moxie-gpu (device, copies, every kernel launch);
+#   2. the every-fixture sweep on the real GPU: all-GPU, `-ngl 999 --cpu-moe` and a mixed
+#      split, each against the CPU logits (moxie-core's gpu_emu test, ignored case);
+#   3. `moxie bench` on bench-deepseek2 Q4_K_M, generated there, for the three patterns users
+#      compare: CPU-only (`-ngl 0`), hybrid (`-ngl 999 -ot exps=CPU`) and all-GPU (`-ngl 999`),
+#      each next to llama.cpp's llama-bench with the same flags when a llama.cpp source tree was
+#      staged (LLAMA_SRC at `stage`, e.g. the llama-cpp-python 0.3.36 sdist's vendor/llama.cpp:
+#      built there with -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 while steps 1-2 run, about
+#      5 minutes on 16 cores). llama.cpp's `-ngl 0` still runs prompt batches' matrix products
+#      on the GPU; moxie's `-ngl 0` is CPU only.
+#
+# Environment: MOXIE_FIXTURES (stage: where the fixtures are; run: fixtures elsewhere than
+# DIR/fixtures), LLAMA_SRC (stage), GPU_CHECK_BENCH=0 (skip step 3), GPU_CHECK_REPS (bench
+# repetitions, default 3), THREADS (default: all cores), CUDA_ARCH (llama.cpp's, default 90).
+set -uo pipefail
+
+cmd=${1:-}
+dir=${2:-.gpu-check}
+root=$(cd "$(dirname "$0")/.." && pwd)
+
+stage() {
+    cd "$root" || exit 1
+    local fx=${MOXIE_FIXTURES:-$root/../shared/fixtures}
+    [ -f "$fx/golden/index.json" ] || { echo "gpu-check: no fixtures at $fx (set MOXIE_FIXTURES)" >&2; exit 1; }
+    cargo build --release -p moxie-cli --features cuda || exit 1
+    # The test binaries' paths, from cargo's JSON messages.
+    local tests
+    tests=$(cargo test --release --features cuda -p moxie-gpu --test cuda -p moxie-core --test gpu_emu \
+        --no-run --message-format=json 2>/dev/null |
+        python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("cuda", "gpu_emu"):
+        print(m["target"]["name"], m["executable"])') || exit 1
+    [ "$(echo "$tests" | wc -l)" = 2 ] || { echo "gpu-check: test binaries not found: $tests" >&2; exit 1; }
+    mkdir -p "$dir/bin" "$dir/fixtures/golden" "$dir/fixtures/models"
+    cp target/release/moxie "$dir/bin/moxie"
+    while read -r name path; do cp "$path" "$dir/bin/test-$name"; done <<<"$tests"
+    cp "$fx/golden/index.json" "$dir/fixtures/golden/"
+    cp "$fx"/models/*.gguf "$dir/fixtures/models/"
+    if [ -n "${LLAMA_SRC:-}" ]; then
+        # Only what llama-bench needs: the CPU and CUDA backends, no other tool.
+        rm -rf "$dir/llama-src"
+        mkdir -p "$dir/llama-src"
+        (cd "$LLAMA_SRC" && tar cf - --exclude='./build*' --exclude=./.git --exclude=./models \
+            --exclude=./docs --exclude=./examples --exclude=./tests --exclude=./gguf-py \
+            --exclude=./media --exclude=./app --exclude=./benches --exclude=./pocs .) |
+            (cd "$dir/llama-src" && tar xf -) || exit 1
+        for b in "$dir"/llama-src/ggml/src/ggml-*/; do
+            case $b in */ggml-cpu/ | */ggml-cuda/) ;; *) rm -rf "$b" ;; esac
+        done
+        for t in "$dir"/llama-src/tools/*/; do
+            case $t in */llama-bench/) ;; *) rm -rf "$t" ;; esac
+        done
+        printf 'llama_add_compile_flags()\nadd_subdirectory(llama-bench)\n' >"$dir/llama-src/tools/CMakeLists.txt"
+        du -sh "$dir/llama-src"
+    fi
+    du -sh "$dir/bin" "$dir/fixtures"
+    echo "gpu-check: staged in $dir; on the GPU machine: scripts/gpu-check.sh run $dir"
+}
+
+run() {
+    local report=${3:-$dir/report.md}
+    local bin=$dir/bin
+    export MOXIE_FIXTURES=${MOXIE_FIXTURES:-$(cd "$dir" && pwd)/fixtures}
+    local threads=${THREADS:-$(nproc)}
+    local reps=${GPU_CHECK_REPS:-3}
+    local failed=0
+    : >"$report"
+    say() { echo "$*" | tee -a "$report"; }
+    # step NAME LIMIT CMD...: run with a time limit, log to the report, count failures.
+    step() {
+        local name=$1 limit=$2
+        shift 2
+        local t0=$SECONDS
+        say ""
+        say "## $name"
+        say '```'
+        timeout "$limit" "$@" 2>&1 | tee -a "$report.log" | grep -E -v '^\s*$' |
+            grep -E 'test result|^test |passed|FAILED|panicked|KLD|error|Error|\||GPU|CUDA' | tee -a "$report"
+        local rc=${PIPESTATUS[0]}
+        say '```'
+        say "$name: exit $rc after $((SECONDS - t0)) s"
+        [ "$rc" = 0 ] || failed=$((failed + 1))
+    }
+    say "# moxie gpu-check, $(date -u +%Y-%m-%dT%H:%MZ)"
+    say ""
+    say '```'
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee -a "$report"
+    say "$(nproc) CPU threads; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
+    say '```'
+    : >"$report.log"
+    local llama=$dir/llama-build/bin/llama-bench build=
+    if [ "${GPU_CHECK_BENCH:-1}" != 0 ] && [ -d "$dir/llama-src" ] && [ ! -x "$llama" ]; then
+        (cmake -S "$dir/llama-src" -B "$dir/llama-build" -G Ninja -DGGML_CUDA=ON \
+            -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF \
+            -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
+            -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF &&
+            timeout 480 cmake --build "$dir/llama-build" -j "$(nproc)" --target llama-bench) \
+            >"$report.llama-build.log" 2>&1 &
+        build=$!
+    fi
+    step "CUDA tests (moxie-gpu, ignored)" 120 "$bin/test-cuda" --include-ignored --test-threads=1
+    step "Every fixture on the GPU against the CPU (moxie-core gpu_emu, ignored)" 200 \
+        "$bin/test-gpu_emu" cuda_gpu_matches_cpu_on_every_fixture --include-ignored --nocapture
+    if [ "${GPU_CHECK_BENCH:-1}" != 0 ]; then
+        local model=$dir/bench-deepseek2-Q4_K_M.gguf
+        [ -f "$model" ] || step "moxie gen bench-deepseek2 Q4_K_M" 150 \
+            "$bin/moxie" gen --arch deepseek2 --preset bench-deepseek2 --type Q4_K_M -o "$model"
+        if [ -n "$build" ]; then
+            say ""
+            if wait "$build"; then say "llama.cpp (CUDA) built"; else say "llama.cpp build failed: $report.llama-build.log"; fi
+        fi
+        local pattern
+        for pattern in "CPU only:-ngl 0" "hybrid:-ngl 999 -ot exps=CPU" "all-GPU:-ngl 999"; do
+            local flags=${pattern#*:}
+            # shellcheck disable=SC2086 # the flags are words
+            step "bench ${pattern%%:*} ($flags): moxie" 90 "$bin/moxie" bench -m "$model" -p 512 -n 128 \
+                -r "$reps" -t "$threads" $flags
+            # shellcheck disable=SC2086
+            [ -x "$llama" ] && step "bench ${pattern%%:*} ($flags): llama.cpp" 90 "$llama" -m "$model" \
+                -p 512 -n 128 -r "$reps" -t "$threads" $flags
+        done
+    fi
+    say ""
+    say "gpu-check: $failed step(s) failed; full output in $report.log"
+    [ "$failed" = 0 ]
+}
+
+case $cmd in
+stage) stage ;;
+run) run "$@" ;;
+*)
+    sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'
+    exit 2
+    ;;
+esac
