@@ -19,6 +19,7 @@ pub mod parallel;
 pub mod placement;
 pub mod quant_rules;
 pub mod sampling;
+mod scratch;
 mod spin_pool;
 pub mod state;
 pub mod synth;

@@ -749,6 +749,8 @@ pub(crate) const TILE: usize = moxie_quant::GEMM_TILE_ROWS;
 /// holds the chunk's results in [`Mat::rows_times`]'s order (runs of 16 rows, token-major
 /// within a run).
 pub(crate) struct ChunkedLayout {
+    /// The matrices' first row in this layout ([`ChunkedLayout::over_rows`]); 0 for all rows.
+    row0: usize,
     n_rows: usize,
     n_chunks: usize,
     start: Vec<usize>,
@@ -757,11 +759,21 @@ pub(crate) struct ChunkedLayout {
 
 impl ChunkedLayout {
     pub(crate) fn new(n_rows: usize, n_tok: Vec<usize>) -> ChunkedLayout {
+        ChunkedLayout::over_rows(0..n_rows, n_tok)
+    }
+
+    /// The layout of the matrices' rows `rows` only (`rows.start` a multiple of
+    /// [`CHUNK_ROWS`]): [`ChunkedLayout::for_each_item`] hands out rows of the matrices, and
+    /// [`ChunkedLayout::gather`] gives a token's `rows.len()` results.
+    pub(crate) fn over_rows(rows: Range<usize>, n_tok: Vec<usize>) -> ChunkedLayout {
+        debug_assert!(rows.start.is_multiple_of(CHUNK_ROWS));
+        let n_rows = rows.len();
         let mut start = vec![0];
         for &nt in &n_tok {
             start.push(start.last().unwrap() + nt * n_rows);
         }
         ChunkedLayout {
+            row0: rows.start,
             n_rows,
             n_chunks: n_rows.div_ceil(CHUNK_ROWS),
             start,
@@ -834,6 +846,7 @@ impl ChunkedLayout {
                 for i in items {
                     let (a, r0, rows) = self.item(i);
                     let len = rows * self.n_tok[a];
+                    let r0 = self.row0 + r0;
                     f(a, r0..r0 + rows, &mut o[off..off + len], &mut scratch);
                     off += len;
                 }

@@ -22,6 +22,10 @@ pub(crate) struct AttnGeom {
     pub kq_scale: f32,
     /// Position of the first query.
     pub pos0: usize,
+    /// Cache positions of the whole batch when this call attends a chunk of it (0: none):
+    /// the products' type ([`bf16_products`]) is chosen for that length, so every chunk
+    /// computes as the whole batch would.
+    pub n_kv_batch: usize,
 }
 
 /// Causal softmax attention of `q` (`n` tokens × n_head × dk) against the cache, the way
@@ -149,7 +153,7 @@ fn attend_one_token(
     // The positions read: all of them, or the selected ones.
     let list = sel.and_then(|s| s.row(0));
     let n_kv = list.map_or(g.pos0 + 1, <[u32]>::len);
-    let bf16 = bf16_products(g, n_kv, keys, values);
+    let bf16 = bf16_products(g, n_kv.max(g.n_kv_batch), keys, values);
     // Work items: runs of positions, each over every kv head (whole cache rows, read in
     // order).
     let runs = par.n_threads().min(n_kv.div_ceil(MIN_RUN)).max(1);
@@ -539,7 +543,7 @@ fn attend_batch_f32(
     let n = q.len() / (g.n_head * g.dk);
     let n_kv = g.pos0 + n;
     let group = g.n_head / g.n_head_kv;
-    let bf16 = bf16_products(g, n_kv, keys, values);
+    let bf16 = bf16_products(g, n_kv.max(g.n_kv_batch), keys, values);
     // Per kv head, all positions' `width` elements as rows of the products' type.
     let convert = |src: CacheRows, width: usize| {
         let mut dst = Converted::new(bf16);
@@ -837,6 +841,7 @@ mod tests {
                     dv,
                     kq_scale: 0.1,
                     pos0: n_kv - n,
+                    n_kv_batch: 0,
                 };
                 let mut keys = Rows::new(GgmlType::F16, n_head_kv * dk);
                 keys.append(&random(&mut s, n_kv * n_head_kv * dk));

@@ -155,6 +155,7 @@ impl Block for Gqa {
                 dv: self.head_v,
                 kq_scale: self.kq_scale,
                 pos0: p.pos0,
+                n_kv_batch: 0,
             },
             q,
             keys,

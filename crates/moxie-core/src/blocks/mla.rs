@@ -16,6 +16,8 @@ use crate::forward::{Block, Pass};
 use crate::gpu_pass::weight;
 use crate::loader::Vector;
 use crate::ops::{self, Rope, RopeKind};
+use crate::parallel::Numerics;
+use crate::scratch;
 use crate::state::{LayerState, LayerStateSpec, RowSpec};
 use crate::tensor::{gemv_many, QuantizedActs, Tensor};
 use crate::{Error, Result};
@@ -110,45 +112,9 @@ impl Mla {
     }
 }
 
-/// The vectors of one CPU call of [`Mla`], kept by each thread from one one-token call to the
-/// next: decode runs every layer for every token, and fresh vectors there cost zeroing and page
-/// faults (about 2% of a decode step); a batch allocates its own (they are large, and
-/// short-lived next to the batch's work).
-#[derive(Default)]
-struct MlaBufs {
-    q: Vec<f32>,
-    /// `q_a` rows of every token, then the latent + rotary key rows.
-    qa_kv: Vec<f32>,
-    qfull: Vec<f32>,
-    latent_out: Vec<f32>,
-    heads: Vec<f32>,
-    o: Vec<f32>,
-}
-
-thread_local! {
-    static DECODE_BUFS: std::cell::Cell<Option<MlaBufs>> = const { std::cell::Cell::new(None) };
-}
-
-impl MlaBufs {
-    fn take(n: usize) -> MlaBufs {
-        match n {
-            1 => DECODE_BUFS.take().unwrap_or_default(),
-            _ => MlaBufs::default(),
-        }
-    }
-
-    fn put_back(self, n: usize) {
-        if n == 1 {
-            DECODE_BUFS.set(Some(self));
-        }
-    }
-}
-
-/// `v` as `len` values; it is zeroed only where it grows (every caller overwrites all of it).
-fn sized(v: &mut Vec<f32>, len: usize) -> &mut [f32] {
-    v.resize(len, 0.0);
-    v
-}
+/// Tokens per chunk of a prompt batch's absorbed attention ([`Mla`]'s CPU side): a multiple
+/// of 16 (the products' tiles), large enough that the products keep their batch kernels.
+const ATTEND_CHUNK: usize = 128;
 
 fn no_state() -> Error {
     Error::Model("MLA state without its rows".into())
@@ -167,19 +133,12 @@ impl Block for Mla {
         let nope = dk - n_rot;
         let dv = s.head_v;
 
-        let mut bufs = MlaBufs::take(n);
-        let MlaBufs {
-            q,
-            qa_kv,
-            qfull,
-            latent_out,
-            heads,
-            o,
-        } = &mut bufs;
-
+        // Work buffers from the thread's pool (`scratch`), each given back once dead, so a
+        // prompt batch holds the absorbed queries and the latent outputs (tens of MB) but not
+        // the rest at once.
         // Queries: optional low-rank compression (`qa`), then per head [nope | rope]; and the
         // latent + rotary key (`kv`) from the same input.
-        let q = sized(q, n * n_head * dk);
+        let mut q = scratch::take(n * n_head * dk);
         let kw = rank + n_rot;
         let wkv_a = self.wkv_a.matrix()?;
         let wq_a = match &self.wq_a {
@@ -192,12 +151,12 @@ impl Block for Mla {
             None => self.wq_b.matrix()?.act_type(),
         };
         let acts_h = QuantizedActs::new(first, c.n_embd, h);
-        let qa_kv = sized(qa_kv, n * (qa_width + kw));
+        let mut qa_kv = scratch::take(n * (qa_width + kw));
         // One token: both products of the layer input in one parallel region.
         let fused = match &wq_a {
             Some((m, _)) if n == 1 && wkv_a.act_type() == acts_h.ty => {
                 let x = acts_h.row(0);
-                gemv_many(par, &[(*m, x), (wkv_a, x)], qa_kv);
+                gemv_many(par, &[(*m, x), (wkv_a, x)], &mut qa_kv);
                 true
             }
             _ => false,
@@ -210,10 +169,10 @@ impl Block for Mla {
                     matmul_shared(&self.wkv_a, &acts_h, h, par, kv)?;
                 }
                 ops::rms_norm_mul(qa, norm, c.rms_eps);
-                self.wq_b.matrix()?.matmul(par, qa, q);
+                self.wq_b.matrix()?.matmul(par, qa, &mut q);
             }
             None => {
-                self.wq_b.matrix()?.matmul_q(par, &acts_h, q);
+                self.wq_b.matrix()?.matmul_q(par, &acts_h, &mut q);
                 matmul_shared(&self.wkv_a, &acts_h, h, par, kv)?;
             }
         }
@@ -235,51 +194,74 @@ impl Block for Mla {
             _ => None,
         };
 
-        // Absorbed queries [latent (rank) | rope (n_rot)] per head.
-        let qw = rank + n_rot;
-        let qfull = sized(qfull, n * n_head * qw);
-        per_head_products(par, &self.wk_b, q, dk, true, qfull, qw)?;
+        // The latent + rotary keys of every token go into the cache first: each chunk of
+        // queries below attends to the positions up to its own last token.
         for (t, rc) in p.rope.iter().enumerate() {
-            for hh in 0..n_head {
-                let src = &mut q[(t * n_head + hh) * dk..][..dk];
-                c.rope.apply(src, dk, nope, rc);
-                qfull[(t * n_head + hh) * qw + rank..][..n_rot].copy_from_slice(&src[nope..]);
-            }
             let row = &mut kv[t * kw..(t + 1) * kw];
             c.rope.apply(&mut row[rank..], n_rot, 0, rc);
             ops::rms_norm_mul(&mut row[..rank], &self.kv_a_norm, c.rms_eps);
         }
         let latent = state.keys.as_mut().ok_or_else(no_state)?;
         latent.append(kv);
+        drop(qa_kv);
 
-        // MQA over the latent: one kv "head" of width rank + n_rot, values = its first `rank`.
-        let latent_out = sized(latent_out, n * n_head * rank);
-        attend(
-            AttnGeom {
-                n_head,
-                n_head_kv: 1,
-                dk: qw,
-                dv: rank,
-                kq_scale: self.kq_scale,
-                pos0: p.pos0,
-            },
-            qfull,
-            latent.view(),
-            None,
-            sel,
-            latent_out,
-            par,
-        );
+        // Absorbed queries, attention over the latent and the heads' values, in chunks of
+        // tokens: the absorbed queries and the attended latents are the largest buffers of a
+        // prompt batch (n_head x (rank + n_rot) and n_head x rank per token). Chunks of a
+        // multiple of 16 tokens keep every product's tiles where the whole batch has them;
+        // the exact path and DSA's selection (rows by batch token) take the batch whole.
+        let chunk = match par.numerics() {
+            Numerics::Fast if sel.is_none() => ATTEND_CHUNK,
+            _ => n,
+        };
+        let qw = rank + n_rot;
+        let mut heads = scratch::take(n * n_head * dv);
+        for t0 in (0..n).step_by(chunk) {
+            let t1 = (t0 + chunk).min(n);
+            let m = t1 - t0;
+            // Absorbed queries [latent (rank) | rope (n_rot)] per head.
+            let q = &mut q[t0 * n_head * dk..t1 * n_head * dk];
+            let mut qfull = scratch::take(m * n_head * qw);
+            per_head_products(par, &self.wk_b, q, dk, true, &mut qfull, qw)?;
+            for (t, rc) in p.rope[t0..t1].iter().enumerate() {
+                for hh in 0..n_head {
+                    let src = &mut q[(t * n_head + hh) * dk..][..dk];
+                    c.rope.apply(src, dk, nope, rc);
+                    qfull[(t * n_head + hh) * qw + rank..][..n_rot].copy_from_slice(&src[nope..]);
+                }
+            }
+            // MQA over the latent: one kv "head" of width rank + n_rot, values = its first
+            // `rank`.
+            let mut latent_out = scratch::take(m * n_head * rank);
+            attend(
+                AttnGeom {
+                    n_head,
+                    n_head_kv: 1,
+                    dk: qw,
+                    dv: rank,
+                    kq_scale: self.kq_scale,
+                    pos0: p.pos0 + t0,
+                    n_kv_batch: p.pos0 + n,
+                },
+                &qfull,
+                latent.view(),
+                None,
+                sel,
+                &mut latent_out,
+                par,
+            );
+            drop(qfull);
+            // Per head: expand the attended latent with attn_v_b.
+            let heads = &mut heads[t0 * n_head * dv..t1 * n_head * dv];
+            per_head_products(par, &self.wv_b, &latent_out, rank, false, heads, dv)?;
+        }
+        drop(q);
         if selected.is_some() {
             p.top_k = selected;
         }
-        // Per head: expand the attended latent with attn_v_b.
-        let heads = sized(heads, n * n_head * dv);
-        per_head_products(par, &self.wv_b, latent_out, rank, false, heads, dv)?;
-        let o = sized(o, n * c.n_embd);
-        self.wo.matrix()?.matmul(par, heads, o);
-        ops::add_assign(x, o);
-        bufs.put_back(n);
+        let mut o = scratch::take(n * c.n_embd);
+        self.wo.matrix()?.matmul(par, &heads, &mut o);
+        ops::add_assign(x, &o);
         Ok(())
     }
 

@@ -9,7 +9,8 @@ use super::{Moe, MoeScratch};
 use crate::blocks::DenseFfn;
 use crate::ops;
 use crate::parallel::Parallel;
-use crate::tensor::{gemv_many, ChunkedLayout, Mat, QuantizedActs, TILE};
+use crate::scratch;
+use crate::tensor::{gemv_many, ChunkedLayout, Mat, QuantizedActs, CHUNK_ROWS, TILE};
 use crate::Result;
 
 /// An empty vector for items of other lifetimes that keeps `v`'s allocation: std collects a
@@ -176,6 +177,10 @@ struct Routed<'a> {
 }
 
 /// A batch: tokens grouped by expert; see the module documentation for the five regions.
+/// The most bytes of down-projection results [`batch`] holds at once (one pass over the
+/// output rows).
+const DOWN_PASS_BYTES: usize = 8 << 20;
+
 pub(super) fn batch(
     m: &Moe,
     h: &[f32],
@@ -248,9 +253,9 @@ pub(super) fn batch(
 
     // Region 2: gate and up of every (expert, chunk of rows), then SiLU·mul.
     let ff = ChunkedLayout::new(n_ff, n_tok.clone());
-    // Every value of both is written by its region before it is read.
-    let [mut act, mut down_out] = BATCH_BUFS.take().unwrap_or_default();
-    act.resize(ff.len(), 0.0);
+    // From the thread's pool (`scratch`): every value is written by its region before it is
+    // read.
+    let mut act = scratch::take(ff.len());
     ff.for_each_item(par, 2 * n_embd, &mut act, |a, rows, g, [scratch, up]| {
         let (r, r0, width) = (&routed[a], rows.start, rows.len());
         let (acts_gate, acts_up) = &acts_in[a];
@@ -288,29 +293,39 @@ pub(super) fn batch(
             acts
         },
     );
+    drop((acts_in, act));
 
-    // Region 4: every (expert, chunk of rows) of the down projections.
-    let emb = ChunkedLayout::new(n_embd, n_tok);
-    down_out.resize(emb.len(), 0.0);
-    emb.for_each_item(par, n_ff, &mut down_out, |a, rows, o, [scratch, _]| {
-        let r = &routed[a];
-        r.down
-            .rows_times(kernels[a].2, &acts_down[a], rows, o, scratch);
-    });
-
-    // Region 5: each token's experts, weighted, summed in selection order (the first
-    // assigns, so `out` needs no clearing).
+    // Regions 4 and 5 in passes over the output rows, each pass's products at most
+    // DOWN_PASS_BYTES (a 512-token batch's whole would be n x k_used x n_embd floats, tens of
+    // MB at the peak of the layer). Region 4: every (expert, chunk of the pass's rows) of the
+    // down projections. Region 5: each token's experts, weighted, summed in selection order
+    // (the first assigns, so `out` needs no clearing); per element, so passes change nothing.
+    let n_routes = n * k_used;
+    let n_pass = (n_routes * n_embd * 4).div_ceil(DOWN_PASS_BYTES).max(1);
+    let pass_rows = n_embd.div_ceil(n_pass).next_multiple_of(CHUNK_ROWS);
+    let mut down_out = scratch::take(n_routes * pass_rows.min(n_embd));
     out.resize(n * n_embd, 0.0);
-    par.for_each_range(n, k_used * n_embd, out, n_embd, |toks, o| {
-        let mut v = vec![0f32; n_embd];
-        for (t, orow) in toks.zip(o.chunks_exact_mut(n_embd)) {
-            for (slot, &(_, w)) in routes[t].iter().enumerate() {
-                let (a, i) = where_is[t * k_used + slot];
-                emb.gather(&down_out, a, i, &mut v);
-                add_weighted(orow, &v, w, slot == 0);
+    for r0 in (0..n_embd).step_by(pass_rows) {
+        let pass = r0..(r0 + pass_rows).min(n_embd);
+        let emb = ChunkedLayout::over_rows(pass.clone(), n_tok.clone());
+        let down_out = &mut down_out[..emb.len()];
+        emb.for_each_item(par, n_ff, down_out, |a, rows, o, [scratch, _]| {
+            let r = &routed[a];
+            r.down
+                .rows_times(kernels[a].2, &acts_down[a], rows, o, scratch);
+        });
+        par.for_each_range(n, k_used * pass.len(), out, n_embd, |toks, o| {
+            let mut v = vec![0f32; pass.len()];
+            for (t, orow) in toks.zip(o.chunks_exact_mut(n_embd)) {
+                let orow = &mut orow[pass.clone()];
+                for (slot, &(_, w)) in routes[t].iter().enumerate() {
+                    let (a, i) = where_is[t * k_used + slot];
+                    emb.gather(down_out, a, i, &mut v);
+                    add_weighted(orow, &v, w, slot == 0);
+                }
             }
-        }
-    });
+        });
+    }
     if let Some(s) = shared {
         let mut sh = s.cpu_rows(h, n, Some(input.get(gate_ty)), par)?;
         if let Some(g) = &m.shared_gate {
@@ -318,13 +333,5 @@ pub(super) fn batch(
         }
         ops::add_assign(out, &sh);
     }
-    BATCH_BUFS.set(Some([act, down_out]));
     Ok(())
-}
-
-thread_local! {
-    /// [`batch`]'s two large intermediate buffers (gate·up, down products of every expert's
-    /// tokens), kept between calls: fresh ones cost a page fault per 4 KiB in every layer.
-    static BATCH_BUFS: std::cell::Cell<Option<[Vec<f32>; 2]>> =
-        const { std::cell::Cell::new(None) };
 }

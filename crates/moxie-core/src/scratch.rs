@@ -1,0 +1,121 @@
+//! Large f32 work buffers of the CPU blocks, kept by each thread between calls and shared by
+//! the blocks that run one after the other.
+//!
+//! A prompt batch needs tens of MB of intermediates per layer (MLA's absorbed queries and
+//! latent outputs, the routed experts' gate·up and down rows). Fresh vectors cost a page fault
+//! and zeroing per 4 KiB in every layer; vectors kept per block add up in the peak RSS (each
+//! block keeps its largest while the next one runs). One pool per thread does neither: a
+//! block takes what it needs, gives each buffer back as soon as it is dead ([`Buf`] goes back
+//! on drop), and the next block reuses the same memory. The pool holds at most
+//! [`MAX_POOLED`] buffers; the peak is about the largest set one block holds at once.
+
+use std::cell::RefCell;
+use std::ops::{Deref, DerefMut};
+
+/// Buffers a thread keeps at most; a give-back beyond them frees the smallest.
+const MAX_POOLED: usize = 8;
+
+thread_local! {
+    static POOL: RefCell<Vec<Vec<f32>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// `len` f32 values from this thread's pool, back to it when dropped. The values are left
+/// from earlier use (zero where the buffer grew): every caller writes all of them before
+/// reading.
+pub(crate) fn take(len: usize) -> Buf {
+    let mut v = POOL.with_borrow_mut(|pool| {
+        // The smallest that holds `len`, else the largest (grown below), so a steady sequence
+        // of takes settles on a fixed set of buffers.
+        let fit = (0..pool.len())
+            .filter(|&i| pool[i].len() >= len)
+            .min_by_key(|&i| pool[i].len())
+            .or_else(|| (0..pool.len()).max_by_key(|&i| pool[i].len()));
+        fit.map(|i| pool.swap_remove(i)).unwrap_or_default()
+    });
+    if v.len() < len {
+        v.resize(len, 0.0);
+    }
+    Buf { v, len }
+}
+
+/// A buffer of [`take`]: derefs to its `len` values.
+pub(crate) struct Buf {
+    v: Vec<f32>,
+    len: usize,
+}
+
+impl Deref for Buf {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        &self.v[..self.len]
+    }
+}
+
+impl DerefMut for Buf {
+    fn deref_mut(&mut self) -> &mut [f32] {
+        &mut self.v[..self.len]
+    }
+}
+
+impl Drop for Buf {
+    fn drop(&mut self) {
+        let v = std::mem::take(&mut self.v);
+        if v.is_empty() {
+            return;
+        }
+        // `try_with`: a buffer dropped while the thread's locals are torn down is just freed.
+        let _ = POOL.try_with(|pool| {
+            let mut pool = pool.borrow_mut();
+            pool.push(v);
+            if pool.len() > MAX_POOLED {
+                let smallest = (0..pool.len()).min_by_key(|&i| pool[i].len());
+                if let Some(i) = smallest {
+                    pool.swap_remove(i);
+                }
+            }
+        });
+    }
+}
+
+/// Bytes this thread's pool holds now (tests).
+#[cfg(test)]
+fn pooled_bytes() -> usize {
+    POOL.with_borrow(|pool| pool.iter().map(|v| v.len() * 4).sum())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_are_reused_and_sized() {
+        let a = take(1000);
+        assert_eq!(a.len(), 1000);
+        let pa = a.as_ptr();
+        drop(a);
+        // A smaller take reuses the same memory, exposing only what it asked for.
+        let mut b = take(10);
+        assert_eq!(b.len(), 10);
+        assert_eq!(b.as_ptr(), pa);
+        b[9] = 1.0;
+        // A second buffer at the same time is a different one.
+        let c = take(10);
+        assert_ne!(c.as_ptr(), pa);
+        drop((b, c));
+        assert_eq!(pooled_bytes(), 1010 * 4);
+        // A larger take grows the largest pooled buffer instead of adding one.
+        let d = take(5000);
+        assert_eq!(d.len(), 5000);
+        drop(d);
+        assert_eq!(pooled_bytes(), (5000 + 10) * 4);
+    }
+
+    #[test]
+    fn the_pool_is_bounded() {
+        let bufs: Vec<Buf> = (1..=MAX_POOLED + 3).map(|i| take(i * 100)).collect();
+        drop(bufs);
+        // The smallest went: the largest MAX_POOLED stay.
+        let kept: usize = (4..=MAX_POOLED + 3).map(|i| i * 100 * 4).sum();
+        assert_eq!(pooled_bytes(), kept);
+    }
+}
