@@ -91,7 +91,8 @@ impl Parallel {
 
     /// Run `f` over disjoint sub-ranges of `0..n` that together cover it. `work_per_item` is a
     /// rough cost (multiply-adds) used to decide whether threads pay off. `f` receives the range
-    /// and the mutable chunk of `out` for it (`out.len() == n * out_stride`).
+    /// and the mutable chunk of `out` for it (`out.len() == n * out_stride`). One range per
+    /// thread: decode's matvecs run here, and smaller ranges cost them more than they saved.
     pub fn for_each_range<T: Send, F>(
         &self,
         n: usize,
@@ -119,9 +120,12 @@ impl Parallel {
 
     /// Like [`Parallel::for_each_range`] for items of unequal cost and output size: item `i`
     /// owns `out[out_start(i)..out_start(i + 1)]` (`out_start(0) == 0`,
-    /// `out_start(n) == out.len()`, non-decreasing), and each thread gets one contiguous run of
-    /// items of about the same total `cost` (multiply-adds). `f` receives the run and its part
-    /// of `out`.
+    /// `out_start(n) == out.len()`, non-decreasing). The items go out in contiguous runs,
+    /// largest first (guided scheduling): each run costs about half a thread's share of what
+    /// is left, down to a sixteenth of a thread's share of the total, and a thread that
+    /// finishes takes the next. Costs are estimates and a thread can be slowed by the host, so
+    /// the last runs being short keeps threads from waiting on one another at the end of
+    /// the region. `f` receives a run and its part of `out`.
     pub fn for_each_run<T: Send, F>(
         &self,
         n: usize,
@@ -140,19 +144,22 @@ impl Parallel {
             f(0..n, out);
             return;
         }
-        // Cut where the running cost passes k/n_threads of the total.
-        let mut runs = Vec::with_capacity(n_threads);
-        let (mut rest, mut taken, mut start, mut acc) = (out, 0, 0, 0usize);
+        let smallest = total / (16 * n_threads);
+        let target = |left: usize| (left / (2 * n_threads)).max(smallest).max(1);
+        let mut runs = Vec::with_capacity(4 * n_threads);
+        let (mut rest, mut taken, mut start) = (out, 0, 0);
+        let (mut left, mut acc) = (total, 0usize);
         for i in 0..n {
             acc = acc.saturating_add(cost(i));
-            let cut = (runs.len() + 1) * (total / n_threads);
-            if (acc >= cut && runs.len() + 1 < n_threads) || i + 1 == n {
+            if acc >= target(left) || i + 1 == n {
                 let end = out_start(i + 1);
                 let (chunk, tail) = std::mem::take(&mut rest).split_at_mut(end - taken);
                 rest = tail;
                 taken = end;
                 runs.push((start..i + 1, chunk));
                 start = i + 1;
+                left = left.saturating_sub(acc);
+                acc = 0;
             }
         }
         self.run_parts(n_threads, runs.into_iter(), f);
@@ -295,6 +302,29 @@ mod tests {
             let got = p.map(1000, |i| (i % 7 + 1) * 1000, |i| i * i);
             assert_eq!(got, (0..1000).map(|i| i * i).collect::<Vec<_>>());
         }
+    }
+
+    #[test]
+    fn runs_go_out_largest_first() {
+        let p = Parallel::new(2);
+        let n = 1000;
+        let mut out = vec![0u8; n];
+        let runs = Mutex::new(Vec::new());
+        p.for_each_run(
+            n,
+            |_| 1 << 20,
+            &mut out,
+            |i| i,
+            |r, _| runs.lock().unwrap().push(r),
+        );
+        let mut runs = runs.into_inner().unwrap();
+        runs.sort_by_key(|r| r.start);
+        let sizes: Vec<usize> = runs.iter().map(|r| r.len()).collect();
+        // Half a thread's share of what is left, down to a sixteenth of a thread's share.
+        assert_eq!(sizes[0], n / 4, "{sizes:?}");
+        assert!(sizes.windows(2).all(|w| w[0] >= w[1]), "{sizes:?}");
+        assert!(*sizes.last().unwrap() <= n / 32, "{sizes:?}");
+        assert_eq!(sizes.iter().sum::<usize>(), n);
     }
 
     #[test]
