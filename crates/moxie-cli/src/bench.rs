@@ -226,6 +226,7 @@ pub fn main(a: Args, matches: &clap::ArgMatches) -> Result<()> {
             n_seq: 1,
         };
         let model = crate::run::plan_and_load(file, path, &a.placement, matches, &run, a.exact)?;
+        let backend = backend_name(&model);
         let desc = format!(
             "{} {} {}",
             model.config.arch.name(),
@@ -256,7 +257,7 @@ pub fn main(a: Args, matches: &clap::ArgMatches) -> Result<()> {
                         }
                         let row = Row {
                             model: desc.clone(),
-                            backend: backend_name(&model),
+                            backend,
                             file: path.display().to_string(),
                             size,
                             params,

@@ -27,6 +27,14 @@ fn logits(model: &Model, tokens: &[u32], batch: usize) -> Vec<f32> {
     all
 }
 
+/// How many values of `a` and `b` differ in their bits.
+fn differing_bits(a: &[f32], b: &[f32]) -> usize {
+    a.iter()
+        .zip(b)
+        .filter(|(x, y)| x.to_bits() != y.to_bits())
+        .count()
+}
+
 #[test]
 fn a_long_mla_batch_matches_the_prompt_in_pieces() {
     for stem in ["deepseek2-tiny-F32", "deepseek2-tiny-Q4_K_M"] {
@@ -42,13 +50,9 @@ fn a_long_mla_batch_matches_the_prompt_in_pieces() {
         assert_eq!(whole.len(), 300 * n_vocab);
         // Bit for bit: the chunks are multiples of the products' 16-token tiles, and every
         // other block computes each token's row alone.
-        let differing = whole
-            .iter()
-            .zip(&pieces)
-            .filter(|(a, b)| a.to_bits() != b.to_bits())
-            .count();
         assert_eq!(
-            differing, 0,
+            differing_bits(&whole, &pieces),
+            0,
             "{stem}: logits differ from the prompt in pieces"
         );
     }
@@ -98,13 +102,9 @@ fn down_projections_in_passes_match_the_layer_in_pieces() {
         pieces.extend(moe::forward(m, piece, 64, &par, &mut scratch).unwrap());
     }
     assert_eq!(whole.len(), 512 * n_embd);
-    let differing = whole
-        .iter()
-        .zip(&pieces)
-        .filter(|(a, b)| a.to_bits() != b.to_bits())
-        .count();
     assert_eq!(
-        differing, 0,
+        differing_bits(&whole, &pieces),
+        0,
         "the MoE layer's outputs differ from the layer in pieces"
     );
 }

@@ -176,11 +176,11 @@ struct Routed<'a> {
     down: Mat<'a>,
 }
 
-/// A batch: tokens grouped by expert; see the module documentation for the five regions.
 /// The most bytes of down-projection results [`batch`] holds at once (one pass over the
 /// output rows).
 const DOWN_PASS_BYTES: usize = 8 << 20;
 
+/// A batch: tokens grouped by expert; see the module documentation for the five regions.
 pub(super) fn batch(
     m: &Moe,
     h: &[f32],
