@@ -478,6 +478,7 @@ impl<'a> Mat<'a> {
         debug_assert_eq!(out.len(), n_tok * len);
         let at = |i: usize, t: usize| tile_order(i, t, len, n_tok);
         match kernel {
+            Kernel::Dot(dot) if n_tok == 1 => self.dot_rows(dot, rows, acts.row(0), out),
             Kernel::Dot(dot) => {
                 for t in 0..n_tok {
                     let a = acts.row(t);
@@ -627,6 +628,19 @@ impl<'a> Mat<'a> {
         Kernel::Dot(self.dot)
     }
 
+    /// `out[i]` = row `rows.start + i` · `x` with `dot`, asking for the row
+    /// [`moxie_quant::PREFETCH_AHEAD`] bytes on as each is read (one token reads its rows once,
+    /// from DRAM; [`moxie_quant::prefetch`]).
+    fn dot_rows(&self, dot: VecDotFn, rows: Range<usize>, x: &[u8], out: &mut [f32]) {
+        let ahead = moxie_quant::PREFETCH_AHEAD.div_ceil(self.row_bytes);
+        for (o, r) in out.iter_mut().zip(rows.clone()) {
+            if r + ahead < rows.end {
+                moxie_quant::prefetch_l2(self.row(r + ahead));
+            }
+            *o = dot(self.n_in, self.row(r), x);
+        }
+    }
+
     fn row(&self, r: usize) -> &[u8] {
         debug_assert!(
             !self.interleaved,
@@ -712,10 +726,8 @@ pub fn gemv_many(par: &Parallel, products: &[(Mat<'_>, &[u8])], out: &mut [f32])
             let (lo, hi) = (range.start.max(base), range.end.min(base + m.n_out));
             if lo < hi && m.interleaved {
                 m.interleaved_gemv(fast, lo - base..hi - base, x, &mut o[lo - range.start..]);
-            } else {
-                for r in lo..hi {
-                    o[r - range.start] = (m.dot)(m.n_in, m.row(r - base), x);
-                }
+            } else if lo < hi {
+                m.dot_rows(m.dot, lo - base..hi - base, x, &mut o[lo - range.start..]);
             }
             base += m.n_out;
         }

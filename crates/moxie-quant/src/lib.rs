@@ -61,6 +61,7 @@ pub mod iq_grids;
 pub mod iqk;
 pub mod kquants;
 pub mod legacy;
+pub mod prefetch;
 pub mod repack;
 mod simd;
 mod table;
@@ -86,6 +87,7 @@ pub use gemm::{
 };
 #[doc(hidden)]
 pub use gemm::{gemm_decode_tile, DecodedTile};
+pub use prefetch::{prefetch_ahead, prefetch_l2, PREFETCH_AHEAD};
 pub use tiled::{
     tiled_dot_fn, tiled_dot_many_fn, tiled_used_for_mul_mat, tiled_used_for_mul_mat_id, DotManyFn,
 };

@@ -480,6 +480,7 @@ mod avx512 {
     };
     use crate::common::{rd_f32, rd_i16, rd_u32};
     use crate::gemm::{lane_byte, q6_k_quads};
+    use crate::prefetch::prefetch_ahead;
     use crate::simd::x86_avx2::ld256;
     use crate::simd::x86_avx512::ld512;
 
@@ -530,6 +531,7 @@ mod avx512 {
             .chunks_exact(group_block)
             .zip(act.chunks_exact(Q8K_BLOCK))
         {
+            prefetch_ahead(o);
             let yd = _mm512_set1_ps(rd_f32(y, 0));
             let d = _mm512_mul_ps(ld_f16(o, 0), yd);
             let dmin = _mm512_mul_ps(ld_f16(o, 32), yd);
@@ -606,6 +608,7 @@ mod avx512 {
             .chunks_exact(super::Q6K_GROUP_BLOCK)
             .zip(act.chunks_exact(Q8K_BLOCK))
         {
+            prefetch_ahead(o);
             let yd = _mm512_set1_ps(rd_f32(y, 0));
             let d = _mm512_mul_ps(ld_f16(o, 0), yd);
             let mut isum = [_mm512_setzero_si512(); 16];
@@ -687,6 +690,7 @@ mod avx512 {
         ];
         let mut acc = _mm512_setzero_ps();
         for (o, y) in group.chunks_exact(group_block).zip(act.chunks_exact(34)) {
+            prefetch_ahead(o);
             let dy = _mm512_set1_ps(crate::common::rd_f16(y, 0));
             let d = _mm512_mul_ps(ld_f16(o, 0), dy);
             let mut isum = _mm512_set1_epi32(-offset * q8_0_sum(y));
@@ -733,6 +737,7 @@ mod avx512 {
             .chunks_exact(super::Q8_0_GROUP_BLOCK)
             .zip(act.chunks_exact(34))
         {
+            prefetch_ahead(o);
             let dy = _mm512_set1_ps(crate::common::rd_f16(y, 0));
             let d = _mm512_mul_ps(ld_f16(o, 0), dy);
             // Σ y of the block for the weights' +128.
