@@ -122,6 +122,14 @@ pub fn swiglu_rows(gate: &mut [f32], up: &[f32], row_len: usize) {
 /// each element takes the formula its column gets in the whole row.
 pub fn swiglu_cols(gate: &mut [f32], up: &[f32], first_col: usize, row_len: usize) {
     let n16 = row_len / 16 * 16;
+    if first_col.is_multiple_of(16)
+        && gate.len().is_multiple_of(16)
+        && first_col + gate.len() <= n16
+    {
+        // Whole 16-column chunks of the row: `swiglu`'s own vector form (the int8 GEMM's
+        // runs of 16 rows land here).
+        return swiglu(gate, up);
+    }
     for (col, (g, &u)) in (first_col..).zip(gate.iter_mut().zip(up)) {
         *g = if col < n16 {
             (*g / (1.0 + ggml_v_expf(-*g))) * u
@@ -252,6 +260,32 @@ mod tests {
         assert!((x[0] - 1.0 / rms).abs() < 1e-6);
         assert!((x[1] - 1.0 / rms).abs() < 1e-6);
         assert!((x[2] - 6.0 / rms).abs() < 1e-6);
+    }
+
+    /// Pieces of a row (whole 16-column chunks, odd pieces, the libm tail) give the bits
+    /// `swiglu` gives the whole row.
+    #[test]
+    fn swiglu_cols_match_the_whole_row() {
+        let row_len = 200; // 192 columns in 16-lane chunks, 8 in the tail
+        let gate: Vec<f32> = (0..row_len)
+            .map(|i| (i as f32 * 0.37).sin() * 6.0)
+            .collect();
+        let up: Vec<f32> = (0..row_len).map(|i| (i as f32 * 0.11).cos()).collect();
+        let mut want = gate.clone();
+        swiglu(&mut want, &up);
+        for cuts in [
+            &[0, 16, 32, 48, 192, 200][..],
+            &[0, 5, 16, 40, 190, 196, 200],
+            &[0, 200],
+        ] {
+            let mut got = gate.clone();
+            for w in cuts.windows(2) {
+                let (a, b) = (w[0], w[1]);
+                swiglu_cols(&mut got[a..b], &up[a..b], a, row_len);
+            }
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "cuts {cuts:?}");
+        }
     }
 
     #[test]
