@@ -496,6 +496,38 @@ impl<'a> Mat<'a> {
                     }
                 }
             }
+            Kernel::F32Tiles(dot) => {
+                let (rb, ab) = (self.row_bytes, acts.row_bytes);
+                let (tiled_rows, tiled_toks) = (len / 4 * 4, n_tok / 4 * 4);
+                let mut tile = [[0f32; 4]; 4];
+                // Four tokens (in L1) against every four rows of the run (in L2).
+                for t0 in (0..tiled_toks).step_by(4) {
+                    for i0 in (0..tiled_rows).step_by(4) {
+                        moxie_quant::tinyblas_f32_tile(
+                            self.n_in,
+                            &self.data[(rows.start + i0) * rb..],
+                            rb,
+                            &acts.data[t0 * ab..],
+                            ab,
+                            &mut tile,
+                        );
+                        for (i, vals) in tile.iter().enumerate() {
+                            for (j, &v) in vals.iter().enumerate() {
+                                out[at(i0 + i, t0 + j)] = v;
+                            }
+                        }
+                    }
+                }
+                // The rows and tokens left over, one dot each.
+                for t in 0..n_tok {
+                    let a = acts.row(t);
+                    for (i, r) in rows.clone().enumerate() {
+                        if t >= tiled_toks || i >= tiled_rows {
+                            out[at(i, t)] = dot(self.n_in, self.row(r), a);
+                        }
+                    }
+                }
+            }
             Kernel::Interleaved => unreachable!("only interleaved matrices get this kernel"),
             Kernel::Int8Gemm => {
                 debug_assert!(rows.start.is_multiple_of(CHUNK_ROWS) && len <= CHUNK_ROWS);
@@ -622,7 +654,14 @@ impl<'a> Mat<'a> {
                 return Kernel::Many(f);
             }
             if let Some(f) = moxie_quant::tinyblas_dot_fn(self.ty, self.n_in) {
-                return Kernel::Dot(f);
+                let tiles = self.ty == GgmlType::F32
+                    && n_rows >= 4
+                    && moxie_quant::tinyblas_f32_tile_available();
+                return if tiles {
+                    Kernel::F32Tiles(f)
+                } else {
+                    Kernel::Dot(f)
+                };
             }
         }
         Kernel::Dot(self.dot)
@@ -741,6 +780,9 @@ pub(crate) enum Kernel {
     Dot(VecDotFn),
     /// One weight row against all activation rows.
     Many(moxie_quant::DotManyFn),
+    /// tinyBLAS's F32 dot (given), 4 rows x 4 tokens at a time on AVX-512
+    /// ([`moxie_quant::tinyblas_f32_tile`]: the same bits, 16 chains side by side).
+    F32Tiles(VecDotFn),
     /// 16 weight rows at a time against all activation rows, int8 on VNNI ([`Numerics::Fast`]).
     Int8Gemm,
     /// One activation row at a time against 16 interleaved weight rows

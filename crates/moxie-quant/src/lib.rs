@@ -91,7 +91,10 @@ pub use prefetch::{prefetch_ahead, prefetch_l2, PREFETCH_AHEAD};
 pub use tiled::{
     tiled_dot_fn, tiled_dot_many_fn, tiled_used_for_mul_mat, tiled_used_for_mul_mat_id, DotManyFn,
 };
-pub use tinyblas::{reduce_add_16, tinyblas_dot_fn, tinyblas_dot_many_fn};
+pub use tinyblas::{
+    reduce_add_16, tinyblas_dot_fn, tinyblas_dot_many_fn, tinyblas_f32_tile,
+    tinyblas_f32_tile_available,
+};
 pub use types::{GgmlType, QK_K};
 
 /// The scalar reference kernels: always available, used by tests and as the fallback.

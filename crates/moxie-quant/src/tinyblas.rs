@@ -301,6 +301,88 @@ pub fn tinyblas_dot_fn(ty: GgmlType, n: usize) -> Option<VecDotFn> {
     n.is_multiple_of(t.k_multiple).then_some(t.dot)
 }
 
+/// Whether [`tinyblas_f32_tile`] runs here (AVX-512).
+pub fn tinyblas_f32_tile_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        crate::simd_level() == crate::SimdLevel::Avx512
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// tinyBLAS's F32 products ([`tinyblas_dot_fn`] of F32, `n` a multiple of 16) of 4 weight rows
+/// (`w`, `w_stride` bytes apart) and 4 activation rows (`a`, `a_stride` apart), bit for bit:
+/// `out[i][j]` = weight row `i` · activation row `j`. Each output keeps its one 16-lane chain,
+/// now a zmm register of its own, so the 16 chains run side by side where one dot waits on
+/// its chain's latency (and every load feeds four products). Panics where
+/// [`tinyblas_f32_tile_available`] is false or the rows are short.
+pub fn tinyblas_f32_tile(
+    n: usize,
+    w: &[u8],
+    w_stride: usize,
+    a: &[u8],
+    a_stride: usize,
+    out: &mut [[f32; 4]; 4],
+) {
+    assert!(n.is_multiple_of(16) && w_stride >= 4 * n && a_stride >= 4 * n);
+    assert!(w.len() >= 3 * w_stride + 4 * n && a.len() >= 3 * a_stride + 4 * n);
+    assert!(
+        tinyblas_f32_tile_available(),
+        "tinyblas_f32_tile needs AVX-512"
+    );
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: AVX-512F is present (asserted); the rows are in bounds (asserted).
+    unsafe {
+        avx512::f32_tile(n, w, w_stride, a, a_stride, out)
+    };
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    /// [`super::tinyblas_f32_tile`].
+    ///
+    /// # Safety
+    /// AVX-512F; rows `0..4` of `w` and `a` hold `n` f32 each at their strides.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn f32_tile(
+        n: usize,
+        w: &[u8],
+        w_stride: usize,
+        a: &[u8],
+        a_stride: usize,
+        out: &mut [[f32; 4]; 4],
+    ) {
+        let mut acc = [[_mm512_setzero_ps(); 4]; 4];
+        let wp: [*const f32; 4] = core::array::from_fn(|i| w[i * w_stride..].as_ptr().cast());
+        let ap: [*const f32; 4] = core::array::from_fn(|j| a[j * a_stride..].as_ptr().cast());
+        for k in (0..n).step_by(16) {
+            // SAFETY: k + 16 <= n and every row holds n f32 (the caller's contract).
+            let (wv, av): ([__m512; 4], [__m512; 4]) = unsafe {
+                (
+                    core::array::from_fn(|i| _mm512_loadu_ps(wp[i].add(k))),
+                    core::array::from_fn(|j| _mm512_loadu_ps(ap[j].add(k))),
+                )
+            };
+            for i in 0..4 {
+                for j in 0..4 {
+                    acc[i][j] = _mm512_fmadd_ps(wv[i], av[j], acc[i][j]);
+                }
+            }
+        }
+        for i in 0..4 {
+            for j in 0..4 {
+                let mut v = [0f32; 16];
+                // SAFETY: `v` is 16 writable f32.
+                unsafe { _mm512_storeu_ps(v.as_mut_ptr(), acc[i][j]) };
+                out[i][j] = super::reduce_add_16(&v);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -314,6 +396,27 @@ mod tests {
                 ((s >> 8) as f32 / (1u32 << 24) as f32) * 2.0 - 1.0
             })
             .collect()
+    }
+
+    /// The 4 x 4 tile gives each output's `tinyblas_dot_fn` bits.
+    #[test]
+    fn f32_tile_matches_the_dot() {
+        if !tinyblas_f32_tile_available() {
+            return;
+        }
+        let (n, w_stride, a_stride) = (96, 4 * 96 + 8, 4 * 96 + 36);
+        let bytes = |v: Vec<f32>| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let w = bytes(data(4 * w_stride / 4, 5));
+        let a = bytes(data(4 * a_stride / 4, 6));
+        let dot = tinyblas_dot_fn(GgmlType::F32, n).unwrap();
+        let mut out = [[0f32; 4]; 4];
+        tinyblas_f32_tile(n, &w, w_stride, &a, a_stride, &mut out);
+        for i in 0..4 {
+            for j in 0..4 {
+                let want = dot(n, &w[i * w_stride..], &a[j * a_stride..]);
+                assert_eq!(out[i][j].to_bits(), want.to_bits(), "({i}, {j})");
+            }
+        }
     }
 
     #[test]
