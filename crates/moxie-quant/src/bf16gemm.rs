@@ -178,6 +178,9 @@ mod avx512 {
         let body = dst.len() / 32 * 32;
         let (head, tail) = dst.split_at_mut(body);
         for (s, d) in src.chunks_exact(64).zip(head.chunks_exact_mut(32)) {
+            // One-token attention converts the cache block by block as it reads it, once per
+            // token, from DRAM (`crate::prefetch`).
+            crate::prefetch::prefetch_ahead(&s[..1]);
             let s: &[u8; 64] = s.try_into().unwrap();
             let d: &mut [u16; 32] = d.try_into().unwrap();
             // SAFETY: `s` is 64 readable bytes and `d` 64 writable ones; no alignment needed.
