@@ -151,6 +151,8 @@ pub struct Rows {
     pub width: usize,
     row_bytes: usize,
     host: Vec<u8>,
+    /// Positions the host rows may grow to (the context's): growth never reserves past it.
+    max_rows: usize,
     gpu: Option<Buffer>,
     // The type's conversions, looked up once (attention converts rows on every token).
     quantize: QuantizeFn,
@@ -165,6 +167,7 @@ impl Rows {
             width,
             row_bytes: ty.row_bytes(width as u64).unwrap_or(0) as usize,
             host: Vec::new(),
+            max_rows: usize::MAX,
             gpu: None,
             quantize: moxie_quant::quantize_fn(ty).expect("cache types can be quantized"),
             dequantize: moxie_quant::dequantize_fn(ty).expect("cache types can be dequantized"),
@@ -177,7 +180,16 @@ impl Rows {
         let quantize = self.quantize;
         let n = x.len() / self.width;
         let at = self.host.len();
-        self.host.resize(at + n * self.row_bytes, 0);
+        let need = at + n * self.row_bytes;
+        if need > self.host.capacity() {
+            // Doubling, as `Vec` grows, but not past the context: a cache that doubled from
+            // 64K positions for a 100K context would hold 31% it can never use.
+            let cap = (2 * self.host.capacity())
+                .min(self.max_rows.saturating_mul(self.row_bytes))
+                .max(need);
+            self.host.reserve_exact(cap - at);
+        }
+        self.host.resize(need, 0);
         for (src, dst) in x
             .chunks_exact(self.width)
             .zip(self.host[at..].chunks_exact_mut(self.row_bytes))
@@ -382,7 +394,12 @@ impl SeqState {
         let mut layers = Vec::with_capacity(specs.len());
         for (il, spec) in specs.iter().enumerate() {
             spec.check_types(il, types)?;
-            let rows = |s: Option<RowSpec>, ty| s.map(|s| Rows::new(ty, s.width));
+            let rows = |s: Option<RowSpec>, ty| {
+                s.map(|s| Rows {
+                    max_rows: n_ctx,
+                    ..Rows::new(ty, s.width)
+                })
+            };
             layers.push(LayerState {
                 spec: *spec,
                 keys: rows(spec.keys, types.k),
@@ -567,6 +584,21 @@ mod tests {
             values: Some(rows),
             ..Default::default()
         }
+    }
+
+    /// The host rows grow by doubling but never reserve past the context.
+    #[test]
+    fn rows_do_not_grow_past_the_context() {
+        let mut c = SeqState::new(&[gqa(64)], 5, types(GgmlType::F16, GgmlType::F16)).unwrap();
+        let x = vec![0.5f32; 128];
+        let keys = c.layer_mut(0).keys.as_mut().unwrap();
+        keys.append(&x.repeat(3));
+        assert!(keys.host.capacity() >= 3 * keys.row_bytes);
+        keys.append(&x);
+        // Doubling would take 6 positions.
+        assert!(keys.host.capacity() <= 5 * keys.row_bytes);
+        keys.append(&x);
+        assert_eq!(keys.host.len(), 5 * keys.row_bytes);
     }
 
     #[test]
