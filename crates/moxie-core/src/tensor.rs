@@ -496,14 +496,14 @@ impl<'a> Mat<'a> {
                     }
                 }
             }
-            Kernel::F32Tiles(dot) => {
+            Kernel::Tiles(dot, tile_fn) => {
                 let (rb, ab) = (self.row_bytes, acts.row_bytes);
                 let (tiled_rows, tiled_toks) = (len / 4 * 4, n_tok / 4 * 4);
                 let mut tile = [[0f32; 4]; 4];
                 // Four tokens (in L1) against every four rows of the run (in L2).
                 for t0 in (0..tiled_toks).step_by(4) {
                     for i0 in (0..tiled_rows).step_by(4) {
-                        moxie_quant::tinyblas_f32_tile(
+                        tile_fn(
                             self.n_in,
                             &self.data[(rows.start + i0) * rb..],
                             rb,
@@ -654,13 +654,9 @@ impl<'a> Mat<'a> {
                 return Kernel::Many(f);
             }
             if let Some(f) = moxie_quant::tinyblas_dot_fn(self.ty, self.n_in) {
-                let tiles = self.ty == GgmlType::F32
-                    && n_rows >= 4
-                    && moxie_quant::tinyblas_f32_tile_available();
-                return if tiles {
-                    Kernel::F32Tiles(f)
-                } else {
-                    Kernel::Dot(f)
+                return match moxie_quant::tinyblas_dot_tile_fn(self.ty, self.n_in) {
+                    Some(tile) if n_rows >= 4 => Kernel::Tiles(f, tile),
+                    _ => Kernel::Dot(f),
                 };
             }
         }
@@ -780,9 +776,9 @@ pub(crate) enum Kernel {
     Dot(VecDotFn),
     /// One weight row against all activation rows.
     Many(moxie_quant::DotManyFn),
-    /// tinyBLAS's F32 dot (given), 4 rows x 4 tokens at a time on AVX-512
-    /// ([`moxie_quant::tinyblas_f32_tile`]: the same bits, 16 chains side by side).
-    F32Tiles(VecDotFn),
+    /// tinyBLAS's dot (given) 4 rows x 4 tokens at a time with its tile kernel
+    /// ([`moxie_quant::tinyblas_dot_tile_fn`]: the same bits), single dots for the edges.
+    Tiles(VecDotFn, moxie_quant::DotTileFn),
     /// 16 weight rows at a time against all activation rows, int8 on VNNI ([`Numerics::Fast`]).
     Int8Gemm,
     /// One activation row at a time against 16 interleaved weight rows

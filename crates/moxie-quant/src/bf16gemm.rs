@@ -180,7 +180,7 @@ mod avx512 {
         for (s, d) in src.chunks_exact(64).zip(head.chunks_exact_mut(32)) {
             // One-token attention converts the cache block by block as it reads it, once per
             // token, from DRAM (`crate::prefetch`).
-            crate::prefetch::prefetch_ahead(&s[..1]);
+            crate::prefetch::prefetch_ahead(s);
             let s: &[u8; 64] = s.try_into().unwrap();
             let d: &mut [u16; 32] = d.try_into().unwrap();
             // SAFETY: `s` is 64 readable bytes and `d` 64 writable ones; no alignment needed.
@@ -284,7 +284,7 @@ mod avx512 {
                 let mut acc = [_mm512_setzero_ps(); 16];
                 for k in (0..kd).step_by(32) {
                     if let Some(line) = lines.next() {
-                        _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast());
+                        crate::prefetch::prefetch_l2(line);
                     }
                     // SAFETY: rows < m and columns < n, k + 32 <= kd; `check` verified that
                     // (m - 1) * lda + kd <= a.len() and (n - 1) * ldb + kd <= b.len().
@@ -480,8 +480,7 @@ mod amx {
             ($s:literal, $i:expr) => {{
                 let i = $i;
                 if let Some(line) = lines.next() {
-                    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
-                    _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast());
+                    crate::prefetch::prefetch_l2(line);
                 }
                 load::<$s>(shared.at.add(i * shared.step), shared.stride);
                 let at = |t: usize| own[t].at.add(i * own[t].step);

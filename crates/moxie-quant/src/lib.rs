@@ -92,8 +92,8 @@ pub use tiled::{
     tiled_dot_fn, tiled_dot_many_fn, tiled_used_for_mul_mat, tiled_used_for_mul_mat_id, DotManyFn,
 };
 pub use tinyblas::{
-    reduce_add_16, tinyblas_dot_fn, tinyblas_dot_many_fn, tinyblas_f32_tile,
-    tinyblas_f32_tile_available,
+    reduce_add_16, tinyblas_dot_fn, tinyblas_dot_many_fn, tinyblas_dot_tile_fn, tinyblas_f32_tile,
+    DotTileFn,
 };
 pub use types::{GgmlType, QK_K};
 

@@ -7,43 +7,35 @@
 /// How far ahead of the bytes being read a one-token product asks for its weights.
 pub const PREFETCH_AHEAD: usize = 8192;
 
-/// Asks for every 64-byte line of `bytes` into L2 (nothing off x86-64).
+/// Asks for the 64-byte line at `p` into L2. The address may lie anywhere: a prefetch reads
+/// nothing architecturally and never faults.
+#[inline]
+fn line_to_l2(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: SSE is part of x86-64's baseline; a prefetch never dereferences `p`.
+    unsafe {
+        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T1 }>(p.cast())
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
+/// Asks for every 64-byte line of `bytes` into L2.
 #[inline]
 pub fn prefetch_l2(bytes: &[u8]) {
-    #[cfg(target_arch = "x86_64")]
     for line in bytes.chunks(64) {
-        // SAFETY: SSE is part of x86-64's baseline; a prefetch reads nothing architecturally.
-        unsafe {
-            core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T1 }>(
-                line.as_ptr().cast(),
-            )
-        };
+        line_to_l2(line.as_ptr());
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = bytes;
 }
 
 /// Asks for as many lines as `block` has, [`PREFETCH_AHEAD`] bytes past it, into L2: for a
 /// kernel walking a matrix block by block. The lines may lie past the slice, past the matrix
-/// even (the next matrix a thread reads usually follows): a prefetch never faults, and
-/// `wrapping_add` keeps the address arithmetic defined.
+/// even (the next matrix a thread reads usually follows); `wrapping_add` keeps the address
+/// arithmetic defined.
 #[inline]
 pub fn prefetch_ahead(block: &[u8]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let p = block.as_ptr().wrapping_add(PREFETCH_AHEAD);
-        let mut off = 0;
-        while off < block.len() {
-            // SAFETY: SSE is part of x86-64's baseline; a prefetch reads nothing
-            // architecturally and never faults, whatever the address.
-            unsafe {
-                core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T1 }>(
-                    p.wrapping_add(off).cast(),
-                )
-            };
-            off += 64;
-        }
+    let p = block.as_ptr().wrapping_add(PREFETCH_AHEAD);
+    for off in (0..block.len()).step_by(64) {
+        line_to_l2(p.wrapping_add(off));
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = block;
 }

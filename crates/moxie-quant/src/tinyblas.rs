@@ -301,8 +301,20 @@ pub fn tinyblas_dot_fn(ty: GgmlType, n: usize) -> Option<VecDotFn> {
     n.is_multiple_of(t.k_multiple).then_some(t.dot)
 }
 
+/// 4 weight rows (`w`, `w_stride` bytes apart) times 4 activation rows (`a`, `a_stride`
+/// apart) of `n` elements into `out[row][activation]`, each output bit for bit the dot of
+/// [`tinyblas_dot_fn`] (see [`tinyblas_dot_tile_fn`]).
+pub type DotTileFn = fn(usize, &[u8], usize, &[u8], usize, &mut [[f32; 4]; 4]);
+
+/// tinyBLAS's dot of `ty` over rows of `n` 4 x 4 outputs at a time, where this CPU has such a
+/// kernel (F32 on AVX-512, [`tinyblas_f32_tile`]); `None` elsewhere.
+pub fn tinyblas_dot_tile_fn(ty: GgmlType, n: usize) -> Option<DotTileFn> {
+    let fits = ty == GgmlType::F32 && tinyblas_dot_fn(ty, n).is_some();
+    (fits && tinyblas_f32_tile_available()).then_some(tinyblas_f32_tile as DotTileFn)
+}
+
 /// Whether [`tinyblas_f32_tile`] runs here (AVX-512).
-pub fn tinyblas_f32_tile_available() -> bool {
+fn tinyblas_f32_tile_available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         crate::simd_level() == crate::SimdLevel::Avx512
@@ -315,8 +327,8 @@ pub fn tinyblas_f32_tile_available() -> bool {
 /// (`w`, `w_stride` bytes apart) and 4 activation rows (`a`, `a_stride` apart), bit for bit:
 /// `out[i][j]` = weight row `i` · activation row `j`. Each output keeps its one 16-lane chain,
 /// now a zmm register of its own, so the 16 chains run side by side where one dot waits on
-/// its chain's latency (and every load feeds four products). Panics where
-/// [`tinyblas_f32_tile_available`] is false or the rows are short.
+/// its chain's latency (and every load feeds four products). Panics without AVX-512 or on
+/// short rows.
 pub fn tinyblas_f32_tile(
     n: usize,
     w: &[u8],

@@ -315,7 +315,8 @@ pub(super) fn batch(
                 .rows_times(kernels[a].2, &acts_down[a], rows, o, scratch);
         });
         par.for_each_range(n, k_used * pass.len(), out, n_embd, |toks, o| {
-            let mut v = vec![0f32; pass.len()];
+            // (Every value is written by `gather` before it is read.)
+            let mut v = scratch::take(pass.len());
             for (t, orow) in toks.zip(o.chunks_exact_mut(n_embd)) {
                 let orow = &mut orow[pass.clone()];
                 for (slot, &(_, w)) in routes[t].iter().enumerate() {
