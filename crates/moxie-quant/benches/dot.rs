@@ -30,6 +30,8 @@
 //!   (int8 AVX-512 VNNI) for Q8_0/Q4_0/Q5_0/Q4_K/Q5_K/Q6_K, the IQ1/IQ2/IQ3 types and
 //!   ik_llama.cpp's types; its `GemmActs` are prepared outside the timed loop. Skipped where
 //!   `gemm_available()` is false (no AVX-512, or `MOXIE_QUANT_SIMD` below `avx512`).
+//! * `batch64_gemm_interleaved_l2`: `gemm_q8_interleaved` on groups repacked as at load time
+//!   (the default prefill path for Q4_K/Q5_K/Q6_K/Q8_0), 64 tokens, L2-resident.
 //! * `attention_bf16`: one-token attention's two bf16 products (`gemm_bf16_abt` for the
 //!   scores, `gemm_bf16_ab` for the weighted values) on one block of DeepSeek's MLA shapes, in
 //!   multiply-adds per second; `VDPBF16PS` does 32 per instruction, so 32x the CPU's rate of
@@ -49,10 +51,10 @@ use divan::counter::BytesCount;
 use divan::{black_box, Bencher};
 use moxie_quant::iq1::set_iq1m_scale;
 use moxie_quant::{
-    f32_to_fp16, gemm_available, gemm_bf16_ab, gemm_bf16_abt, gemm_q8, gemm_supports,
-    hardware_simd_level, quantize_fn, quantize_weights_fn, simd_level, tiled_dot_many_fn,
-    tinyblas_dot_fn, tinyblas_dot_many_fn, vec_dot_fn, vec_dot_type, DotManyFn, GemmActs, GgmlType,
-    VecDotFn, GEMM_TILE_ROWS,
+    f32_to_fp16, gemm_available, gemm_bf16_ab, gemm_bf16_abt, gemm_q8, gemm_q8_interleaved,
+    gemm_supports, hardware_simd_level, quantize_fn, quantize_weights_fn, simd_level,
+    tiled_dot_many_fn, tinyblas_dot_fn, tinyblas_dot_many_fn, vec_dot_fn, vec_dot_type, DotManyFn,
+    GemmActs, GgmlType, VecDotFn, GEMM_TILE_ROWS,
 };
 use GgmlType::*;
 
@@ -368,6 +370,37 @@ fn batch_gemm(bencher: Bencher, ty: GgmlType, weights: fn(GgmlType) -> Weights) 
             let m = black_box(w.matrix(i));
             i += 1;
             assert!(gemm_q8(ty, COLS, m, &g, &mut out, &[]));
+            black_box(&out);
+        });
+}
+
+/// `gemm_q8_interleaved` on groups repacked at load time (moxie's default for these types),
+/// 64 tokens (an expert's share of a 512-token prompt with 8 of 64 experts), L2-resident.
+#[divan::bench(args = [Q4_K, Q5_K, Q6_K, Q8_0], min_time = 0.5, max_time = 1)]
+fn batch64_gemm_interleaved_l2(bencher: Bencher, ty: GgmlType) {
+    const TOKENS: usize = 64;
+    if !gemm_available() || !moxie_quant::repack::repack_supports(ty, GEMM_TILE_ROWS, COLS) {
+        return;
+    }
+    let w = Weights::l2(ty);
+    let rows = w.rows / GEMM_TILE_ROWS * GEMM_TILE_ROWS;
+    let plain = &w.matrix(0)[..rows * w.row_bytes];
+    let mut groups = vec![0u8; plain.len()];
+    moxie_quant::repack::repack(ty, plain, rows, COLS, &mut groups);
+    let (acts, stride) = activations(ty, TOKENS);
+    let g = GemmActs::new(vec_dot_type(ty).unwrap(), COLS, &acts, stride).unwrap();
+    let mut out = vec![0f32; rows * TOKENS];
+    bencher
+        .counter(BytesCount::new(groups.len()))
+        .bench_local(|| {
+            assert!(gemm_q8_interleaved(
+                ty,
+                COLS,
+                black_box(&groups),
+                &g,
+                &mut out,
+                &[]
+            ));
             black_box(&out);
         });
 }
