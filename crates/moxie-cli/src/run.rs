@@ -28,6 +28,14 @@ pub struct ModelArgs {
     /// instead of the fast batched kernels.
     #[arg(long)]
     pub exact: bool,
+    /// Read the weights into memory instead of mapping the file: nothing is paged in from
+    /// the file later (weights repacked at load are copies either way).
+    #[arg(long = "no-mmap")]
+    pub no_mmap: bool,
+    /// Keep the model (and all of moxie's memory) in RAM: never swapped or dropped from the
+    /// page cache. Needs `ulimit -l` above the model's size (if refused: a warning).
+    #[arg(long)]
+    pub mlock: bool,
     #[command(flatten)]
     pub cache_types: CacheTypeArgs,
     #[command(flatten)]
@@ -61,6 +69,29 @@ pub fn kv_type(s: &str) -> std::result::Result<GgmlType, String> {
 }
 
 impl ModelArgs {
+    /// `--no-mmap` and `--mlock` on a loaded model.
+    pub(crate) fn keep_in_memory(&self, model: &mut Model) {
+        if self.no_mmap {
+            let t0 = std::time::Instant::now();
+            let (n, bytes) = model.own_mapped_weights();
+            eprintln!(
+                "--no-mmap: read {n} weight tensors ({}) into memory in {:.1} s",
+                moxie_core::placement::human_bytes(bytes),
+                t0.elapsed().as_secs_f64()
+            );
+        }
+        // As llama.cpp: a lock the system refuses is a warning, not a failure.
+        if self.mlock {
+            match moxie_core::lock_memory() {
+                Ok(()) => eprintln!("--mlock: the model is locked in RAM"),
+                Err(e) => eprintln!(
+                    "warning: --mlock: locking the model in RAM failed ({e}); it runs \
+                     unlocked (raise the limit with `ulimit -l`)"
+                ),
+            }
+        }
+    }
+
     pub(crate) fn parallel(&self) -> Parallel {
         let par = match self.threads {
             Some(t) => Parallel::new(t),
@@ -166,7 +197,9 @@ pub(crate) fn load_opened_model(
         kv_types: a.cache_types.types(),
         n_seq,
     };
-    plan_and_load(file, &a.model, &a.placement, matches, &run, a.exact)
+    let mut model = plan_and_load(file, &a.model, &a.placement, matches, &run, a.exact)?;
+    a.keep_in_memory(&mut model);
+    Ok(model)
 }
 
 /// Load-time repacking (`on`): the CPU's weight matrices interleaved for the fast one-token

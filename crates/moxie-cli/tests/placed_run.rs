@@ -126,3 +126,36 @@ fn logits_ubatch_size_splits_the_forward_calls() {
     let _ = std::fs::remove_file(first);
     let _ = std::fs::remove_file(split);
 }
+
+/// `--no-mmap` reads the weights into memory and `--mlock` locks them (or warns): the same
+/// logits bit for bit, with the file's layout kept (`--no-repack`, every weight copied) and
+/// with repacking.
+#[test]
+fn weights_read_into_memory_give_the_same_logits() {
+    let m = fixture_model("deepseek2-tiny-Q4_K_M.gguf");
+    let tokens = "1,7,42,3,99,5,12,8";
+    for repack in [&["--no-repack"][..], &[]] {
+        let logits = |extra: &[&str], tag: &str| {
+            let out = tmp("in-memory", &format!("{tag}.npy"));
+            let mut args = vec!["logits", "-m", &m, "--tokens", tokens, "--out"];
+            args.push(out.to_str().unwrap());
+            args.extend_from_slice(repack);
+            args.extend_from_slice(extra);
+            let o = moxie(&args);
+            let err = String::from_utf8_lossy(&o.stderr).into_owned();
+            assert!(o.status.success(), "{err}");
+            (moxie_core::npy::read_f32(&out).unwrap().1, err)
+        };
+        let (mapped, _) = logits(&[], "mapped");
+        let (owned, err) = logits(&["--no-mmap", "--mlock"], "owned");
+        assert!(err.contains("--no-mmap: read "), "{err}");
+        assert!(err.contains("--mlock: "), "{err}");
+        assert!(
+            mapped
+                .iter()
+                .zip(&owned)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{repack:?}: logits differ"
+        );
+    }
+}

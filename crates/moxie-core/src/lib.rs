@@ -73,3 +73,24 @@ pub fn keep_freed_memory() {
         }
     }
 }
+
+/// `--mlock`: keep every page of this process in RAM, those mapped now (the model file's
+/// included, which this reads in) and those to come, as llama.cpp's `--mlock` keeps the
+/// model's. Fails when the system refuses (typically `ulimit -l`, RLIMIT_MEMLOCK, below the
+/// model's size); the error says so.
+pub fn lock_memory() -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        // SAFETY: mlockall takes flags only and changes no memory contents.
+        let r = unsafe { libc::mlockall(libc::MCL_CURRENT | libc::MCL_FUTURE) };
+        if r != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+    #[cfg(not(unix))]
+    Err(std::io::Error::new(
+        std::io::ErrorKind::Unsupported,
+        "memory locking is only implemented on Unix",
+    ))
+}

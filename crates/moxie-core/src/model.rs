@@ -200,6 +200,34 @@ impl Model {
         change
     }
 
+    /// `--no-mmap`: every host weight still mapped from the file (not repacked) copied into
+    /// memory moxie owns, the file's pages released, so that nothing is paged in from the
+    /// file later. Returns the tensors and bytes copied.
+    pub fn own_mapped_weights(&mut self) -> (usize, u64) {
+        let mut tensors: Vec<&mut Tensor> =
+            vec![&mut self.embeddings.tok_embd, &mut self.head.output];
+        let mut layers: Vec<&mut Layer> = self.layers.iter_mut().collect();
+        if let Some(m) = &mut self.mtp {
+            tensors.push(&mut m.eh_proj);
+            tensors.extend(&mut m.embed);
+            tensors.extend(&mut m.head);
+            layers.push(&mut m.layer);
+        }
+        for l in layers {
+            tensors.extend(l.mixer.matrices_mut());
+            tensors.extend(l.ffn.matrices_mut());
+        }
+        let mut copies = std::collections::HashMap::new();
+        let (mut n, mut bytes) = (0, 0);
+        for t in tensors {
+            if let Some(b) = t.own_mapped_bytes(&mut copies) {
+                n += 1;
+                bytes += b;
+            }
+        }
+        (n, bytes)
+    }
+
     /// The batch size from which host-resident routed experts are streamed to the GPU that
     /// runs their layer's router (llama.cpp's op offload), `None` when never.
     pub fn op_offload_min_batch(&self) -> Option<usize> {

@@ -319,6 +319,32 @@ impl Tensor {
         })
     }
 
+    /// A host tensor still mapped from its file gets its bytes copied into memory moxie owns
+    /// (`--no-mmap`) and the file's pages released; `copies` shares one copy between tensors
+    /// of the same file tensor (a tied output head). Returns the bytes copied (0 when
+    /// `copies` already had them), `None` for a tensor that was not mapped on the host.
+    pub fn own_mapped_bytes(
+        &mut self,
+        copies: &mut std::collections::HashMap<usize, Arc<Vec<u8>>>,
+    ) -> Option<u64> {
+        let Storage::Mapped { file, index } = &self.storage else {
+            return None;
+        };
+        if self.device != CPU {
+            return None;
+        }
+        let (file, index) = (Arc::clone(file), *index);
+        let mut copied = 0;
+        let bytes = copies.entry(index).or_insert_with(|| {
+            let v = self.data().to_vec();
+            copied = v.len() as u64;
+            file.release_tensor_pages(index);
+            Arc::new(v)
+        });
+        self.storage = Storage::Owned(Arc::clone(bytes));
+        Some(copied)
+    }
+
     /// The whole tensor as one matrix of `ne[1]*ne[2]*ne[3]` rows.
     pub fn matrix(&self) -> Result<Mat<'_>> {
         Mat::new(self, 0, self.ne[1] * self.ne[2] * self.ne[3])

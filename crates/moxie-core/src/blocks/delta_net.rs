@@ -111,6 +111,11 @@ impl DeltaNet {
         vec![&self.wqkv, &self.wz, &self.wba, &self.wo]
     }
 
+    /// [`DeltaNet::matrices`], to replace.
+    pub fn matrices_mut(&mut self) -> [&mut Tensor; 4] {
+        [&mut self.wqkv, &mut self.wz, &mut self.wba, &mut self.wo]
+    }
+
     /// β and g per token and value head from the `ssm_ba` projection (`2 * n_v` per token).
     fn gates(&self, ba: &[f32], beta: &mut [f32], g: &mut [f32]) {
         let s = &self.shape;

@@ -366,6 +366,16 @@ impl Indexer {
         vec![&self.wq_b, &self.wk, &self.proj, &self.rotation]
     }
 
+    /// [`Indexer::matrices`], to replace.
+    pub fn matrices_mut(&mut self) -> [&mut Tensor; 4] {
+        [
+            &mut self.wq_b,
+            &mut self.wk,
+            &mut self.proj,
+            &mut self.rotation,
+        ]
+    }
+
     /// RoPE as the indexer applies it: the model's frequencies, adjacent pairs.
     fn rope(p: &Pass) -> Rope {
         Rope {

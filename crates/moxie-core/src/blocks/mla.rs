@@ -102,6 +102,24 @@ impl Mla {
         m
     }
 
+    /// [`Mla::matrices`], to replace.
+    pub fn matrices_mut(&mut self) -> Vec<&mut Tensor> {
+        let indexer = match &mut self.sparse {
+            Some(Sparse::Indexer(ix)) => Some(ix.matrices_mut()),
+            _ => None,
+        };
+        let mut m: Vec<&mut Tensor> = self.wq_a.iter_mut().map(|(t, _)| t).collect();
+        m.extend([
+            &mut self.wq_b,
+            &mut self.wkv_a,
+            &mut self.wk_b,
+            &mut self.wv_b,
+            &mut self.wo,
+        ]);
+        m.extend(indexer.into_iter().flatten());
+        m
+    }
+
     pub fn matrices(&self) -> Vec<&Tensor> {
         let mut m: Vec<&Tensor> = self.wq_a.iter().map(|(t, _)| t).collect();
         m.extend([&self.wq_b, &self.wkv_a, &self.wk_b, &self.wv_b, &self.wo]);

@@ -65,6 +65,15 @@ impl Mixer {
         }
     }
 
+    /// [`Mixer::matrices`], to replace.
+    pub fn matrices_mut(&mut self) -> Vec<&mut Tensor> {
+        match self {
+            Mixer::Gqa(a) => a.matrices_mut().into(),
+            Mixer::Mla(a) => a.matrices_mut(),
+            Mixer::DeltaNet(a) => a.matrices_mut().into(),
+        }
+    }
+
     /// The block, to run where its weights are.
     pub(crate) fn block(&self) -> &dyn Block {
         match self {
@@ -87,6 +96,14 @@ impl Ffn {
         match self {
             Ffn::Dense(f) => f.matrices().to_vec(),
             Ffn::Moe(m) => m.matrices(),
+        }
+    }
+
+    /// [`Ffn::matrices`], to replace.
+    pub fn matrices_mut(&mut self) -> Vec<&mut Tensor> {
+        match self {
+            Ffn::Dense(f) => f.matrices_mut().into(),
+            Ffn::Moe(m) => m.matrices_mut(),
         }
     }
 

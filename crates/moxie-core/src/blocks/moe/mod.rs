@@ -119,6 +119,21 @@ impl Moe {
         m
     }
 
+    /// [`Moe::matrices`], to replace.
+    pub fn matrices_mut(&mut self) -> Vec<&mut Tensor> {
+        let mut m = vec![
+            &mut self.router,
+            &mut self.gate_exps,
+            &mut self.up_exps,
+            &mut self.down_exps,
+        ];
+        if let Some(s) = &mut self.shared {
+            m.extend(s.matrices_mut());
+        }
+        m.extend(&mut self.shared_gate);
+        m
+    }
+
     /// The shared expert (if any) of `n` rows of `h` on the host, gated where the model
     /// gates it: the term [`forward`] adds after the routed experts.
     fn shared_cpu(&self, h: &[f32], n: usize, par: &Parallel) -> Result<Option<Vec<f32>>> {
