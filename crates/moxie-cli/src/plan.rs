@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use clap::ArgMatches;
 use moxie_core::placement::{plan_for_file, RunShape};
 use moxie_gguf::GgufFile;
@@ -29,8 +29,8 @@ pub struct Args {
     ubatch_size: usize,
     #[command(flatten)]
     cache_types: CacheTypeArgs,
-    /// Sequences held at once (also `-np`, `moxie serve`'s slots): each has its own cache of
-    /// -c tokens and its own recurrent state.
+    /// Sequences held at once (also `-np`, `moxie serve`'s slots): as in `moxie serve` and
+    /// llama-server, -c is split between them; each has its own cache and recurrent state.
     #[arg(long = "parallel", default_value_t = 1)]
     parallel: usize,
     /// Print the plan as JSON.
@@ -42,8 +42,25 @@ pub fn main(a: Args, matches: &ArgMatches) -> Result<()> {
     let options = a.placement.options(matches)?;
     let devices = a.placement.devices()?;
     let file = GgufFile::open_header_only(&a.model)?;
+    if a.parallel == 0 {
+        bail!("--parallel must be at least 1");
+    }
+    // Each slot's share of -c (or of the default context), as `moxie serve` gives it.
+    let n_ctx = match (a.ctx_size, a.parallel) {
+        (c, 1) => c,
+        (c, n) => {
+            let train = moxie_core::Config::from_metadata(file.metadata())
+                .map(|c| c.n_ctx_train)
+                .unwrap_or(4096);
+            let total = c.unwrap_or(4096.min(train));
+            if total / n == 0 {
+                bail!("-c {total} split across --parallel {n} slots leaves no context");
+            }
+            Some(total / n)
+        }
+    };
     let run = RunShape {
-        n_ctx: a.ctx_size,
+        n_ctx,
         n_batch: a.batch_size,
         n_ubatch: a.ubatch_size,
         kv_types: a.cache_types.types(),

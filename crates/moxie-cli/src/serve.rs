@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::ArgMatches;
-use moxie_server::{AppState, Engine, EngineConfig, Prompter, ReasoningMode};
+use moxie_server::{AppState, Engine, EngineConfig, GenDefaults, Prompter, ReasoningMode};
 
 use crate::run::{load_opened_model, load_tokenizer, ModelArgs};
 
@@ -26,8 +26,8 @@ pub struct Args {
     /// open).
     #[arg(long = "api-key", value_name = "KEY")]
     api_key: Option<String>,
-    /// Slots: requests generated at once, each with its own KV cache of -c tokens (also
-    /// `-np`).
+    /// Slots: requests generated at once (also `-np`). As in llama-server, the -c tokens of
+    /// context are split between them.
     #[arg(long = "parallel", default_value_t = 1)]
     parallel: usize,
     /// Requests that may wait for a slot; past that, 503.
@@ -48,9 +48,106 @@ pub struct Args {
     /// Physical (micro-)batch size for prompt processing (also `-ub`).
     #[arg(long = "ubatch-size", default_value_t = 512)]
     ubatch_size: usize,
+    /// Logical batch size: prompt batches are at most this many tokens (-ub is capped to it,
+    /// as in llama-server).
+    #[arg(short = 'b', long = "batch-size", default_value_t = 2048)]
+    batch_size: usize,
+    /// Tokens a request generates at most when it does not say (`max_tokens`); -1: until the
+    /// context is full.
+    #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_negative_numbers = true)]
+    n_predict: i64,
+    #[command(flatten)]
+    sampling: SamplingDefaults,
     /// Largest request body accepted, in bytes (larger: 413).
     #[arg(long = "max-body-bytes", default_value_t = 16 << 20)]
     max_body_bytes: usize,
+}
+
+/// llama-server's sampling flags: the defaults of requests that do not set them.
+#[derive(clap::Args)]
+struct SamplingDefaults {
+    /// Temperature (0: greedy).
+    #[arg(long = "temp", default_value_t = 0.8)]
+    temp: f32,
+    /// Top-k (0: off).
+    #[arg(long = "top-k", default_value_t = 40)]
+    top_k: usize,
+    /// Top-p (1: off).
+    #[arg(long = "top-p", default_value_t = 0.95)]
+    top_p: f32,
+    /// Min-p (0: off).
+    #[arg(long = "min-p", default_value_t = 0.05)]
+    min_p: f32,
+    /// Repetition penalty (1: off).
+    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    repeat_penalty: f32,
+    /// Tokens the penalties look back over.
+    #[arg(long = "repeat-last-n", default_value_t = 64)]
+    repeat_last_n: usize,
+    #[arg(
+        long = "presence-penalty",
+        default_value_t = 0.0,
+        allow_negative_numbers = true
+    )]
+    presence_penalty: f32,
+    #[arg(
+        long = "frequency-penalty",
+        default_value_t = 0.0,
+        allow_negative_numbers = true
+    )]
+    frequency_penalty: f32,
+    /// Seed (-1: a fresh random seed per request).
+    #[arg(short = 's', long = "seed", default_value_t = -1, allow_negative_numbers = true)]
+    seed: i64,
+}
+
+impl SamplingDefaults {
+    /// The request defaults, with `max_tokens` (-n; -1: none).
+    fn defaults(&self, n_predict: i64) -> Result<GenDefaults> {
+        let checks = [
+            (
+                self.temp >= 0.0 && self.temp <= 100.0,
+                "--temp takes 0 to 100",
+            ),
+            ((0.0..=1.0).contains(&self.top_p), "--top-p takes 0 to 1"),
+            ((0.0..=1.0).contains(&self.min_p), "--min-p takes 0 to 1"),
+            (
+                (0.0..=10.0).contains(&self.repeat_penalty),
+                "--repeat-penalty takes 0 to 10",
+            ),
+            (
+                (-2.0..=2.0).contains(&self.presence_penalty),
+                "--presence-penalty takes -2 to 2",
+            ),
+            (
+                (-2.0..=2.0).contains(&self.frequency_penalty),
+                "--frequency-penalty takes -2 to 2",
+            ),
+            (self.seed >= -1, "--seed takes -1 (random) or a seed"),
+            (
+                n_predict >= -1,
+                "-n takes -1 (until the context is full) or a count",
+            ),
+        ];
+        if let Some((_, what)) = checks.iter().find(|(ok, _)| !ok) {
+            bail!("{what}");
+        }
+        Ok(GenDefaults {
+            sampler: moxie_core::SamplerConfig {
+                temperature: self.temp,
+                top_k: self.top_k,
+                top_p: self.top_p,
+                min_p: self.min_p,
+                repeat_penalty: self.repeat_penalty,
+                repeat_last_n: self.repeat_last_n,
+                presence_penalty: self.presence_penalty,
+                frequency_penalty: self.frequency_penalty,
+                ..Default::default()
+            },
+            seed: u64::try_from(self.seed).ok(),
+            max_tokens: usize::try_from(n_predict).ok(),
+        })
+    }
 }
 
 fn reasoning_mode(s: &str) -> std::result::Result<ReasoningMode, String> {
@@ -66,9 +163,11 @@ pub fn main(a: Args, matches: &ArgMatches) -> Result<()> {
     if a.parallel == 0 {
         bail!("--parallel must be at least 1");
     }
-    if a.ubatch_size == 0 {
-        bail!("-ub must be positive");
+    if a.ubatch_size == 0 || a.batch_size == 0 {
+        bail!("-b and -ub must be positive");
     }
+    let ubatch = a.ubatch_size.min(a.batch_size);
+    let defaults = a.sampling.defaults(a.n_predict)?;
     if a.reasoning_budget < -1 {
         bail!("--reasoning-budget takes -1 (unlimited), 0 (off) or a token count");
     }
@@ -76,17 +175,18 @@ pub fn main(a: Args, matches: &ArgMatches) -> Result<()> {
     let n_ctx_train = moxie_core::Config::from_metadata(file.metadata())
         .map(|c| c.n_ctx_train)
         .unwrap_or(4096);
-    // Each slot's context; a prompt needs room for one more token.
-    let n_ctx = a.model.context_size(n_ctx_train).max(2);
+    // As llama-server does, -c is the context of all slots together; a prompt needs room
+    // for one more token.
+    let n_ctx_total = a.model.context_size(n_ctx_train);
+    let n_ctx = n_ctx_total / a.parallel;
+    if n_ctx < 2 {
+        bail!(
+            "-c {n_ctx_total} split across --parallel {} slots leaves {n_ctx} tokens each (raise -c)",
+            a.parallel
+        );
+    }
     // The plan counts every slot's cache and recurrent state.
-    let model = load_opened_model(
-        file,
-        &a.model,
-        matches,
-        Some(n_ctx),
-        a.ubatch_size,
-        a.parallel,
-    )?;
+    let model = load_opened_model(file, &a.model, matches, Some(n_ctx), ubatch, a.parallel)?;
     let tokenizer = Arc::new(load_tokenizer(model.file.metadata())?);
     let template_source = match &a.chat_template_file {
         Some(p) => std::fs::read_to_string(p)
@@ -115,7 +215,7 @@ pub fn main(a: Args, matches: &ArgMatches) -> Result<()> {
         EngineConfig {
             n_slots: a.parallel,
             n_ctx,
-            ubatch: a.ubatch_size,
+            ubatch,
             queue_limit: a.max_queue,
             kv_types: a.model.cache_types.types(),
         },
@@ -134,15 +234,18 @@ pub fn main(a: Args, matches: &ArgMatches) -> Result<()> {
         a.reasoning,
         a.reasoning_budget
     );
-    let state = Arc::new(AppState::new(
-        engine,
-        prompter,
-        model_name,
-        a.api_key.clone(),
-        a.max_body_bytes,
-        n_vocab,
-        n_ctx_train,
-    ));
+    let state = Arc::new(
+        AppState::new(
+            engine,
+            prompter,
+            model_name,
+            a.api_key.clone(),
+            a.max_body_bytes,
+            n_vocab,
+            n_ctx_train,
+        )
+        .with_defaults(defaults),
+    );
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

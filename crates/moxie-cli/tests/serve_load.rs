@@ -83,8 +83,9 @@ fn sixty_four_streams_on_four_slots() {
             "4",
             "--max-queue",
             "16",
+            // 256 tokens per slot (-c is split across the slots).
             "-c",
-            "256",
+            "1024",
         ],
     );
     let rss_start = s.rss_kib();

@@ -19,7 +19,7 @@ use crate::engine::{Done, Engine, Event};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::prompt::Prompter;
-use crate::request::{parse_body, parse_chat, parse_completion};
+use crate::request::{parse_body, parse_chat, parse_completion, GenDefaults};
 
 /// What the handlers share.
 pub struct AppState {
@@ -32,6 +32,8 @@ pub struct AppState {
     pub max_body_bytes: usize,
     pub n_vocab: usize,
     pub n_ctx_train: usize,
+    /// What requests get for the settings they leave out.
+    pub defaults: GenDefaults,
     pub created: u64,
     next_id: AtomicU64,
 }
@@ -55,9 +57,16 @@ impl AppState {
             max_body_bytes,
             n_vocab,
             n_ctx_train,
+            defaults: GenDefaults::default(),
             created: unix_now(),
             next_id: AtomicU64::new(1),
         }
+    }
+
+    /// With `defaults` for what requests leave out (the server's sampling flags).
+    pub fn with_defaults(mut self, defaults: GenDefaults) -> AppState {
+        self.defaults = defaults;
+        self
     }
 
     /// A fresh id with `prefix` (`chatcmpl-`, `cmpl-`, `call_`).
@@ -297,7 +306,7 @@ async fn chat_inner(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let req = parse_chat(&json_body(s, headers, body).await?)?;
+    let req = parse_chat(&json_body(s, headers, body).await?, &s.defaults)?;
     let (tx, rx) = unbounded_channel();
     s.engine.submit(s.prompter.chat(&req, tx)?)?;
     let ctx = ResponseCtx {
@@ -326,7 +335,7 @@ async fn completions_inner(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let req = parse_completion(&json_body(s, headers, body).await?, s.n_vocab)?;
+    let req = parse_completion(&json_body(s, headers, body).await?, s.n_vocab, &s.defaults)?;
     let (tx, rx) = unbounded_channel();
     s.engine.submit(s.prompter.completion(&req, tx)?)?;
     let ctx = ResponseCtx {

@@ -25,6 +25,7 @@ pub use error::ApiError;
 pub use http::{router, AppState};
 pub use metrics::Metrics;
 pub use prompt::{Prompter, ReasoningMode};
+pub use request::GenDefaults;
 
 /// Serve `router` on `listener` until Ctrl-C or SIGTERM, then stop the engine.
 pub async fn serve(

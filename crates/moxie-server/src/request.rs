@@ -205,10 +205,27 @@ fn opt_int(obj: &Map<String, Value>, key: &str, lo: i64, hi: i64) -> Result<Opti
     }
 }
 
+/// What a request gets for the settings it leaves out: the server's command line
+/// (llama-server's `--temp`, `--top-k`, `--top-p`, `--min-p`, `--repeat-penalty`, `--seed`,
+/// `-n`, ...).
+#[derive(Clone, Debug, Default)]
+pub struct GenDefaults {
+    /// Every sampling setting but the seed.
+    pub sampler: moxie_core::SamplerConfig,
+    /// None: a fresh random seed per request.
+    pub seed: Option<u64>,
+    /// Tokens to generate at most; None: until the context is full.
+    pub max_tokens: Option<usize>,
+}
+
 /// The settings both endpoints share. `chat`: the chat endpoint (`max_completion_tokens` is
 /// its newer name for `max_tokens`).
-fn parse_gen(obj: &Map<String, Value>, chat: bool) -> Result<GenRequest, ApiError> {
-    let d = moxie_core::SamplerConfig::default();
+fn parse_gen(
+    obj: &Map<String, Value>,
+    chat: bool,
+    defaults: &GenDefaults,
+) -> Result<GenRequest, ApiError> {
+    let d = &defaults.sampler;
     let mut max_tokens = opt_int(obj, "max_tokens", 1, MAX_TOKENS_LIMIT as i64)?;
     if chat {
         if let Some(m) = opt_int(obj, "max_completion_tokens", 1, MAX_TOKENS_LIMIT as i64)? {
@@ -278,12 +295,13 @@ fn parse_gen(obj: &Map<String, Value>, chat: bool) -> Result<GenRequest, ApiErro
         Some(s) => Some(s),
         // llama-server: -1 = random.
         None => match opt_int(obj, "seed", i64::MIN, i64::MAX)? {
-            None | Some(-1) => None,
+            None => defaults.seed,
+            Some(-1) => None,
             Some(s) => Some(s as u64),
         },
     };
     Ok(GenRequest {
-        max_tokens: max_tokens.map(|m| m as usize),
+        max_tokens: max_tokens.map(|m| m as usize).or(defaults.max_tokens),
         stop,
         stream,
         include_usage,
@@ -638,8 +656,11 @@ fn parse_model(obj: &Map<String, Value>) -> Result<Option<String>, ApiError> {
     Ok(opt_str(obj, "model")?.map(str::to_string))
 }
 
-/// `POST /v1/chat/completions`.
-pub fn parse_chat(obj: &Map<String, Value>) -> Result<ChatRequest, ApiError> {
+/// `POST /v1/chat/completions`, with the server's `defaults` for what it leaves out.
+pub fn parse_chat(
+    obj: &Map<String, Value>,
+    defaults: &GenDefaults,
+) -> Result<ChatRequest, ApiError> {
     let messages = match obj.get("messages") {
         Some(Value::Array(a)) if !a.is_empty() => a,
         Some(Value::Array(_)) => {
@@ -713,14 +734,16 @@ pub fn parse_chat(obj: &Map<String, Value>) -> Result<ChatRequest, ApiError> {
         reasoning,
         reasoning_budget: opt_int(obj, "reasoning_budget", -1, MAX_TOKENS_LIMIT as i64)?,
         reasoning_in_content,
-        gen: parse_gen(obj, true)?,
+        gen: parse_gen(obj, true, defaults)?,
     })
 }
 
-/// `POST /v1/completions`. `n_vocab` bounds token-id prompts.
+/// `POST /v1/completions`. `n_vocab` bounds token-id prompts; `defaults` as for
+/// [`parse_chat`].
 pub fn parse_completion(
     obj: &Map<String, Value>,
     n_vocab: usize,
+    defaults: &GenDefaults,
 ) -> Result<CompletionRequest, ApiError> {
     let token_ids = |a: &[Value]| -> Result<Vec<u32>, ApiError> {
         a.iter()
@@ -768,7 +791,7 @@ pub fn parse_completion(
         model: parse_model(obj)?,
         prompt,
         echo: opt_bool(obj, "echo")?.unwrap_or(false),
-        gen: parse_gen(obj, false)?,
+        gen: parse_gen(obj, false, defaults)?,
     })
 }
 
@@ -778,7 +801,7 @@ mod tests {
     use serde_json::json;
 
     fn chat(v: Value) -> Result<ChatRequest, ApiError> {
-        parse_chat(v.as_object().unwrap())
+        parse_chat(v.as_object().unwrap(), &GenDefaults::default())
     }
 
     #[test]
@@ -894,7 +917,9 @@ mod tests {
 
     #[test]
     fn completion_prompts() {
-        let p = |v: Value| parse_completion(v.as_object().unwrap(), 100).map(|r| r.prompt);
+        let p = |v: Value| {
+            parse_completion(v.as_object().unwrap(), 100, &GenDefaults::default()).map(|r| r.prompt)
+        };
         assert_eq!(
             p(json!({"prompt": "x"})).unwrap(),
             PromptInput::Text("x".into())
