@@ -74,6 +74,9 @@ pub struct Args {
     /// Skip the warm-up run.
     #[arg(long)]
     no_warmup: bool,
+    /// llama-bench's `-w 0|1`: run the warm-up (1, the default) or not (0).
+    #[arg(short = 'w', long = "warmup", value_parser = clap::value_parser!(u8).range(0..=1))]
+    warmup: Option<u8>,
     /// After the table, for each generation test: bytes read per token, this machine's read
     /// bandwidth measured with the same threads, and the fraction of it decode reached (on
     /// stderr, so the table stays llama-bench's).
@@ -243,7 +246,7 @@ pub fn main(a: Args, matches: &clap::ArgMatches) -> Result<()> {
                 {
                     let micro = ub.min(b);
                     for &test in &tests {
-                        if !a.no_warmup {
+                        if !a.no_warmup && a.warmup != Some(0) {
                             let warm = BenchTest {
                                 n_prompt: test.n_prompt.min(16),
                                 n_gen: test.n_gen.min(1),

@@ -2,6 +2,7 @@
 //! llama.cpp where one exists (-m, -p, -n, -t, -c, -b, -ub, --temp, --top-k, ...).
 
 mod bench;
+mod compat;
 mod gen;
 mod inspect;
 mod placement_args;
@@ -56,32 +57,21 @@ enum Cmd {
     Serve(serve::Args),
 }
 
-/// llama.cpp spells some flags with one dash and several letters (`-ub`), which clap cannot
-/// express as short flags: map them to their long forms.
-fn llama_cpp_style_args(args: impl Iterator<Item = std::ffi::OsString>) -> Vec<std::ffi::OsString> {
-    args.map(|a| match a.to_str() {
-        Some("-ub") => "--ubatch-size".into(),
-        Some("-pg") => "--n-pg".into(),
-        Some("-wb") => "--warmup-batch".into(),
-        Some("-ctk") => "--cache-type-k".into(),
-        Some("-ctv") => "--cache-type-v".into(),
-        Some("-ot") => "--override-tensor".into(),
-        Some("-cmoe") => "--cpu-moe".into(),
-        Some("-ncmoe") => "--n-cpu-moe".into(),
-        Some("-ngl") => "--n-gpu-layers".into(),
-        Some("-sm") => "--split-mode".into(),
-        Some("-ts") => "--tensor-split".into(),
-        Some("-mg") => "--main-gpu".into(),
-        Some("-np") => "--parallel".into(),
-        _ => a,
-    })
-    .collect()
-}
-
 fn main() -> ExitCode {
     // The matches are kept: placement rules apply in command-line order, which only they
     // record.
-    let matches = Cli::command().get_matches_from(llama_cpp_style_args(std::env::args_os()));
+    let matches = match parse_launch_line(std::env::args_os().collect()) {
+        Ok((matches, notes)) => {
+            for note in notes {
+                eprintln!("moxie: {note}");
+            }
+            matches
+        }
+        Err(e) => {
+            eprint!("{e}");
+            return ExitCode::from(2);
+        }
+    };
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     moxie_core::keep_freed_memory();
     let res = match cli.cmd {
@@ -146,4 +136,77 @@ pub(crate) fn open_gguf(
 ) -> anyhow::Result<std::sync::Arc<moxie_gguf::GgufFile>> {
     let f = moxie_gguf::GgufFile::open(path)?;
     Ok(std::sync::Arc::new(f))
+}
+
+/// The command line as clap parses it, after [`compat::rewrite`]: llama.cpp's spellings
+/// rewritten and other engines' tuning flags taken out, with a note each (the subcommand's
+/// own flags are never taken out). Errors are clap's message (or the rewrite's), ready to
+/// print.
+fn parse_launch_line(
+    args: Vec<std::ffi::OsString>,
+) -> Result<(clap::ArgMatches, Vec<String>), String> {
+    let sub = args
+        .iter()
+        .skip(1)
+        .filter_map(|a| a.to_str())
+        .find(|a| !a.starts_with('-'))
+        .map(str::to_string);
+    let cmd = Cli::command();
+    let defines = |flag: &str| {
+        let long = flag.trim_start_matches("--");
+        sub.as_deref()
+            .and_then(|s| cmd.find_subcommand(s))
+            .is_some_and(|c| c.get_arguments().any(|a| a.get_long() == Some(long)))
+    };
+    let (args, notes) = compat::rewrite(args, defines)?;
+    cmd.try_get_matches_from(args)
+        .map(|m| (m, notes))
+        .map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The launch lines of issue 18, from users' reports (`tests/data/launch_lines.txt`).
+    fn launch_lines() -> impl Iterator<Item = &'static str> {
+        include_str!("../tests/data/launch_lines.txt")
+            .lines()
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+    }
+
+    fn argv(line: &str) -> Vec<std::ffi::OsString> {
+        std::iter::once("moxie")
+            .chain(line.split_whitespace())
+            .map(Into::into)
+            .collect()
+    }
+
+    #[test]
+    fn every_launch_line_parses() {
+        for line in launch_lines() {
+            if let Err(e) = parse_launch_line(argv(line)) {
+                panic!("{line}\n{e}");
+            }
+        }
+    }
+
+    #[test]
+    fn ik_flags_are_not_misread_and_unknown_flags_are_named() {
+        // clap alone read -muge as `-m uge`.
+        let (m, notes) = parse_launch_line(argv("serve -m M -muge -mla 3 -amb 512")).unwrap();
+        let serve = m.subcommand_matches("serve").unwrap();
+        assert_eq!(
+            serve
+                .get_one::<std::path::PathBuf>("model")
+                .unwrap()
+                .to_str(),
+            Some("M")
+        );
+        assert_eq!(notes.len(), 3, "{notes:?}");
+        let e = parse_launch_line(argv("serve -m M --frobnicate")).unwrap_err();
+        assert!(e.contains("--frobnicate"), "{e}");
+        let e = parse_launch_line(argv("serve -m M -xyz 3")).unwrap_err();
+        assert!(e.contains("-x"), "{e}");
+    }
 }
