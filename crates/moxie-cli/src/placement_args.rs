@@ -126,7 +126,8 @@ impl PlacementArgs {
     }
 
     /// CPU (RAM budget), then `--gpu` devices (without `--gpu`: the CUDA GPUs found, each
-    /// with its free memory), then `--sim` devices.
+    /// with its free memory; under `MOXIE_SIM_CUDA`: simulated devices named `CUDA0`, ...
+    /// with its budgets), then `--sim` devices.
     pub fn devices(&self) -> Result<Vec<DeviceSpec>> {
         let ram = match &self.ram {
             Some(s) => parse_size(s)?,
@@ -135,14 +136,27 @@ impl PlacementArgs {
                 None => bail!("cannot read the machine's memory size (/proc/meminfo); pass --ram"),
             },
         };
-        let gpus = match &self.gpu {
-            Some(s) => parse_size_list(s)?,
-            None => moxie_core::placement::detected_cuda_budgets(),
+        let simulated = moxie_core::placement::simulated_cuda_budgets()?;
+        let gpus = match (&self.gpu, &simulated) {
+            (Some(_), Some(_)) => bail!(
+                "--gpu and {} both give the CUDA devices' budgets: use one",
+                moxie_core::placement::SIM_CUDA_ENV
+            ),
+            (Some(s), None) => parse_size_list(s)?,
+            (None, Some(_)) => Vec::new(),
+            (None, None) => moxie_core::placement::detected_cuda_budgets(),
         };
         let sims = match &self.sim {
             Some(s) => parse_size_list(s)?,
             None => Vec::new(),
         };
-        Ok(device_list(ram, &gpus, &sims))
+        let mut devices = device_list(ram, &gpus, &sims);
+        // Simulated CUDA devices come where real ones would: first after the CPU.
+        let simulated = simulated.unwrap_or_default().into_iter().enumerate();
+        devices.splice(
+            1..1,
+            simulated.map(|(i, b)| DeviceSpec::simulated_cuda(i, b)),
+        );
+        Ok(devices)
     }
 }

@@ -1,7 +1,7 @@
 //! Launch lines from users' reports (`tests/data/launch_lines.txt`, issue 18) run with
 //! `moxie` in place of llama-server / llama-bench, on a fixture model: serve lines answer a
-//! chat request, bench lines print their table. Lines that name CUDA devices wait for
-//! simulated CUDA devices (they are parsed in `src/main.rs`'s tests). The bench line with
+//! chat request, bench lines print their table. Lines that name CUDA devices run on simulated
+//! ones (`MOXIE_SIM_CUDA`, four 24 GiB GPUs as in the 4x3090 report). The bench line with
 //! 16K-token prompts takes minutes: `cargo test -p moxie-cli --test launch_lines -- --ignored`.
 
 mod serve_support;
@@ -11,31 +11,38 @@ use serve_support::{fixture_model, Server};
 
 const MODEL: &str = "qwen3moe-tiny-Q8_0.gguf";
 
-/// The lines of `launch_lines.txt` that start with `command` and need no GPU, split into
-/// arguments, with the model flag and its value and the subcommand taken out.
-fn cpu_lines(command: &str) -> Vec<Vec<String>> {
+/// The lines of `launch_lines.txt` that start with `command`, split into arguments, with the
+/// subcommand and the flags the tests set themselves (model, host, port) taken out.
+fn lines(command: &str) -> Vec<Vec<String>> {
     include_str!("data/launch_lines.txt")
         .lines()
-        .filter(|l| l.starts_with(&format!("{command} ")) && !l.contains("CUDA"))
+        .filter(|l| l.starts_with(&format!("{command} ")))
         .map(|l| {
             let mut args: Vec<String> = l.split_whitespace().skip(1).map(String::from).collect();
-            let at = args
-                .iter()
-                .position(|a| a == "-m" || a == "--model")
-                .expect("a model flag");
-            args.drain(at..at + 2);
+            for flag in ["-m", "--model", "--host", "--port"] {
+                if let Some(at) = args.iter().position(|a| a == flag) {
+                    args.drain(at..at + 2);
+                }
+            }
             args
         })
         .collect()
 }
 
+/// Four 24 GiB GPUs, simulated.
+const SIM_CUDA: (&str, &str) = ("MOXIE_SIM_CUDA", "24GiB,24GiB,24GiB,24GiB");
+
 #[test]
 fn serve_lines_answer_a_chat_request() {
-    let lines = cpu_lines("serve");
-    assert_eq!(lines.len(), 5);
+    let lines = lines("serve");
+    assert_eq!(lines.len(), 8);
     for args in lines {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let s = Server::start(MODEL, &args);
+        // Lines that name CUDA devices or put layers on GPUs were run on GPUs.
+        let gpus = args
+            .iter()
+            .any(|&a| a.contains("CUDA") || a == "-ngl" || a == "--n-gpu-layers");
+        let s = Server::start_with_env(MODEL, &args, if gpus { &[SIM_CUDA] } else { &[] });
         let body = json!({"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4});
         let r = s.post("/v1/chat/completions", &body);
         assert_eq!(r.status, 200, "{args:?}: {}", r.text());
@@ -52,6 +59,11 @@ fn serve_lines_answer_a_chat_request() {
         }
         if args.contains(&"--no-mmap") {
             assert!(log.contains("--no-mmap: read "), "{log}");
+        }
+        // The layers -ngl puts on the GPUs go to the simulated CUDA devices.
+        if gpus {
+            assert!(log.contains("CUDA3   24.00 GiB"), "{log}");
+            assert!(log.contains("moe   CUDA0"), "{log}");
         }
     }
 }
@@ -76,7 +88,7 @@ fn run_bench(args: &[String]) {
 
 #[test]
 fn bench_lines_print_their_table() {
-    let lines = cpu_lines("bench");
+    let lines = lines("bench");
     assert_eq!(lines.len(), 3);
     for args in lines
         .iter()
@@ -89,7 +101,7 @@ fn bench_lines_print_their_table() {
 #[test]
 #[ignore = "16K-token prompts: minutes on 2 cores"]
 fn bench_line_with_long_prompts_prints_its_table() {
-    for args in cpu_lines("bench")
+    for args in lines("bench")
         .iter()
         .filter(|a| a.iter().any(|a| a.contains("16384")))
     {

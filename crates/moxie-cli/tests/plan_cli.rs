@@ -328,3 +328,41 @@ fn inspect_shows_indexer_and_recurrent_roles() {
     }
     let _ = std::fs::remove_file(glm);
 }
+
+/// `MOXIE_SIM_CUDA` makes CUDA0, CUDA1, ... simulated devices with its budgets: a 4x3090 line
+/// plans (and runs) on a machine without them, and its out-of-memory shows; a bad size names
+/// the variable.
+#[test]
+fn simulated_cuda_devices_stand_for_gpus() {
+    let run = |env: &str, args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_moxie"))
+            .env("MOXIE_SIM_CUDA", env)
+            .arg("plan")
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let m = ds();
+    let line = ["--json", "-m", &m, "--ram", "512GiB", "-ngl", "999"];
+    let o = run(
+        "24GiB,24GiB,24GiB,24GiB",
+        &[&line[..], &["--cpu-moe"]].concat(),
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let plan: Value = serde_json::from_slice(&o.stdout).unwrap();
+    for i in 0..4 {
+        let d = device(&plan, &format!("CUDA{i}"));
+        assert_eq!(d["budget_bytes"], 24u64 << 30, "{d}");
+    }
+    assert_eq!(plan["fits"], true, "{}", plan["messages"]);
+    // All 61 layers' experts on four 24 GiB GPUs do not fit.
+    let o = run("24GiB,24GiB,24GiB,24GiB", &line);
+    let plan: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(plan["fits"], false);
+    let o = run("24XB", &["-m", &m]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("MOXIE_SIM_CUDA=24XB"),
+        "{err}"
+    );
+}

@@ -145,12 +145,15 @@ impl Devices {
     /// Add simulated devices `sim0`, `sim1`, ... with these budgets in bytes.
     pub fn push_sims(&mut self, budgets: &[u64]) {
         for (i, &b) in budgets.iter().enumerate() {
-            self.0.push(Arc::new(Device::new(
-                &format!("sim{i}"),
-                DeviceKind::Sim,
-                Some(b),
-            )));
+            self.push_sim(&format!("sim{i}"), b);
         }
+    }
+
+    /// Add a simulated device called `name` (`sim0`, or `CUDA0` under `MOXIE_SIM_CUDA`) with
+    /// a budget in bytes.
+    pub fn push_sim(&mut self, name: &str, budget: u64) {
+        self.0
+            .push(Arc::new(Device::new(name, DeviceKind::Sim, Some(budget))));
     }
 
     /// Add a GPU with a memory budget (its name is the GPU's: `CUDA0`, ...).

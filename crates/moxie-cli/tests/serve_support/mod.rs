@@ -49,9 +49,15 @@ pub struct Server {
 impl Server {
     /// Start `moxie serve -m MODEL --port 0 ARGS...` and wait until it listens.
     pub fn start(model: &str, args: &[&str]) -> Server {
+        Server::start_with_env(model, args, &[])
+    }
+
+    /// [`Server::start`] with these environment variables set.
+    pub fn start_with_env(model: &str, args: &[&str], env: &[(&str, &str)]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_moxie"))
             .args(["serve", "-m", &fixture_model(model), "--port", "0"])
             .args(args)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()

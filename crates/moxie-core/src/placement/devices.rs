@@ -55,6 +55,16 @@ impl DeviceSpec {
         }
     }
 
+    /// A simulated device standing for `CUDA{index}` (`MOXIE_SIM_CUDA`): placed and counted
+    /// as that GPU would be, computing on the CPU.
+    pub fn simulated_cuda(index: usize, budget_bytes: u64) -> DeviceSpec {
+        DeviceSpec {
+            name: format!("CUDA{index}"),
+            kind: DeviceKind::Sim,
+            budget_bytes,
+        }
+    }
+
     pub fn sim(index: usize, budget_bytes: u64) -> DeviceSpec {
         DeviceSpec {
             name: format!("sim{index}"),

@@ -50,18 +50,16 @@ impl crate::model::Placement {
     /// naming the device.
     pub fn from_plan(plan: &Plan) -> Result<crate::model::Placement> {
         let mut devices = crate::device::Devices::cpu_only();
-        let mut sims = Vec::new();
         for d in &plan.devices {
             match d.spec.kind {
                 DeviceKind::Cpu => {}
-                DeviceKind::Sim => sims.push(d.spec.budget_bytes),
+                DeviceKind::Sim => devices.push_sim(&d.spec.name, d.spec.budget_bytes),
                 DeviceKind::Cuda => {
                     let gpu = open_cuda(&d.spec.name)?;
                     devices.push_gpu(gpu, d.spec.budget_bytes);
                 }
             }
         }
-        devices.push_sims(&sims);
         let mut tensors = std::collections::HashMap::new();
         for t in &plan.tensors {
             if let Some(d) = t.device {
@@ -91,6 +89,28 @@ fn open_cuda(name: &str) -> Result<moxie_gpu::Gpu> {
         "{name}: this build of moxie has no CUDA backend (build with `--features cuda`); plan \
          for it with `moxie plan`, or run the same placement on simulated devices with --sim"
     )))
+}
+
+/// The environment variable that makes `CUDA0`, `CUDA1`, ... simulated devices.
+pub const SIM_CUDA_ENV: &str = "MOXIE_SIM_CUDA";
+
+/// `MOXIE_SIM_CUDA=24GiB,24GiB,...`: budgets of simulated devices named `CUDA0`, `CUDA1`, ...
+/// that stand for GPUs this machine does not have, so that a launch line written for them
+/// plans, loads and runs (computing on the CPU) and its out-of-memory errors show before the
+/// hardware is bought. `None` when unset.
+pub fn simulated_cuda_budgets() -> Result<Option<Vec<u64>>> {
+    let Some(v) = std::env::var_os(SIM_CUDA_ENV) else {
+        return Ok(None);
+    };
+    let v = v
+        .to_str()
+        .ok_or_else(|| Error::Placement(format!("{SIM_CUDA_ENV} is not valid UTF-8")))?;
+    let budgets = v
+        .split(',')
+        .map(parse_size)
+        .collect::<Result<Vec<u64>>>()
+        .map_err(|e| Error::Placement(format!("{SIM_CUDA_ENV}={v}: {e}")))?;
+    Ok(Some(budgets))
 }
 
 /// The free memory of each CUDA GPU this machine has, in device order: what placement
