@@ -120,11 +120,6 @@ const IGNORED: &[Ignored] = &[
         instead: "no warm-up batch is run (sweep-bench has its own --warmup-batch)",
     },
     Ignored {
-        flag: "--threads-batch",
-        value: Value::Required,
-        instead: "moxie runs prompt batches on the -t threads",
-    },
-    Ignored {
         flag: "--numa",
         value: Value::Required,
         instead: "NUMA placement is not implemented yet: threads and memory are left to the \
@@ -257,8 +252,18 @@ mod tests {
         let line = "moxie serve -m M --merge-qkv -muge -mla 3 -amb 512 --jinja -fmoe -c 4096 \
                     -rtr 1 -gr -ger --warmup-batch -fa on -tb 24 --numa distribute";
         let (out, notes) = run(line, &[]).unwrap();
-        assert_eq!(out, ["moxie", "serve", "-m", "M", "-c", "4096"]);
-        assert_eq!(notes.len(), 13, "{notes:?}");
+        let want = [
+            "moxie",
+            "serve",
+            "-m",
+            "M",
+            "-c",
+            "4096",
+            "--threads-batch",
+            "24",
+        ];
+        assert_eq!(out, want);
+        assert_eq!(notes.len(), 12, "{notes:?}");
         assert!(notes[2].starts_with("-mla 3: ignored, "), "{}", notes[2]);
         assert!(notes[5].starts_with("-fmoe: ignored"), "{}", notes[5]);
         assert!(notes[6].starts_with("-rtr 1: ignored"), "{}", notes[6]);

@@ -21,6 +21,10 @@ pub struct ModelArgs {
     /// Threads (default: all cores).
     #[arg(short = 't', long = "threads")]
     pub threads: Option<usize>,
+    /// Threads for prompt batches (also `-tb`; default: -t), as llama.cpp's
+    /// `--threads-batch`.
+    #[arg(long = "threads-batch")]
+    pub threads_batch: Option<usize>,
     /// Context size in tokens (default: 4096, capped at the model's training context).
     #[arg(short = 'c', long = "ctx-size")]
     pub ctx_size: Option<usize>,
@@ -93,9 +97,13 @@ impl ModelArgs {
     }
 
     pub(crate) fn parallel(&self) -> Parallel {
-        let par = match self.threads {
-            Some(t) => Parallel::new(t),
-            None => Parallel::available(),
+        let par = match (self.threads, self.threads_batch) {
+            (None, None) => Parallel::available(),
+            (t, tb) => {
+                let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+                let t = t.unwrap_or(cores);
+                Parallel::with_batch_threads(t, tb.unwrap_or(t))
+            }
         };
         par.with_numerics(numerics(self.exact))
     }

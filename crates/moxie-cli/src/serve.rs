@@ -207,7 +207,7 @@ pub fn main(a: Args, matches: &ArgMatches) -> Result<()> {
     );
     let n_vocab = model.config.n_vocab;
     let par = a.model.parallel();
-    let n_threads = par.n_threads();
+    let (n_threads, n_threads_batch) = (par.n_threads(), par.n_threads_batch());
     let engine = Engine::start(
         model,
         tokenizer,
@@ -228,7 +228,7 @@ pub fn main(a: Args, matches: &ArgMatches) -> Result<()> {
             .map_or("model".into(), |s| s.to_string_lossy().into_owned())
     });
     eprintln!(
-        "serving {model_name}: {} slots x {n_ctx} tokens of context, {n_threads} threads, chat template with {} tool calls, reasoning {:?} (budget {})",
+        "serving {model_name}: {} slots x {n_ctx} tokens of context, {n_threads} threads ({n_threads_batch} for prompt batches), chat template with {} tool calls, reasoning {:?} (budget {})",
         a.parallel,
         prompter.tool_format.name(),
         a.reasoning,

@@ -57,6 +57,10 @@ fn serve_lines_answer_a_chat_request() {
                 );
             }
         }
+        if let Some(at) = args.iter().position(|&a| a == "--threads-batch") {
+            let tb = format!("({} for prompt batches)", args[at + 1]);
+            assert!(log.contains(&tb), "{tb}: {log}");
+        }
         if args.contains(&"--no-mmap") {
             assert!(log.contains("--no-mmap: read "), "{log}");
         }

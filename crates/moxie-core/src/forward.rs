@@ -181,6 +181,8 @@ impl Model {
         f: impl FnOnce(&mut Pass) -> Result<R>,
     ) -> Result<R> {
         let c = &self.config;
+        // Prompt batches may run on more threads than decode (`-tb`).
+        let par = &par.for_tokens(n);
         let rope: Vec<Vec<(f32, f32)>> = (0..n)
             .map(|t| {
                 let mut rc = Vec::new();

@@ -15,6 +15,9 @@ use crate::spin_pool::SpinPool;
 #[derive(Clone)]
 pub struct Parallel {
     n_threads: usize,
+    /// Threads for passes of several tokens (llama.cpp's `--threads-batch`); the pool holds
+    /// enough workers for the larger of the two.
+    n_threads_batch: usize,
     pool: Option<Arc<SpinPool>>,
     numerics: Numerics,
 }
@@ -49,22 +52,50 @@ impl Parallel {
     /// `n_threads` threads in all: the caller and `n_threads - 1` workers pinned one per CPU
     /// (when the process may use that many).
     pub fn new(n_threads: usize) -> Self {
-        let n_threads = n_threads.max(1);
+        Self::with_batch_threads(n_threads, n_threads)
+    }
+
+    /// `n_threads` for one-token passes and `n_threads_batch` for passes of several tokens
+    /// (`-t` / `-tb`), over one pool of workers for the larger.
+    pub fn with_batch_threads(n_threads: usize, n_threads_batch: usize) -> Self {
+        let (n_threads, n_threads_batch) = (n_threads.max(1), n_threads_batch.max(1));
+        let most = n_threads.max(n_threads_batch);
         // A pool that cannot be built (no threads available) degrades to one thread.
-        let pool = (n_threads > 1)
-            .then(|| SpinPool::new(n_threads - 1, true).ok())
+        let pool = (most > 1)
+            .then(|| SpinPool::new(most - 1, true).ok())
             .flatten()
             .map(Arc::new);
+        let (n_threads, n_threads_batch) = match pool {
+            Some(_) => (n_threads, n_threads_batch),
+            None => (1, 1),
+        };
         Parallel {
-            n_threads: if pool.is_some() { n_threads } else { 1 },
+            n_threads,
+            n_threads_batch,
             pool,
             numerics: Numerics::default(),
         }
     }
 
+    /// The same workers, as wide as a pass of `n_tokens` may use: `-tb` threads for several
+    /// tokens, `-t` for one.
+    pub fn for_tokens(&self, n_tokens: usize) -> Parallel {
+        let mut p = self.clone();
+        if n_tokens > 1 {
+            p.n_threads = p.n_threads_batch;
+        }
+        p
+    }
+
+    /// Threads for passes of several tokens.
+    pub fn n_threads_batch(&self) -> usize {
+        self.n_threads_batch
+    }
+
     pub fn single() -> Self {
         Parallel {
             n_threads: 1,
+            n_threads_batch: 1,
             pool: None,
             numerics: Numerics::default(),
         }
@@ -248,6 +279,32 @@ mod tests {
                 assert_eq!(item, &[i as u32, 1]);
             }
         }
+    }
+
+    /// `-t 1 -tb 3`: one-token passes on one thread, batches on three of the same pool, and
+    /// every item covered either way.
+    #[test]
+    fn batches_take_their_own_thread_count() {
+        let p = Parallel::with_batch_threads(1, 3);
+        assert_eq!((p.n_threads(), p.n_threads_batch()), (1, 3));
+        assert_eq!(p.for_tokens(1).n_threads(), 1);
+        let batch = p.for_tokens(8);
+        assert_eq!(batch.n_threads(), 3);
+        // Regions split three ways for a batch, not at all for one token.
+        assert_eq!(batch.threads_for(3000, 1 << 30), 3);
+        assert_eq!(p.for_tokens(1).threads_for(3000, 1 << 30), 1);
+        let mut out = vec![0u32; 3000];
+        batch.for_each_range(3000, 1 << 20, &mut out, 1, |r, o| {
+            for (i, y) in r.zip(o.iter_mut()) {
+                *y = i as u32;
+            }
+        });
+        assert!(out.iter().enumerate().all(|(i, &y)| y == i as u32));
+        let p = Parallel::with_batch_threads(4, 2);
+        assert_eq!(
+            (p.for_tokens(1).n_threads(), p.for_tokens(2).n_threads()),
+            (4, 2)
+        );
     }
 
     #[test]
