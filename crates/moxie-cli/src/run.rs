@@ -387,12 +387,13 @@ pub fn run(a: RunArgs, matches: &ArgMatches) -> Result<()> {
         r => r?,
     }
     eprintln!(
-        "\nprompt: {} tokens, {:.2} tok/s | generated: {} tokens, {:.2} tok/s | {} threads",
+        "\nprompt: {} tokens, {:.2} tok/s | generated: {} tokens, {:.2} tok/s | {} threads ({} for the prompt)",
         stats.n_prompt,
         stats.prompt_tps(),
         stats.n_generated,
         stats.gen_tps(),
-        par.n_threads()
+        par.n_threads(),
+        par.n_threads_batch()
     );
     Ok(())
 }
