@@ -74,6 +74,9 @@ pub struct Args {
     /// Skip the warm-up run.
     #[arg(long)]
     no_warmup: bool,
+    /// NUMA placement: distribute, isolate or numactl (as on `run`).
+    #[arg(long, value_name = "distribute|isolate|numactl", value_parser = crate::run::numa_mode)]
+    numa: Option<moxie_core::numa::NumaMode>,
     /// llama-bench's `-w 0|1`: run the warm-up (1, the default) or not (0).
     #[arg(short = 'w', long = "warmup", value_parser = clap::value_parser!(u8).range(0..=1))]
     warmup: Option<u8>,
@@ -191,6 +194,7 @@ fn tests(a: &Args) -> Result<Vec<BenchTest>> {
 }
 
 pub fn main(a: Args, matches: &clap::ArgMatches) -> Result<()> {
+    crate::run::apply_numa(a.numa)?;
     if !["md", "json", "jsonl", "csv"].contains(&a.output.as_str()) {
         bail!("-o must be md, json, jsonl or csv, not '{}'", a.output);
     }

@@ -119,12 +119,6 @@ const IGNORED: &[Ignored] = &[
         value: Value::No,
         instead: "no warm-up batch is run (sweep-bench has its own --warmup-batch)",
     },
-    Ignored {
-        flag: "--numa",
-        value: Value::Required,
-        instead: "NUMA placement is not implemented yet: threads and memory are left to the \
-                  OS",
-    },
 ];
 
 /// The arguments clap should parse, and the lines to print about flags taken out. `defines`
@@ -250,7 +244,7 @@ mod tests {
     #[test]
     fn ik_tuning_flags_go_with_a_note_and_their_values() {
         let line = "moxie serve -m M --merge-qkv -muge -mla 3 -amb 512 --jinja -fmoe -c 4096 \
-                    -rtr 1 -gr -ger --warmup-batch -fa on -tb 24 --numa distribute";
+                    -rtr 1 -gr -ger --warmup-batch -fa on -tb 24";
         let (out, notes) = run(line, &[]).unwrap();
         let want = [
             "moxie",
@@ -263,7 +257,7 @@ mod tests {
             "24",
         ];
         assert_eq!(out, want);
-        assert_eq!(notes.len(), 12, "{notes:?}");
+        assert_eq!(notes.len(), 11, "{notes:?}");
         assert!(notes[2].starts_with("-mla 3: ignored, "), "{}", notes[2]);
         assert!(notes[5].starts_with("-fmoe: ignored"), "{}", notes[5]);
         assert!(notes[6].starts_with("-rtr 1: ignored"), "{}", notes[6]);

@@ -25,6 +25,10 @@ pub struct ModelArgs {
     /// `--threads-batch`.
     #[arg(long = "threads-batch")]
     pub threads_batch: Option<usize>,
+    /// NUMA: distribute (threads spread over the nodes, memory interleaved), isolate (the
+    /// node the process started on) or numactl (the CPUs numactl gave), as llama.cpp's.
+    #[arg(long, value_name = "distribute|isolate|numactl", value_parser = numa_mode)]
+    pub numa: Option<moxie_core::numa::NumaMode>,
     /// Context size in tokens (default: 4096, capped at the model's training context).
     #[arg(short = 'c', long = "ctx-size")]
     pub ctx_size: Option<usize>,
@@ -65,6 +69,21 @@ impl CacheTypeArgs {
             v: self.cache_type_v,
         }
     }
+}
+
+/// A `--numa` value.
+pub fn numa_mode(s: &str) -> std::result::Result<moxie_core::numa::NumaMode, String> {
+    moxie_core::numa::NumaMode::parse(s).map_err(|e| e.to_string())
+}
+
+/// `--numa`: pin the threads of every pool made from now on and set the memory policy, with
+/// a line on stderr saying what was done. Before loading, so that the weights moxie copies
+/// follow the policy.
+pub(crate) fn apply_numa(mode: Option<moxie_core::numa::NumaMode>) -> Result<()> {
+    if let Some(mode) = mode {
+        eprintln!("{}", moxie_core::numa::apply(mode)?);
+    }
+    Ok(())
 }
 
 /// A `-ctk` / `-ctv` value.
@@ -198,6 +217,7 @@ pub(crate) fn load_opened_model(
     ubatch: usize,
     n_seq: usize,
 ) -> Result<Model> {
+    apply_numa(a.numa)?;
     let run = RunShape {
         n_ctx: n_ctx.or(a.ctx_size),
         n_batch: ubatch,

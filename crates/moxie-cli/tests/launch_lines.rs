@@ -49,7 +49,7 @@ fn serve_lines_answer_a_chat_request() {
         assert_eq!(r.json()["usage"]["completion_tokens"], 4, "{args:?}");
         let log = s.log.lock().unwrap().clone();
         // Other engines' tuning flags are named, each with what moxie does instead.
-        for flag in ["--jinja", "-muge", "-mla 3", "--numa distribute", "-ger"] {
+        for flag in ["--jinja", "-muge", "-mla 3", "-ger"] {
             if args.contains(&flag.split(' ').next().unwrap()) {
                 assert!(
                     log.contains(&format!("moxie: {flag}: ignored, ")),
@@ -60,6 +60,9 @@ fn serve_lines_answer_a_chat_request() {
         if let Some(at) = args.iter().position(|&a| a == "--threads-batch") {
             let tb = format!("({} for prompt batches)", args[at + 1]);
             assert!(log.contains(&tb), "{tb}: {log}");
+        }
+        if args.contains(&"--numa") {
+            assert!(log.contains("--numa distribute: "), "{log}");
         }
         if args.contains(&"--no-mmap") {
             assert!(log.contains("--no-mmap: read "), "{log}");
@@ -88,6 +91,7 @@ fn run_bench(args: &[String]) {
         .filter(|l| l.contains(" t/s") || l.contains("qwen3moe"));
     assert!(rows.count() >= 3, "{stdout}");
     assert!(stderr.contains("moxie: -fmoe 1: ignored, "), "{stderr}");
+    assert!(stderr.contains("--numa distribute: "), "{stderr}");
 }
 
 #[test]

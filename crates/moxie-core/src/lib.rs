@@ -14,6 +14,7 @@ pub mod loader;
 pub mod model;
 pub mod mtp;
 pub mod npy;
+pub mod numa;
 pub mod ops;
 pub mod parallel;
 pub mod placement;

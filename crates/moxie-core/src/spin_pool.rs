@@ -70,7 +70,7 @@ impl SpinPool {
             stop: AtomicBool::new(false),
             sleeping: (0..n_workers).map(|_| AtomicBool::new(false)).collect(),
         });
-        let cpus = if pin { allowed_cpus() } else { Vec::new() };
+        let cpus = if pin { cpu_order() } else { Vec::new() };
         let pin_to = |i: usize| (cpus.len() > n_workers).then(|| cpus[i + 1]);
         let mut handles = Vec::with_capacity(n_workers);
         for i in 0..n_workers {
@@ -252,8 +252,22 @@ impl Backoff {
     }
 }
 
+/// The order `--numa` chose for pinning ([`set_cpu_order`]); unset: [`allowed_cpus`].
+static CPU_ORDER: std::sync::Mutex<Option<Vec<usize>>> = std::sync::Mutex::new(None);
+
+/// Pin the workers of pools made from now on to `cpus`, in this order (`crate::numa`).
+pub(crate) fn set_cpu_order(cpus: Vec<usize>) {
+    *CPU_ORDER.lock().unwrap_or_else(|p| p.into_inner()) = Some(cpus);
+}
+
+/// The CPUs workers are pinned to, in order: `--numa`'s choice, else the allowed CPUs.
+fn cpu_order() -> Vec<usize> {
+    let set = CPU_ORDER.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    set.unwrap_or_else(allowed_cpus)
+}
+
 /// The CPUs this process may run on, in order (empty when unknown).
-fn allowed_cpus() -> Vec<usize> {
+pub(crate) fn allowed_cpus() -> Vec<usize> {
     #[cfg(target_os = "linux")]
     {
         // SAFETY: FFI. `set` is a plain bit set that sched_getaffinity fills; the size passed
@@ -276,7 +290,7 @@ fn allowed_cpus() -> Vec<usize> {
 }
 
 /// Bind the calling thread to one CPU; failure (e.g. a restricted container) is harmless.
-fn pin_current_thread(cpu: usize) {
+pub(crate) fn pin_current_thread(cpu: usize) {
     #[cfg(target_os = "linux")]
     {
         // SAFETY: FFI on a zeroed set we own; CPU_SET bounds-checks the index, and
