@@ -22,6 +22,15 @@ pub enum NumaMode {
 }
 
 impl NumaMode {
+    /// As the flag spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            NumaMode::Distribute => "distribute",
+            NumaMode::Isolate => "isolate",
+            NumaMode::Numactl => "numactl",
+        }
+    }
+
     pub fn parse(s: &str) -> Result<NumaMode> {
         match s {
             "distribute" => Ok(NumaMode::Distribute),
@@ -158,7 +167,8 @@ pub fn apply(mode: NumaMode) -> Result<String> {
     let order = topo.cpu_order(mode, &allowed, current);
     if order.is_empty() {
         return Err(Error::Model(format!(
-            "--numa {mode:?}: no CPU left to run on (allowed {allowed:?})"
+            "--numa {}: no CPU left to run on (allowed {allowed:?})",
+            mode.name()
         )));
     }
     let nodes = topo.nodes_of(&order);
@@ -180,7 +190,7 @@ pub fn apply(mode: NumaMode) -> Result<String> {
     Ok(format!(
         "--numa {}: {} node(s) in the machine; threads pinned to CPUs {order:?} (nodes \
          {nodes:?}); {memory}",
-        format!("{mode:?}").to_lowercase(),
+        mode.name(),
         topo.nodes.len()
     ))
 }

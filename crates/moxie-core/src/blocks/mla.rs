@@ -91,18 +91,16 @@ impl Mla {
 
     /// The projections load-time repacking may interleave (not the DSA indexer's).
     pub fn projections_mut(&mut self) -> Vec<&mut Tensor> {
-        let mut m: Vec<&mut Tensor> = self.wq_a.iter_mut().map(|(t, _)| t).collect();
-        m.extend([
-            &mut self.wq_b,
-            &mut self.wkv_a,
-            &mut self.wk_b,
-            &mut self.wv_b,
-            &mut self.wo,
-        ]);
+        let indexer = match &self.sparse {
+            Some(Sparse::Indexer(ix)) => ix.matrices().len(),
+            _ => 0,
+        };
+        let mut m = self.matrices_mut();
+        m.truncate(m.len() - indexer);
         m
     }
 
-    /// [`Mla::matrices`], to replace.
+    /// [`Mla::matrices`], to replace: the projections, then the indexer's.
     pub fn matrices_mut(&mut self) -> Vec<&mut Tensor> {
         let indexer = match &mut self.sparse {
             Some(Sparse::Indexer(ix)) => Some(ix.matrices_mut()),
