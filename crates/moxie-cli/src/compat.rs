@@ -145,14 +145,6 @@ pub fn rewrite(
             .iter()
             .find(|(short, _)| *short == name)
             .map_or(name, |(_, long)| *long);
-        // A switch's optional value: only these words, so that nothing else is taken.
-        let next_value = |args: &mut std::iter::Peekable<_>| -> Option<String> {
-            let next: &OsString = args.peek()?;
-            let v = next.to_str()?;
-            ["0", "1", "on", "off", "auto"]
-                .contains(&v)
-                .then(|| v.to_string())
-        };
         match long {
             // ik_llama.cpp's graph split falls back to layers for most models, as here.
             "--split-mode" => {
@@ -172,16 +164,8 @@ pub fn rewrite(
                 continue;
             }
             // llama.cpp's `-fit on|off`; moxie's `--fit` is a switch.
-            "--fit" if !matches!(inline.as_deref(), Some("on") | Some("off") | None) => {
-                return Err(format!("{name} takes on or off, not '{}'", inline.unwrap()));
-            }
             "--fit" => {
-                let value = match inline {
-                    Some(v) => Some(v),
-                    None => next_value(&mut args).inspect(|_| {
-                        args.next();
-                    }),
-                };
+                let value = inline.or_else(|| switch_value(&mut args));
                 match value.as_deref() {
                     None | Some("on") => out.push(long.into()),
                     Some("off") => {}
@@ -196,9 +180,7 @@ pub fn rewrite(
                 let value = match (ig.value, inline) {
                     (_, Some(v)) => Some(v),
                     (Value::No, None) => None,
-                    (Value::Optional, None) => next_value(&mut args).inspect(|_| {
-                        args.next();
-                    }),
+                    (Value::Optional, None) => switch_value(&mut args),
                     (Value::Required, None) => match args.next().map(OsString::into_string) {
                         Some(Ok(v)) => Some(v),
                         _ => return Err(format!("{name} needs a value")),
@@ -216,6 +198,16 @@ pub fn rewrite(
         });
     }
     Ok((out, notes))
+}
+
+/// A switch's optional value (`-fmoe 1`, `-fa on`): the next argument, taken only when it is
+/// one of these words, so that nothing else is.
+fn switch_value(args: &mut std::iter::Peekable<impl Iterator<Item = OsString>>) -> Option<String> {
+    args.next_if(|a| {
+        a.to_str()
+            .is_some_and(|v| ["0", "1", "on", "off", "auto"].contains(&v))
+    })
+    .and_then(|a| a.into_string().ok())
 }
 
 #[cfg(test)]

@@ -49,10 +49,7 @@ pub fn main(a: Args, matches: &ArgMatches) -> Result<()> {
     let n_ctx = match (a.ctx_size, a.parallel) {
         (c, 1) => c,
         (c, n) => {
-            let train = moxie_core::Config::from_metadata(file.metadata())
-                .map(|c| c.n_ctx_train)
-                .unwrap_or(4096);
-            let total = c.unwrap_or(4096.min(train));
+            let total = c.unwrap_or(4096.min(crate::run::n_ctx_train(&file)));
             if total / n == 0 {
                 bail!("-c {total} split across --parallel {n} slots leaves no context");
             }

@@ -138,12 +138,72 @@ impl ModelArgs {
     }
 }
 
+/// The training context `file`'s metadata gives (4096 when it says none): what caps the
+/// default context.
+pub(crate) fn n_ctx_train(file: &moxie_gguf::GgufFile) -> usize {
+    moxie_core::Config::from_metadata(file.metadata())
+        .map(|c| c.n_ctx_train)
+        .unwrap_or(4096)
+}
+
 /// `--exact` as [`Numerics`].
 pub fn numerics(exact: bool) -> Numerics {
     if exact {
         Numerics::Exact
     } else {
         Numerics::Fast
+    }
+}
+
+/// llama.cpp's sampling flags but the seed (`run` and `serve` give it different defaults).
+#[derive(clap::Args)]
+pub(crate) struct SamplingArgs {
+    /// Temperature (0: greedy).
+    #[arg(long = "temp", default_value_t = 0.8)]
+    pub temp: f32,
+    /// Top-k (0: off).
+    #[arg(long = "top-k", default_value_t = 40)]
+    pub top_k: usize,
+    /// Top-p (1: off).
+    #[arg(long = "top-p", default_value_t = 0.95)]
+    pub top_p: f32,
+    /// Min-p (0: off).
+    #[arg(long = "min-p", default_value_t = 0.05)]
+    pub min_p: f32,
+    /// Repetition penalty (1: off).
+    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    /// Tokens the penalties look back over.
+    #[arg(long = "repeat-last-n", default_value_t = 64)]
+    pub repeat_last_n: usize,
+    #[arg(
+        long = "presence-penalty",
+        default_value_t = 0.0,
+        allow_negative_numbers = true
+    )]
+    pub presence_penalty: f32,
+    #[arg(
+        long = "frequency-penalty",
+        default_value_t = 0.0,
+        allow_negative_numbers = true
+    )]
+    pub frequency_penalty: f32,
+}
+
+impl SamplingArgs {
+    /// These settings with `seed`.
+    pub(crate) fn config(&self, seed: u64) -> SamplerConfig {
+        SamplerConfig {
+            temperature: self.temp,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: self.repeat_last_n,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            seed,
+        }
     }
 }
 
@@ -169,23 +229,8 @@ pub struct RunArgs {
     /// Physical (micro-)batch size for prompt processing (also `-ub`).
     #[arg(long = "ubatch-size", default_value_t = 512)]
     ubatch_size: usize,
-    /// Sampling temperature; 0 = greedy.
-    #[arg(long = "temp", default_value_t = 0.8)]
-    temp: f32,
-    #[arg(long = "top-k", default_value_t = 40)]
-    top_k: usize,
-    #[arg(long = "top-p", default_value_t = 0.95)]
-    top_p: f32,
-    #[arg(long = "min-p", default_value_t = 0.05)]
-    min_p: f32,
-    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
-    repeat_penalty: f32,
-    #[arg(long = "repeat-last-n", default_value_t = 64)]
-    repeat_last_n: usize,
-    #[arg(long = "presence-penalty", default_value_t = 0.0)]
-    presence_penalty: f32,
-    #[arg(long = "frequency-penalty", default_value_t = 0.0)]
-    frequency_penalty: f32,
+    #[command(flatten)]
+    sampling: SamplingArgs,
     /// RNG seed (default: random).
     #[arg(short = 's', long = "seed")]
     seed: Option<u64>,
@@ -358,17 +403,7 @@ pub fn run(a: RunArgs, matches: &ArgMatches) -> Result<()> {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64)
     });
-    let mut sampler = Sampler::new(SamplerConfig {
-        temperature: a.temp,
-        top_k: a.top_k,
-        top_p: a.top_p,
-        min_p: a.min_p,
-        repeat_penalty: a.repeat_penalty,
-        repeat_last_n: a.repeat_last_n,
-        presence_penalty: a.presence_penalty,
-        frequency_penalty: a.frequency_penalty,
-        seed,
-    });
+    let mut sampler = Sampler::new(a.sampling.config(seed));
     let mut out = std::io::stdout().lock();
     if !a.no_display_prompt {
         write!(out, "{text}")?;

@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 use clap::ArgMatches;
 use moxie_server::{AppState, Engine, EngineConfig, GenDefaults, Prompter, ReasoningMode};
 
-use crate::run::{load_opened_model, load_tokenizer, ModelArgs};
+use crate::run::{load_opened_model, load_tokenizer, ModelArgs, SamplingArgs};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -66,36 +66,8 @@ pub struct Args {
 /// llama-server's sampling flags: the defaults of requests that do not set them.
 #[derive(clap::Args)]
 struct SamplingDefaults {
-    /// Temperature (0: greedy).
-    #[arg(long = "temp", default_value_t = 0.8)]
-    temp: f32,
-    /// Top-k (0: off).
-    #[arg(long = "top-k", default_value_t = 40)]
-    top_k: usize,
-    /// Top-p (1: off).
-    #[arg(long = "top-p", default_value_t = 0.95)]
-    top_p: f32,
-    /// Min-p (0: off).
-    #[arg(long = "min-p", default_value_t = 0.05)]
-    min_p: f32,
-    /// Repetition penalty (1: off).
-    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
-    repeat_penalty: f32,
-    /// Tokens the penalties look back over.
-    #[arg(long = "repeat-last-n", default_value_t = 64)]
-    repeat_last_n: usize,
-    #[arg(
-        long = "presence-penalty",
-        default_value_t = 0.0,
-        allow_negative_numbers = true
-    )]
-    presence_penalty: f32,
-    #[arg(
-        long = "frequency-penalty",
-        default_value_t = 0.0,
-        allow_negative_numbers = true
-    )]
-    frequency_penalty: f32,
+    #[command(flatten)]
+    sampling: SamplingArgs,
     /// Seed (-1: a fresh random seed per request).
     #[arg(short = 's', long = "seed", default_value_t = -1, allow_negative_numbers = true)]
     seed: i64,
@@ -104,23 +76,21 @@ struct SamplingDefaults {
 impl SamplingDefaults {
     /// The request defaults, with `max_tokens` (-n; -1: none).
     fn defaults(&self, n_predict: i64) -> Result<GenDefaults> {
+        let s = &self.sampling;
         let checks = [
+            (s.temp >= 0.0 && s.temp <= 100.0, "--temp takes 0 to 100"),
+            ((0.0..=1.0).contains(&s.top_p), "--top-p takes 0 to 1"),
+            ((0.0..=1.0).contains(&s.min_p), "--min-p takes 0 to 1"),
             (
-                self.temp >= 0.0 && self.temp <= 100.0,
-                "--temp takes 0 to 100",
-            ),
-            ((0.0..=1.0).contains(&self.top_p), "--top-p takes 0 to 1"),
-            ((0.0..=1.0).contains(&self.min_p), "--min-p takes 0 to 1"),
-            (
-                (0.0..=10.0).contains(&self.repeat_penalty),
+                (0.0..=10.0).contains(&s.repeat_penalty),
                 "--repeat-penalty takes 0 to 10",
             ),
             (
-                (-2.0..=2.0).contains(&self.presence_penalty),
+                (-2.0..=2.0).contains(&s.presence_penalty),
                 "--presence-penalty takes -2 to 2",
             ),
             (
-                (-2.0..=2.0).contains(&self.frequency_penalty),
+                (-2.0..=2.0).contains(&s.frequency_penalty),
                 "--frequency-penalty takes -2 to 2",
             ),
             (self.seed >= -1, "--seed takes -1 (random) or a seed"),
@@ -133,17 +103,8 @@ impl SamplingDefaults {
             bail!("{what}");
         }
         Ok(GenDefaults {
-            sampler: moxie_core::SamplerConfig {
-                temperature: self.temp,
-                top_k: self.top_k,
-                top_p: self.top_p,
-                min_p: self.min_p,
-                repeat_penalty: self.repeat_penalty,
-                repeat_last_n: self.repeat_last_n,
-                presence_penalty: self.presence_penalty,
-                frequency_penalty: self.frequency_penalty,
-                ..Default::default()
-            },
+            // Requests take their seed from `seed` below, not from the sampler settings.
+            sampler: s.config(0),
             seed: u64::try_from(self.seed).ok(),
             max_tokens: usize::try_from(n_predict).ok(),
         })
@@ -172,9 +133,7 @@ pub fn main(a: Args, matches: &ArgMatches) -> Result<()> {
         bail!("--reasoning-budget takes -1 (unlimited), 0 (off) or a token count");
     }
     let file = crate::open_gguf(&a.model.model)?;
-    let n_ctx_train = moxie_core::Config::from_metadata(file.metadata())
-        .map(|c| c.n_ctx_train)
-        .unwrap_or(4096);
+    let n_ctx_train = crate::run::n_ctx_train(&file);
     // As llama-server does, -c is the context of all slots together; a prompt needs room
     // for one more token.
     let n_ctx_total = a.model.context_size(n_ctx_train);
