@@ -231,6 +231,7 @@ pub fn main(a: Args, matches: &clap::ArgMatches) -> Result<()> {
             n_ubatch: a.ubatch.iter().copied().max().unwrap_or(512),
             kv_types: kv_types.first().copied().unwrap_or_default(),
             n_seq: 1,
+            n_threads: threads.iter().copied().max().unwrap_or(1),
         };
         let model = crate::run::plan_and_load(file, path, &a.placement, matches, &run, a.exact)?;
         let backend = backend_name(&model);

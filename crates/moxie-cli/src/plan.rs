@@ -33,6 +33,13 @@ pub struct Args {
     /// llama-server, -c is split between them; each has its own cache and recurrent state.
     #[arg(long = "parallel", default_value_t = 1)]
     parallel: usize,
+    /// CPU threads (as `moxie run`; default: every core). Each thread of a prompt batch holds
+    /// its own attention buffers.
+    #[arg(short = 't', long = "threads")]
+    threads: Option<usize>,
+    /// CPU threads for prompt batches (also `-tb`; default: `-t`).
+    #[arg(long = "threads-batch")]
+    threads_batch: Option<usize>,
     /// Print the plan as JSON.
     #[arg(long)]
     json: bool,
@@ -62,6 +69,10 @@ pub fn main(a: Args, matches: &ArgMatches) -> Result<()> {
         n_ubatch: a.ubatch_size,
         kv_types: a.cache_types.types(),
         n_seq: a.parallel,
+        n_threads: a
+            .threads_batch
+            .or(a.threads)
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
     };
     let plan = plan_for_file(&file, &options, &devices, &run)?;
     if a.json {

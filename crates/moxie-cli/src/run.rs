@@ -269,6 +269,7 @@ pub(crate) fn load_opened_model(
         n_ubatch: ubatch,
         kv_types: a.cache_types.types(),
         n_seq,
+        n_threads: a.parallel().n_threads_batch(),
     };
     let mut model = plan_and_load(file, &a.model, &a.placement, matches, &run, a.exact)?;
     a.keep_in_memory(&mut model);

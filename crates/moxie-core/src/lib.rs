@@ -26,6 +26,7 @@ pub mod state;
 pub mod synth;
 pub mod tensor;
 
+pub use blocks::attention::batch_scratch_bytes;
 pub use config::{Arch, Config};
 pub use model::{interleave_candidate, LayoutChange, Logits, Model};
 pub use parallel::{Numerics, Parallel};

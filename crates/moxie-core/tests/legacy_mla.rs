@@ -332,6 +332,7 @@ fn legacy_split_parts_are_placed_and_counted() {
         n_ubatch: 512,
         kv_types: KvTypes::default(),
         n_seq: 1,
+        n_threads: 2,
     };
     let plan = plan_for_file(&legacy, &PlacementOptions::default(), &devices, &run).unwrap();
     let kv_b = plan.tensor("blk.1.attn_kv_b.weight").unwrap();

@@ -69,6 +69,7 @@ fn run(kv_types: KvTypes) -> RunShape {
         n_ubatch: 512,
         kv_types,
         n_seq: 1,
+        n_threads: 2,
     }
 }
 
@@ -763,4 +764,46 @@ fn qwen3next_keeps_kv_on_full_attention_layers_and_recurrent_state_on_the_others
         per_layer,
         [(kv, 0), (0, recurrent), (kv, 0), (0, recurrent)]
     );
+}
+
+/// Long contexts plan (issue 18): DeepSeek-V3 at 131072 positions with one 24 GiB card
+/// (`-ngl 999 --cpu-moe -ctk q8_0`) fits, and the compute buffers are what the kernels hold,
+/// whatever the context: per ubatch the activations, the logits where the output layer runs,
+/// and on the CPU one tile of batched attention per thread (`batch_scratch_bytes`, which a
+/// unit test of the kernel checks against the buffers it used). No score matrix over the
+/// cache (ubatch x 4 B x 128 heads x 131072 = 32 GiB per device before).
+#[test]
+fn long_context_plans_hold_no_score_matrix() {
+    let ds = Model::open(DS);
+    let q8 = KvTypes {
+        k: GgmlType::Q8_0,
+        v: GgmlType::F16,
+    };
+    let devices = device_list(512 * GIB, &[24 * GIB], &[]);
+    let opts = opts(vec![PlacementArg::CpuMoe], Some(999));
+    // DeepSeek-V3: hidden 7168, 128 heads over MLA's one latent kv head (keys 512 + 64 rope
+    // wide, values the 512 latent), 8 of 256 experts of 2048 plus one shared, 129280 tokens.
+    let ub = 512u64;
+    let activations = ub * 4 * (4 * 7168 + 128 * 576 + 128 * 512 + 3 * (8 * 2048 + 2048));
+    let logits = ub * 4 * 129280;
+    let cpu_attention = 32 * moxie_core::batch_scratch_bytes(128, 1, 576, 512);
+    for n_ctx in [4096, 131072] {
+        let long = RunShape {
+            n_ctx: Some(n_ctx),
+            n_threads: 32,
+            ..run(q8)
+        };
+        let p = ds.plan_run(&opts, &devices, &long);
+        assert!(p.fits, "{n_ctx}: {:?}", p.messages);
+        let (cpu, gpu) = (&p.devices[0], &p.devices[1]);
+        assert_eq!(cpu.compute_bytes, activations + cpu_attention, "{n_ctx}");
+        assert_eq!(gpu.compute_bytes, activations + logits, "{n_ctx}");
+        // The cache itself: 61 layers of (512 + 64) q8_0 keys per position.
+        assert_eq!(gpu.kv_bytes, 61 * n_ctx as u64 * (576 / 32 * 34));
+        assert!(
+            gpu.total_bytes() < 16 * GIB,
+            "{n_ctx}: {}",
+            gpu.total_bytes()
+        );
+    }
 }

@@ -50,7 +50,7 @@ pub(crate) fn attend(
     let n = q.len() / (g.n_head * g.dk);
     if par.numerics() == Numerics::Fast {
         return if n > 1 {
-            attend_batch_f32(g, q, keys, values, sel, out, par)
+            attend_batch(g, q, keys, values, sel, out, par)
         } else {
             attend_one_token(g, q, keys, values, sel, out, par)
         };
@@ -285,20 +285,7 @@ fn online_softmax(g: AttnGeom, scores: &mut [f32], b: usize, state: &mut [f32]) 
         .chunks_exact_mut(b)
         .zip(state.chunks_exact_mut(g.dv + 2))
     {
-        let block_max = lanes_max(srow) * g.kq_scale;
-        let new_max = st[0].max(block_max);
-        let rescale = (st[0] - new_max).exp();
-        st[0] = new_max;
-        srow.iter_mut().for_each(|x| *x = *x * g.kq_scale - new_max);
-        let n16 = srow.len() / 16 * 16;
-        moxie_quant::vexp::ggml_v_expf_16s(&mut srow[..n16]);
-        srow[n16..]
-            .iter_mut()
-            .for_each(|x| *x = ops::ggml_v_expf(*x));
-        st[1] = st[1] * rescale + lanes_sum(srow);
-        if rescale != 1.0 {
-            st[2..].iter_mut().for_each(|x| *x *= rescale);
-        }
+        online_softmax_row(g.kq_scale, srow, st);
     }
 }
 
@@ -522,14 +509,47 @@ fn reduce_v_slots(
     }
 }
 
-/// [`Numerics::Fast`] attention for a batch of queries: the cache's keys and values are
-/// converted once per call, then per block of tokens and kv head the scores and the weighted
-/// sum of values are blocked matrix products (each K/V row is read once per block instead of
-/// once per query row). Causal masking is applied to the scores. The products are f32, or bf16
-/// with f32 sums under the same conditions as one-token attention ([`bf16_products`]: from
-/// [`BF16_FROM_POSITIONS`] positions on an f16 cache, where prompt processing at depth is
-/// mostly these products).
-fn attend_batch_f32(
+/// Cached positions per tile of batched attention: a thread holds one tile's keys, values and
+/// scores, whatever the context (the whole cache as scores and converted rows was ~1 GiB per
+/// thread at 131K positions). Below it a row's softmax is over one tile and is computed as
+/// ggml's non-flash path does (normalised, probabilities rounded as ggml rounds them).
+pub const BATCH_KV_TILE: usize = 512;
+
+/// Query tokens per block of batched attention: their query heads of one kv head share each
+/// tile's keys and values, up to 256 query rows (16 tokens of MLA's 16-head bench model, 2 of
+/// DeepSeek-V3's 128 heads).
+fn batch_block_tokens(group: usize) -> usize {
+    (256 / group.max(1)).clamp(1, 16)
+}
+
+/// Bytes one thread's buffers of batched attention take at most ([`attend`] with a batch):
+/// the queries of one block (as f32 and in the products' type), one tile's converted keys
+/// and values (f32, the larger type) and scores, the products' outputs and the running
+/// softmax state of the block's rows. Independent of the context; the planner counts it per
+/// CPU thread.
+pub fn batch_scratch_bytes(n_head: usize, n_head_kv: usize, dk: usize, dv: usize) -> u64 {
+    let group = n_head / n_head_kv.max(1);
+    let rows = batch_block_tokens(group) * group;
+    let tile = BATCH_KV_TILE;
+    let floats = 2 * rows * dk // queries: f32 and converted
+        + tile * (dk + dv) // the tile's keys and values
+        + rows * tile // scores
+        + rows * dv // the weighted values of a tile
+        + rows * (dv + 2); // running max, sum and weighted values
+                           // The bf16 copy of the probabilities, and the queries rounded through the key type.
+    (4 * floats + 2 * rows * tile + rows * dk) as u64
+}
+
+/// [`Numerics::Fast`] attention for a batch of queries, flash-style: per block of tokens and
+/// kv head, the cache is walked in tiles of [`BATCH_KV_TILE`] positions, each tile's keys and
+/// values converted once for the block's query rows, scores and the weighted sum of values
+/// blocked matrix products, and the softmax the running (online) one across tiles. Causal
+/// masking is applied to the scores. Rows whose positions fit one tile take ggml's softmax
+/// (probabilities rounded to f16 for f16 values in the f32 products, as ggml does). The
+/// products are f32, or bf16 with f32 sums under the same conditions as one-token attention
+/// ([`bf16_products`]: from [`BF16_FROM_POSITIONS`] positions on an f16 cache, where prompt
+/// processing at depth is mostly these products).
+fn attend_batch(
     g: AttnGeom,
     q: &[f32],
     keys: CacheRows,
@@ -538,30 +558,10 @@ fn attend_batch_f32(
     out: &mut [f32],
     par: &Parallel,
 ) {
-    /// Tokens per block: all their query heads of one kv head share one pass over K and V.
-    const BLOCK: usize = 16;
     let n = q.len() / (g.n_head * g.dk);
-    let n_kv = g.pos0 + n;
     let group = g.n_head / g.n_head_kv;
-    let bf16 = bf16_products(g, n_kv.max(g.n_kv_batch), keys, values);
-    // Per kv head, all positions' `width` elements as rows of the products' type.
-    let convert = |src: CacheRows, width: usize| {
-        let mut dst = Converted::new(bf16);
-        for kvh in 0..g.n_head_kv {
-            dst.put_rows(kvh * n_kv * width, src, 0, n_kv, None, kvh * width, width);
-        }
-        dst
-    };
-    let k_rows = convert(keys, g.dk);
-    // MLA's values are the first `dv` elements of its (single) key rows: no second copy.
-    let v_own;
-    let (v_rows, ldv) = match values {
-        Some(values) => {
-            v_own = convert(values, g.dv);
-            (&v_own, g.dv)
-        }
-        None => (&k_rows, g.dk),
-    };
+    let block = batch_block_tokens(group);
+    let bf16 = bf16_products(g, (g.pos0 + n).max(g.n_kv_batch), keys, values);
     // f32 products: queries take the rounding of the key type's dot partner, probabilities
     // f16's when the values are f16, as ggml converts the other operand to them: the fixtures'
     // quantized models amplify that rounding, so skipping it would not be "float rounding"
@@ -572,63 +572,160 @@ fn attend_batch_f32(
     // equal token counts (with two threads the second would otherwise do ~3/4 of it).
     let head_work = g.n_head * (g.dk + g.dv);
     let out_row = g.n_head * g.dv;
-    let cost = |t: usize| (g.pos0 + t + 1 + BLOCK) * head_work;
+    let cost = |t: usize| (g.pos0 + t + 1 + block) * head_work;
     par.for_each_run(
         n,
         cost,
         out,
         |t| t * out_row,
         |toks, o| {
-            let mut qbuf = Vec::new();
-            let mut qtmp = Vec::new();
-            let mut qc = Converted::new(bf16);
-            let mut scores = Vec::new();
-            let mut obuf = Vec::new();
-            let mut p16 = Vec::new();
+            let mut s = match BATCH_SCRATCH.take() {
+                Some(s) if s.run.k.is_bf16() == bf16 => s,
+                _ => BatchScratch::new(bf16),
+            };
             let mut t0 = toks.start;
             while t0 < toks.end {
-                let t1 = (t0 + BLOCK).min(toks.end);
+                let t1 = (t0 + block).min(toks.end);
                 let rows = (t1 - t0) * group;
                 let kv_len = g.pos0 + t1;
                 for kvh in 0..g.n_head_kv {
-                    qbuf.clear();
+                    s.qbuf.clear();
                     for t in t0..t1 {
                         let first = (t * g.n_head + kvh * group) * g.dk;
-                        qbuf.extend_from_slice(&q[first..first + group * g.dk]);
+                        s.qbuf.extend_from_slice(&q[first..first + group * g.dk]);
                     }
                     if !bf16 {
-                        round_through(q_ty, g.dk, &mut qbuf, &mut qtmp);
+                        round_through(q_ty, g.dk, &mut s.qbuf, &mut s.run.tmp);
                     }
-                    scores.resize(rows * kv_len, 0.0);
-                    let kh = kvh * n_kv * g.dk;
-                    qc.set(&qbuf);
-                    k_rows.scores(&qc, 0, rows, kv_len, g.dk, kh, g.dk, &mut scores, &[]);
-                    for (r, srow) in scores.chunks_exact_mut(kv_len).enumerate() {
-                        let t = t0 + r / group;
-                        let len = g.pos0 + t + 1;
-                        srow[..len].iter_mut().for_each(|s| *s *= g.kq_scale);
-                        if let Some(allowed) = sel.and_then(|s| s.row(t)) {
-                            mask_unselected(&mut srow[..len], allowed);
+                    s.run.q.set(&s.qbuf);
+                    s.state.resize(rows * (g.dv + 2), 0.0);
+                    start_run(g, &mut s.state);
+                    let one_tile = kv_len <= BATCH_KV_TILE;
+                    for j0 in (0..kv_len).step_by(BATCH_KV_TILE) {
+                        let b = BATCH_KV_TILE.min(kv_len - j0);
+                        let r = &mut s.run;
+                        r.k.put_rows(0, keys, j0, b, None, kvh * g.dk, g.dk);
+                        // MLA's values are the first `dv` elements of its (single) key rows.
+                        let (v, ldv) = match values {
+                            Some(values) => {
+                                r.v.put_rows(0, values, j0, b, None, kvh * g.dv, g.dv);
+                                (&r.v, g.dv)
+                            }
+                            None => (&r.k, g.dk),
+                        };
+                        r.scores.resize(rows * b, 0.0);
+                        r.k.scores(&r.q, 0, rows, b, g.dk, 0, g.dk, &mut r.scores, &[]);
+                        let rows_state = r
+                            .scores
+                            .chunks_exact_mut(b)
+                            .zip(s.state.chunks_exact_mut(g.dv + 2));
+                        for (i, (srow, st)) in rows_state.enumerate() {
+                            let t = t0 + i / group;
+                            // Positions of this tile the row sees (causal).
+                            let len = (g.pos0 + t + 1).saturating_sub(j0).min(b);
+                            if let Some(allowed) = sel.and_then(|s| s.row(t)) {
+                                mask_unselected_from(&mut srow[..len], j0, allowed);
+                            }
+                            srow[len..].fill(0.0);
+                            let srow = &mut srow[..len];
+                            if one_tile {
+                                srow.iter_mut().for_each(|x| *x *= g.kq_scale);
+                                ops::softmax(srow);
+                                if round_p {
+                                    srow.iter_mut().for_each(|p| *p = f16_round(*p));
+                                }
+                                st[0] = 0.0;
+                                st[1] = 1.0;
+                            } else {
+                                online_softmax_row(g.kq_scale, srow, st);
+                            }
                         }
-                        ops::softmax(&mut srow[..len]);
-                        if round_p {
-                            srow[..len].iter_mut().for_each(|p| *p = f16_round(*p));
-                        }
-                        srow[len..].fill(0.0);
+                        r.part.resize(rows * g.dv, 0.0);
+                        v.values(rows, b, g.dv, &r.scores, 0, ldv, &mut r.p16, &mut r.part);
+                        add_weighted(g, &r.part, &mut s.state);
                     }
-                    obuf.resize(rows * g.dv, 0.0);
-                    let vh = kvh * n_kv * ldv;
-                    v_rows.values(rows, kv_len, g.dv, &scores, vh, ldv, &mut p16, &mut obuf);
-                    for (r, orow) in obuf.chunks_exact(g.dv).enumerate() {
-                        let (t, hg) = (t0 + r / group, r % group);
+                    for (i, st) in s.state.chunks_exact(g.dv + 2).enumerate() {
+                        let (t, hg) = (t0 + i / group, i % group);
                         let at = ((t - toks.start) * g.n_head + kvh * group + hg) * g.dv;
-                        o[at..at + g.dv].copy_from_slice(orow);
+                        let inv = 1.0 / st[1];
+                        let orow = &mut o[at..at + g.dv];
+                        if one_tile {
+                            orow.copy_from_slice(&st[2..]);
+                        } else {
+                            orow.iter_mut()
+                                .zip(&st[2..])
+                                .for_each(|(o, &x)| *o = x * inv);
+                        }
                     }
                 }
                 t0 = t1;
             }
+            BATCH_SCRATCH.set(Some(s));
         },
     );
+}
+
+thread_local! {
+    /// Each thread's buffers of batched attention, kept from layer to layer.
+    static BATCH_SCRATCH: std::cell::Cell<Option<BatchScratch>> = const { std::cell::Cell::new(None) };
+}
+
+/// One thread's buffers of [`attend_batch`] (sized by [`batch_scratch_bytes`]).
+struct BatchScratch {
+    run: RunScratch,
+    qbuf: Vec<f32>,
+    state: Vec<f32>,
+}
+
+impl BatchScratch {
+    fn new(bf16: bool) -> BatchScratch {
+        BatchScratch {
+            run: RunScratch::new(bf16),
+            qbuf: Vec::new(),
+            state: Vec::new(),
+        }
+    }
+
+    /// Bytes in use (what [`batch_scratch_bytes`] bounds).
+    #[cfg(test)]
+    fn bytes(&self) -> usize {
+        let r = &self.run;
+        let conv = |c: &Converted| match c {
+            Converted::F32(v) => 4 * v.len(),
+            Converted::Bf16(v) => 2 * v.len(),
+        };
+        4 * (self.qbuf.len() + self.state.len() + r.scores.len() + r.part.len())
+            + conv(&r.q)
+            + conv(&r.k)
+            + conv(&r.v)
+            + 2 * r.p16.len()
+            + r.tmp.len()
+    }
+}
+
+/// The online softmax step of one query row over one tile (`scores`, unscaled; masked
+/// entries -inf): the row's running `[max, sum, weighted values..]` rescaled to the new max,
+/// `scores` turned into exp(scaled score - max). A tile with no visible position (all masked)
+/// leaves the state alone and gets zero weights.
+fn online_softmax_row(kq_scale: f32, scores: &mut [f32], st: &mut [f32]) {
+    let tile_max = lanes_max(scores) * kq_scale;
+    if tile_max == f32::NEG_INFINITY {
+        scores.fill(0.0);
+        return;
+    }
+    let new_max = st[0].max(tile_max);
+    let rescale = (st[0] - new_max).exp();
+    st[0] = new_max;
+    scores.iter_mut().for_each(|x| *x = *x * kq_scale - new_max);
+    let n16 = scores.len() / 16 * 16;
+    moxie_quant::vexp::ggml_v_expf_16s(&mut scores[..n16]);
+    scores[n16..]
+        .iter_mut()
+        .for_each(|x| *x = ops::ggml_v_expf(*x));
+    st[1] = st[1] * rescale + lanes_sum(scores);
+    if rescale != 1.0 {
+        st[2..].iter_mut().for_each(|x| *x *= rescale);
+    }
 }
 
 /// Whether attention over `n_kv` positions takes bf16 products: from [`BF16_FROM_POSITIONS`]
@@ -779,10 +876,11 @@ impl Converted {
     }
 }
 
-/// Set the scores of positions not in `allowed` (sorted) to -inf.
-fn mask_unselected(scores: &mut [f32], allowed: &[u32]) {
-    let mut next = allowed.iter().peekable();
-    for (j, s) in scores.iter_mut().enumerate() {
+/// Set the scores of positions `j0..j0 + scores.len()` not in `allowed` (sorted) to -inf.
+fn mask_unselected_from(scores: &mut [f32], j0: usize, allowed: &[u32]) {
+    let first = allowed.partition_point(|&p| (p as usize) < j0);
+    let mut next = allowed[first..].iter().peekable();
+    for (j, s) in (j0..).zip(scores.iter_mut()) {
         if next.peek() == Some(&&(j as u32)) {
             next.next();
         } else {
@@ -825,14 +923,21 @@ mod tests {
     }
 
     /// Fast attention at depth (bf16 products where the CPU has them; one token: runs of
-    /// positions split between threads and merged; a batch: blocked products over the whole
-    /// cache) against the exact path: MLA's shape (one latent kv head, values inside the keys)
-    /// and GQA's (separate values), f16 caches.
+    /// positions split between threads and merged; a batch: tiles of the cache with the online
+    /// softmax) against the exact path: MLA's shape (one latent kv head, values inside the
+    /// keys) and GQA's (separate values), f16 caches and a q8_0 one (f32 products over several
+    /// tiles), every position or a DSA-style selection.
     #[test]
     fn fast_attention_at_depth_is_close_to_exact() {
         let mut s = 11;
-        for (n_head, n_head_kv, dk, dv, mla) in [(16, 1, 576, 512, true), (8, 2, 128, 128, false)] {
-            for n in [1, 4] {
+        let shapes = [(16, 1, 576, 512, true), (8, 2, 128, 128, false)];
+        for (n_head, n_head_kv, dk, dv, mla) in shapes {
+            for (n, ty, select) in [
+                (1, GgmlType::F16, false),
+                (4, GgmlType::F16, false),
+                (4, GgmlType::Q8_0, false),
+                (3, GgmlType::F16, true),
+            ] {
                 let n_kv = 2048;
                 let g = AttnGeom {
                     n_head,
@@ -843,16 +948,30 @@ mod tests {
                     pos0: n_kv - n,
                     n_kv_batch: 0,
                 };
-                let mut keys = Rows::new(GgmlType::F16, n_head_kv * dk);
+                let mut keys = Rows::new(ty, n_head_kv * dk);
                 keys.append(&random(&mut s, n_kv * n_head_kv * dk));
-                let mut values = Rows::new(GgmlType::F16, n_head_kv * dv);
+                let mut values = Rows::new(ty, n_head_kv * dv);
                 values.append(&random(&mut s, n_kv * n_head_kv * dv));
                 let vals = (!mla).then(|| values.view());
                 let q = random(&mut s, n * n_head * dk);
+                // Every third position, and none of the second tile: a tile with nothing
+                // visible must leave the running softmax alone.
+                let sel = select.then(|| {
+                    let rows = (0..n)
+                        .map(|t| {
+                            (0..=(g.pos0 + t) as u32)
+                                .filter(|p| p % 3 == 0 && !(512..1024).contains(p))
+                                .collect()
+                        })
+                        .collect::<Vec<Vec<u32>>>();
+                    let mut top = TopK::default();
+                    rows.iter().for_each(|r| top.push(r));
+                    top
+                });
                 let run = |numerics| {
                     let mut out = vec![0f32; n * n_head * dv];
                     let par = Parallel::new(2).with_numerics(numerics);
-                    attend(g, &q, keys.view(), vals, None, &mut out, &par);
+                    attend(g, &q, keys.view(), vals, sel.as_ref(), &mut out, &par);
                     out
                 };
                 let (exact, fast) = (run(Numerics::Exact), run(Numerics::Fast));
@@ -863,7 +982,49 @@ mod tests {
                     .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
                 assert!(
                     worst <= 1e-2 * scale,
-                    "{n} tokens, {n_head}x{dk}: worst {worst} of {scale}"
+                    "{n} tokens, {n_head}x{dk}, {ty}, selected {select}: worst {worst} of {scale}"
+                );
+            }
+        }
+    }
+
+    /// A batch at depth holds one tile of the cache per thread, not the whole of it: the
+    /// buffers it used are within [`batch_scratch_bytes`] (what the planner counts per CPU
+    /// thread), at 4K positions as at 512.
+    #[test]
+    fn batch_attention_buffers_do_not_grow_with_the_context() {
+        let mut s = 5;
+        for (n_head, n_head_kv, dk, dv, mla) in [(16, 1, 576, 512, true), (8, 2, 128, 128, false)] {
+            for (n_kv, ty) in [
+                (512, GgmlType::F16),
+                (4096, GgmlType::F16),
+                (4096, GgmlType::Q8_0),
+            ] {
+                let n = 40;
+                let g = AttnGeom {
+                    n_head,
+                    n_head_kv,
+                    dk,
+                    dv,
+                    kq_scale: 0.1,
+                    pos0: n_kv - n,
+                    n_kv_batch: 0,
+                };
+                let mut keys = Rows::new(ty, n_head_kv * dk);
+                keys.append(&random(&mut s, n_kv * n_head_kv * dk));
+                let mut values = Rows::new(ty, n_head_kv * dv);
+                values.append(&random(&mut s, n_kv * n_head_kv * dv));
+                let vals = (!mla).then(|| values.view());
+                let q = random(&mut s, n * n_head * dk);
+                let mut out = vec![0f32; n * n_head * dv];
+                // One thread: the work runs here, so this thread's buffers are the ones used.
+                BATCH_SCRATCH.set(None);
+                attend(g, &q, keys.view(), vals, None, &mut out, &Parallel::new(1));
+                let used = BATCH_SCRATCH.take().expect("the batch ran here").bytes();
+                let bound = batch_scratch_bytes(n_head, n_head_kv, dk, dv) as usize;
+                assert!(
+                    used <= bound && used > bound / 4,
+                    "{n_head}x{dk} at {n_kv} ({ty}): {used} bytes used, {bound} counted"
                 );
             }
         }

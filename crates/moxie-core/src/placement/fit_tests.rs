@@ -56,6 +56,9 @@ fn model() -> (ModelShape, Vec<TensorInfo>) {
         n_vocab: 1000,
         n_head: 4,
         head_q: 16,
+        attn_kv_heads: 4,
+        attn_head_k: 16,
+        attn_head_v: 16,
         ffn_width: 64,
         n_ctx_train: Some(4096),
         mla: false,
@@ -71,6 +74,7 @@ fn run() -> RunShape {
         n_ubatch: 512,
         kv_types: KvTypes::default(),
         n_seq: 1,
+        n_threads: 2,
     }
 }
 

@@ -91,6 +91,8 @@ pub struct RunShape {
     /// Sequences held at once, each with its own cache of the context and its own recurrent
     /// state: `moxie serve`'s slots (`-np`), 1 for a single generation.
     pub n_seq: usize,
+    /// CPU threads of prompt batches (`-tb`, else `-t`): each holds its own attention buffers.
+    pub n_threads: usize,
 }
 
 impl RunShape {
@@ -315,10 +317,15 @@ impl Plan {
 #[derive(Clone, Copy, Debug)]
 struct ComputeEstimate {
     /// Activations of one ubatch through one layer, f32: four hidden-size buffers (residual,
-    /// normed input, attention and FFN outputs), the query/key/value projections, one layer's
-    /// attention scores over the whole cache (no flash attention) and the FFN's gate, up and
-    /// product buffers for the widest FFN.
+    /// normed input, attention and FFN outputs), the query projection and attention's output,
+    /// and the FFN's gate, up and product buffers for the widest FFN. Attention keeps no
+    /// score matrix over the cache: it walks it in tiles on the CPU and online on GPUs.
     activations: u64,
+    /// Batched attention's buffers on the CPU: one tile of the cache, its scores and the
+    /// running softmax per thread ([`crate::blocks::attention::batch_scratch_bytes`]),
+    /// independent of the context. GPUs' attention kernel holds nothing beyond the
+    /// activations.
+    cpu_attention: u64,
     /// The logits of one ubatch, f32, where the output layer runs.
     logits: u64,
 }
@@ -328,10 +335,17 @@ impl ComputeEstimate {
         let ub = run.ubatch() as u64;
         let per_token = 4 * model.n_embd
             + model.n_head * model.head_q
-            + model.n_head * run.kv_positions(model)
+            + model.n_head * model.attn_head_v
             + 3 * model.ffn_width;
+        let per_thread = crate::blocks::attention::batch_scratch_bytes(
+            model.n_head,
+            model.attn_kv_heads,
+            model.attn_head_k,
+            model.attn_head_v,
+        );
         ComputeEstimate {
             activations: ub * 4 * per_token as u64,
+            cpu_attention: run.n_threads.max(1) as u64 * per_thread,
             logits: ub * 4 * model.n_vocab as u64,
         }
     }
@@ -349,10 +363,13 @@ struct Load {
 }
 
 impl Load {
-    fn compute(&self, est: &ComputeEstimate) -> u64 {
+    fn compute(&self, kind: DeviceKind, est: &ComputeEstimate) -> u64 {
         let mut c = 0;
         if self.runs_layers {
             c += est.activations;
+            if !kind.is_gpu() {
+                c += est.cpu_attention;
+            }
         }
         if self.runs_output {
             c += est.logits;
@@ -370,7 +387,7 @@ impl Load {
     }
 
     fn total(&self, kind: DeviceKind, est: &ComputeEstimate) -> u64 {
-        self.weights + self.cache() + self.compute(est) + self.headroom(kind)
+        self.weights + self.cache() + self.compute(kind, est) + self.headroom(kind)
     }
 
     fn cache(&self) -> u64 {
@@ -539,7 +556,7 @@ pub fn plan(
             weights_bytes: load.weights,
             kv_bytes: load.kv,
             state_bytes: load.state,
-            compute_bytes: load.compute(&est),
+            compute_bytes: load.compute(spec.kind, &est),
             headroom_bytes: load.headroom(spec.kind),
         })
         .collect();

@@ -30,6 +30,12 @@ pub struct ModelShape {
     pub n_head: usize,
     /// Values per query head in the attention product (MLA: the latent + rope width).
     pub head_q: usize,
+    /// Attention as its kernels see it: kv heads (the fewest of any attention layer, where the
+    /// most query heads share one) and key and value widths per head (MLA: one kv head, the
+    /// latent plus rope width, the latent).
+    pub attn_kv_heads: usize,
+    pub attn_head_k: usize,
+    pub attn_head_v: usize,
     /// The widest FFN intermediate one token needs: the dense FFN's, or the selected routed
     /// experts' plus the shared experts'.
     pub ffn_width: usize,
@@ -86,7 +92,7 @@ impl ModelShape {
             .unwrap_or_else(|| heads.clone());
 
         let kv_lora = keys.scalar("attention.kv_lora_rank")?;
-        let (kv, head_q) = match kv_lora {
+        let (kv, head_q, attn) = match kv_lora {
             // MLA as llama.cpp caches it: per position one row of the normed latent and the
             // roped key part, shared by all heads; the values are the latent (no V cache).
             Some(kv_lora) => {
@@ -100,7 +106,7 @@ impl ModelShape {
                         ..Default::default()
                     })
                     .collect();
-                (kv, width)
+                (kv, width, (1, width, kv_lora))
             }
             None => {
                 let default_head = n_embd / n_head;
@@ -127,8 +133,14 @@ impl ModelShape {
                             ..Default::default()
                         },
                     })
-                    .collect();
-                (kv, head_k.max(head_v))
+                    .collect::<Vec<_>>();
+                let kv_heads = kv
+                    .iter()
+                    .filter_map(|l: &LayerStateSpec| l.keys.map(|k| k.width / k.head.max(1)))
+                    .filter(|&h| h > 0)
+                    .min()
+                    .unwrap_or(n_head);
+                (kv, head_k.max(head_v), (kv_heads, head_k, head_v))
             }
         };
 
@@ -165,6 +177,9 @@ impl ModelShape {
             n_vocab,
             n_head,
             head_q,
+            attn_kv_heads: attn.0,
+            attn_head_k: attn.1,
+            attn_head_v: attn.2,
             ffn_width,
             n_ctx_train: keys.scalar("context_length")?,
             mla: kv_lora.is_some(),
