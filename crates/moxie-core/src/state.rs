@@ -182,12 +182,15 @@ impl Rows {
         let at = self.host.len();
         let need = at + n * self.row_bytes;
         if need > self.host.capacity() {
-            // Doubling, as `Vec` grows, but not past the context: a cache that doubled from
-            // 64K positions for a 100K context would hold 31% it can never use.
-            let cap = (2 * self.host.capacity())
-                .min(self.max_rows.saturating_mul(self.row_bytes))
-                .max(need);
-            self.host.reserve_exact(cap - at);
+            // The whole context at once where it is known: pages are resident only once
+            // written, while doubling copied the rows at every step and left the freed
+            // buffers in the heap (+25 MB of RSS at 30K positions of a 3-layer cache).
+            // Without a context, doubling as `Vec` grows.
+            let cap = match self.max_rows {
+                usize::MAX => 2 * self.host.capacity(),
+                rows => rows.saturating_mul(self.row_bytes),
+            };
+            self.host.reserve_exact(cap.max(need) - at);
         }
         self.host.resize(need, 0);
         for (src, dst) in x
@@ -586,19 +589,28 @@ mod tests {
         }
     }
 
-    /// The host rows grow by doubling but never reserve past the context.
+    /// The host rows reserve the context once, at the first write (pages become resident as
+    /// they are written), and never past it; without a context they double.
     #[test]
-    fn rows_do_not_grow_past_the_context() {
+    fn rows_reserve_the_context_once() {
         let mut c = SeqState::new(&[gqa(64)], 5, types(GgmlType::F16, GgmlType::F16)).unwrap();
         let x = vec![0.5f32; 128];
         let keys = c.layer_mut(0).keys.as_mut().unwrap();
         keys.append(&x.repeat(3));
-        assert!(keys.host.capacity() >= 3 * keys.row_bytes);
+        assert_eq!(keys.host.capacity(), 5 * keys.row_bytes);
+        let buffer = keys.host.as_ptr();
         keys.append(&x);
-        // Doubling would take 6 positions.
-        assert!(keys.host.capacity() <= 5 * keys.row_bytes);
         keys.append(&x);
         assert_eq!(keys.host.len(), 5 * keys.row_bytes);
+        assert_eq!(
+            keys.host.as_ptr(),
+            buffer,
+            "no reallocation within the context"
+        );
+        let mut free = Rows::new(GgmlType::F16, 128);
+        free.append(&x.repeat(3));
+        free.append(&x);
+        assert!(free.host.capacity() >= 6 * free.row_bytes);
     }
 
     #[test]
