@@ -233,7 +233,9 @@ pub fn main(a: Args, matches: &clap::ArgMatches) -> Result<()> {
             n_seq: 1,
             n_threads: threads.iter().copied().max().unwrap_or(1),
         };
-        let model = crate::run::plan_and_load(file, path, &a.placement, matches, &run, a.exact)?;
+        let mut model =
+            crate::run::plan_and_load(file, path, &a.placement, matches, &run, a.exact)?;
+        crate::run::settle(&mut model, false, false);
         let backend = backend_name(&model);
         let desc = format!(
             "{} {} {}",

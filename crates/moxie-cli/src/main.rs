@@ -7,6 +7,7 @@ mod gen;
 mod inspect;
 mod placement_args;
 mod plan;
+mod progress;
 mod quantize;
 mod run;
 mod serve;

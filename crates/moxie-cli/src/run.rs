@@ -92,27 +92,10 @@ pub fn kv_type(s: &str) -> std::result::Result<GgmlType, String> {
 }
 
 impl ModelArgs {
-    /// `--no-mmap` and `--mlock` on a loaded model.
+    /// `--no-mmap` (else the page-in of mapped weights), `--mlock` and the buffer summary,
+    /// on a loaded model.
     pub(crate) fn keep_in_memory(&self, model: &mut Model) {
-        if self.no_mmap {
-            let t0 = std::time::Instant::now();
-            let (n, bytes) = model.own_mapped_weights();
-            eprintln!(
-                "--no-mmap: read {n} weight tensors ({}) into memory in {:.1} s",
-                moxie_core::placement::human_bytes(bytes),
-                t0.elapsed().as_secs_f64()
-            );
-        }
-        // As llama.cpp: a lock the system refuses is a warning, not a failure.
-        if self.mlock {
-            match moxie_core::lock_memory() {
-                Ok(()) => eprintln!("--mlock: the model is locked in RAM"),
-                Err(e) => eprintln!(
-                    "warning: --mlock: locking the model in RAM failed ({e}); it runs \
-                     unlocked (raise the limit with `ulimit -l`)"
-                ),
-            }
-        }
+        settle(model, self.no_mmap, self.mlock);
     }
 
     pub(crate) fn parallel(&self) -> Parallel {
@@ -276,12 +259,69 @@ pub(crate) fn load_opened_model(
     Ok(model)
 }
 
+/// What loading does once the weights are in place: `--no-mmap`'s copy of the mapped host
+/// weights into memory moxie owns, or else their page-in (as llama.cpp's `MAP_POPULATE`), so
+/// the first requests do not fault through the model; `--mlock`; and a summary of the weight
+/// buffers per device, as llama.cpp prints them.
+pub(crate) fn settle(model: &mut Model, no_mmap: bool, mlock: bool) {
+    let bar = crate::progress::LoadBar::default();
+    let gib = moxie_core::placement::human_bytes;
+    let t0 = std::time::Instant::now();
+    if no_mmap {
+        let (n, bytes) = model.own_mapped_weights(&bar);
+        eprintln!(
+            "--no-mmap: read {n} weight tensors ({}) into memory in {:.1} s",
+            gib(bytes),
+            t0.elapsed().as_secs_f64()
+        );
+    } else {
+        let p = model.page_in_mapped_weights(&bar);
+        let secs = t0.elapsed().as_secs_f64();
+        match p.skipped {
+            Some(available) => eprintln!(
+                "{} weight tensors ({}) stay mapped and are read on first use: more than the                  {} of memory available (--no-mmap reads them in at load)",
+                p.tensors,
+                gib(p.bytes),
+                gib(available)
+            ),
+            None if p.tensors == 0 => {}
+            None if p.populated => eprintln!(
+                "paged in {} mapped weight tensors ({}) in {secs:.1} s",
+                p.tensors,
+                gib(p.bytes)
+            ),
+            None => eprintln!(
+                "asked the kernel to read ahead {} mapped weight tensors ({}): it cannot page                  them in at once (Linux before 5.14)",
+                p.tensors,
+                gib(p.bytes)
+            ),
+        }
+    }
+    // As llama.cpp: a lock the system refuses is a warning, not a failure.
+    if mlock {
+        match moxie_core::lock_memory() {
+            Ok(()) => eprintln!("--mlock: the model is locked in RAM"),
+            Err(e) => eprintln!(
+                "warning: --mlock: locking the model in RAM failed ({e}); it runs \
+                 unlocked (raise the limit with `ulimit -l`)"
+            ),
+        }
+    }
+    for (buffer, bytes) in model.weight_buffers() {
+        eprintln!(
+            "{buffer:>12} model buffer size = {:10.2} MiB",
+            bytes as f64 / (1u64 << 20) as f64
+        );
+    }
+}
+
 /// Load-time repacking (`on`): the CPU's weight matrices interleaved for the fast one-token
 /// kernels (or, off, put back in GGUF order where the file stores them interleaved), with a
 /// line on stderr saying what was done.
 pub(crate) fn repack(model: &mut Model, on: bool) {
     let t0 = std::time::Instant::now();
-    let c = model.set_cpu_weight_layout(&Parallel::available(), on);
+    let bar = crate::progress::LoadBar::default();
+    let c = model.set_cpu_weight_layout(&Parallel::available(), on, &bar);
     let secs = t0.elapsed().as_secs_f64();
     let gib = moxie_core::placement::human_bytes;
     if c.interleaved > 0 {
@@ -338,7 +378,8 @@ pub(crate) fn plan_and_load(
         );
     }
     let devices = Placement::from_plan(&plan)?;
-    let mut model = Model::load_placed(file, &devices)
+    let bar = crate::progress::LoadBar::default();
+    let mut model = Model::load_reporting(file, &devices, Default::default(), &bar)
         .with_context(|| format!("loading {}", path.display()))?;
     repack(&mut model, !exact && !placement.no_repack);
     match placement.op_offload.as_str() {

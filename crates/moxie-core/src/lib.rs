@@ -18,6 +18,7 @@ pub mod numa;
 pub mod ops;
 pub mod parallel;
 pub mod placement;
+pub mod progress;
 pub mod quant_rules;
 pub mod sampling;
 mod scratch;

@@ -11,6 +11,7 @@ use moxie_gguf::GgufFile;
 use moxie_gpu::{Buffer, DevPtr};
 
 use crate::device::{DeviceId, Devices, Reservation, CPU};
+use crate::progress::Progress;
 use crate::tensor::Tensor;
 use crate::{Error, Result};
 
@@ -60,11 +61,38 @@ impl std::ops::Deref for Vector {
 pub(crate) struct TensorSource<'a> {
     pub file: &'a Arc<GgufFile>,
     placement: &'a Placement,
+    /// Told the file bytes of every tensor placed off the host as it is copied there.
+    progress: &'a dyn Progress,
 }
 
 impl<'a> TensorSource<'a> {
-    pub fn new(file: &'a Arc<GgufFile>, placement: &'a Placement) -> TensorSource<'a> {
-        TensorSource { file, placement }
+    pub fn new(
+        file: &'a Arc<GgufFile>,
+        placement: &'a Placement,
+        progress: &'a dyn Progress,
+    ) -> TensorSource<'a> {
+        TensorSource {
+            file,
+            placement,
+            progress,
+        }
+    }
+
+    /// The file bytes of the tensors placed off the host (what loading copies to devices).
+    pub fn device_bytes(&self) -> u64 {
+        self.file
+            .tensors()
+            .iter()
+            .filter(|t| self.placement.device_of(&t.name) != CPU)
+            .map(|t| t.n_bytes)
+            .sum()
+    }
+
+    /// Count tensor `t`'s file bytes as copied when it went to device `dev`.
+    fn copied(&self, t: &Tensor, dev: DeviceId) {
+        if dev != CPU {
+            self.progress.advance(t.data().len() as u64);
+        }
     }
 
     pub fn devices(&self) -> &Devices {
@@ -146,7 +174,9 @@ impl BlockTensors<'_> {
             return Ok(None);
         };
         self.place(name, dev)?;
-        Ok(Some(t.to_device(self.src.devices(), dev)?))
+        let placed = t.to_device(self.src.devices(), dev)?;
+        self.src.copied(&t, dev);
+        Ok(Some(placed))
     }
 
     /// A tensor the block derives at load time (not in the file), placed with the block's
@@ -174,6 +204,7 @@ impl BlockTensors<'_> {
         for p in parts.iter_mut() {
             *p = p.to_device(self.src.devices(), dev)?;
         }
+        self.src.copied(&t, dev);
         Ok(Some(parts))
     }
 
@@ -198,7 +229,9 @@ impl BlockTensors<'_> {
             return Ok(None);
         };
         self.place(name, dev)?;
-        self.src.vector(name, &t, dev).map(Some)
+        let v = self.src.vector(name, &t, dev)?;
+        self.src.copied(&t, dev);
+        Ok(Some(v))
     }
 }
 

@@ -16,6 +16,7 @@ use crate::device::{Devices, CPU};
 use crate::gpu_pass::GpuScratchPool;
 use crate::loader::TensorSource;
 use crate::parallel::Parallel;
+use crate::progress::{NoProgress, Progress};
 use crate::state::{KvTypes, LayerStateSpec, SeqState};
 use crate::tensor::Tensor;
 use crate::{Error, Result};
@@ -87,9 +88,43 @@ impl Model {
         placement: &Placement,
         opts: LoadOptions,
     ) -> Result<Model> {
+        Model::load_reporting(file, placement, opts, &NoProgress)
+    }
+
+    /// [`Model::load_with`], telling `progress` the bytes copied to GPUs (and simulated
+    /// devices) as they go; weights on the host stay mapped, so they take no time here.
+    pub fn load_reporting(
+        file: Arc<GgufFile>,
+        placement: &Placement,
+        opts: LoadOptions,
+        progress: &dyn Progress,
+    ) -> Result<Model> {
         let config = Config::from_metadata(file.metadata())?;
+        let src = TensorSource::new(&file, placement, progress);
+        let to_devices = src.device_bytes();
+        if to_devices > 0 {
+            let names: Vec<&str> = (1..placement.devices.len())
+                .map(|d| placement.devices.get(d).name.as_str())
+                .collect();
+            progress.start(
+                &format!("copying weights to {}", names.join(", ")),
+                to_devices,
+            );
+        }
+        let model = Model::build(file.clone(), config, &src, opts);
+        if to_devices > 0 {
+            progress.finish();
+        }
+        model
+    }
+
+    fn build(
+        file: Arc<GgufFile>,
+        config: Config,
+        src: &TensorSource,
+        opts: LoadOptions,
+    ) -> Result<Model> {
         let c = &config;
-        let src = TensorSource::new(&file, placement);
         let embd = src.block("the token embeddings");
         let tok_embd = embd.get("token_embd.weight", &[c.n_embd, c.n_vocab])?;
         let head = src.block("the output head");
@@ -110,9 +145,9 @@ impl Model {
         };
         let arch = crate::arch::def(c.arch);
         let keys = Keys::new(file.metadata(), c.arch.name());
-        let layers = (arch.layers)(c, &keys, &src)?;
+        let layers = (arch.layers)(c, &keys, src)?;
         let mtp = if opts.mtp {
-            Some(Mtp::load(c, &keys, &src, &output)?)
+            Some(Mtp::load(c, &keys, src, &output)?)
         } else {
             None
         };
@@ -123,7 +158,7 @@ impl Model {
             layers,
             head: OutputHead { norm, output },
             mtp,
-            devices: placement.devices.clone(),
+            devices: src.devices().clone(),
             scratch: ScratchPool::default(),
             gpu_scratch: Default::default(),
             op_offload_min_batch: AtomicUsize::new(usize::MAX),
@@ -142,10 +177,12 @@ impl Model {
     /// stores them so) is put back in GGUF order ([`Tensor::in_gguf_order`]). Tensors are
     /// done one at a time and each mapped source is released after its copy, so resident
     /// memory stays about the model's size.
+    /// `progress` is told the bytes of every matrix looked at.
     pub fn set_cpu_weight_layout(
         &mut self,
         par: &crate::parallel::Parallel,
         interleave: bool,
+        progress: &dyn Progress,
     ) -> LayoutChange {
         use crate::blocks::{Ffn, Mixer};
         // (matrix, whether it should be interleaved)
@@ -180,7 +217,22 @@ impl Model {
         let head_on_host = self.head.output.device == crate::device::CPU;
         tensors.push((&mut self.head.output, head_on_host));
         let mut change = LayoutChange::default();
+        let host = |t: &Tensor| {
+            if t.device == CPU {
+                t.data().len() as u64
+            } else {
+                0
+            }
+        };
+        let total = tensors.iter().map(|(t, _)| host(t)).sum();
+        let what = if interleave {
+            "repacking weights"
+        } else {
+            "checking the weights' row order"
+        };
+        progress.start(what, total);
         for (t, wanted) in tensors {
+            let bytes = host(t);
             let wanted = wanted && interleave && interleave_candidate(&t.name);
             if wanted {
                 if let Some(r) = t.interleaved(par) {
@@ -196,14 +248,115 @@ impl Model {
                 change.restored_bytes += r.data().len() as u64;
                 *t = r;
             }
+            progress.advance(bytes);
         }
+        progress.finish();
         change
     }
 
     /// `--no-mmap`: every host weight still mapped from the file (not repacked) copied into
     /// memory moxie owns, the file's pages released, so that nothing is paged in from the
-    /// file later. Returns the tensors and bytes copied.
-    pub fn own_mapped_weights(&mut self) -> (usize, u64) {
+    /// file later; `progress` is told the bytes as they are copied. Returns the tensors and
+    /// bytes copied.
+    pub fn own_mapped_weights(&mut self, progress: &dyn Progress) -> (usize, u64) {
+        let mut tensors = self.weights_mut();
+        let total = tensors
+            .iter()
+            .filter(|t| t.mapped_on_host().is_some())
+            .map(|t| t.data().len() as u64)
+            .sum();
+        progress.start("reading weights into memory", total);
+        let mut copies = std::collections::HashMap::new();
+        let (mut n, mut bytes) = (0, 0);
+        for t in tensors.iter_mut() {
+            let len = t.data().len() as u64;
+            if let Some(b) = t.own_mapped_bytes(&mut copies) {
+                n += 1;
+                bytes += b;
+                progress.advance(len);
+            }
+        }
+        progress.finish();
+        (n, bytes)
+    }
+
+    /// The host weights still read from the file's mapping, paged in now (llama.cpp maps
+    /// them with `MAP_POPULATE`), so that the first requests do not fault their way through
+    /// the model: in chunks of 64 MiB, each reported to `progress`. Skipped (`skipped`: the
+    /// bytes and what is available) when they exceed the memory available, where paging all
+    /// of them in would only push earlier ones out again.
+    pub fn page_in_mapped_weights(&self, progress: &dyn Progress) -> PageIn {
+        const CHUNK: u64 = 64 << 20;
+        let mut seen = std::collections::HashSet::new();
+        let mapped: Vec<(usize, u64)> = self
+            .weights()
+            .into_iter()
+            .filter_map(|t| t.mapped_on_host())
+            .filter(|&(_, index)| seen.insert(index))
+            .map(|(file, index)| (index, file.tensors()[index].n_bytes))
+            .collect();
+        let bytes = mapped.iter().map(|&(_, b)| b).sum();
+        let mut out = PageIn {
+            tensors: mapped.len(),
+            bytes,
+            ..PageIn::default()
+        };
+        if let Some(available) = crate::placement::available_memory_bytes() {
+            if bytes > available {
+                out.skipped = Some(available);
+                return out;
+            }
+        }
+        progress.start("paging in mapped weights", bytes);
+        let mut populated = true;
+        for (index, n_bytes) in mapped {
+            let mut at = 0;
+            while at < n_bytes {
+                let end = (at + CHUNK).min(n_bytes);
+                populated &= self.file.populate_tensor_pages(index, at..end);
+                progress.advance(end - at);
+                at = end;
+            }
+        }
+        progress.finish();
+        out.populated = populated && out.tensors > 0;
+        out
+    }
+
+    /// Weight bytes per buffer, as llama.cpp's `model buffer size` lines: `CPU_Mapped` (read
+    /// from the file's mapping), `CPU` (copies moxie owns: repacked, derived, or read in by
+    /// `--no-mmap`) and each device's copies, in device order. Norms and biases (a few MB,
+    /// converted to f32) are not counted.
+    pub fn weight_buffers(&self) -> Vec<(String, u64)> {
+        let mut seen = std::collections::HashSet::new();
+        let mut out: Vec<(String, u64)> = Vec::new();
+        for t in self.weights() {
+            if !seen.insert((t.device, t.data().as_ptr() as usize)) {
+                continue; // a tied head
+            }
+            let name = if t.mapped_on_host().is_some() {
+                "CPU_Mapped".to_owned()
+            } else {
+                self.devices.get(t.device).name.clone()
+            };
+            let bytes = t.data().len() as u64;
+            match out.iter_mut().find(|(n, _)| *n == name) {
+                Some((_, b)) => *b += bytes,
+                None => out.push((name, bytes)),
+            }
+        }
+        let order = |n: &str| match n {
+            "CPU_Mapped" => 0,
+            "CPU" => 1,
+            _ => 2,
+        };
+        out.sort_by_key(|(n, _)| order(n));
+        out
+    }
+
+    /// Every weight tensor of the model: the embeddings, the output head, every layer's
+    /// matrices and the MTP block's (a tied head is listed twice).
+    fn weights_mut(&mut self) -> Vec<&mut Tensor> {
         let mut tensors: Vec<&mut Tensor> =
             vec![&mut self.embeddings.tok_embd, &mut self.head.output];
         let mut layers: Vec<&mut Layer> = self.layers.iter_mut().collect();
@@ -217,15 +370,24 @@ impl Model {
             tensors.extend(l.mixer.matrices_mut());
             tensors.extend(l.ffn.matrices_mut());
         }
-        let mut copies = std::collections::HashMap::new();
-        let (mut n, mut bytes) = (0, 0);
-        for t in tensors {
-            if let Some(b) = t.own_mapped_bytes(&mut copies) {
-                n += 1;
-                bytes += b;
-            }
+        tensors
+    }
+
+    /// [`Model::weights_mut`], to read.
+    fn weights(&self) -> Vec<&Tensor> {
+        let mut tensors: Vec<&Tensor> = vec![&self.embeddings.tok_embd, &self.head.output];
+        let mut layers: Vec<&Layer> = self.layers.iter().collect();
+        if let Some(m) = &self.mtp {
+            tensors.push(&m.eh_proj);
+            tensors.extend(&m.embed);
+            tensors.extend(&m.head);
+            layers.push(&m.layer);
         }
-        (n, bytes)
+        for l in layers {
+            tensors.extend(l.mixer.matrices());
+            tensors.extend(l.ffn.matrices());
+        }
+        tensors
     }
 
     /// The batch size from which host-resident routed experts are streamed to the GPU that
@@ -363,6 +525,18 @@ impl Model {
         }
         Ok(logits)
     }
+}
+
+/// What [`Model::page_in_mapped_weights`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PageIn {
+    /// Weight tensors read from the file's mapping on the host, and their bytes.
+    pub tensors: usize,
+    pub bytes: u64,
+    /// Whether the kernel paged them in (`MADV_POPULATE_READ`; Linux 5.14 on).
+    pub populated: bool,
+    /// Not paged in: the bytes exceed what the system had available (this many bytes).
+    pub skipped: Option<u64>,
 }
 
 /// What [`Model::set_cpu_weight_layout`] did: tensors (and their bytes) interleaved now, used

@@ -157,6 +157,15 @@ impl Tensor {
         })
     }
 
+    /// The file and tensor index of a tensor the CPU reads from the file's mapping (not
+    /// copied, repacked or placed on a device).
+    pub fn mapped_on_host(&self) -> Option<(&Arc<GgufFile>, usize)> {
+        match &self.storage {
+            Storage::Mapped { file, index } if self.device == CPU => Some((file, *index)),
+            _ => None,
+        }
+    }
+
     /// The tensor's bytes (on the host: for a GPU tensor, the bytes it was uploaded from).
     pub fn data(&self) -> &[u8] {
         Self::bytes_of(&self.storage)

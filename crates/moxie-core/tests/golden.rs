@@ -63,7 +63,7 @@ fn load_model(case: &Case, numerics: Numerics) -> Model {
     let file = Arc::new(GgufFile::open(&case.path).unwrap_or_else(|e| panic!("{e}")));
     let mut model = Model::load(file).unwrap_or_else(|e| panic!("{}: {e}", case.stem));
     if numerics == Numerics::Fast {
-        model.set_cpu_weight_layout(&Parallel::new(2), true);
+        model.set_cpu_weight_layout(&Parallel::new(2), true, &moxie_core::progress::NoProgress);
     }
     model
 }

@@ -39,7 +39,7 @@ fn interleaved_weights_change_no_exact_logit() {
     for case in &supported_models(&index) {
         let plain = load(&case.path);
         let mut model = load(&case.path);
-        let change = model.set_cpu_weight_layout(&par, true);
+        let change = model.set_cpu_weight_layout(&par, true, &moxie_core::progress::NoProgress);
         let (n, bytes) = (change.interleaved, change.interleaved_bytes);
         if n == 0 {
             continue;

@@ -219,3 +219,88 @@ fn sparse_attention_across_sim_devices_gives_the_cpu_logits() {
         assert!(run(&placed) == run(&cpu), "shared indexers: {shared}");
     }
 }
+
+/// Counts what loading reports: each step's total and the bytes advanced in it.
+#[derive(Default)]
+struct Steps(std::sync::Mutex<Vec<(String, u64, u64)>>);
+
+impl moxie_core::progress::Progress for Steps {
+    fn start(&self, what: &str, total: u64) {
+        self.0.lock().unwrap().push((what.to_owned(), total, 0));
+    }
+    fn advance(&self, bytes: u64) {
+        self.0.lock().unwrap().last_mut().expect("a started step").2 += bytes;
+    }
+    fn finish(&self) {}
+}
+
+impl Steps {
+    /// The one step reported since the last call: (what, total, advanced).
+    fn take(&self) -> (String, u64, u64) {
+        let mut steps = self.0.lock().unwrap();
+        assert_eq!(steps.len(), 1, "{steps:?}");
+        steps.pop().unwrap()
+    }
+}
+
+/// Loading's steps report their bytes (what the CLI's bar draws) and the buffer summary adds
+/// up: the copy to the sims covers every tensor placed there, repacking every host matrix,
+/// the page-in exactly the weights still mapped (the `CPU_Mapped` buffer), and --no-mmap's
+/// copy leaves nothing mapped.
+#[test]
+fn loading_reports_its_bytes_and_buffers() {
+    let m = supported_models(&golden_index())
+        .into_iter()
+        .find(|m| m.stem == "deepseek2-tiny-Q4_K_M")
+        .expect("the deepseek2 Q4_K_M fixture");
+    let file = open(&m.path);
+    // Block 1 on the CPU, so that it has matrices to repack.
+    let mut placement = spread(&file, Devices::with_sims(&[1 << 30, 1 << 30]));
+    for (name, dev) in placement.tensors.iter_mut() {
+        if name.starts_with("blk.1.") {
+            *dev = CPU;
+        }
+    }
+    let on_sims: u64 = file
+        .tensors()
+        .iter()
+        .filter(|t| placement.device_of(&t.name) != CPU)
+        .map(|t| t.n_bytes)
+        .sum();
+    let steps = Steps::default();
+    let opts = Default::default();
+    let mut model = Model::load_reporting(Arc::clone(&file), &placement, opts, &steps).unwrap();
+    let (what, total, done) = steps.take();
+    assert_eq!(
+        (what.as_str(), total, done),
+        ("copying weights to sim0, sim1", on_sims, on_sims)
+    );
+
+    let change = model.set_cpu_weight_layout(&Parallel::new(2), true, &steps);
+    let (_, total, done) = steps.take();
+    assert_eq!(total, done);
+    assert!(change.interleaved > 0 && total >= change.interleaved_bytes);
+
+    let buffers = model.weight_buffers();
+    let buffer = |name: &str| buffers.iter().find(|(n, _)| n == name).map(|&(_, b)| b);
+    let mapped = buffer("CPU_Mapped").expect("the token embeddings stay mapped");
+    assert!(
+        buffer("sim0").is_some() && buffer("sim1").is_some(),
+        "{buffers:?}"
+    );
+    assert_eq!(buffer("CPU"), Some(change.interleaved_bytes), "{buffers:?}");
+    let paged = model.page_in_mapped_weights(&steps);
+    assert_eq!(paged.bytes, mapped);
+    assert!(paged.skipped.is_none() && paged.tensors > 0);
+    let (_, total, done) = steps.take();
+    assert_eq!((total, done), (mapped, mapped));
+
+    let (n, bytes) = model.own_mapped_weights(&steps);
+    assert_eq!((n, bytes), (paged.tensors, mapped));
+    assert_eq!(steps.take().2, mapped);
+    let buffers = model.weight_buffers();
+    assert!(
+        buffers.iter().all(|(n, _)| n != "CPU_Mapped"),
+        "{buffers:?}"
+    );
+}

@@ -520,6 +520,39 @@ impl GgufFile {
         let _ = r;
     }
 
+    /// Bytes `range` (offsets inside tensor `index`) read from the file and mapped into this
+    /// process now (`madvise(MADV_POPULATE_READ)`, what llama.cpp's `MAP_POPULATE` does for the
+    /// whole file), so later reads do not fault. Kernels before Linux 5.14 lack it: they are
+    /// asked to read ahead instead (`MADV_WILLNEED`, which returns at once). Returns whether
+    /// the pages were populated; `false` also for files read into memory and bad ranges.
+    pub fn populate_tensor_pages(&self, index: usize, range: std::ops::Range<u64>) -> bool {
+        let Some(t) = self.tensors.get(index) else {
+            return false;
+        };
+        let Some(Part {
+            backing: Backing::Mmap(map),
+            ..
+        }) = self.parts.get(t.split)
+        else {
+            return false;
+        };
+        const PAGE: u64 = 4096;
+        let start = (t.file_offset + range.start) / PAGE * PAGE;
+        let end = (t.file_offset + range.end.min(t.n_bytes)).min(map.len() as u64);
+        if range.start >= range.end || end <= start {
+            return false;
+        }
+        let (offset, len) = (start as usize, (end - start) as usize);
+        match map.advise_range(memmap2::Advice::PopulateRead, offset, len) {
+            Ok(()) => true,
+            Err(_) => {
+                // Best effort: a read-ahead hint, or nothing; the bytes are read on use.
+                let _ = map.advise_range(memmap2::Advice::WillNeed, offset, len);
+                false
+            }
+        }
+    }
+
     fn foreign(&self, t: &TensorInfo) -> GgufError {
         GgufError::ForeignTensor {
             file: self

@@ -151,10 +151,21 @@ pub fn parse_size_list(text: &str) -> Result<Vec<u64>> {
 
 /// The machine's RAM (`MemTotal` of `/proc/meminfo`), or `None` where it cannot be read.
 pub fn system_memory_bytes() -> Option<u64> {
+    meminfo_bytes("MemTotal")
+}
+
+/// The memory the system can give without swapping (`MemAvailable` of `/proc/meminfo`: free
+/// plus what the page cache can drop), or `None` where it cannot be read.
+pub fn available_memory_bytes() -> Option<u64> {
+    meminfo_bytes("MemAvailable")
+}
+
+/// Field `key` of `/proc/meminfo` (in kB there) in bytes.
+fn meminfo_bytes(key: &str) -> Option<u64> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let kib: u64 = line
-        .trim_start_matches("MemTotal:")
+    let kib: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))?
         .trim()
         .trim_end_matches("kB")
         .trim()

@@ -13,8 +13,8 @@ mod rules;
 mod shape;
 
 pub use devices::{
-    device_list, human_bytes, parse_size, parse_size_list, system_memory_bytes, DeviceKind,
-    DeviceSpec,
+    available_memory_bytes, device_list, human_bytes, parse_size, parse_size_list,
+    system_memory_bytes, DeviceKind, DeviceSpec,
 };
 pub use plan::{
     plan, ranges, DeviceUse, LayerKind, LayerPlacement, PlacementOptions, Plan, Reason, RuleUse,
