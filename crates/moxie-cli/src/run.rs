@@ -371,6 +371,12 @@ pub(crate) fn plan_and_load(
     )
     .context("planning the placement")?;
     eprint!("{}", plan.report());
+    if !plan.unsupported.is_empty() {
+        bail!(
+            "the placement cannot run: {} (see the plan above; nothing was loaded)",
+            plan.unsupported.join("; ")
+        );
+    }
     if !plan.fits {
         bail!(
             "the placement does not fit: {} (see the plan above)",

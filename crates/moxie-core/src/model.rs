@@ -476,21 +476,13 @@ impl Model {
         state.hold(held);
         if let Some(gpu) = self.devices.gpu(dev) {
             let layer_state = state.layer_mut(il);
-            let rows_types = [
-                &layer_state.keys,
-                &layer_state.values,
-                &layer_state.indexer_keys,
-            ]
-            .into_iter()
-            .flatten()
-            .map(|r| r.ty)
-            .collect::<Vec<_>>();
-            let f16 = rows_types.iter().all(|&t| t == moxie_quant::GgmlType::F16);
-            let f32 = rows_types.iter().all(|&t| t == moxie_quant::GgmlType::F32);
-            if !f16 && !f32 {
+            // MLA keeps no value rows: its values are read from the keys.
+            let k = layer_state.keys.as_ref().map_or(types.k, |r| r.ty);
+            let v = layer_state.values.as_ref().map_or(k, |r| r.ty);
+            if !moxie_gpu::ops::kv_types_supported(k, v) {
                 return Err(Error::Model(format!(
                     "the KV cache of layer {il} on {}: a {} / {} cache is not supported on \
-                     the GPU yet (use -ctk and -ctv both f16 or both f32)",
+                     the GPU (-ctk and -ctv both f32, f16 or q8_0, or q8_0 with f16)",
                     gpu.name(),
                     types.k,
                     types.v

@@ -405,16 +405,17 @@ fn budgets_and_unsupported_caches_are_clear_errors() {
         err.contains("CUDA0") && err.contains("out of memory"),
         "{err}"
     );
-    // A q8_0 cache for GPU attention is refused with what to use instead.
+    // A cache pair the GPU kernels do not read (f32 keys, q8_0 values) is refused with what to
+    // use instead (the planner refuses it before loading; this is the loader's own check).
     let model = Model::load_placed(Arc::clone(&file), &hybrid(&file, two_gpus())).unwrap();
     let types = moxie_core::state::KvTypes {
-        k: moxie_quant::GgmlType::Q8_0,
+        k: moxie_quant::GgmlType::F32,
         v: moxie_quant::GgmlType::Q8_0,
     };
     let err = model
         .new_state_typed(Some(64), types)
         .err()
-        .expect("q8_0 on the GPU")
+        .expect("f32 / q8_0 on the GPU")
         .to_string();
     assert!(err.contains("CUDA0") && err.contains("-ctk"), "{err}");
     // GPU memory is given back with the model.
@@ -422,6 +423,51 @@ fn budgets_and_unsupported_caches_are_clear_errors() {
     assert!(devices.get(GPU0).stats().resident_bytes > 0);
     drop(model);
     assert_eq!(devices.get(GPU0).stats().resident_bytes, 0);
+}
+
+/// q8_0 KV caches on GPU layers (`-ctk q8_0 -ctv q8_0`, and q8_0 keys with f16 values), which
+/// users run to save VRAM: the GPU's cache holds the CPU cache's bytes and its attention
+/// reads them, so every placement gives the CPU's logits with the same cache types, for MLA
+/// (deepseek2: one latent of 576 per position) and GQA (qwen3moe, glm4moe).
+#[test]
+fn q8_0_kv_cache_on_emulated_gpus_matches_the_cpu() {
+    use moxie_quant::GgmlType::{F16, Q8_0};
+    let par = Parallel::new(2);
+    for stem in [
+        "deepseek2-tiny-Q4_K_M",
+        "qwen3moe-tiny-Q4_K_M",
+        "glm4moe-tiny-Q4_K_M",
+    ] {
+        let file = open(&fixtures().join(format!("models/{stem}.gguf")));
+        for (k, v) in [(Q8_0, Q8_0), (Q8_0, F16)] {
+            let types = moxie_core::state::KvTypes { k, v };
+            let run = |model: &Model| {
+                let n_vocab = model.config.n_vocab as u32;
+                let tokens: Vec<u32> = (0..22u32).map(|i| (i * 37 + 5) % n_vocab).collect();
+                let mut cache = model.new_state_typed(Some(64), types).unwrap();
+                let mut all = model
+                    .forward(&tokens[..19], &mut cache, &par, Logits::All)
+                    .unwrap();
+                for &t in &tokens[19..] {
+                    all.extend(model.forward(&[t], &mut cache, &par, Logits::Last).unwrap());
+                }
+                all
+            };
+            let cpu = Model::load(Arc::clone(&file)).unwrap();
+            let n_vocab = cpu.config.n_vocab;
+            let want = run(&cpu);
+            for (how, place) in [
+                ("all-GPU", all_gpu as fn(&GgufFile, Devices) -> Placement),
+                ("mixed over 2 GPUs + CPU", mixed),
+            ] {
+                let model = Model::load_placed(Arc::clone(&file), &place(&file, two_gpus()))
+                    .unwrap_or_else(|e| panic!("{stem} {how}: {e}"));
+                let got = run(&model);
+                let how = format!("{how}, {k}/{v} cache");
+                agree(stem, &how, Bound::Quant(2e-3), &want, &got, n_vocab);
+            }
+        }
+    }
 }
 
 /// The GPU's routing kernel picks the experts and weights `route_top_k` does: softmax and

@@ -93,8 +93,57 @@ extern "C" __global__ void kv_store_f32(float* cache, const float* src, int n_ro
     }
 }
 
-__device__ __forceinline__ float mx_load(const float* p) { return *p; }
-__device__ __forceinline__ float mx_load(const uint16_t* p) { return mx_f16_to_f32(*p); }
+// q8_0 rows: `width` (a multiple of 32) values as width / 32 blocks of an f16 scale and 32
+// int8, quantized as moxie's CPU cache stores them (its AVX2 `quantize_q8_0`: d = amax / 127,
+// values times 127 / amax rounded to nearest even), so both hold the same bytes. One thread
+// per block.
+extern "C" __global__ void kv_store_q8_0(uint8_t* cache, const float* src, int n_rows,
+                                         int width, int src_stride) {
+    int nb = width / 32;
+    for (int r = blockIdx.x; r < n_rows; r += gridDim.x) {
+        for (int b = threadIdx.x; b < nb; b += blockDim.x) {
+            const float* x = src + (int64_t)r * src_stride + b * 32;
+            uint8_t* y = cache + ((int64_t)r * nb + b) * 34;
+            float amax = 0.0f;
+            for (int i = 0; i < 32; i++) {
+                amax = fmaxf(amax, fabsf(x[i]));
+            }
+            uint16_t d = mx_f32_to_f16(amax / 127.0f);
+            y[0] = (uint8_t)(d & 0xff);
+            y[1] = (uint8_t)(d >> 8);
+            float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+            for (int i = 0; i < 32; i++) {
+                y[2 + i] = (uint8_t)(int8_t)(int)rintf(x[i] * id);
+            }
+        }
+    }
+}
+
+// Element `c` of cache row `row` (rows of `n` elements) for each cache type: attention and the
+// indexer read the caches through these.
+struct MxRowsF32 {
+    const float* p;
+    __device__ __forceinline__ float at(int64_t row, int n, int c) const {
+        return p[row * n + c];
+    }
+};
+
+struct MxRowsF16 {
+    const uint16_t* p;
+    __device__ __forceinline__ float at(int64_t row, int n, int c) const {
+        return mx_f16_to_f32(p[row * n + c]);
+    }
+};
+
+struct MxRowsQ8 {
+    const uint8_t* p;
+    __device__ __forceinline__ float at(int64_t row, int n, int c) const {
+        const uint8_t* b = p + (row * (n / 32) + c / 32) * 34;
+        float d = mx_f16_to_f32((uint16_t)(b[0] | (b[1] << 8)));
+        return d * (float)(int8_t)b[2 + (c & 31)];
+    }
+};
+
 
 #define MX_ATTN_THREADS 128
 #define MX_ATTN_MAX_DK 1152
@@ -107,8 +156,8 @@ __device__ __forceinline__ float mx_load(const uint16_t* p) { return mx_f16_to_f
 // elements; values at kvh * dv in rows of `v_row` (MLA: v is the key cache itself, values its
 // first dv elements). Online softmax over tiles of MX_ATTN_THREADS positions, so no score
 // buffer grows with the context.
-template <typename T>
-__device__ void attention_impl(const float* q, const T* k, const T* v, float* out, int n_head,
+template <typename K, typename V>
+__device__ void attention_impl(const float* q, K k, V v, float* out, int n_head,
                                int n_head_kv, int dk, int dv, int k_row, int v_row, int pos0,
                                float scale, const int* sel, const int* sel_n, int sel_stride) {
     __shared__ float qs[MX_ATTN_MAX_DK];
@@ -141,10 +190,9 @@ __device__ void attention_impl(const float* q, const T* k, const T* v, float* ou
         if (i < n_pos) {
             int p = list ? list[i] : i;
             rows[threadIdx.x] = p;
-            const T* kr = k + (int64_t)p * k_row + (int64_t)kvh * dk;
             float dot = 0.0f;
             for (int c = 0; c < dk; c++) {
-                dot += qs[c] * mx_load(kr + c);
+                dot += qs[c] * k.at(p, k_row, kvh * dk + c);
             }
             s = dot * scale;
         }
@@ -161,9 +209,8 @@ __device__ void attention_impl(const float* q, const T* k, const T* v, float* ou
             int d = threadIdx.x + j * blockDim.x;
             if (d < dv) {
                 float a = acc[j] * correction;
-                const T* vc = v + (int64_t)kvh * dv + d;
                 for (int pp = 0; pp < n_tile; pp++) {
-                    a += probs[pp] * mx_load(vc + (int64_t)rows[pp] * v_row);
+                    a += probs[pp] * v.at(rows[pp], v_row, kvh * dv + d);
                 }
                 acc[j] = a;
             }
@@ -180,21 +227,21 @@ __device__ void attention_impl(const float* q, const T* k, const T* v, float* ou
     }
 }
 
-extern "C" __global__ void attention_f16(const float* q, const uint16_t* k, const uint16_t* v,
-                                         float* out, int n_head, int n_head_kv, int dk, int dv,
-                                         int k_row, int v_row, int pos0, float scale,
-                                         const int* sel, const int* sel_n, int sel_stride) {
-    attention_impl(q, k, v, out, n_head, n_head_kv, dk, dv, k_row, v_row, pos0, scale, sel,
-                   sel_n, sel_stride);
-}
+// One kernel per pair of cache types (keys, values); MLA passes its key cache as both.
+#define MX_ATTENTION(NAME, KT, KR, VT, VR)                                                     \
+    extern "C" __global__ void NAME(const float* q, const KT* k, const VT* v, float* out,       \
+                                    int n_head, int n_head_kv, int dk, int dv, int k_row,       \
+                                    int v_row, int pos0, float scale, const int* sel,           \
+                                    const int* sel_n, int sel_stride) {                         \
+        attention_impl(q, KR{k}, VR{v}, out, n_head, n_head_kv, dk, dv, k_row, v_row, pos0,     \
+                       scale, sel, sel_n, sel_stride);                                          \
+    }
 
-extern "C" __global__ void attention_f32(const float* q, const float* k, const float* v,
-                                         float* out, int n_head, int n_head_kv, int dk, int dv,
-                                         int k_row, int v_row, int pos0, float scale,
-                                         const int* sel, const int* sel_n, int sel_stride) {
-    attention_impl(q, k, v, out, n_head, n_head_kv, dk, dv, k_row, v_row, pos0, scale, sel,
-                   sel_n, sel_stride);
-}
+MX_ATTENTION(attention_f16, uint16_t, MxRowsF16, uint16_t, MxRowsF16)
+MX_ATTENTION(attention_f32, float, MxRowsF32, float, MxRowsF32)
+MX_ATTENTION(attention_q8_0, uint8_t, MxRowsQ8, uint8_t, MxRowsQ8)
+MX_ATTENTION(attention_q8_0_f16, uint8_t, MxRowsQ8, uint16_t, MxRowsF16)
+MX_ATTENTION(attention_f16_q8_0, uint16_t, MxRowsF16, uint8_t, MxRowsQ8)
 
 #define MX_ROUTE_MAX_EXPERTS 1024
 #define MX_ROUTE_MAX_GROUPS 64
@@ -355,20 +402,19 @@ extern "C" __global__ void layer_norm_f32(const float* x, const float* w, const 
 // DeepSeek sparse attention's indexer scores: block t (a query token), its threads over the
 // positions j <= pos0 + t: scores[t * stride + j] = sum_h relu(q[t, h] . k[j]) * w[t, h]
 // (heads of `dim` values, `n_head` per token; keys one row of `dim` per position).
-template <typename T>
-__device__ void dsa_scores_impl(const float* q, const T* k, const float* w, float* scores,
+template <typename K>
+__device__ void dsa_scores_impl(const float* q, K k, const float* w, float* scores,
                                 int n_head, int dim, int pos0, int stride) {
     int t = blockIdx.x;
     int n_pos = pos0 + t + 1;
     const float* qt = q + (int64_t)t * n_head * dim;
     const float* wt = w + (int64_t)t * n_head;
     for (int j = threadIdx.x; j < n_pos; j += blockDim.x) {
-        const T* kj = k + (int64_t)j * dim;
         float score = 0.0f;
         for (int h = 0; h < n_head; h++) {
             float dot = 0.0f;
             for (int c = 0; c < dim; c++) {
-                dot += qt[h * dim + c] * mx_load(kj + c);
+                dot += qt[h * dim + c] * k.at(j, dim, c);
             }
             score += fmaxf(dot, 0.0f) * wt[h];
         }
@@ -379,13 +425,19 @@ __device__ void dsa_scores_impl(const float* q, const T* k, const float* w, floa
 extern "C" __global__ void dsa_scores_f16(const float* q, const uint16_t* k, const float* w,
                                           float* scores, int n_head, int dim, int pos0,
                                           int stride) {
-    dsa_scores_impl(q, k, w, scores, n_head, dim, pos0, stride);
+    dsa_scores_impl(q, MxRowsF16{k}, w, scores, n_head, dim, pos0, stride);
 }
 
 extern "C" __global__ void dsa_scores_f32(const float* q, const float* k, const float* w,
                                           float* scores, int n_head, int dim, int pos0,
                                           int stride) {
-    dsa_scores_impl(q, k, w, scores, n_head, dim, pos0, stride);
+    dsa_scores_impl(q, MxRowsF32{k}, w, scores, n_head, dim, pos0, stride);
+}
+
+extern "C" __global__ void dsa_scores_q8_0(const float* q, const uint8_t* k, const float* w,
+                                           float* scores, int n_head, int dim, int pos0,
+                                           int stride) {
+    dsa_scores_impl(q, MxRowsQ8{k}, w, scores, n_head, dim, pos0, stride);
 }
 
 // libstdc++'s __adjust_heap on heap[0, len): the hole goes down along the children that

@@ -4,6 +4,8 @@
 
 use std::sync::Arc;
 
+use moxie_quant::GgmlType;
+
 use crate::{Arg, DevPtr, Error, GpuBackend, LaunchConfig, Result};
 
 /// A GPU with typed kernel launches.
@@ -15,10 +17,11 @@ pub struct Gpu {
 /// Threads per block of the elementwise kernels, and the most blocks they launch (they loop).
 const EW_THREADS: u32 = 256;
 const EW_MAX_BLOCKS: u32 = 4096;
-/// Limits fixed in ops.cu.
+/// Limits fixed in ops.cu: threads per attention block, and the widest heads the attention
+/// kernel takes (keys, values).
 const ATTN_THREADS: u32 = 128;
-const ATTN_MAX_DK: usize = 1152;
-const ATTN_MAX_DV: usize = 8 * ATTN_THREADS as usize;
+pub const ATTN_MAX_DK: usize = 1152;
+pub const ATTN_MAX_DV: usize = 8 * ATTN_THREADS as usize;
 const ROUTE_MAX_EXPERTS: usize = 1024;
 const ROUTE_MAX_GROUPS: usize = 64;
 /// CUDA's limit on gridDim.y and gridDim.z.
@@ -50,8 +53,48 @@ pub struct KvView {
     /// Elements per position of a key row and a value row.
     pub k_row: usize,
     pub v_row: usize,
-    /// f16 (true) or f32.
-    pub f16: bool,
+    /// The caches' types ([`kv_types_supported`]).
+    pub k_type: GgmlType,
+    pub v_type: GgmlType,
+}
+
+/// The cache types the GPU kernels store and read: f32, f16 and q8_0.
+const KV_TYPES: [(GgmlType, &str); 3] = [
+    (GgmlType::F32, "f32"),
+    (GgmlType::F16, "f16"),
+    (GgmlType::Q8_0, "q8_0"),
+];
+
+/// The name part of the kernels for cache type `ty`.
+fn kv_type_name(ty: GgmlType) -> Result<&'static str> {
+    KV_TYPES
+        .iter()
+        .find(|(t, _)| *t == ty)
+        .map(|&(_, n)| n)
+        .ok_or_else(|| {
+            Error::Unsupported(format!(
+                "a {ty} KV cache on the GPU (f32, f16 and q8_0 are supported)"
+            ))
+        })
+}
+
+/// The attention kernel for keys of `k` and values of `v`: both of one type, or q8_0 with f16.
+fn attention_kernel(k: GgmlType, v: GgmlType) -> Option<&'static str> {
+    use GgmlType::{F16, F32, Q8_0};
+    Some(match (k, v) {
+        (F16, F16) => "attention_f16",
+        (F32, F32) => "attention_f32",
+        (Q8_0, Q8_0) => "attention_q8_0",
+        (Q8_0, F16) => "attention_q8_0_f16",
+        (F16, Q8_0) => "attention_f16_q8_0",
+        _ => return None,
+    })
+}
+
+/// Whether the GPU kernels take a cache of keys of type `k` and values of type `v` (the
+/// planner checks this before any weight is read).
+pub fn kv_types_supported(k: GgmlType, v: GgmlType) -> bool {
+    attention_kernel(k, v).is_some()
 }
 
 /// Head shapes of one attention call.
@@ -252,11 +295,12 @@ impl Gpu {
     }
 
     /// Store `n_rows` rows of `width` values of `src` (rows `src_stride` apart) as
-    /// consecutive cache rows from `cache` (f16 or f32).
+    /// consecutive cache rows of type `ty` from `cache` (f32, f16, or q8_0 with `width` a
+    /// multiple of 32).
     pub fn kv_store(
         &self,
         cache: DevPtr,
-        f16: bool,
+        ty: GgmlType,
         src: DevPtr,
         n_rows: usize,
         width: usize,
@@ -265,7 +309,16 @@ impl Gpu {
         if n_rows == 0 || width == 0 {
             return Ok(());
         }
-        let kernel = if f16 { "kv_store_f16" } else { "kv_store_f32" };
+        if ty == GgmlType::Q8_0 && !width.is_multiple_of(32) {
+            return Err(Error::Unsupported(format!(
+                "q8_0 cache rows of {width} values (whole blocks of 32 are needed)"
+            )));
+        }
+        let kernel = match kv_type_name(ty)? {
+            "f32" => "kv_store_f32",
+            "f16" => "kv_store_f16",
+            _ => "kv_store_q8_0",
+        };
         self.backend.launch(
             kernel,
             LaunchConfig::linear(row_grid(n_rows)?.min(EW_MAX_BLOCKS * 16), 128),
@@ -307,11 +360,13 @@ impl Gpu {
                 s.n_head, s.n_head_kv
             )));
         }
-        let kernel = if kv.f16 {
-            "attention_f16"
-        } else {
-            "attention_f32"
-        };
+        let kernel = attention_kernel(kv.k_type, kv.v_type).ok_or_else(|| {
+            Error::Unsupported(format!(
+                "a cache of {} keys and {} values on the GPU (both f32, f16 or q8_0, or q8_0 \
+                 with f16)",
+                kv.k_type, kv.v_type
+            ))
+        })?;
         for t0 in (0..n_tok).step_by(MAX_GRID_YZ) {
             let nt = (n_tok - t0).min(MAX_GRID_YZ);
             let (list, counts, stride) = match sel {
@@ -433,14 +488,14 @@ impl Gpu {
     /// DeepSeek sparse attention's indexer scores of `n_tok` query tokens at positions
     /// `pos0..`: for token `t` and every position `j <= pos0 + t`,
     /// `scores[t * stride + j] = Σ_h relu(q[t, h] · keys[j]) · w[t, h]` (`q`: `n_head` heads of
-    /// `dim` per token; `keys`: one row of `dim` per position, f16 or f32; `w`: `n_head` per
-    /// token).
+    /// `dim` per token; `keys`: one row of `dim` per position, f32, f16 or q8_0; `w`: `n_head`
+    /// per token).
     #[allow(clippy::too_many_arguments)]
     pub fn dsa_scores(
         &self,
         q: DevPtr,
         keys: DevPtr,
-        keys_f16: bool,
+        keys_type: GgmlType,
         w: DevPtr,
         scores: DevPtr,
         stride: usize,
@@ -458,10 +513,10 @@ impl Gpu {
                 pos0 + n_tok
             )));
         }
-        let kernel = if keys_f16 {
-            "dsa_scores_f16"
-        } else {
-            "dsa_scores_f32"
+        let kernel = match kv_type_name(keys_type)? {
+            "f32" => "dsa_scores_f32",
+            "f16" => "dsa_scores_f16",
+            _ => "dsa_scores_q8_0",
         };
         self.backend.launch(
             kernel,

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use moxie_gpu::emu::EmuGpu;
 use moxie_gpu::ops::{AttnShape, DeltaNetDims, KvView, Selection};
 use moxie_gpu::{Buffer, Gpu, GpuBackend};
+use moxie_quant::GgmlType;
 
 /// Deterministic values in [-1, 1).
 fn values(n: usize, seed: u64) -> Vec<f32> {
@@ -164,7 +165,8 @@ fn kv_store_rounds_to_f16_like_half() {
     let rows = src.len() / 6;
     let sb = upload(&g, &src);
     let cache = Buffer::new(g.backend(), src.len() * 2).unwrap();
-    g.kv_store(cache.ptr(), true, sb.ptr(), rows, 6, 6).unwrap();
+    g.kv_store(cache.ptr(), GgmlType::F16, sb.ptr(), rows, 6, 6)
+        .unwrap();
     let mut raw = vec![0u8; src.len() * 2];
     cache.read(0, &mut raw).unwrap();
     for (i, v) in src.iter().enumerate() {
@@ -234,10 +236,22 @@ fn attention_gqa_and_mla_shapes_over_several_tiles() {
         (4, 1, 72, 64, 130, 3, true),
         (2, 2, 32, 48, 7, 2, false),
     ] {
-        for f16 in [false, true] {
+        // Key and value cache types (MLA: its keys are its values).
+        for (kt, vt) in [
+            (GgmlType::F32, GgmlType::F32),
+            (GgmlType::F16, GgmlType::F16),
+            (GgmlType::Q8_0, GgmlType::Q8_0),
+            (GgmlType::Q8_0, GgmlType::F16),
+            (GgmlType::F16, GgmlType::Q8_0),
+        ] {
+            let vt = if mla { kt } else { vt };
             let n_pos = pos0 + n_tok;
             let k_row = nkv * dk;
             let v_row = if mla { k_row } else { nkv * dv };
+            let q8 = kt == GgmlType::Q8_0 || vt == GgmlType::Q8_0;
+            if q8 && (dk % 32 != 0 || dv % 32 != 0) {
+                continue; // q8_0 heads are whole blocks (the CPU cache refuses others too)
+            }
             let q = values(n_tok * nh * dk, 9);
             let mut k = values(n_pos * k_row, 10);
             let mut v = if mla {
@@ -245,22 +259,24 @@ fn attention_gqa_and_mla_shapes_over_several_tiles() {
             } else {
                 values(n_pos * v_row, 11)
             };
-            if f16 {
-                for x in k.iter_mut().chain(v.iter_mut()) {
-                    *x = half::f16::from_f32(*x).to_f32();
-                }
-            }
-            let store = |data: &[f32]| -> Buffer {
+            let store = |data: &[f32], ty: GgmlType| -> Buffer {
                 let src = upload(&g, data);
-                let elem = if f16 { 2 } else { 4 };
-                let b = Buffer::new(g.backend(), data.len() * elem).unwrap();
-                g.kv_store(b.ptr(), f16, src.ptr(), 1, data.len(), data.len())
+                let bytes = ty.row_bytes(data.len() as u64).unwrap() as usize;
+                let b = Buffer::new(g.backend(), bytes).unwrap();
+                g.kv_store(b.ptr(), ty, src.ptr(), 1, data.len(), data.len())
                     .unwrap();
                 g.synchronize().unwrap();
                 b
             };
-            let kb = store(&k);
-            let vb = if mla { None } else { Some(store(&v)) };
+            let kb = store(&k, kt);
+            let vb = if mla { None } else { Some(store(&v, vt)) };
+            // The reference reads what the caches hold.
+            round_trip(&mut k, kt);
+            if mla {
+                v = k.clone();
+            } else {
+                round_trip(&mut v, vt);
+            }
             let qb = upload(&g, &q);
             let ob = Buffer::new(g.backend(), n_tok * nh * dv * 4).unwrap();
             let s = AttnShape {
@@ -276,7 +292,8 @@ fn attention_gqa_and_mla_shapes_over_several_tiles() {
                 v: vb.as_ref().map_or(kb.ptr(), Buffer::ptr),
                 k_row,
                 v_row,
-                f16,
+                k_type: kt,
+                v_type: vt,
             };
             g.attention(s, qb.ptr(), view, None, ob.ptr(), n_tok)
                 .unwrap();
@@ -285,10 +302,57 @@ fn attention_gqa_and_mla_shapes_over_several_tiles() {
                 &read(&ob, want.len()),
                 &want,
                 2e-5,
-                &format!("attention h{nh}/{nkv} dk{dk} dv{dv} pos0 {pos0} n{n_tok} f16 {f16}"),
+                &format!("attention h{nh}/{nkv} dk{dk} dv{dv} pos0 {pos0} n{n_tok} {kt}/{vt}"),
             );
         }
     }
+}
+
+/// `x` as a cache of type `ty` holds it: through the CPU's conversion to `ty` and back.
+fn round_trip(x: &mut [f32], ty: GgmlType) {
+    if ty == GgmlType::F32 {
+        return;
+    }
+    let mut bytes = vec![0u8; ty.row_bytes(x.len() as u64).unwrap() as usize];
+    moxie_quant::quantize_fn(ty).unwrap()(x, &mut bytes);
+    moxie_quant::dequantize_fn(ty).unwrap()(&bytes, x);
+}
+
+/// The GPU's q8_0 cache rows are the bytes the CPU cache stores for the same values (so a
+/// layer's cache means the same on either device), zero blocks and ties included.
+#[test]
+fn kv_store_q8_0_writes_the_cpu_cache_bytes() {
+    let g = gpu();
+    let (rows, width, stride) = (5, 96, 100);
+    let mut src = values(rows * stride, 70);
+    src[..32].fill(0.0); // an all-zero block: scale 0
+                         // The block's largest magnitude 127/64, so values are multiplied by exactly 64: 62.5 is a
+                         // tie, which the CPU's conversion rounds to even (62).
+    src[32] = 1.984375;
+    src[33] = 0.9765625;
+    let sb = upload(&g, &src);
+    let row_bytes = GgmlType::Q8_0.row_bytes(width as u64).unwrap() as usize;
+    let cache = Buffer::new(g.backend(), rows * row_bytes).unwrap();
+    g.kv_store(cache.ptr(), GgmlType::Q8_0, sb.ptr(), rows, width, stride)
+        .unwrap();
+    g.synchronize().unwrap();
+    let mut got = vec![0u8; rows * row_bytes];
+    cache.read(0, &mut got).unwrap();
+    let quantize = moxie_quant::quantize_fn(GgmlType::Q8_0).unwrap();
+    for r in 0..rows {
+        let mut want = vec![0u8; row_bytes];
+        quantize(&src[r * stride..r * stride + width], &mut want);
+        assert_eq!(
+            &got[r * row_bytes..(r + 1) * row_bytes],
+            &want[..],
+            "row {r}"
+        );
+    }
+    // Rows that are not whole blocks are refused, not stored.
+    let err = g
+        .kv_store(cache.ptr(), GgmlType::Q8_0, sb.ptr(), 1, 40, 40)
+        .unwrap_err();
+    assert!(err.to_string().contains("40"), "{err}");
 }
 
 #[test]
@@ -337,7 +401,8 @@ fn oversized_shapes_are_errors_not_launches() {
         v: b.ptr(),
         k_row: 4096,
         v_row: 4096,
-        f16: true,
+        k_type: GgmlType::F16,
+        v_type: GgmlType::F16,
     };
     let err = g.attention(s, b.ptr(), view, None, b.ptr(), 1).unwrap_err();
     assert!(err.to_string().contains("4096"), "{err}");
@@ -635,7 +700,8 @@ fn attention_over_selected_positions() {
         v: kb.ptr(),
         k_row,
         v_row: k_row,
-        f16: false,
+        k_type: GgmlType::F32,
+        v_type: GgmlType::F32,
     };
     let sel = Selection {
         list: lb.ptr(),
@@ -707,7 +773,7 @@ fn dsa_scores_and_top_k() {
     g.dsa_scores(
         qb.ptr(),
         kb.ptr(),
-        false,
+        GgmlType::F32,
         wb.ptr(),
         sb.ptr(),
         stride,

@@ -551,14 +551,24 @@ impl Indexer {
                 gpu.name()
             ))
         })?;
-        let f16 = keys.ty == GgmlType::F16;
-        gpu.kv_store(cache.at(p.pos0 * keys.row_bytes()), f16, k_rot, n, d, d)?;
+        gpu.kv_store(cache.at(p.pos0 * keys.row_bytes()), keys.ty, k_rot, n, d, d)?;
         if p.pos0 + n <= self.top_k {
             return Ok(Selected::Dense);
         }
         let stride = p.pos0 + n;
         let scores = p.gpu.buf(id, "dsa_scores", n * stride)?;
-        gpu.dsa_scores(q_rot, cache.ptr(), f16, w, scores, stride, n, nh, d, p.pos0)?;
+        gpu.dsa_scores(
+            q_rot,
+            cache.ptr(),
+            keys.ty,
+            w,
+            scores,
+            stride,
+            n,
+            nh,
+            d,
+            p.pos0,
+        )?;
         let list = p.gpu.buf(id, "dsa_sel", n * self.top_k)?;
         let counts = p.gpu.buf(id, "dsa_sel_n", n)?;
         let sel = gpu.dsa_top_k(scores, stride, n, p.pos0, self.top_k, list, counts)?;

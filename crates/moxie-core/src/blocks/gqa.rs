@@ -237,10 +237,9 @@ impl Block for Gqa {
                 )))
             }
         };
-        let f16 = keys.ty == moxie_quant::GgmlType::F16;
         let (kw, vw) = (nkv * hd, nkv * dv);
-        gpu.kv_store(kb.at(p.pos0 * keys.row_bytes()), f16, k, n, kw, kw)?;
-        gpu.kv_store(vb.at(p.pos0 * values.row_bytes()), f16, v, n, vw, vw)?;
+        gpu.kv_store(kb.at(p.pos0 * keys.row_bytes()), keys.ty, k, n, kw, kw)?;
+        gpu.kv_store(vb.at(p.pos0 * values.row_bytes()), values.ty, v, n, vw, vw)?;
         let out = p.gpu.buf(id, "attn_out", n * nh * dv)?;
         gpu.attention(
             AttnShape {
@@ -257,7 +256,8 @@ impl Block for Gqa {
                 v: vb.ptr(),
                 k_row: kw,
                 v_row: vw,
-                f16,
+                k_type: keys.ty,
+                v_type: values.ty,
             },
             None,
             out,

@@ -358,8 +358,14 @@ impl Block for Mla {
                 gpu.name()
             ))
         })?;
-        let f16 = latent.ty == moxie_quant::GgmlType::F16;
-        gpu.kv_store(kb.at(p.pos0 * latent.row_bytes()), f16, kvr, n, kw, kw)?;
+        gpu.kv_store(
+            kb.at(p.pos0 * latent.row_bytes()),
+            latent.ty,
+            kvr,
+            n,
+            kw,
+            kw,
+        )?;
         let out = p.gpu.buf(id, "latent_out", n * nh * rank)?;
         gpu.attention(
             AttnShape {
@@ -376,7 +382,8 @@ impl Block for Mla {
                 v: kb.ptr(),
                 k_row: kw,
                 v_row: kw,
-                f16,
+                k_type: latent.ty,
+                v_type: latent.ty,
             },
             sel,
             out,

@@ -65,6 +65,14 @@ impl DeviceSpec {
         }
     }
 
+    /// Whether the plan is for CUDA kernels on this device: a CUDA GPU, or a simulated one
+    /// standing for it (`MOXIE_SIM_CUDA`'s `CUDA{i}`; other simulated devices are `sim{i}`),
+    /// so that a rehearsal meets what the real GPU would refuse.
+    pub fn runs_cuda_kernels(&self) -> bool {
+        self.kind == DeviceKind::Cuda
+            || (self.kind == DeviceKind::Sim && self.name.starts_with("CUDA"))
+    }
+
     pub fn sim(index: usize, budget_bytes: u64) -> DeviceSpec {
         DeviceSpec {
             name: format!("sim{index}"),

@@ -315,3 +315,78 @@ fn without_gpus_everything_stays_on_cpu() {
     assert!(p.tensors.iter().all(|t| t.device == Some(0)));
     assert_eq!(p.n_gpu_layers, 0);
 }
+
+/// Settings a GPU's kernels do not handle are found at plan time, before any weight is read,
+/// on CUDA devices and on the simulated ones standing for them (`MOXIE_SIM_CUDA`), not on
+/// plain sims (which compute on the CPU): weight types without GPU kernels (one line per
+/// type), a KV cache pair the attention kernel cannot read (f32 keys with f16 values).
+#[test]
+fn gpu_settings_are_checked_at_plan_time() {
+    let (shape, mut tensors) = model();
+    // Block 2's experts in a type the GPU kernels lack (a matrix, so it counts).
+    for t in tensors
+        .iter_mut()
+        .filter(|t| t.name.starts_with("blk.2.ffn_"))
+    {
+        t.ty = GgmlType::IQ2_KT;
+        t.dims = vec![256, 256];
+    }
+    let opts = PlacementOptions::default();
+    let types = |k, v| RunShape {
+        kv_types: KvTypes { k, v },
+        ..run()
+    };
+    let cuda = device_list(64 << 30, &[64 << 30], &[]);
+    let stand_in = vec![
+        DeviceSpec::cpu(64 << 30),
+        DeviceSpec::simulated_cuda(0, 64 << 30),
+    ];
+    let sim = device_list(64 << 30, &[], &[64 << 30]);
+    for devices in [&cuda, &stand_in] {
+        let p = plan(
+            &shape,
+            &tensors,
+            &opts,
+            devices,
+            &types(GgmlType::F16, GgmlType::F16),
+        )
+        .unwrap();
+        assert!(p.fits && !p.can_run());
+        assert_eq!(p.unsupported.len(), 1, "{:?}", p.unsupported);
+        let u = &p.unsupported[0];
+        assert!(
+            u.starts_with("CUDA0: 4 tensor(s) of type IQ2_KT") && u.contains("-ot"),
+            "{u}"
+        );
+        let p = plan(
+            &shape,
+            &tensors,
+            &opts,
+            devices,
+            &types(GgmlType::F32, GgmlType::F16),
+        )
+        .unwrap();
+        assert_eq!(p.unsupported.len(), 2, "{:?}", p.unsupported);
+        assert!(
+            p.unsupported[1].contains("f32 / f16 KV cache (layers 0-5)"),
+            "{:?}",
+            p.unsupported
+        );
+        assert!(p
+            .report()
+            .contains("cannot run: CUDA0: a f32 / f16 KV cache"));
+    }
+    let p = plan(
+        &shape,
+        &tensors,
+        &opts,
+        &sim,
+        &types(GgmlType::F32, GgmlType::F16),
+    )
+    .unwrap();
+    assert!(
+        p.unsupported.is_empty() && p.can_run(),
+        "{:?}",
+        p.unsupported
+    );
+}

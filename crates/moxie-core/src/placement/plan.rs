@@ -3,6 +3,7 @@
 //! and the bytes each device needs.
 
 use moxie_gguf::TensorInfo;
+use moxie_quant::GgmlType;
 
 use super::devices::{human_bytes, DeviceKind, DeviceSpec};
 use super::rules::{compile_rules, first_match, PlacementArg, Rule, RuleOrigin};
@@ -283,9 +284,19 @@ pub struct Plan {
     pub fits: bool,
     /// What the planner did and, when it does not fit, by how much and what to change.
     pub messages: Vec<String>,
+    /// Settings that reach a GPU's kernels and that they do not handle (a weight type
+    /// without GPU kernels, a KV cache pair the attention kernel cannot read, heads wider
+    /// than it takes), each naming the device and what to do instead: found before any weight
+    /// is read. A plan with any cannot run.
+    pub unsupported: Vec<String>,
 }
 
 impl Plan {
+    /// Within every budget and nothing a GPU cannot do.
+    pub fn can_run(&self) -> bool {
+        self.fits && self.unsupported.is_empty()
+    }
+
     /// How a reason reads in tables (`user rule 2`, `--cpu-moe`, `fit: expert layer`).
     pub fn describe(&self, reason: Reason) -> String {
         match reason {
@@ -608,11 +619,103 @@ pub fn plan(
         kv_types: run.kv_types,
         fits: false,
         messages,
+        unsupported: gpu_problems(model, tensors, &slots, &layer_devices, devices, run),
     };
     plan.fits = plan.devices.iter().all(DeviceUse::fits);
     let advice = over_budget_advice(&plan, model, run);
     plan.messages.extend(advice);
     Ok(plan)
+}
+
+/// What [`Plan::unsupported`] lists: on each device that runs CUDA kernels
+/// ([`DeviceSpec::runs_cuda_kernels`]), weight types without GPU kernels, a KV cache pair the
+/// attention kernel does not read, and attention heads wider than it takes.
+fn gpu_problems(
+    model: &ModelShape,
+    tensors: &[TensorInfo],
+    slots: &[Slot],
+    layer_devices: &[Option<usize>],
+    devices: &[DeviceSpec],
+    run: &RunShape,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for (d, spec) in devices.iter().enumerate() {
+        if !spec.runs_cuda_kernels() {
+            continue;
+        }
+        let name = &spec.name;
+        // Weights: one line per type, with an example tensor.
+        let mut by_type: Vec<(GgmlType, usize, &str)> = Vec::new();
+        for (t, slot) in tensors.iter().zip(slots) {
+            if slot.device != Some(d) || t.dims.len() < 2 || moxie_gpu::Gpu::supports(t.ty) {
+                continue;
+            }
+            match by_type.iter_mut().find(|(ty, _, _)| *ty == t.ty) {
+                Some((_, n, _)) => *n += 1,
+                None => by_type.push((t.ty, 1, &t.name)),
+            }
+        }
+        for (ty, n, example) in by_type {
+            out.push(format!(
+                "{name}: {n} tensor(s) of type {ty} (e.g. {example}) have no GPU kernels; keep \
+                 them on the CPU with a first -ot rule (e.g. -ot \"{}=CPU\")",
+                regex_escape(example)
+            ));
+        }
+        // Attention: the layers whose cache (and so attention) is here.
+        let here: Vec<usize> = (0..layer_devices.len())
+            .filter(|&il| layer_devices[il] == Some(d))
+            .filter(|&il| model.kv.get(il).is_some_and(|s| s.keys.is_some()))
+            .collect();
+        if here.is_empty() {
+            continue;
+        }
+        let kv = run.kv_types;
+        let v = if model.mla { kv.k } else { kv.v };
+        if !moxie_gpu::ops::kv_types_supported(kv.k, v) {
+            out.push(format!(
+                "{name}: a {} / {} KV cache (layers {}) is not supported by the GPU's attention \
+                 (-ctk and -ctv both f32, f16 or q8_0, or q8_0 with f16)",
+                kv_type_name(kv.k),
+                kv_type_name(v),
+                layer_list(&here)
+            ));
+        }
+        let (dk, dv) = (model.attn_head_k, model.attn_head_v);
+        let (max_k, max_v) = (moxie_gpu::ops::ATTN_MAX_DK, moxie_gpu::ops::ATTN_MAX_DV);
+        if dk > max_k || dv > max_v {
+            out.push(format!(
+                "{name}: attention heads of {dk} x {dv} (layers {}) are wider than the GPU \
+                 kernel takes ({max_k} x {max_v}); keep those layers' attention on the CPU",
+                layer_list(&here)
+            ));
+        }
+    }
+    out
+}
+
+/// `3-5, 9` for layers 3, 4, 5, 9.
+fn layer_list(layers: &[usize]) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < layers.len() {
+        let mut j = i;
+        while j + 1 < layers.len() && layers[j + 1] == layers[j] + 1 {
+            j += 1;
+        }
+        parts.push(if i == j {
+            layers[i].to_string()
+        } else {
+            format!("{}-{}", layers[i], layers[j])
+        });
+        i = j + 1;
+    }
+    parts.join(", ")
+}
+
+/// `name` as a regex matching itself (for an `-ot` suggestion).
+fn regex_escape(name: &str) -> String {
+    name.replace('.', "\\.")
 }
 
 /// The CPU's index; names must be unique.

@@ -20,7 +20,7 @@ impl Plan {
     }
 
     /// Everything in the plan as JSON: `devices[]`, `tensors[]`, `layers[]`, `rules[]`,
-    /// `fits`, `messages[]` and the settings it was made for.
+    /// `fits`, `unsupported[]`, `messages[]` and the settings it was made for.
     pub fn to_json(&self) -> Value {
         let devices: Vec<Value> = self
             .devices
@@ -100,6 +100,7 @@ impl Plan {
             "cache_type_k": kv_type_name(self.kv_types.k),
             "cache_type_v": kv_type_name(self.kv_types.v),
             "fits": self.fits,
+            "unsupported": self.unsupported,
             "output_device": self.device_name(self.output_device),
             "devices": devices,
             "layers": layers,
@@ -143,10 +144,14 @@ impl Plan {
             self.n_ubatch,
         ));
         out.push_str(if self.fits {
-            "fits: yes\n\n"
+            "fits: yes\n"
         } else {
-            "fits: NO\n\n"
+            "fits: NO\n"
         });
+        for u in &self.unsupported {
+            out.push_str(&format!("cannot run: {u}\n"));
+        }
+        out.push('\n');
 
         // The "state" column (indexer keys, recurrent state) only for models that keep any.
         let state = self.has_state();
