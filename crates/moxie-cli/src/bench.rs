@@ -131,7 +131,7 @@ fn params_label(n: u64) -> String {
 struct Row {
     model: String,
     /// llama-bench's backend column: "CUDA" when a GPU holds part of the model, else "CPU".
-    backend: &'static str,
+    backend: String,
     file: String,
     size: u64,
     params: u64,
@@ -146,15 +146,20 @@ struct Row {
 /// llama-bench's name for the backend that runs `model`: "CUDA" as soon as a GPU holds any of
 /// it (llama-bench names its build's GPU backend whatever `-ngl` is), else "CPU" (simulated
 /// devices compute with the CPU kernels).
-fn backend_name(model: &Model) -> &'static str {
-    let on_gpu = model
+/// The devices the model runs on: `CPU`, then each GPU or simulated device that holds weights
+/// (`CPU+CUDA0,CUDA1`), where llama-bench names its backend (`CUDA`).
+fn backend_name(model: &Model) -> String {
+    let others: Vec<&str> = model
         .devices
         .iter()
-        .any(|d| d.kind == moxie_core::device::DeviceKind::Gpu && d.stats().peak_bytes > 0);
-    if on_gpu {
-        "CUDA"
+        .skip(1)
+        .filter(|d| d.stats().peak_bytes > 0)
+        .map(|d| d.name.as_str())
+        .collect();
+    if others.is_empty() {
+        "CPU".to_owned()
     } else {
-        "CPU"
+        format!("CPU+{}", others.join(","))
     }
 }
 
@@ -267,7 +272,7 @@ pub fn main(a: Args, matches: &clap::ArgMatches) -> Result<()> {
                         }
                         let row = Row {
                             model: desc.clone(),
-                            backend,
+                            backend: backend.clone(),
                             file: path.display().to_string(),
                             size,
                             params,

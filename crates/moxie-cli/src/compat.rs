@@ -90,7 +90,8 @@ const IGNORED: &[Ignored] = &[
     Ignored {
         flag: "--attention-max-batch",
         value: Value::Required,
-        instead: "moxie's prompt attention works in chunks of 128 tokens whatever the context",
+        instead: "moxie's prompt attention holds one 512-position tile of the cache per thread \
+                  (a few MiB) whatever the context",
     },
     Ignored {
         flag: "--graph-reuse",

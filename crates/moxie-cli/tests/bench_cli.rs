@@ -105,6 +105,11 @@ fn cache_types_are_benchmarked_and_reported() {
         "{out}"
     );
     assert_eq!(out.matches(",q8_0,f16,").count(), 2, "{out}");
+    // The backend column names the devices holding weights.
+    let o = run(&["--sim", "1GiB", "-ngl", "2"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(out.matches("| CPU+sim0 |").count(), 2, "{out}");
     let o = run(&["-ctv", "q4_0"]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success());

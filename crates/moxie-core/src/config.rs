@@ -11,6 +11,7 @@ use crate::{Error, Result};
 /// Architectures moxie can run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arch {
+    Llama,
     Deepseek2,
     GlmDsa,
     Glm4Moe,
@@ -19,7 +20,8 @@ pub enum Arch {
 }
 
 impl Arch {
-    pub const SUPPORTED: [(&'static str, Arch); 5] = [
+    pub const SUPPORTED: [(&'static str, Arch); 6] = [
+        ("llama", Arch::Llama),
         ("deepseek2", Arch::Deepseek2),
         ("glm-dsa", Arch::GlmDsa),
         ("glm4moe", Arch::Glm4Moe),
@@ -298,7 +300,9 @@ impl Config {
         let n_expert_used = k.uint_opt("expert_used_count")?.unwrap_or(0);
         let n_expert_groups = k.uint_opt("expert_group_count")?.unwrap_or(0);
         let n_group_used = k.uint_opt("expert_group_used_count")?.unwrap_or(0);
-        if n_expert == 0 || n_expert_used == 0 || n_expert_used > n_expert {
+        // Dense llama files have no experts (Mixtral, also `llama`, has them).
+        let dense = arch == Arch::Llama && n_expert == 0 && n_expert_used == 0;
+        if !dense && (n_expert == 0 || n_expert_used == 0 || n_expert_used > n_expert) {
             return Err(Error::Model(format!(
                 "metadata: {arch_name} needs expert_count > 0 and 0 < expert_used_count <= expert_count (got {n_expert}, {n_expert_used})"
             )));

@@ -7,6 +7,7 @@ pub mod deepseek2;
 pub mod glm4moe;
 pub mod glm_dsa;
 pub mod legacy_mla;
+pub mod llama;
 pub mod qwen3moe;
 pub mod qwen3next;
 
@@ -35,6 +36,7 @@ pub(crate) struct ArchDef {
 /// The definition of `arch`.
 pub(crate) fn def(arch: Arch) -> &'static ArchDef {
     match arch {
+        Arch::Llama => &llama::DEF,
         Arch::Deepseek2 => &deepseek2::DEF,
         Arch::GlmDsa => &glm_dsa::DEF,
         Arch::Glm4Moe => &glm4moe::DEF,
