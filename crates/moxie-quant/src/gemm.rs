@@ -4,7 +4,7 @@
 //! scale (and, for K-quants with mins, one float min) per sub-block of `S` elements, and stored
 //! interleaved in groups of four (`[k/4][16 rows][4]`) so that one `vpdpbusd` multiplies four
 //! elements of 16 weight rows by four broadcast activation bytes. Activations stay ggml's dot
-//! partner (Q8_K or Q8_0) with their headers stripped. Each sub-block's integer sum is exactly
+//! partner (Q8_K, Q8_0, or Q8_1 for Q4_1) with their headers stripped. Each sub-block's integer sum is exactly
 //! ggml's (the offset is removed with the activation block sums, in integers); only the float
 //! accumulation order differs from `vec_dot`, so results agree to float rounding, not bit for
 //! bit. moxie's exact mode keeps ggml's order and does not come here.
@@ -123,12 +123,14 @@ impl SubBlockSums {
 }
 
 impl GemmActs {
-    /// Prepare `acts`: `row_bytes` per token of activation type `act` (Q8_K or Q8_0), `n_in`
+    /// Prepare `acts`: `row_bytes` per token of activation type `act` (Q8_K, Q8_0, Q8_1), `n_in`
     /// values each. `None` for another type or sizes that disagree.
     pub fn new(act: GgmlType, n_in: usize, acts: &[u8], row_bytes: usize) -> Option<GemmActs> {
         let (block, block_bytes, header) = match act {
             GgmlType::Q8_K => (256, 292, 4),
             GgmlType::Q8_0 => (32, 34, 2),
+            // Q8_0 with the block sum's f16 after the scale; the sums are recomputed here.
+            GgmlType::Q8_1 => (32, 36, 4),
             _ => return None,
         };
         if n_in == 0
@@ -142,6 +144,9 @@ impl GemmActs {
         let mut q = vec![0i8; n_tok * n_in];
         let mut dx = Vec::with_capacity(n_tok * n_in / block);
         let mut sum16 = Vec::with_capacity(n_tok * n_in / 16);
+        // Q8_1's own `d * sum` per block (rounded to f16 as ggml stores it): the mins term
+        // takes it, as ggml's Q4_1 dot does.
+        let mut stored_s = Vec::new();
         for (row, qrow) in acts.chunks_exact(row_bytes).zip(q.chunks_exact_mut(n_in)) {
             for (blk, qb) in row
                 .chunks_exact(block_bytes)
@@ -151,6 +156,9 @@ impl GemmActs {
                     GgmlType::Q8_K => rd_f32(blk, 0),
                     _ => rd_f16(blk, 0),
                 });
+                if act == GgmlType::Q8_1 {
+                    stored_s.push(rd_f16(blk, 2));
+                }
                 for (d, &v) in qb.iter_mut().zip(&blk[header..header + block]) {
                     *d = v as i8;
                 }
@@ -166,13 +174,17 @@ impl GemmActs {
                 }
             }
         }
+        let mut by32 = SubBlockSums::new(&sum16, &dx, 32, block);
+        if act == GgmlType::Q8_1 {
+            by32.scaled = stored_s;
+        }
         Some(GemmActs {
             act,
             n_in,
             n_tok,
             q,
             by16: SubBlockSums::new(&sum16, &dx, 16, block),
-            by32: SubBlockSums::new(&sum16, &dx, 32, block),
+            by32,
             dx,
         })
     }
@@ -232,6 +244,15 @@ pub(crate) fn decode_q4_0(row: &[u8], q: &mut [u8], scale: &mut [f32], _min: &mu
     for (b, x) in row.chunks_exact(18).enumerate() {
         scale[b] = rd_f16(x, 0);
         q[32 * b..32 * (b + 1)].copy_from_slice(&quants_4bit(&x[2..18]));
+    }
+}
+
+/// Q4_1: `w = d * q + m` with q in 0..16, so the min the kernel subtracts is `-m`.
+pub(crate) fn decode_q4_1(row: &[u8], q: &mut [u8], scale: &mut [f32], min: &mut [f32]) {
+    for (b, x) in row.chunks_exact(20).enumerate() {
+        scale[b] = rd_f16(x, 0);
+        min[b] = -rd_f16(x, 2);
+        q[32 * b..32 * (b + 1)].copy_from_slice(&quants_4bit(&x[4..20]));
     }
 }
 
@@ -1392,6 +1413,7 @@ mod tests {
             GgmlType::Q6_K,
             GgmlType::Q8_0,
             GgmlType::Q4_0,
+            GgmlType::Q4_1,
             GgmlType::Q5_0,
         ];
         for ty in types.into_iter().chain(GgmlType::IQ_GRID) {

@@ -341,12 +341,21 @@ const ROWS: [TypeRow; 53] = [
             ),
             ImatrixQuantizer::Weighted(weighted::quantize_row_q4_1_imatrix),
         )),
-        dot: Some(dot(
-            T::Q8_1,
-            legacy::vec_dot_q4_1_q8_1,
-            x86!(avx2::dot_q4_1),
-            None,
-        )),
+        dot: Some(Dot {
+            gemm: Some(GemmLayout {
+                sub: 32,
+                mins: true,
+                offset: 0,
+                decode: gemm::decode_q4_1,
+                unpack_tile: None,
+            }),
+            ..dot(
+                T::Q8_1,
+                legacy::vec_dot_q4_1_q8_1,
+                x86!(avx2::dot_q4_1),
+                None,
+            )
+        }),
         ..layout(T::Q4_1, "Q4_1", 32, 20)
     },
     TypeRow {
