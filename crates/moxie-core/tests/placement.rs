@@ -511,6 +511,18 @@ fn glm_5_1_plans_from_its_generated_header() {
     assert_eq!(dev(&cpu_moe, "blk.78.ffn_up_exps.weight"), "unused");
     assert_eq!(dev(&cpu_moe, "blk.40.attn_kv_a_mqa.weight"), "CUDA0");
     assert!(cpu_moe.fits, "{:?}", cpu_moe.messages);
+    // At 131072 positions the GPU's compute holds the indexer's scores of one ubatch over the
+    // cache (what its dsa_scores kernel fills), and nothing else grows with the context.
+    let compute = |n_ctx: usize| {
+        let long = RunShape {
+            n_ctx: Some(n_ctx),
+            ..run(KvTypes::default())
+        };
+        let opts = opts(vec![PlacementArg::CpuMoe], Some(999));
+        let p = plan_for_file(&file, &opts, &gpus(&[96 * GIB]), &long).unwrap();
+        p.devices[1].compute_bytes
+    };
+    assert_eq!(compute(131072) - compute(4096), 512 * 4 * (131072 - 4096));
 
     let fit = PlacementOptions {
         fit: true,

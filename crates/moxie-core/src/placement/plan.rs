@@ -337,6 +337,10 @@ struct ComputeEstimate {
     /// independent of the context. GPUs' attention kernel holds nothing beyond the
     /// activations.
     cpu_attention: u64,
+    /// DeepSeek sparse attention's indexer scores of one ubatch over the whole cache, f32, on a
+    /// GPU that runs layers (its `dsa_scores` kernel fills them before the top-k; the CPU scores
+    /// one token at a time in tiles instead). 0 without an indexer.
+    gpu_indexer: u64,
     /// The logits of one ubatch, f32, where the output layer runs.
     logits: u64,
 }
@@ -354,9 +358,15 @@ impl ComputeEstimate {
             model.attn_head_k,
             model.attn_head_v,
         );
+        let indexer = model.kv.iter().any(|s| s.indexer_keys.is_some());
         ComputeEstimate {
             activations: ub * 4 * per_token as u64,
             cpu_attention: run.n_threads.max(1) as u64 * per_thread,
+            gpu_indexer: if indexer {
+                ub * 4 * run.kv_positions(model) as u64
+            } else {
+                0
+            },
             logits: ub * 4 * model.n_vocab as u64,
         }
     }
@@ -378,7 +388,9 @@ impl Load {
         let mut c = 0;
         if self.runs_layers {
             c += est.activations;
-            if !kind.is_gpu() {
+            if kind.is_gpu() {
+                c += est.gpu_indexer;
+            } else {
                 c += est.cpu_attention;
             }
         }
