@@ -61,6 +61,15 @@ pub struct Args {
     /// Largest request body accepted, in bytes (larger: 413).
     #[arg(long = "max-body-bytes", default_value_t = 16 << 20)]
     max_body_bytes: usize,
+    /// Keep the routing profile (per MoE layer and expert: selections and routing weight, for
+    /// prompts and for generated tokens) in this JSON file: rewritten atomically every
+    /// --profile-interval seconds and at shutdown, added to what the file already holds (a
+    /// profile of another model is refused).
+    #[arg(long = "profile-out", value_name = "FILE")]
+    profile_out: Option<std::path::PathBuf>,
+    /// Seconds between --profile-out writes.
+    #[arg(long = "profile-interval", value_name = "SECS", default_value_t = 60)]
+    profile_interval: u64,
 }
 
 /// llama-server's sampling flags: the defaults of requests that do not set them.
@@ -193,18 +202,33 @@ pub fn main(a: Args, matches: &ArgMatches) -> Result<()> {
         a.reasoning,
         a.reasoning_budget
     );
-    let state = Arc::new(
-        AppState::new(
-            engine,
-            prompter,
-            model_name,
-            a.api_key.clone(),
-            a.max_body_bytes,
-            n_vocab,
-            n_ctx_train,
-        )
-        .with_defaults(defaults),
-    );
+    let mut app = AppState::new(
+        engine,
+        prompter,
+        model_name,
+        a.api_key.clone(),
+        a.max_body_bytes,
+        n_vocab,
+        n_ctx_train,
+    )
+    .with_defaults(defaults);
+    if let Some(path) = &a.profile_out {
+        if a.profile_interval == 0 {
+            bail!("--profile-interval must be at least 1 second");
+        }
+        let every = std::time::Duration::from_secs(a.profile_interval);
+        let what = || format!("--profile-out {}", path.display());
+        let out = moxie_server::ProfileOut::open(path.clone(), every).with_context(what)?;
+        // Refuse another model's profile now, not at the first write.
+        out.write(&app.engine.routing).with_context(what)?;
+        eprintln!(
+            "routing profile: {} (every {} s and at shutdown)",
+            path.display(),
+            a.profile_interval
+        );
+        app = app.with_profile_out(out);
+    }
+    let state = Arc::new(app);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -595,3 +595,109 @@ fn recurrent_slot_reusing_a_prefix_answers_as_a_fresh_slot() {
         );
     }
 }
+
+/// Routing telemetry (issue 19): `/metrics` has per-layer routing summaries, and
+/// `--profile-out` writes every MoE layer's selections at shutdown (SIGTERM), added to what the
+/// file held, so two runs of the server leave the sum of both.
+#[test]
+fn routing_profile_accumulates_across_restarts() {
+    let dir = std::env::temp_dir().join(format!("moxie-profile-out-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("routing.json");
+    let p = path.to_str().unwrap();
+    let run = || {
+        let mut s = Server::start(MODEL, &["-t", "1", "--profile-out", p]);
+        let body = json!({"messages": user("Count to three."), "max_tokens": 6, "temperature": 0});
+        let r = s.post("/v1/chat/completions", &body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let usage = r.json()["usage"].clone();
+        let metrics = s.get("/metrics").text();
+        for line in [
+            "moxie_routing_tokens_total{layer=\"0\",phase=\"prefill\"}",
+            "moxie_routing_tokens_total{layer=\"1\",phase=\"decode\"}",
+            "moxie_routing_experts_for_share{layer=\"1\",share=\"0.5\"}",
+            "moxie_routing_top_expert_share{layer=\"0\"}",
+        ] {
+            assert!(metrics.contains(line), "{line} missing from:\n{metrics}");
+        }
+        let killed = std::process::Command::new("kill")
+            .args(["-TERM", &s.pid().to_string()])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        assert!(
+            s.child.wait().unwrap().success(),
+            "{}",
+            s.log.lock().unwrap()
+        );
+        (
+            usage["prompt_tokens"].as_u64().unwrap(),
+            usage["completion_tokens"].as_u64().unwrap(),
+        )
+    };
+    let read =
+        || -> Value { serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap() };
+    let (prompt, completion) = run();
+    let first = read();
+    assert_eq!(first["format"], "moxie-routing-profile");
+    let layers = first["layers"].as_array().unwrap();
+    assert_eq!(layers.len(), 2, "qwen3moe tiny has two MoE layers");
+    let n_expert = first["n_expert"].as_u64().unwrap() as usize;
+    for l in layers {
+        let (pre, dec) = (&l["prefill"], &l["decode"]);
+        assert_eq!(pre["tokens"], prompt, "{l}");
+        // Every generated token but the last is fed back one at a time.
+        let decoded = dec["tokens"].as_u64().unwrap();
+        assert!(
+            (completion.saturating_sub(1)..=completion).contains(&decoded),
+            "{l}"
+        );
+        for (phase, tokens) in [(pre, prompt), (dec, decoded)] {
+            let counts = phase["counts"].as_array().unwrap();
+            assert_eq!(counts.len(), n_expert);
+            let selected: u64 = counts.iter().map(|c| c.as_u64().unwrap()).sum();
+            assert_eq!(selected, 2 * tokens, "top-2 routing: {l}");
+            let mass: f64 = phase["mass"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| m.as_f64().unwrap())
+                .sum();
+            assert!(
+                (mass - tokens as f64).abs() < 1e-3 * (1 + tokens) as f64,
+                "weights sum to 1 per token: {l}"
+            );
+        }
+    }
+    // A second run adds its counters to the file's.
+    let (prompt2, _) = run();
+    let second = read();
+    assert_eq!(
+        second["layers"][0]["prefill"]["tokens"].as_u64().unwrap(),
+        prompt + prompt2
+    );
+    // Another model's profile in the file: refused at start, the file left alone.
+    let mut other = second.clone();
+    other["n_expert"] = json!(3);
+    std::fs::write(&path, other.to_string()).unwrap();
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_moxie"))
+        .args([
+            "serve",
+            "-m",
+            &fixture_model(MODEL),
+            "--port",
+            "0",
+            "--profile-out",
+            p,
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(
+        err.contains("--profile-out") && err.contains("routing.json"),
+        "{err}"
+    );
+    assert_eq!(read()["n_expert"], 3);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -17,6 +17,7 @@ use crate::model::{Logits, Model};
 use crate::ops;
 use crate::parallel::Parallel;
 use crate::state::{LayerState, SeqState};
+use crate::telemetry::Phase;
 use crate::Result;
 
 /// A block of a layer: `x += f(h)` for the normed hidden state `h` of the batch, on the device
@@ -144,10 +145,18 @@ impl Model {
         self.check_tokens(tokens, state)?;
         let out = self.with_pass(tokens.len(), state.len(), par, |p| {
             let mut x = self.embeddings.run(p, tokens)?;
+            let phase = Phase::of_batch(tokens.len());
             for (il, layer) in self.layers.iter().enumerate() {
                 let st = state.layer_mut(il);
                 p.sublayer(&mut x, &layer.attn_norm, layer.mixer.block(), st)?;
+                // Routes the host saw (its own router's, or a GPU router's brought down for
+                // host experts); a layer routed and run on one GPU leaves none.
+                p.moe.clear_routes();
                 p.sublayer(&mut x, &layer.ffn_norm, layer.ffn.block(), st)?;
+                let routes = p.moe.routes();
+                if !routes.is_empty() {
+                    self.routing.record(il, phase, tokens.len(), routes);
+                }
             }
             self.head.run(p, &mut x, which, want_hidden)
         })?;

@@ -25,6 +25,7 @@ mod scratch;
 mod spin_pool;
 pub mod state;
 pub mod synth;
+pub mod telemetry;
 pub mod tensor;
 
 pub use blocks::attention::batch_scratch_bytes;

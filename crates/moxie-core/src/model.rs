@@ -18,6 +18,7 @@ use crate::loader::TensorSource;
 use crate::parallel::Parallel;
 use crate::progress::{NoProgress, Progress};
 use crate::state::{KvTypes, LayerStateSpec, SeqState};
+use crate::telemetry::RoutingStats;
 use crate::tensor::Tensor;
 use crate::{Error, Result};
 
@@ -51,6 +52,9 @@ pub struct Model {
     /// Batches of at least this many tokens stream host-resident routed experts to the GPU
     /// running their layer's router (`usize::MAX`: never). See [`Model::calibrate_op_offload`].
     op_offload_min_batch: AtomicUsize,
+    /// Which experts each MoE layer's tokens selected, always counted
+    /// ([`crate::telemetry`]).
+    pub routing: Arc<RoutingStats>,
 }
 
 /// MoE buffers for forward passes: each pass takes a set and gives it back, so concurrent
@@ -151,6 +155,10 @@ impl Model {
         } else {
             None
         };
+        let layers_moe = layers
+            .iter()
+            .map(|l| matches!(l.ffn, crate::blocks::Ffn::Moe(_)));
+        let routing = Arc::new(RoutingStats::new(c.arch.name(), c.n_expert, layers_moe));
         let model = Model {
             config,
             file: Arc::clone(&file),
@@ -162,6 +170,7 @@ impl Model {
             scratch: ScratchPool::default(),
             gpu_scratch: Default::default(),
             op_offload_min_batch: AtomicUsize::new(usize::MAX),
+            routing,
         };
         model.check_types()?;
         Ok(model)

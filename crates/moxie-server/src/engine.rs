@@ -115,6 +115,8 @@ pub struct Engine {
     queue: Mutex<Queue>,
     wake: Condvar,
     pub metrics: Arc<Metrics>,
+    /// The model's routing counters (read by `/metrics` and `--profile-out`).
+    pub routing: Arc<moxie_core::telemetry::RoutingStats>,
     pub config: EngineConfig,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
@@ -148,6 +150,7 @@ impl Engine {
             }),
             wake: Condvar::new(),
             metrics,
+            routing: model.routing.clone(),
             config,
             thread: Mutex::new(None),
         });

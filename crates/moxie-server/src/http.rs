@@ -35,7 +35,40 @@ pub struct AppState {
     /// What requests get for the settings they leave out.
     pub defaults: GenDefaults,
     pub created: u64,
+    /// Where `--profile-out` keeps the routing profile, if anywhere.
+    pub profile: Option<ProfileOut>,
     next_id: AtomicU64,
+}
+
+/// `moxie serve --profile-out FILE`: the routing counters written to `path` (atomically) every
+/// `every` and at shutdown, added to what the file held when the server started, so the
+/// profile accumulates across restarts.
+pub struct ProfileOut {
+    pub path: std::path::PathBuf,
+    pub every: std::time::Duration,
+    base: Option<moxie_core::telemetry::RoutingProfile>,
+}
+
+impl ProfileOut {
+    /// Read what `path` already holds (a profile of another model is an error naming it).
+    pub fn open(
+        path: std::path::PathBuf,
+        every: std::time::Duration,
+    ) -> moxie_core::Result<ProfileOut> {
+        let base = moxie_core::telemetry::RoutingProfile::read(&path)?;
+        Ok(ProfileOut { path, every, base })
+    }
+
+    /// Write the file now: the starting profile plus the counters of `stats`.
+    pub fn write(&self, stats: &moxie_core::telemetry::RoutingStats) -> moxie_core::Result<()> {
+        let mut p = stats.snapshot();
+        if let Some(base) = &self.base {
+            let mut total = base.clone();
+            total.merge(&p)?;
+            p = total;
+        }
+        p.write_atomic(&self.path)
+    }
 }
 
 impl AppState {
@@ -59,6 +92,7 @@ impl AppState {
             n_ctx_train,
             defaults: GenDefaults::default(),
             created: unix_now(),
+            profile: None,
             next_id: AtomicU64::new(1),
         }
     }
@@ -66,6 +100,12 @@ impl AppState {
     /// With `defaults` for what requests leave out (the server's sampling flags).
     pub fn with_defaults(mut self, defaults: GenDefaults) -> AppState {
         self.defaults = defaults;
+        self
+    }
+
+    /// Keep the routing profile in a file (`--profile-out`).
+    pub fn with_profile_out(mut self, profile: ProfileOut) -> AppState {
+        self.profile = Some(profile);
         self
     }
 
@@ -128,7 +168,7 @@ async fn health(State(s): State<Arc<AppState>>) -> Json<Value> {
 async fn metrics(State(s): State<Arc<AppState>>) -> Response {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        s.engine.metrics.render(),
+        s.engine.metrics.render() + &crate::metrics::render_routing(&s.engine.routing.snapshot()),
     )
         .into_response()
 }

@@ -22,7 +22,7 @@ pub mod tool_calls;
 
 pub use engine::{Engine, EngineConfig};
 pub use error::ApiError;
-pub use http::{router, AppState};
+pub use http::{router, AppState, ProfileOut};
 pub use metrics::Metrics;
 pub use prompt::{Prompter, ReasoningMode};
 pub use request::GenDefaults;
@@ -33,12 +33,40 @@ pub async fn serve(
     state: std::sync::Arc<AppState>,
 ) -> std::io::Result<()> {
     let engine = state.engine.clone();
+    let profile_state = state.clone();
+    // `--profile-out`: the routing profile rewritten every interval while serving.
+    let writer = state.profile.as_ref().map(|p| {
+        let (state, every) = (state.clone(), p.every);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.tick().await; // the first tick is immediate
+            loop {
+                tick.tick().await;
+                write_profile(&state);
+            }
+        })
+    });
     let app = router(state);
     let res = axum::serve(listener, app)
         .with_graceful_shutdown(shutdown_signal())
         .await;
     engine.shutdown();
+    if let Some(w) = writer {
+        w.abort();
+    }
+    // And once more with everything the engine counted.
+    write_profile(&profile_state);
     res
+}
+
+/// Write the routing profile if `--profile-out` asked for one; a failure is reported, not
+/// fatal (the server keeps serving).
+fn write_profile(state: &AppState) {
+    if let Some(p) = &state.profile {
+        if let Err(e) = p.write(&state.engine.routing) {
+            eprintln!("warning: --profile-out: {e}");
+        }
+    }
 }
 
 async fn shutdown_signal() {

@@ -162,3 +162,70 @@ impl Metrics {
         s
     }
 }
+
+/// Per-layer routing summaries in Prometheus' text format: tokens routed per layer and phase,
+/// and how concentrated each layer's selections are (the fewest experts that took half and
+/// nine tenths of them, and the busiest expert's share).
+pub fn render_routing(p: &moxie_core::telemetry::RoutingProfile) -> String {
+    use moxie_core::telemetry::Phase;
+    let mut s = String::new();
+    if p.layers.is_empty() {
+        return s;
+    }
+    let _ = writeln!(
+        s,
+        "# HELP moxie_routing_tokens_total Tokens routed by each MoE layer, per phase."
+    );
+    let _ = writeln!(s, "# TYPE moxie_routing_tokens_total counter");
+    for l in &p.layers {
+        for (phase, name) in [(Phase::Prefill, "prefill"), (Phase::Decode, "decode")] {
+            let _ = writeln!(
+                s,
+                "moxie_routing_tokens_total{{layer=\"{}\",phase=\"{name}\"}} {}",
+                l.layer, l.tokens[phase as usize]
+            );
+        }
+    }
+    let _ = writeln!(
+        s,
+        "# HELP moxie_routing_experts_for_share The fewest experts of a layer that took this \
+         share of its selections (both phases; of {} experts).",
+        p.n_expert
+    );
+    let _ = writeln!(s, "# TYPE moxie_routing_experts_for_share gauge");
+    for l in &p.layers {
+        for share in [0.5, 0.9] {
+            let _ = writeln!(
+                s,
+                "moxie_routing_experts_for_share{{layer=\"{}\",share=\"{share}\"}} {}",
+                l.layer,
+                l.experts_for_share(None, share)
+            );
+        }
+    }
+    let _ = writeln!(
+        s,
+        "# HELP moxie_routing_top_expert_share The busiest expert's share of a layer's selections."
+    );
+    let _ = writeln!(s, "# TYPE moxie_routing_top_expert_share gauge");
+    for l in &p.layers {
+        let total: Vec<u64> = l.counts[0]
+            .iter()
+            .zip(&l.counts[1])
+            .map(|(a, b)| a + b)
+            .collect();
+        let sum: u64 = total.iter().sum();
+        let top = total.iter().copied().max().unwrap_or(0);
+        let share = if sum > 0 {
+            top as f64 / sum as f64
+        } else {
+            0.0
+        };
+        let _ = writeln!(
+            s,
+            "moxie_routing_top_expert_share{{layer=\"{}\"}} {share}",
+            l.layer
+        );
+    }
+    s
+}

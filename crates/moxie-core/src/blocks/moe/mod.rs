@@ -309,6 +309,11 @@ impl MoeScratch {
         &self.routes
     }
 
+    /// Forget the last routes (so a layer that routes nowhere on the host leaves none).
+    pub fn clear_routes(&mut self) {
+        self.routes.clear();
+    }
+
     /// Routes chosen elsewhere (by a GPU's router): `ids[i]` with `weights[i]`, top-k per
     /// token, token after token. Fails on an expert id outside `0..n_expert`.
     pub fn set_routes(&mut self, ids: &[i32], weights: &[f32], n_expert: usize) -> Result<()> {
