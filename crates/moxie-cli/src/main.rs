@@ -7,6 +7,7 @@ mod gen;
 mod inspect;
 mod placement_args;
 mod plan;
+mod profile;
 mod progress;
 mod quantize;
 mod run;
@@ -53,6 +54,9 @@ enum Cmd {
     /// -ngl/-sm/-ts/-mg, or --fit to the budgets), bytes per device, and whether it fits.
     /// Reads the header only.
     Plan(plan::Args),
+    /// Which experts a workload selects: run prompts and write the routing profile (per MoE
+    /// layer and expert), or `profile show FILE [--svg F]` to summarise and draw one.
+    Profile(profile::Args),
     /// OpenAI-compatible HTTP server (llama-server's endpoints and flags): chat and text
     /// completions with streaming, tools and reasoning; slots; /v1/models, /health, /metrics.
     Serve(serve::Args),
@@ -86,6 +90,7 @@ fn main() -> ExitCode {
         Cmd::SweepBench(a) => sweep_bench::main(a),
         Cmd::Plan(a) => plan::main(a, subcommand(&matches, "plan")),
         Cmd::Serve(a) => serve::main(a, subcommand(&matches, "serve")),
+        Cmd::Profile(a) => profile::main(a, subcommand(&matches, "profile")),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,
@@ -146,6 +151,7 @@ pub(crate) fn open_gguf(
 fn parse_launch_line(
     args: Vec<std::ffi::OsString>,
 ) -> Result<(clap::ArgMatches, Vec<String>), String> {
+    let args = profile::with_run(args);
     let sub = args
         .iter()
         .skip(1)
