@@ -29,7 +29,7 @@ pub struct Args {
 #[derive(Subcommand)]
 enum Sub {
     /// Run prompts and write the routing profile (`moxie profile -m MODEL ...` for short).
-    Run(Collect),
+    Run(Box<Collect>),
     /// Summarise a profile per layer; `--svg` draws its heatmap.
     Show(ShowArgs),
 }
@@ -84,7 +84,7 @@ struct Collect {
 pub fn main(a: Args, matches: &ArgMatches) -> Result<()> {
     match a.cmd {
         Sub::Show(s) => show(s),
-        Sub::Run(c) => collect(c, matches.subcommand_matches("run").unwrap_or(matches)),
+        Sub::Run(c) => collect(*c, matches.subcommand_matches("run").unwrap_or(matches)),
     }
 }
 
