@@ -32,6 +32,26 @@ enum Sub {
     Run(Box<Collect>),
     /// Summarise a profile per layer; `--svg` draws its heatmap.
     Show(ShowArgs),
+    /// Replay a routing trace (`profile -m ... --trace T`) against a VRAM expert cache and
+    /// report the expert bytes per token it leaves to the CPU.
+    Simulate(SimulateArgs),
+}
+
+#[derive(clap::Args)]
+struct SimulateArgs {
+    /// A routing trace (`moxie profile --trace`).
+    #[arg(long)]
+    trace: PathBuf,
+    /// The model the trace came from (its header gives each layer's expert bytes).
+    #[arg(short = 'm', long = "model")]
+    model: PathBuf,
+    /// VRAM for experts, e.g. 24GiB (several GPUs: their sum, `24GiB,24GiB`).
+    #[arg(long)]
+    gpu: String,
+    /// Cache policy: static (the trace's most selected experts, fixed), lru, lfu (default:
+    /// all three).
+    #[arg(long)]
+    policy: Option<String>,
 }
 
 /// `moxie profile -m MODEL ...` as `moxie profile run -m MODEL ...`: the arguments after
@@ -40,7 +60,10 @@ pub fn with_run(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
     let at = args.iter().position(|a| a == "profile");
     if let Some(i) = at {
         let next = args.get(i + 1).and_then(|a| a.to_str());
-        if !matches!(next, Some("run" | "show" | "help" | "-h" | "--help") | None) {
+        if !matches!(
+            next,
+            Some("run" | "show" | "simulate" | "help" | "-h" | "--help") | None
+        ) {
             args.insert(i + 1, "run".into());
         }
     }
@@ -79,11 +102,16 @@ struct Collect {
     /// Where to write the profile.
     #[arg(short = 'o', long = "out", default_value = "profile.json")]
     out: PathBuf,
+    /// Also write every routed token's selections (token x layer x top-k) here, for
+    /// `moxie profile simulate`.
+    #[arg(long)]
+    trace: Option<PathBuf>,
 }
 
 pub fn main(a: Args, matches: &ArgMatches) -> Result<()> {
     match a.cmd {
         Sub::Show(s) => show(s),
+        Sub::Simulate(s) => simulate(s),
         Sub::Run(c) => collect(*c, matches.subcommand_matches("run").unwrap_or(matches)),
     }
 }
@@ -144,6 +172,9 @@ fn collect(c: Collect, matches: &ArgMatches) -> Result<()> {
         n_predict: c.n_predict,
         ubatch: c.ubatch_size,
     };
+    if let Some(t) = &c.trace {
+        model.routing.trace_to(t)?;
+    }
     let (mut n_prompt, mut n_gen) = (0, 0);
     let t0 = std::time::Instant::now();
     for (i, (text, special)) in texts.iter().enumerate() {
@@ -172,6 +203,7 @@ fn collect(c: Collect, matches: &ArgMatches) -> Result<()> {
         n_prompt += stats.n_prompt;
         n_gen += stats.n_generated;
     }
+    model.routing.finish_trace()?;
     let profile = model.routing.snapshot();
     if profile.layers.is_empty() {
         bail!(
@@ -201,6 +233,58 @@ fn show(s: ShowArgs) -> Result<()> {
         eprintln!("wrote {}", svg.display());
     }
     Ok(())
+}
+
+fn simulate(a: SimulateArgs) -> Result<()> {
+    use moxie_core::telemetry::{simulate_cache, CachePolicy, RoutingTrace};
+    let budget: u64 = moxie_core::placement::parse_size_list(&a.gpu)?.iter().sum();
+    let trace = RoutingTrace::read(&a.trace)?;
+    let file = moxie_gguf::GgufFile::open_header_only(&a.model)?;
+    // One expert's bytes per layer: its three `_exps` tensors over the expert count.
+    let mut expert_bytes = vec![0u64; trace.n_layer];
+    for t in file.tensors() {
+        let layer = t
+            .name
+            .strip_prefix("blk.")
+            .and_then(|r| r.split('.').next()?.parse::<usize>().ok());
+        if let Some(l) = layer.filter(|&l| l < trace.n_layer && t.name.contains("_exps.")) {
+            expert_bytes[l] += t.n_bytes / trace.n_expert.max(1) as u64;
+        }
+    }
+    let policies = match &a.policy {
+        Some(p) => vec![(p.clone(), CachePolicy::parse(p)?)],
+        None => ["static", "lru", "lfu"]
+            .map(|p| (p.to_owned(), CachePolicy::parse(p).expect("known")))
+            .to_vec(),
+    };
+    let mib = |b: f64| b / (1u64 << 20) as f64;
+    let mut out = format!(
+        "{}: {} of VRAM for experts; expert bytes per token the CPU reads (all-CPU: with no \
+         cache)\n\npolicy  phase    tokens  hit rate  CPU MiB/token  all-CPU MiB/token  saved\n",
+        a.trace.display(),
+        moxie_core::placement::human_bytes(budget)
+    );
+    for (name, policy) in policies {
+        let s = simulate_cache(&trace, &expert_bytes, budget, policy)?;
+        for (p, phase) in [(0, "prefill"), (1, "decode")] {
+            if s.tokens[p] == 0 {
+                continue;
+            }
+            let per_tok = |b: u64| mib(b as f64 / s.tokens[p] as f64);
+            let hit = s.hits[p] as f64 / s.selections[p].max(1) as f64;
+            let saved = 1.0 - s.cpu_bytes[p] as f64 / s.all_bytes[p].max(1) as f64;
+            let _ = writeln!(
+                out,
+                "{name:<6}  {phase:<7}  {:>6}  {:>7.1}%  {:>13.2}  {:>17.2}  {:>4.1}%",
+                s.tokens[p],
+                hit * 100.0,
+                per_tok(s.cpu_bytes[p]),
+                per_tok(s.all_bytes[p]),
+                saved * 100.0
+            );
+        }
+    }
+    crate::emit(&out)
 }
 
 /// Both phases' selections of a layer per expert.

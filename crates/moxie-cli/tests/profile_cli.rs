@@ -33,6 +33,52 @@ fn profile_runs_prompts_and_shows_them() {
     assert!(o.status.success(), "{err}");
     assert!(err.contains("profiled 2 prompts"), "{err}");
     let v: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    // The trace of the same run, replayed against expert caches: none, and room for all.
+    let trace = tmp("profile", "t.bin");
+    let o = moxie(&[
+        "profile",
+        "-m",
+        &model,
+        "-f",
+        prompts.to_str().unwrap(),
+        "-n",
+        "4",
+        "-t",
+        "1",
+        "-o",
+        out.to_str().unwrap(),
+        "--trace",
+        trace.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let sim = |gpu: &str| {
+        let o = moxie(&[
+            "profile",
+            "simulate",
+            "--trace",
+            trace.to_str().unwrap(),
+            "-m",
+            &model,
+            "--gpu",
+            gpu,
+        ]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let none = sim("0");
+    assert_eq!(none.matches("   0.0%").count(), 6 * 2, "{none}");
+    let all = sim("1GiB");
+    assert_eq!(
+        all.lines().filter(|l| l.starts_with("static")).count(),
+        2,
+        "{all}"
+    );
+    assert!(
+        all.lines()
+            .filter(|l| l.starts_with("static"))
+            .all(|l| l.contains("100.0%")),
+        "{all}"
+    );
     let layers = v["layers"].as_array().unwrap();
     assert_eq!(layers.len(), 2);
     for l in layers {
@@ -117,7 +163,7 @@ fn profile_runs_prompts_and_shows_them() {
         !o.status.success() && err.contains("/nonexistent/p.json"),
         "{err}"
     );
-    for f in [prompts, out, svg, chats] {
+    for f in [prompts, out, svg, chats, trace] {
         let _ = std::fs::remove_file(f);
     }
 }

@@ -5,8 +5,10 @@
 //! JSON (atomically: a temporary file renamed over the old one), read back and merged, so a
 //! server's profile accumulates across restarts.
 
+use std::io::{BufWriter, Read, Write};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
 use serde_json::{json, Value};
 
@@ -71,6 +73,8 @@ pub struct RoutingStats {
     arch: String,
     n_expert: usize,
     layers: Vec<Option<LayerCounters>>,
+    /// Every routed token's selections, when a trace was asked for ([`RoutingStats::trace_to`]).
+    trace: Mutex<Option<TraceWriter>>,
 }
 
 impl RoutingStats {
@@ -83,6 +87,41 @@ impl RoutingStats {
                 .into_iter()
                 .map(|is_moe| is_moe.then(|| LayerCounters::new(n_expert)))
                 .collect(),
+            trace: Mutex::new(None),
+        }
+    }
+
+    /// From now on also write every routed token's selections to `path` (a [`RoutingTrace`]
+    /// file; buffered, complete once [`RoutingStats::finish_trace`] returns).
+    pub fn trace_to(&self, path: &Path) -> Result<()> {
+        let io = |e: std::io::Error| Error::Model(format!("writing {}: {e}", path.display()));
+        let mut w = BufWriter::new(std::fs::File::create(path).map_err(io)?);
+        w.write_all(TRACE_MAGIC).map_err(io)?;
+        for v in [
+            TRACE_VERSION,
+            self.n_expert as u32,
+            self.layers.len() as u32,
+        ] {
+            w.write_all(&v.to_le_bytes()).map_err(io)?;
+        }
+        *self.trace.lock().unwrap_or_else(|p| p.into_inner()) = Some(TraceWriter {
+            w,
+            path: path.to_owned(),
+            error: None,
+        });
+        Ok(())
+    }
+
+    /// Flush and close the trace, reporting the first write error it met.
+    pub fn finish_trace(&self) -> Result<()> {
+        let t = self.trace.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let Some(mut t) = t else { return Ok(()) };
+        let flushed = t.w.flush();
+        match (t.error.take(), flushed) {
+            (Some(e), _) | (None, Err(e)) => {
+                Err(Error::Model(format!("writing {}: {e}", t.path.display())))
+            }
+            _ => Ok(()),
         }
     }
 
@@ -94,6 +133,14 @@ impl RoutingStats {
         };
         let p = phase as usize;
         l.tokens[p].fetch_add(n_tok as u64, Ordering::Relaxed);
+        if let Some(t) = self
+            .trace
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_mut()
+        {
+            t.record(il, phase, n_tok, routes);
+        }
         for &(e, w) in routes {
             if e < self.n_expert {
                 l.counts[p][e].fetch_add(1, Ordering::Relaxed);
@@ -328,6 +375,252 @@ impl RoutingProfile {
     }
 }
 
+const TRACE_MAGIC: &[u8; 4] = b"MXRT";
+const TRACE_VERSION: u32 = 1;
+
+/// An open trace file: after the header (`MXRT`, version, experts, layers: u32 each), one
+/// record per layer and pass: phase (u8: 0 prefill, 1 decode), a zero byte, the layer (u16),
+/// tokens (u32), top-k (u32), then tokens x top-k expert ids (u16), token after token.
+struct TraceWriter {
+    w: BufWriter<std::fs::File>,
+    path: std::path::PathBuf,
+    error: Option<std::io::Error>,
+}
+
+impl TraceWriter {
+    fn record(&mut self, il: usize, phase: Phase, n_tok: usize, routes: &[(usize, f32)]) {
+        if self.error.is_some() || n_tok == 0 {
+            return;
+        }
+        let k = routes.len() / n_tok;
+        let mut rec = Vec::with_capacity(12 + 2 * routes.len());
+        rec.extend([phase as u8, 0]);
+        rec.extend((il as u16).to_le_bytes());
+        rec.extend((n_tok as u32).to_le_bytes());
+        rec.extend((k as u32).to_le_bytes());
+        for &(e, _) in &routes[..n_tok * k] {
+            rec.extend((e as u16).to_le_bytes());
+        }
+        if let Err(e) = self.w.write_all(&rec) {
+            self.error = Some(e);
+        }
+    }
+}
+
+/// One layer's selections in one pass of a [`RoutingTrace`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TraceRecord {
+    pub phase: Phase,
+    pub layer: usize,
+    pub n_tok: usize,
+    pub k: usize,
+    /// `n_tok * k` expert ids, token after token.
+    pub experts: Vec<u16>,
+}
+
+/// A routing trace read back: every pass's selections per layer, in the order they ran.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RoutingTrace {
+    pub n_expert: usize,
+    pub n_layer: usize,
+    pub records: Vec<TraceRecord>,
+}
+
+impl RoutingTrace {
+    /// Read a trace file; a truncated or foreign file is an error naming the byte offset.
+    pub fn read(path: &Path) -> Result<RoutingTrace> {
+        let what = path.display().to_string();
+        let mut bytes = Vec::new();
+        std::fs::File::open(path)
+            .and_then(|mut f| f.read_to_end(&mut bytes))
+            .map_err(|e| Error::Model(format!("reading {what}: {e}")))?;
+        let bad = |at: usize, why: &str| {
+            Error::Model(format!(
+                "{what}: not a moxie routing trace at byte {at}: {why}"
+            ))
+        };
+        let u32_at = |at: usize| -> Result<u32> {
+            bytes
+                .get(at..at + 4)
+                .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+                .ok_or_else(|| bad(at, "truncated"))
+        };
+        if bytes.get(..4) != Some(TRACE_MAGIC.as_slice()) || u32_at(4)? != TRACE_VERSION {
+            return Err(bad(0, "magic or version"));
+        }
+        let (n_expert, n_layer) = (u32_at(8)? as usize, u32_at(12)? as usize);
+        let mut records = Vec::new();
+        let mut at = 16;
+        while at < bytes.len() {
+            let phase = match bytes[at] {
+                0 => Phase::Prefill,
+                1 => Phase::Decode,
+                _ => return Err(bad(at, "phase")),
+            };
+            let layer = bytes
+                .get(at + 2..at + 4)
+                .map(|b| u16::from_le_bytes([b[0], b[1]]) as usize)
+                .ok_or_else(|| bad(at, "truncated"))?;
+            let (n_tok, k) = (u32_at(at + 4)? as usize, u32_at(at + 8)? as usize);
+            let n = n_tok.checked_mul(k).filter(|&n| n <= bytes.len());
+            let ids = n
+                .and_then(|n| bytes.get(at + 12..at + 12 + 2 * n))
+                .ok_or_else(|| bad(at, "truncated record"))?;
+            let experts: Vec<u16> = ids
+                .chunks_exact(2)
+                .map(|b| u16::from_le_bytes([b[0], b[1]]))
+                .collect();
+            if layer >= n_layer || experts.iter().any(|&e| e as usize >= n_expert) {
+                return Err(bad(at, "layer or expert out of range"));
+            }
+            at += 12 + 2 * experts.len();
+            records.push(TraceRecord {
+                phase,
+                layer,
+                n_tok,
+                k,
+                experts,
+            });
+        }
+        Ok(RoutingTrace {
+            n_expert,
+            n_layer,
+            records,
+        })
+    }
+}
+
+/// How a simulated VRAM expert cache chooses its residents.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CachePolicy {
+    /// The experts the trace selects most, fixed for the whole run (an oracle when the trace
+    /// is also the workload: the best a static placement can do).
+    Static,
+    /// Per layer, the most recently selected experts.
+    Lru,
+    /// Per layer, the most often selected experts so far (ties: the most recent).
+    Lfu,
+}
+
+impl CachePolicy {
+    pub fn parse(s: &str) -> Result<CachePolicy> {
+        match s {
+            "static" => Ok(CachePolicy::Static),
+            "lru" => Ok(CachePolicy::Lru),
+            "lfu" => Ok(CachePolicy::Lfu),
+            _ => Err(Error::Model(format!("--policy {s}: static, lru or lfu"))),
+        }
+    }
+}
+
+/// What a simulated cache left on the CPU, per phase (prefill, decode).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CacheSim {
+    pub tokens: [u64; 2],
+    pub selections: [u64; 2],
+    pub hits: [u64; 2],
+    /// Expert bytes the CPU read (misses), and all selections' bytes (nothing cached).
+    pub cpu_bytes: [u64; 2],
+    pub all_bytes: [u64; 2],
+}
+
+/// Replay `trace` against a cache of `budget` bytes of experts (`expert_bytes[il]`: one
+/// expert of layer `il`, 0 for layers without experts) run by `policy`; dynamic policies give
+/// each MoE layer an equal share of the budget. Tokens are counted once per pass, from the
+/// first MoE layer's records.
+pub fn simulate_cache(
+    trace: &RoutingTrace,
+    expert_bytes: &[u64],
+    budget: u64,
+    policy: CachePolicy,
+) -> Result<CacheSim> {
+    if expert_bytes.len() != trace.n_layer {
+        return Err(Error::Model(format!(
+            "the trace has {} layers, the model {}",
+            trace.n_layer,
+            expert_bytes.len()
+        )));
+    }
+    let n_e = trace.n_expert;
+    let moe_layers: Vec<usize> = (0..trace.n_layer)
+        .filter(|&l| expert_bytes[l] > 0)
+        .collect();
+    let first = moe_layers.first().copied();
+    // Residents per layer: a flag per expert, and for the dynamic policies the capacity,
+    // last use and use count.
+    let mut resident = vec![vec![false; n_e]; trace.n_layer];
+    let mut capacity = vec![0usize; trace.n_layer];
+    if policy == CachePolicy::Static {
+        let mut counts = vec![vec![0u64; n_e]; trace.n_layer];
+        for r in &trace.records {
+            for &e in &r.experts {
+                counts[r.layer][e as usize] += 1;
+            }
+        }
+        let mut all: Vec<(u64, usize, usize)> = moe_layers
+            .iter()
+            .flat_map(|&l| (0..n_e).map(move |e| (l, e)))
+            .map(|(l, e)| (counts[l][e], l, e))
+            .filter(|&(c, _, _)| c > 0)
+            .collect();
+        all.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+        let mut left = budget;
+        for (_, l, e) in all {
+            if expert_bytes[l] <= left {
+                left -= expert_bytes[l];
+                resident[l][e] = true;
+            }
+        }
+    } else if !moe_layers.is_empty() {
+        let share = budget / moe_layers.len() as u64;
+        for &l in &moe_layers {
+            capacity[l] = (share / expert_bytes[l]).min(n_e as u64) as usize;
+        }
+    }
+    let mut last_use = vec![vec![0u64; n_e]; trace.n_layer];
+    let mut uses = vec![vec![0u64; n_e]; trace.n_layer];
+    let mut held = vec![0usize; trace.n_layer];
+    let mut clock = 0u64;
+    let mut sim = CacheSim::default();
+    for r in &trace.records {
+        let p = r.phase as usize;
+        let bytes = expert_bytes[r.layer];
+        if Some(r.layer) == first {
+            sim.tokens[p] += r.n_tok as u64;
+        }
+        for &e in &r.experts {
+            let (l, e) = (r.layer, e as usize);
+            clock += 1;
+            sim.selections[p] += 1;
+            sim.all_bytes[p] += bytes;
+            uses[l][e] += 1;
+            if resident[l][e] {
+                sim.hits[p] += 1;
+            } else {
+                sim.cpu_bytes[p] += bytes;
+                if policy != CachePolicy::Static && capacity[l] > 0 {
+                    // Bring it in, evicting the policy's victim when full.
+                    if held[l] == capacity[l] {
+                        let victim = (0..n_e)
+                            .filter(|&x| resident[l][x])
+                            .min_by_key(|&x| match policy {
+                                CachePolicy::Lfu => (uses[l][x], last_use[l][x]),
+                                _ => (last_use[l][x], 0),
+                            })
+                            .expect("a full cache holds experts");
+                        resident[l][victim] = false;
+                    } else {
+                        held[l] += 1;
+                    }
+                    resident[l][e] = true;
+                }
+            }
+            last_use[l][e] = clock;
+        }
+    }
+    Ok(sim)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -359,6 +652,72 @@ mod tests {
         assert_eq!(l1.experts_for_share(None, 0.5), 2);
         assert_eq!(l1.experts_for_share(Some(Phase::Prefill), 0.5), 1);
         assert_eq!(p.layers[1].counts(Phase::Decode), [0, 0, 0, 0]);
+    }
+
+    #[test]
+    fn traces_round_trip_and_refuse_truncation() {
+        let s = stats();
+        let dir = std::env::temp_dir().join(format!("moxie-trace-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("t.bin");
+        s.record(1, Phase::Prefill, 1, &[(0, 1.0)]); // before the trace: not in it
+        s.trace_to(&path).unwrap();
+        s.record(
+            1,
+            Phase::Prefill,
+            2,
+            &[(0, 0.5), (3, 0.5), (2, 0.5), (1, 0.5)],
+        );
+        s.record(2, Phase::Decode, 1, &[(3, 0.7), (1, 0.3)]);
+        s.finish_trace().unwrap();
+        s.record(2, Phase::Decode, 1, &[(0, 1.0)]); // after: not in it
+        let t = RoutingTrace::read(&path).unwrap();
+        assert_eq!((t.n_expert, t.n_layer, t.records.len()), (4, 3, 2));
+        assert_eq!(t.records[0].experts, [0, 3, 2, 1]);
+        assert_eq!((t.records[0].n_tok, t.records[0].k), (2, 2));
+        assert_eq!((t.records[1].phase, t.records[1].layer), (Phase::Decode, 2));
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &bytes[..bytes.len() - 1]).unwrap();
+        let err = RoutingTrace::read(&path).unwrap_err().to_string();
+        assert!(err.contains("t.bin") && err.contains("byte 36"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The cache policies on a small trace worked by hand: one layer of 4 experts of 10
+    /// bytes, top-1, decode tokens selecting 0 1 0 2 0 1; room for two experts.
+    #[test]
+    fn cache_policies_replay_a_trace() {
+        let rec = |e: u16| TraceRecord {
+            phase: Phase::Decode,
+            layer: 1,
+            n_tok: 1,
+            k: 1,
+            experts: vec![e],
+        };
+        let trace = RoutingTrace {
+            n_expert: 4,
+            n_layer: 2,
+            records: [0, 1, 0, 2, 0, 1].into_iter().map(rec).collect(),
+        };
+        let bytes = [0, 10];
+        let run = |p| simulate_cache(&trace, &bytes, 20, p).unwrap();
+        // static: 0 and 1 resident (3 and 2 uses): misses only on the 2.
+        let s = run(CachePolicy::Static);
+        assert_eq!((s.tokens[1], s.selections[1], s.hits[1]), (6, 6, 5));
+        assert_eq!((s.cpu_bytes[1], s.all_bytes[1]), (10, 60));
+        // lru: 0 m, 1 m, 0 h, 2 m (evicts 1), 0 h, 1 m (evicts 2).
+        assert_eq!(run(CachePolicy::Lru).hits[1], 2);
+        // lfu: 0 m, 1 m, 0 h, 2 m (evicts 1: one use against 0's two), 0 h, 1 m (evicts 2:
+        // one use against 0's three).
+        assert_eq!(run(CachePolicy::Lfu).hits[1], 2);
+        // No budget: everything from the CPU; a model of another depth is refused.
+        assert_eq!(
+            simulate_cache(&trace, &bytes, 0, CachePolicy::Lru)
+                .unwrap()
+                .hits[1],
+            0
+        );
+        assert!(simulate_cache(&trace, &[10], 20, CachePolicy::Lru).is_err());
     }
 
     #[test]
