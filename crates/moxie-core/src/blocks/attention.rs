@@ -536,8 +536,10 @@ pub fn batch_scratch_bytes(n_head: usize, n_head_kv: usize, dk: usize, dv: usize
         + rows * tile // scores
         + rows * dv // the weighted values of a tile
         + rows * (dv + 2); // running max, sum and weighted values
-                           // The bf16 copy of the probabilities, and the queries rounded through the key type.
-    (4 * floats + 2 * rows * tile + rows * dk) as u64
+
+    // The bf16 copy of the probabilities, and the queries rounded through the key type.
+    let bytes = 2 * rows * tile + rows * dk;
+    (4 * floats + bytes) as u64
 }
 
 /// [`Numerics::Fast`] attention for a batch of queries, flash-style: per block of tokens and
