@@ -14,7 +14,7 @@ use serde_json::json;
 pub struct Args {
     /// Model GGUF(s).
     #[arg(short = 'm', long = "model", required = true)]
-    model: Vec<PathBuf>,
+    pub(crate) model: Vec<PathBuf>,
     /// Prompt lengths (ppN tests); 0 disables.
     #[arg(
         short = 'p',
@@ -22,7 +22,7 @@ pub struct Args {
         value_delimiter = ',',
         default_value = "512"
     )]
-    n_prompt: Vec<usize>,
+    pub(crate) n_prompt: Vec<usize>,
     /// Generation lengths (tgN tests); 0 disables.
     #[arg(
         short = 'n',
@@ -30,10 +30,10 @@ pub struct Args {
         value_delimiter = ',',
         default_value = "128"
     )]
-    n_gen: Vec<usize>,
+    pub(crate) n_gen: Vec<usize>,
     /// Prompt + generation tests, `-pg 512,128` (repeatable).
     #[arg(long = "n-pg", value_name = "PP,TG")]
-    pg: Vec<String>,
+    pub(crate) pg: Vec<String>,
     /// Context depth before each test (not timed).
     #[arg(
         short = 'd',
@@ -41,10 +41,10 @@ pub struct Args {
         value_delimiter = ',',
         default_value = "0"
     )]
-    depth: Vec<usize>,
+    pub(crate) depth: Vec<usize>,
     /// Threads (default: all cores).
     #[arg(short = 't', long = "threads", value_delimiter = ',')]
-    threads: Vec<usize>,
+    pub(crate) threads: Vec<usize>,
     /// Logical batch size.
     #[arg(
         short = 'b',
@@ -52,44 +52,50 @@ pub struct Args {
         value_delimiter = ',',
         default_value = "2048"
     )]
-    batch: Vec<usize>,
+    pub(crate) batch: Vec<usize>,
     /// Micro-batch size (`-ub`).
     #[arg(long = "ubatch-size", value_delimiter = ',', default_value = "512")]
-    ubatch: Vec<usize>,
+    pub(crate) ubatch: Vec<usize>,
     /// KV cache types for keys (`-ctk`): f16, f32, q8_0.
     #[arg(long = "cache-type-k", value_delimiter = ',', default_value = "f16", value_parser = crate::run::kv_type)]
-    cache_type_k: Vec<GgmlType>,
+    pub(crate) cache_type_k: Vec<GgmlType>,
     /// KV cache types for values (`-ctv`): f16, f32, q8_0 (MLA models keep no value cache).
     #[arg(long = "cache-type-v", value_delimiter = ',', default_value = "f16", value_parser = crate::run::kv_type)]
-    cache_type_v: Vec<GgmlType>,
+    pub(crate) cache_type_v: Vec<GgmlType>,
     /// Repetitions per test.
     #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
-    reps: usize,
+    pub(crate) reps: usize,
     /// llama.cpp's summation order everywhere (bit-identical logits, slower prompt processing).
     #[arg(long)]
-    exact: bool,
+    pub(crate) exact: bool,
     /// Output format: md, json, jsonl or csv.
     #[arg(short = 'o', long = "output", default_value = "md")]
-    output: String,
+    pub(crate) output: String,
     /// Skip the warm-up run.
     #[arg(long)]
-    no_warmup: bool,
+    pub(crate) no_warmup: bool,
     /// NUMA placement: distribute, isolate or numactl (as on `run`).
     #[arg(long, value_name = "distribute|isolate|numactl", value_parser = crate::run::numa_mode)]
-    numa: Option<moxie_core::numa::NumaMode>,
+    pub(crate) numa: Option<moxie_core::numa::NumaMode>,
     /// llama-bench's `-w 0|1`: run the warm-up (1, the default) or not (0).
     #[arg(short = 'w', long = "warmup", value_parser = clap::value_parser!(u8).range(0..=1))]
-    warmup: Option<u8>,
+    pub(crate) warmup: Option<u8>,
     /// After the table, for each generation test: bytes read per token, this machine's read
     /// bandwidth measured with the same threads, and the fraction of it decode reached (on
     /// stderr, so the table stays llama-bench's).
     #[arg(long)]
-    bandwidth: bool,
+    pub(crate) bandwidth: bool,
     /// Buffer the bandwidth measurement reads (MiB); keep it well above the last-level cache.
     #[arg(long, default_value = "2048", value_name = "MIB")]
-    bandwidth_mib: usize,
+    pub(crate) bandwidth_mib: usize,
     #[command(flatten)]
-    placement: crate::placement_args::PlacementArgs,
+    pub(crate) placement: crate::placement_args::PlacementArgs,
+    /// A/B on wall-clock time: each `--ab 'FLAGS'` is a configuration (bench flags added to
+    /// this command line, e.g. `--ab '-t 2' --ab '-t 2 --no-repack'`); all are loaded, their
+    /// repetitions alternate on the same tests, and each arm's t/s and ratio to the first
+    /// (95% confidence interval) are reported.
+    #[arg(long = "ab", value_name = "FLAGS", allow_hyphen_values = true)]
+    pub(crate) ab: Vec<String>,
 }
 
 /// llama.cpp's `llama_ftype` names for `general.file_type`.
@@ -163,7 +169,7 @@ fn backend_name(model: &Model) -> String {
     }
 }
 
-fn tests(a: &Args) -> Result<Vec<BenchTest>> {
+pub(crate) fn tests(a: &Args) -> Result<Vec<BenchTest>> {
     let mut out = Vec::new();
     for &d in &a.depth {
         for &p in a.n_prompt.iter().filter(|&&p| p > 0) {
@@ -208,6 +214,9 @@ pub fn main(a: Args, matches: &clap::ArgMatches) -> Result<()> {
     }
     if a.batch.contains(&0) || a.ubatch.contains(&0) {
         bail!("-b and -ub must be positive");
+    }
+    if !a.ab.is_empty() {
+        return crate::bench_ab::main(&a, &a.ab);
     }
     let tests = tests(&a)?;
     let threads = if a.threads.is_empty() {

@@ -2,6 +2,7 @@
 //! llama.cpp where one exists (-m, -p, -n, -t, -c, -b, -ub, --temp, --top-k, ...).
 
 mod bench;
+mod bench_ab;
 mod compat;
 mod gen;
 mod inspect;
@@ -148,7 +149,7 @@ pub(crate) fn open_gguf(
 /// rewritten and other engines' tuning flags taken out, with a note each (the subcommand's
 /// own flags are never taken out). Errors are clap's message (or the rewrite's), ready to
 /// print.
-fn parse_launch_line(
+pub(crate) fn parse_launch_line(
     args: Vec<std::ffi::OsString>,
 ) -> Result<(clap::ArgMatches, Vec<String>), String> {
     let args = profile::with_run(args);

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 mod common;
-use common::moxie;
+use common::{fixture_model, moxie};
 
 #[test]
 fn bandwidth_line_accounts_bytes_per_token() {
@@ -118,4 +118,56 @@ fn cache_types_are_benchmarked_and_reported() {
         "{err}"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `--ab` (issue 19): two configurations loaded and alternated on the same tests, each arm's
+/// t/s with its spread and its ratio to the first with a confidence interval; an arm that
+/// repeats a list flag of the common line, or a single arm, is refused by name.
+#[test]
+fn ab_arms_alternate_and_report_ratios() {
+    let model = fixture_model("qwen3moe-tiny-Q8_0.gguf");
+    let common = ["bench", "-m", &model, "-p", "16", "-n", "4", "-r", "3"];
+    let run = |extra: &[&str]| moxie(&[&common[..], extra].concat());
+    let o = run(&["--ab", "-t 1", "--ab", "-t 1 --no-repack"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        out.contains("| test | arm | flags | t/s | ratio to arm 1 (95% CI) |"),
+        "{out}"
+    );
+    for row in [
+        "| pp16 | 1 | `-t 1` |",
+        "| pp16 | 2 | `-t 1 --no-repack` |",
+        "| tg4 | 2 |",
+    ] {
+        assert!(out.contains(row), "{row} missing:\n{out}");
+    }
+    // Arm 2's ratio with its interval: "r (lo-hi)".
+    let ratio = out
+        .lines()
+        .find(|l| l.starts_with("| tg4 | 2 |"))
+        .and_then(|l| l.trim_end_matches(" |").rsplit("| ").next())
+        .unwrap()
+        .to_owned();
+    let nums: Vec<f64> = ratio
+        .split(|c: char| c == ' ' || c == '(' || c == ')' || c == '-')
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse().unwrap())
+        .collect();
+    assert!(
+        nums.len() == 3 && nums[1] <= nums[0] && nums[0] <= nums[2],
+        "{ratio}"
+    );
+    let o = moxie(&[&common[..], &["-t", "1", "--ab", "-t 2", "--ab", "-t 1"]].concat());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("--ab '-t 2': -t takes one value"),
+        "{err}"
+    );
+    let o = run(&["--ab", "-t 1"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("at least two arms"),
+        "{err}"
+    );
 }
