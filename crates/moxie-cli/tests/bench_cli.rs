@@ -150,7 +150,7 @@ fn ab_arms_alternate_and_report_ratios() {
         .unwrap()
         .to_owned();
     let nums: Vec<f64> = ratio
-        .split(|c: char| c == ' ' || c == '(' || c == ')' || c == '-')
+        .split([' ', '(', ')', '-'])
         .filter(|s| !s.is_empty())
         .map(|s| s.parse().unwrap())
         .collect();
