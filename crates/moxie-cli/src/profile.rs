@@ -204,7 +204,7 @@ fn collect(c: Collect, matches: &ArgMatches) -> Result<()> {
         n_gen += stats.n_generated;
     }
     model.routing.finish_trace()?;
-    let profile = model.routing.snapshot();
+    let profile = model.routing_profile()?;
     if profile.layers.is_empty() {
         bail!(
             "{} has no routed experts to profile",

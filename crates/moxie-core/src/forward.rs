@@ -4,6 +4,8 @@
 //! ([`Block`]), and the hidden state ([`Resident`]) follows it there, crossing devices only
 //! when the next block lives elsewhere.
 
+use std::sync::atomic::Ordering;
+
 use moxie_gpu::DevPtr;
 
 use crate::blocks::dsa::Selected;
@@ -161,6 +163,10 @@ impl Model {
             self.head.run(p, &mut x, which, want_hidden)
         })?;
         state.commit(tokens.len());
+        let passes = self.routing_passes.fetch_add(1, Ordering::Relaxed) + 1;
+        if passes >= crate::model::ROUTING_FLUSH_PASSES {
+            self.flush_routing()?;
+        }
         Ok(out)
     }
 

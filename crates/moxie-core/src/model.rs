@@ -55,7 +55,13 @@ pub struct Model {
     /// Which experts each MoE layer's tokens selected, always counted
     /// ([`crate::telemetry`]).
     pub routing: Arc<RoutingStats>,
+    /// Forward passes since GPU routing tallies were last flushed.
+    pub(crate) routing_passes: AtomicUsize,
 }
+
+/// Forward passes between flushes of the GPUs' routing tallies into [`Model::routing`] (so
+/// `/metrics` lags by at most this many passes on GPU-routed layers).
+pub const ROUTING_FLUSH_PASSES: usize = 32;
 
 /// MoE buffers for forward passes: each pass takes a set and gives it back, so concurrent
 /// passes (several sequences) never share one and a pass after the first allocates nothing.
@@ -171,6 +177,7 @@ impl Model {
             gpu_scratch: Default::default(),
             op_offload_min_batch: AtomicUsize::new(usize::MAX),
             routing,
+            routing_passes: AtomicUsize::new(0),
         };
         model.check_types()?;
         Ok(model)
@@ -333,6 +340,42 @@ impl Model {
         progress.finish();
         out.populated = populated && out.tensors > 0;
         out
+    }
+
+    /// Move the routing counted on GPUs (layers whose routes stay on the device) into
+    /// [`Model::routing`], zeroing the GPUs' tallies: a download per such layer, so the
+    /// forward pass does it only every [`ROUTING_FLUSH_PASSES`] passes and before any
+    /// profile is read ([`Model::routing_profile`]). The host's own routes are counted as
+    /// they are made.
+    pub fn flush_routing(&self) -> Result<()> {
+        use crate::telemetry::Phase;
+        for (il, layer) in self.layers.iter().enumerate() {
+            let crate::blocks::Ffn::Moe(m) = &layer.ffn else {
+                continue;
+            };
+            let Some(t) = &m.tally else { continue };
+            let n_e = m.routing.n_expert;
+            let mut words = vec![0u32; moxie_gpu::ops::route_tally_words(n_e)];
+            t.read(0, bytemuck::cast_slice_mut(&mut words))?;
+            if words[..2].iter().all(|&w| w == 0) {
+                continue;
+            }
+            for (p, phase) in [Phase::Prefill, Phase::Decode].into_iter().enumerate() {
+                let counts = &words[2 + p * n_e..2 + (p + 1) * n_e];
+                let mass: &[f32] =
+                    bytemuck::cast_slice(&words[2 + (2 + p) * n_e..2 + (3 + p) * n_e]);
+                self.routing.add(il, phase, words[p] as u64, counts, mass);
+            }
+            t.write(0, &vec![0u8; 4 * words.len()])?;
+        }
+        self.routing_passes.store(0, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The routing counters now, GPU tallies included ([`Model::flush_routing`]).
+    pub fn routing_profile(&self) -> Result<crate::telemetry::RoutingProfile> {
+        self.flush_routing()?;
+        Ok(self.routing.snapshot())
     }
 
     /// Weight bytes per buffer, as llama.cpp's `model buffer size` lines: `CPU_Mapped` (read

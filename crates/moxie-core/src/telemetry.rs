@@ -150,6 +150,22 @@ impl RoutingStats {
         }
     }
 
+    /// Add counts gathered elsewhere (a GPU's tally) to layer `il`: `tokens` routed in
+    /// `phase`, and per expert its selections and routing weight.
+    pub fn add(&self, il: usize, phase: Phase, tokens: u64, counts: &[u32], mass: &[f32]) {
+        let Some(Some(l)) = self.layers.get(il) else {
+            return;
+        };
+        let p = phase as usize;
+        l.tokens[p].fetch_add(tokens, Ordering::Relaxed);
+        let scale = (1u64 << MASS_FRACTION_BITS) as f64;
+        for (e, (&c, &m)) in counts.iter().zip(mass).enumerate().take(self.n_expert) {
+            l.counts[p][e].fetch_add(c as u64, Ordering::Relaxed);
+            let fixed = (m.max(0.0) as f64 * scale).round();
+            l.mass[p][e].fetch_add(fixed as u64, Ordering::Relaxed);
+        }
+    }
+
     /// The counters now, as plain numbers.
     pub fn snapshot(&self) -> RoutingProfile {
         let scale = 1.0 / (1u64 << MASS_FRACTION_BITS) as f64;

@@ -784,3 +784,46 @@ fn interleaved_file_uploads_in_gguf_order() {
         );
     }
 }
+
+/// Routing telemetry on GPUs: a layer routed and run on a GPU counts its routes there
+/// (`route_tally`, flushed into the model's counters), a layer whose experts are in RAM
+/// counts the routes brought down, and either way every MoE layer reports the tokens it
+/// routed, top-k selections per token and routing weights summing to one per token
+/// (qwen3moe renormalises), prompts and single tokens apart.
+#[test]
+fn routing_telemetry_counts_gpu_routed_layers() {
+    use moxie_core::telemetry::Phase;
+    let path = fixtures().join("models/qwen3moe-tiny-Q4_K_M.gguf");
+    let file = open(&path);
+    let par = Parallel::new(2);
+    for (how, place) in [
+        ("all-GPU", all_gpu as fn(&GgufFile, Devices) -> Placement),
+        ("hybrid --cpu-moe", hybrid),
+    ] {
+        let model = Model::load_placed(Arc::clone(&file), &place(&file, two_gpus())).unwrap();
+        let mut cache = model.new_state(Some(64)).unwrap();
+        let prompt: Vec<u32> = (0..12u32).map(|i| (i * 37 + 5) % 1000).collect();
+        model
+            .forward(&prompt, &mut cache, &par, Logits::Last)
+            .unwrap();
+        for t in [7u32, 9, 11] {
+            model.forward(&[t], &mut cache, &par, Logits::Last).unwrap();
+        }
+        let p = model.routing_profile().unwrap();
+        assert_eq!(p.layers.len(), 2, "{how}");
+        for l in &p.layers {
+            assert_eq!(l.tokens, [12, 3], "{how}: layer {}", l.layer);
+            for (phase, tokens) in [(Phase::Prefill, 12u64), (Phase::Decode, 3)] {
+                let selected: u64 = l.counts(phase).iter().sum();
+                assert_eq!(selected, 2 * tokens, "{how}: layer {} {phase:?}", l.layer);
+                let mass: f64 = l.mass[phase as usize].iter().sum();
+                assert!(
+                    (mass - tokens as f64).abs() < 1e-3,
+                    "{how}: {mass} for {tokens}"
+                );
+            }
+        }
+        // Flushed: a second profile adds nothing new.
+        assert_eq!(model.routing_profile().unwrap(), p, "{how}");
+    }
+}

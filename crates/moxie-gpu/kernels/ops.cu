@@ -243,6 +243,28 @@ MX_ATTENTION(attention_q8_0, uint8_t, MxRowsQ8, uint8_t, MxRowsQ8)
 MX_ATTENTION(attention_q8_0_f16, uint8_t, MxRowsQ8, uint16_t, MxRowsF16)
 MX_ATTENTION(attention_f16_q8_0, uint16_t, MxRowsF16, uint8_t, MxRowsQ8)
 
+// Routing telemetry of a layer routed and run on the GPU (its routes never reach the host):
+// `tally` (32-bit words) holds tokens[2], counts[2][n_expert] (u32) and mass[2][n_expert]
+// (f32), per phase (0: a prompt batch, 1: one token). Adds `n_tok` tokens and, per
+// selection, one to its expert's count and its weight to its mass.
+extern "C" __global__ void route_tally(const int* ids, const float* weights, int n_sel,
+                                       int n_tok, int n_expert, int phase,
+                                       unsigned int* tally) {
+    unsigned int* counts = tally + 2 + phase * n_expert;
+    float* mass = (float*)(tally + 2 + 2 * n_expert) + phase * n_expert;
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i == 0) {
+        atomicAdd(&tally[phase], (unsigned int)n_tok);
+    }
+    for (; i < n_sel; i += gridDim.x * blockDim.x) {
+        int e = ids[i];
+        if (e >= 0 && e < n_expert) {
+            atomicAdd(&counts[e], 1u);
+            atomicAdd(&mass[e], weights[i]);
+        }
+    }
+}
+
 #define MX_ROUTE_MAX_EXPERTS 1024
 #define MX_ROUTE_MAX_GROUPS 64
 

@@ -91,6 +91,11 @@ fn attention_kernel(k: GgmlType, v: GgmlType) -> Option<&'static str> {
     })
 }
 
+/// 32-bit words of a [`Gpu::route_tally`] buffer for `n_expert` experts.
+pub fn route_tally_words(n_expert: usize) -> usize {
+    2 + 4 * n_expert
+}
+
 /// Whether the GPU kernels take a cache of keys of type `k` and values of type `v` (the
 /// planner checks this before any weight is read).
 pub fn kv_types_supported(k: GgmlType, v: GgmlType) -> bool {
@@ -404,6 +409,44 @@ impl Gpu {
             )?;
         }
         Ok(())
+    }
+
+    /// Count `n_tok` tokens' routes (`ids`/`weights`, `k` each) into `tally`, a buffer of
+    /// [`route_tally_words`] 32-bit words (tokens, counts and weight per expert, per `phase`:
+    /// 0 for a prompt batch, 1 for one token), for routing telemetry.
+    #[allow(clippy::too_many_arguments)]
+    pub fn route_tally(
+        &self,
+        ids: DevPtr,
+        weights: DevPtr,
+        n_tok: usize,
+        k: usize,
+        n_expert: usize,
+        phase: usize,
+        tally: DevPtr,
+    ) -> Result<()> {
+        if n_tok == 0 || k == 0 {
+            return Ok(());
+        }
+        if phase > 1 {
+            return Err(Error::Unsupported(format!("routing phase {phase}")));
+        }
+        let n_sel = n_tok * k;
+        let threads = 128u32;
+        let blocks = n_sel.div_ceil(threads as usize).min(EW_MAX_BLOCKS as usize) as u32;
+        self.backend.launch(
+            "route_tally",
+            LaunchConfig::linear(blocks, threads),
+            &[
+                Arg::Ptr(ids),
+                Arg::Ptr(weights),
+                int("n_sel", n_sel)?,
+                int("n_tok", n_tok)?,
+                int("n_expert", n_expert)?,
+                int("phase", phase)?,
+                Arg::Ptr(tally),
+            ],
+        )
     }
 
     /// Choose experts for `n_tok` tokens from their router `logits` (`n_expert` each):

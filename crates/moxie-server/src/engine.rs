@@ -277,6 +277,11 @@ impl Worker {
     fn run(&mut self) {
         loop {
             if !self.admit() {
+                // Shutting down: the routing GPUs counted joins the model's counters, for the
+                // last `--profile-out` write.
+                if let Err(e) = self.model.flush_routing() {
+                    eprintln!("warning: routing telemetry: {e}");
+                }
                 return;
             }
             for i in 0..self.slots.len() {

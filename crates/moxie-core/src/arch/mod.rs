@@ -102,6 +102,16 @@ pub(crate) fn moe_ffn(c: &Config, t: &BlockTensors, src: &TensorSource, il: usiz
         shared_gate: None,
         device: t.device(),
         experts_device: experts.device(),
+        tally: match src.devices().gpu(t.device()) {
+            Some(g) => {
+                let words = moxie_gpu::ops::route_tally_words(e);
+                Some(moxie_gpu::Buffer::from_bytes(
+                    g.backend(),
+                    &vec![0u8; 4 * words],
+                )?)
+            }
+            None => None,
+        },
     })))
 }
 

@@ -102,6 +102,10 @@ pub struct Moe {
     /// `ffn_gate_inp_shexp` (qwen3next): the shared expert's output is scaled per token by
     /// sigmoid(this · the layer input).
     pub shared_gate: Option<Tensor>,
+    /// Routing telemetry of a layer routed on a GPU whose routes stay there: a zeroed
+    /// `route_tally` buffer in that GPU's memory, emptied into the model's counters by
+    /// [`crate::Model::flush_routing`].
+    pub tally: Option<moxie_gpu::Buffer>,
 }
 
 impl Moe {
@@ -482,6 +486,11 @@ impl Block for Moe {
         gpu.route(r.spec(), logits, bias, ids, weights, n)?;
         let offload = self.experts_device == CPU && n >= p.op_offload_min_batch;
         if self.experts_device == id || offload {
+            // The routes stay on the GPU: count them there.
+            if let Some(t) = &self.tally {
+                let phase = crate::telemetry::Phase::of_batch(n) as usize;
+                gpu.route_tally(ids, weights, n, k, r.n_expert, phase, t.ptr())?;
+            }
             let experts = if offload {
                 self.streamed_experts(p, id)?
             } else {
