@@ -1195,23 +1195,50 @@ mod platform {
             let o = out.each_mut().map(|o| &mut o[t * GEMM_TILE_ROWS..]);
             // SAFETY: `gemm_available()` (checked by the caller) means AVX-512 F/BW/VNNI.
             unsafe {
-                t += if R == 1 && left >= 8 {
-                    tokens::<R, 8>(l, n_in, w, acts, t, o)
-                } else if left >= 4 {
-                    tokens::<R, 4>(l, n_in, w, acts, t, o)
-                } else if left >= 2 {
-                    tokens::<R, 2>(l, n_in, w, acts, t, o)
+                t += if l.sub == 16 {
+                    pass::<R, 16>(l, n_in, w, acts, t, o, left)
                 } else {
-                    tokens::<R, 1>(l, n_in, w, acts, t, o)
+                    pass::<R, 32>(l, n_in, w, acts, t, o, left)
                 };
             }
         }
     }
 
-    /// Tokens `t0..t0+N` against the 16 rows of each of the `R` tiles `w`; writes `N` runs of
-    /// 16 results into each `out[r]`.
+    /// One pass of up to 8 (one tile) or 4 (two tiles) of the `left` tokens from `t0`, with
+    /// sub-blocks of `S` values (a constant, so the group loop unrolls); returns the tokens
+    /// done.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW/VNNI; as [`tokens`].
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    unsafe fn tokens<const R: usize, const N: usize>(
+    unsafe fn pass<const R: usize, const S: usize>(
+        l: Layout,
+        n_in: usize,
+        w: [&WeightTile; R],
+        acts: &GemmActs,
+        t0: usize,
+        out: [&mut [f32]; R],
+        left: usize,
+    ) -> usize {
+        debug_assert_eq!(l.sub, S);
+        // SAFETY: per this function's contract.
+        unsafe {
+            if R == 1 && left >= 8 {
+                tokens::<R, 8, S>(l, n_in, w, acts, t0, out)
+            } else if left >= 4 {
+                tokens::<R, 4, S>(l, n_in, w, acts, t0, out)
+            } else if left >= 2 {
+                tokens::<R, 2, S>(l, n_in, w, acts, t0, out)
+            } else {
+                tokens::<R, 1, S>(l, n_in, w, acts, t0, out)
+            }
+        }
+    }
+
+    /// Tokens `t0..t0+N` against the 16 rows of each of the `R` tiles `w` (sub-blocks of `S`
+    /// values); writes `N` runs of 16 results into each `out[r]`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn tokens<const R: usize, const N: usize, const S: usize>(
         l: Layout,
         n_in: usize,
         w: [&WeightTile; R],
@@ -1219,7 +1246,7 @@ mod platform {
         t0: usize,
         out: [&mut [f32]; R],
     ) -> usize {
-        let s = l.sub;
+        let s = S;
         let mut facc = [[_mm512_setzero_ps(); N]; R];
         let x = &acts.q[t0 * n_in..(t0 + N) * n_in];
         // Per-token scalars of tokens t0..t0+N.
