@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::{ArgMatches, Subcommand};
 use moxie_core::generate::{generate, GenParams};
-use moxie_core::telemetry::{Phase, RoutingProfile};
+use moxie_core::telemetry::RoutingProfile;
 use moxie_core::{Sampler, SamplerConfig};
 
 use crate::run::{load_model, load_tokenizer, ModelArgs};
@@ -190,7 +190,6 @@ fn collect(c: Collect, matches: &ArgMatches) -> Result<()> {
         }
         let mut cache = model.new_state_typed(Some(n_ctx), c.model.cache_types.types())?;
         let mut sampler = Sampler::new(SamplerConfig::greedy());
-        let eog = tok.eog_tokens().to_vec();
         let stats = generate(
             &model,
             &mut cache,
@@ -198,7 +197,7 @@ fn collect(c: Collect, matches: &ArgMatches) -> Result<()> {
             &prompt,
             &params,
             &mut sampler,
-            |t| !eog.contains(&t),
+            |t| !tok.is_eog(t),
         )?;
         n_prompt += stats.n_prompt;
         n_gen += stats.n_generated;
@@ -287,15 +286,6 @@ fn simulate(a: SimulateArgs) -> Result<()> {
     crate::emit(&out)
 }
 
-/// Both phases' selections of a layer per expert.
-fn total_counts(l: &moxie_core::telemetry::LayerProfile) -> Vec<u64> {
-    l.counts(Phase::Prefill)
-        .iter()
-        .zip(l.counts(Phase::Decode))
-        .map(|(a, b)| a + b)
-        .collect()
-}
-
 /// The per-layer table: tokens (prompt / generated), experts for 50% and 90% of the
 /// selections, the busiest expert and its share, and experts never selected.
 fn summary(p: &RoutingProfile) -> String {
@@ -309,18 +299,8 @@ fn summary(p: &RoutingProfile) -> String {
         p.n_expert.div_ceil(2)
     );
     for l in &p.layers {
-        let c = total_counts(l);
-        let sum: u64 = c.iter().sum();
-        let (top, &top_n) = c
-            .iter()
-            .enumerate()
-            .max_by_key(|&(_, n)| *n)
-            .unwrap_or((0, &0));
-        let share = if sum > 0 {
-            top_n as f64 / sum as f64
-        } else {
-            0.0
-        };
+        let c = l.total_counts();
+        let (top, share) = l.busiest();
         let _ = writeln!(
             s,
             "{:>5}  {:>10}  {:>7}  {:>15}  {:>7}  {:>7} ({:>4.1}%)  {:>5}",
@@ -355,7 +335,7 @@ fn heatmap_svg(p: &RoutingProfile) -> String {
         p.arch
     );
     for (row, l) in p.layers.iter().enumerate() {
-        let c = total_counts(l);
+        let c = l.total_counts();
         let max = c.iter().copied().max().unwrap_or(0).max(1) as f64;
         let y = top + row * cell;
         if row % 5 == 0 {

@@ -7,7 +7,7 @@
 
 use std::io::{BufWriter, Read, Write};
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use serde_json::{json, Value};
@@ -17,6 +17,11 @@ use crate::{Error, Result};
 /// Routing weights are summed as fixed point with this many fraction bits (an `AtomicU64`
 /// holds 2^44 weights of 1.0; a weight's rounding error is below 1e-6).
 const MASS_FRACTION_BITS: u32 = 20;
+
+/// A routing weight in the counters' fixed point (negative weights count as 0).
+fn to_fixed(w: f32) -> u64 {
+    (w.max(0.0) as f64 * (1u64 << MASS_FRACTION_BITS) as f64).round() as u64
+}
 
 /// Which kind of pass a selection came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,6 +80,8 @@ pub struct RoutingStats {
     layers: Vec<Option<LayerCounters>>,
     /// Every routed token's selections, when a trace was asked for ([`RoutingStats::trace_to`]).
     trace: Mutex<Option<TraceWriter>>,
+    /// Whether `trace` is open: a record reads this, not the lock, when no trace is wanted.
+    tracing: AtomicBool,
 }
 
 impl RoutingStats {
@@ -88,6 +95,7 @@ impl RoutingStats {
                 .map(|is_moe| is_moe.then(|| LayerCounters::new(n_expert)))
                 .collect(),
             trace: Mutex::new(None),
+            tracing: AtomicBool::new(false),
         }
     }
 
@@ -109,11 +117,13 @@ impl RoutingStats {
             path: path.to_owned(),
             error: None,
         });
+        self.tracing.store(true, Ordering::Release);
         Ok(())
     }
 
     /// Flush and close the trace, reporting the first write error it met.
     pub fn finish_trace(&self) -> Result<()> {
+        self.tracing.store(false, Ordering::Release);
         let t = self.trace.lock().unwrap_or_else(|p| p.into_inner()).take();
         let Some(mut t) = t else { return Ok(()) };
         let flushed = t.w.flush();
@@ -133,19 +143,20 @@ impl RoutingStats {
         };
         let p = phase as usize;
         l.tokens[p].fetch_add(n_tok as u64, Ordering::Relaxed);
-        if let Some(t) = self
-            .trace
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_mut()
-        {
-            t.record(il, phase, n_tok, routes);
+        if self.tracing.load(Ordering::Acquire) {
+            if let Some(t) = self
+                .trace
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_mut()
+            {
+                t.record(il, phase, n_tok, routes);
+            }
         }
         for &(e, w) in routes {
             if e < self.n_expert {
                 l.counts[p][e].fetch_add(1, Ordering::Relaxed);
-                let fixed = (w.max(0.0) as f64 * (1u64 << MASS_FRACTION_BITS) as f64).round();
-                l.mass[p][e].fetch_add(fixed as u64, Ordering::Relaxed);
+                l.mass[p][e].fetch_add(to_fixed(w), Ordering::Relaxed);
             }
         }
     }
@@ -158,11 +169,9 @@ impl RoutingStats {
         };
         let p = phase as usize;
         l.tokens[p].fetch_add(tokens, Ordering::Relaxed);
-        let scale = (1u64 << MASS_FRACTION_BITS) as f64;
         for (e, (&c, &m)) in counts.iter().zip(mass).enumerate().take(self.n_expert) {
             l.counts[p][e].fetch_add(c as u64, Ordering::Relaxed);
-            let fixed = (m.max(0.0) as f64 * scale).round();
-            l.mass[p][e].fetch_add(fixed as u64, Ordering::Relaxed);
+            l.mass[p][e].fetch_add(to_fixed(m), Ordering::Relaxed);
         }
     }
 
@@ -213,16 +222,34 @@ impl LayerProfile {
         &self.counts[phase as usize]
     }
 
+    /// Selections per expert, both phases together.
+    pub fn total_counts(&self) -> Vec<u64> {
+        self.counts[0]
+            .iter()
+            .zip(&self.counts[1])
+            .map(|(a, b)| a + b)
+            .collect()
+    }
+
+    /// The busiest expert (both phases) and its share of the layer's selections (0 when
+    /// there were none).
+    pub fn busiest(&self) -> (usize, f64) {
+        let c = self.total_counts();
+        let sum: u64 = c.iter().sum();
+        let (top, &n) = c
+            .iter()
+            .enumerate()
+            .max_by_key(|&(_, n)| *n)
+            .unwrap_or((0, &0));
+        (top, if sum > 0 { n as f64 / sum as f64 } else { 0.0 })
+    }
+
     /// The fewest experts that took `share` (0..=1) of the layer's selections in `phase`
     /// (both phases when `None`): how concentrated its routing is.
     pub fn experts_for_share(&self, phase: Option<Phase>, share: f64) -> usize {
         let mut c: Vec<u64> = match phase {
             Some(p) => self.counts[p as usize].clone(),
-            None => self.counts[0]
-                .iter()
-                .zip(&self.counts[1])
-                .map(|(a, b)| a + b)
-                .collect(),
+            None => self.total_counts(),
         };
         let total: u64 = c.iter().sum();
         if total == 0 {

@@ -209,18 +209,7 @@ pub fn render_routing(p: &moxie_core::telemetry::RoutingProfile) -> String {
     );
     let _ = writeln!(s, "# TYPE moxie_routing_top_expert_share gauge");
     for l in &p.layers {
-        let total: Vec<u64> = l.counts[0]
-            .iter()
-            .zip(&l.counts[1])
-            .map(|(a, b)| a + b)
-            .collect();
-        let sum: u64 = total.iter().sum();
-        let top = total.iter().copied().max().unwrap_or(0);
-        let share = if sum > 0 {
-            top as f64 / sum as f64
-        } else {
-            0.0
-        };
+        let (_, share) = l.busiest();
         let _ = writeln!(
             s,
             "moxie_routing_top_expert_share{{layer=\"{}\"}} {share}",
