@@ -924,6 +924,32 @@ mod tests {
             .collect()
     }
 
+    /// `n` query tokens (`shape`: heads, kv heads, key and value widths) at the end of a cache
+    /// of `n_kv` random positions of type `ty`: the geometry, keys, values and queries.
+    fn depth_case(
+        s: &mut u64,
+        (n_head, n_head_kv, dk, dv): (usize, usize, usize, usize),
+        n: usize,
+        n_kv: usize,
+        ty: GgmlType,
+    ) -> (AttnGeom, Rows, Rows, Vec<f32>) {
+        let g = AttnGeom {
+            n_head,
+            n_head_kv,
+            dk,
+            dv,
+            kq_scale: 0.1,
+            pos0: n_kv - n,
+            n_kv_batch: 0,
+        };
+        let mut keys = Rows::new(ty, n_head_kv * dk);
+        keys.append(&random(s, n_kv * n_head_kv * dk));
+        let mut values = Rows::new(ty, n_head_kv * dv);
+        values.append(&random(s, n_kv * n_head_kv * dv));
+        let q = random(s, n * n_head * dk);
+        (g, keys, values, q)
+    }
+
     /// Fast attention at depth (bf16 products where the CPU has them; one token: runs of
     /// positions split between threads and merged; a batch: tiles of the cache with the online
     /// softmax) against the exact path: MLA's shape (one latent kv head, values inside the
@@ -941,21 +967,9 @@ mod tests {
                 (3, GgmlType::F16, true),
             ] {
                 let n_kv = 2048;
-                let g = AttnGeom {
-                    n_head,
-                    n_head_kv,
-                    dk,
-                    dv,
-                    kq_scale: 0.1,
-                    pos0: n_kv - n,
-                    n_kv_batch: 0,
-                };
-                let mut keys = Rows::new(ty, n_head_kv * dk);
-                keys.append(&random(&mut s, n_kv * n_head_kv * dk));
-                let mut values = Rows::new(ty, n_head_kv * dv);
-                values.append(&random(&mut s, n_kv * n_head_kv * dv));
+                let (g, keys, values, q) =
+                    depth_case(&mut s, (n_head, n_head_kv, dk, dv), n, n_kv, ty);
                 let vals = (!mla).then(|| values.view());
-                let q = random(&mut s, n * n_head * dk);
                 // Every third position, and none of the second tile: a tile with nothing
                 // visible must leave the running softmax alone.
                 let sel = select.then(|| {
@@ -1003,21 +1017,9 @@ mod tests {
                 (4096, GgmlType::Q8_0),
             ] {
                 let n = 40;
-                let g = AttnGeom {
-                    n_head,
-                    n_head_kv,
-                    dk,
-                    dv,
-                    kq_scale: 0.1,
-                    pos0: n_kv - n,
-                    n_kv_batch: 0,
-                };
-                let mut keys = Rows::new(ty, n_head_kv * dk);
-                keys.append(&random(&mut s, n_kv * n_head_kv * dk));
-                let mut values = Rows::new(ty, n_head_kv * dv);
-                values.append(&random(&mut s, n_kv * n_head_kv * dv));
+                let (g, keys, values, q) =
+                    depth_case(&mut s, (n_head, n_head_kv, dk, dv), n, n_kv, ty);
                 let vals = (!mla).then(|| values.view());
-                let q = random(&mut s, n * n_head * dk);
                 let mut out = vec![0f32; n * n_head * dv];
                 // One thread: the work runs here, so this thread's buffers are the ones used.
                 BATCH_SCRATCH.set(None);
