@@ -98,6 +98,45 @@ pub struct Args {
     pub(crate) ab: Vec<String>,
 }
 
+impl Args {
+    /// Whether each test starts with a warm-up run (neither `--no-warmup` nor `-w 0`).
+    pub(crate) fn warms_up(&self) -> bool {
+        !self.no_warmup && self.warmup != Some(0)
+    }
+}
+
+/// The sizes a benchmarked model is planned for (the largest of its tests' settings).
+#[derive(Clone, Copy)]
+pub(crate) struct LoadSizes {
+    pub n_batch: usize,
+    pub n_ubatch: usize,
+    pub kv_types: KvTypes,
+    pub n_threads: usize,
+}
+
+/// `file` planned for `tests` (the context of the largest) at `sizes` with `a`'s placement,
+/// loaded and settled as `moxie run` does.
+pub(crate) fn load(
+    file: std::sync::Arc<moxie_gguf::GgufFile>,
+    path: &std::path::Path,
+    a: &Args,
+    matches: &clap::ArgMatches,
+    tests: &[BenchTest],
+    sizes: LoadSizes,
+) -> Result<Model> {
+    let run = moxie_core::placement::RunShape {
+        n_ctx: tests.iter().map(|t| t.depth + t.n_tokens() + 1).max(),
+        n_batch: sizes.n_batch,
+        n_ubatch: sizes.n_ubatch,
+        kv_types: sizes.kv_types,
+        n_seq: 1,
+        n_threads: sizes.n_threads,
+    };
+    let mut model = crate::run::plan_and_load(file, path, &a.placement, matches, &run, a.exact)?;
+    crate::run::settle(&mut model, false, false);
+    Ok(model)
+}
+
 /// llama.cpp's `llama_ftype` names for `general.file_type`.
 fn ftype_name(ft: Option<u64>) -> String {
     let name = match ft {
@@ -238,18 +277,13 @@ pub fn main(a: Args, matches: &clap::ArgMatches) -> Result<()> {
         let size = file.total_tensor_bytes();
         let params: u64 = file.tensors().iter().map(|t| t.n_elements()).sum();
         let ftype = file.metadata().get_u64("general.file_type");
-        // The plan covers the largest test: its context and batch sizes.
-        let run = moxie_core::placement::RunShape {
-            n_ctx: tests.iter().map(|t| t.depth + t.n_tokens() + 1).max(),
+        let sizes = LoadSizes {
             n_batch: a.batch.iter().copied().max().unwrap_or(512),
             n_ubatch: a.ubatch.iter().copied().max().unwrap_or(512),
             kv_types: kv_types.first().copied().unwrap_or_default(),
-            n_seq: 1,
             n_threads: threads.iter().copied().max().unwrap_or(1),
         };
-        let mut model =
-            crate::run::plan_and_load(file, path, &a.placement, matches, &run, a.exact)?;
-        crate::run::settle(&mut model, false, false);
+        let model = load(file, path, &a, matches, &tests, sizes)?;
         let backend = backend_name(&model);
         let desc = format!(
             "{} {} {}",
@@ -267,13 +301,8 @@ pub fn main(a: Args, matches: &clap::ArgMatches) -> Result<()> {
                 {
                     let micro = ub.min(b);
                     for &test in &tests {
-                        if !a.no_warmup && a.warmup != Some(0) {
-                            let warm = BenchTest {
-                                n_prompt: test.n_prompt.min(16),
-                                n_gen: test.n_gen.min(1),
-                                depth: 0,
-                            };
-                            run_once(&model, &par, warm, micro, kv)?;
+                        if a.warms_up() {
+                            run_once(&model, &par, test.warm_up(), micro, kv)?;
                         }
                         let mut samples = Vec::with_capacity(a.reps);
                         for _ in 0..a.reps {

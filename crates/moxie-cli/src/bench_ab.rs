@@ -12,7 +12,7 @@ use anyhow::{bail, Context, Result};
 use moxie_core::bench::{mean_std, run_once, BenchTest};
 use moxie_core::{KvTypes, Model, Parallel};
 
-use crate::bench::Args;
+use crate::bench::{load, Args, LoadSizes};
 
 /// One configuration: its flags, loaded model and settings.
 struct Arm {
@@ -118,24 +118,14 @@ pub fn main(base: &Args, arms: &[String]) -> Result<()> {
             v: one(&a.cache_type_v, "-ctv", flags)?.unwrap_or(KvTypes::default().v),
         };
         let path = &a.model[0];
-        let run = moxie_core::placement::RunShape {
-            n_ctx: tests.iter().map(|t| t.depth + t.n_tokens() + 1).max(),
+        eprintln!("--ab arm {}: {flags}", loaded.len() + 1);
+        let sizes = LoadSizes {
             n_batch: batch,
             n_ubatch: ubatch,
             kv_types: kv,
-            n_seq: 1,
             n_threads: threads,
         };
-        eprintln!("--ab arm {}: {flags}", loaded.len() + 1);
-        let mut model = crate::run::plan_and_load(
-            crate::open_gguf(path)?,
-            path,
-            &a.placement,
-            bench,
-            &run,
-            a.exact,
-        )?;
-        crate::run::settle(&mut model, false, false);
+        let model = load(crate::open_gguf(path)?, path, &a, bench, &tests, sizes)?;
         loaded.push(Arm {
             flags: flags.clone(),
             model,
@@ -148,12 +138,7 @@ pub fn main(base: &Args, arms: &[String]) -> Result<()> {
         "| test | arm | flags | t/s | ratio to arm 1 (95% CI) |\n| --- | ---: | --- | ---: | --- |\n",
     );
     for &test in &tests {
-        let samples = alternate(
-            &loaded,
-            test,
-            base.reps,
-            !base.no_warmup && base.warmup != Some(0),
-        )?;
+        let samples = alternate(&loaded, test, base.reps, base.warms_up())?;
         for (i, (arm, s)) in loaded.iter().zip(&samples).enumerate() {
             let (m, sd) = mean_std(s);
             let ratio = if i == 0 {
@@ -176,13 +161,8 @@ pub fn main(base: &Args, arms: &[String]) -> Result<()> {
 /// `reps` rounds of every arm in turn (after one warm-up run each): per arm, its t/s per round.
 fn alternate(arms: &[Arm], test: BenchTest, reps: usize, warmup: bool) -> Result<Vec<Vec<f64>>> {
     if warmup {
-        let warm = BenchTest {
-            n_prompt: test.n_prompt.min(16),
-            n_gen: test.n_gen.min(1),
-            depth: 0,
-        };
         for a in arms {
-            run_once(&a.model, &a.par, warm, a.ubatch, a.kv)?;
+            run_once(&a.model, &a.par, test.warm_up(), a.ubatch, a.kv)?;
         }
     }
     let mut samples = vec![Vec::with_capacity(reps); arms.len()];

@@ -35,6 +35,16 @@ impl BenchTest {
         }
     }
 
+    /// The short untimed run before the test's repetitions: up to 16 prompt tokens and one
+    /// generated, from an empty cache.
+    pub fn warm_up(&self) -> BenchTest {
+        BenchTest {
+            n_prompt: self.n_prompt.min(16),
+            n_gen: self.n_gen.min(1),
+            depth: 0,
+        }
+    }
+
     /// Tokens processed per timed run.
     pub fn n_tokens(&self) -> usize {
         self.n_prompt + self.n_gen
