@@ -58,19 +58,20 @@ pub struct KvView {
     pub v_type: GgmlType,
 }
 
-/// The cache types the GPU kernels store and read: f32, f16 and q8_0.
-const KV_TYPES: [(GgmlType, &str); 3] = [
-    (GgmlType::F32, "f32"),
-    (GgmlType::F16, "f16"),
-    (GgmlType::Q8_0, "q8_0"),
+/// The cache rows the GPU kernels store and read, with the kernels that do it: (type, the
+/// store kernel, the DSA indexer's score kernel).
+const KV_KERNELS: [(GgmlType, &str, &str); 3] = [
+    (GgmlType::F32, "kv_store_f32", "dsa_scores_f32"),
+    (GgmlType::F16, "kv_store_f16", "dsa_scores_f16"),
+    (GgmlType::Q8_0, "kv_store_q8_0", "dsa_scores_q8_0"),
 ];
 
-/// The name part of the kernels for cache type `ty`.
-fn kv_type_name(ty: GgmlType) -> Result<&'static str> {
-    KV_TYPES
+/// The store and indexer-score kernels for cache type `ty`.
+fn kv_kernels(ty: GgmlType) -> Result<(&'static str, &'static str)> {
+    KV_KERNELS
         .iter()
-        .find(|(t, _)| *t == ty)
-        .map(|&(_, n)| n)
+        .find(|(t, _, _)| *t == ty)
+        .map(|&(_, store, scores)| (store, scores))
         .ok_or_else(|| {
             Error::Unsupported(format!(
                 "a {ty} KV cache on the GPU (f32, f16 and q8_0 are supported)"
@@ -319,11 +320,7 @@ impl Gpu {
                 "q8_0 cache rows of {width} values (whole blocks of 32 are needed)"
             )));
         }
-        let kernel = match kv_type_name(ty)? {
-            "f32" => "kv_store_f32",
-            "f16" => "kv_store_f16",
-            _ => "kv_store_q8_0",
-        };
+        let (kernel, _) = kv_kernels(ty)?;
         self.backend.launch(
             kernel,
             LaunchConfig::linear(row_grid(n_rows)?.min(EW_MAX_BLOCKS * 16), 128),
@@ -556,11 +553,7 @@ impl Gpu {
                 pos0 + n_tok
             )));
         }
-        let kernel = match kv_type_name(keys_type)? {
-            "f32" => "dsa_scores_f32",
-            "f16" => "dsa_scores_f16",
-            _ => "dsa_scores_q8_0",
-        };
+        let (_, kernel) = kv_kernels(keys_type)?;
         self.backend.launch(
             kernel,
             LaunchConfig::linear(row_grid(n_tok)?, 128),
