@@ -34,6 +34,13 @@ use crate::{Error, Result};
 /// one tile at a time.
 const INDEXER_KEY_TILE: usize = 512;
 
+thread_local! {
+    /// Each thread's scores, key tile and head products of the CPU indexer, kept from token
+    /// to token.
+    static INDEXER_SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<f32>, Vec<f32>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
+}
+
 /// The past positions each query token of a batch attends to, when not all of them.
 #[derive(Clone, Debug, Default)]
 pub struct TopK {
@@ -451,45 +458,46 @@ impl Indexer {
             }
             let qt = &q_rot[t * nh * d..(t + 1) * nh * d];
             let wt = &w[t * nh..(t + 1) * nh];
-            let mut scores = vec![0f32; n_valid];
-            let mut k32 = vec![0f32; INDEXER_KEY_TILE.min(n_valid) * d];
-            let mut qk = if fast {
-                vec![0f32; nh * INDEXER_KEY_TILE.min(n_valid)]
-            } else {
-                Vec::new()
-            };
-            for (j0, tile_scores) in (0..n_valid)
-                .step_by(INDEXER_KEY_TILE)
-                .zip(scores.chunks_mut(INDEXER_KEY_TILE))
-            {
-                let b = tile_scores.len();
-                let keys = &mut k32[..b * d];
-                view.block_to_f32(j0, b, 0, d, keys);
+            INDEXER_SCRATCH.with_borrow_mut(|(scores, k32, qk)| {
+                // Every element of the three is written before it is read.
+                scores.resize(n_valid, 0.0);
+                k32.resize(INDEXER_KEY_TILE.min(n_valid) * d, 0.0);
                 if fast {
-                    // All heads against the tile's positions as one blocked f32 product.
-                    let qk = &mut qk[..nh * b];
-                    moxie_quant::gemm_f32_abt(nh, b, d, qt, d, keys, d, qk, b);
-                    for (j, score) in tile_scores.iter_mut().enumerate() {
-                        *score = wt.iter().enumerate().fold(0f32, |score, (h, &wh)| {
-                            qk[h * b + j].max(0.0).mul_add(wh, score)
-                        });
-                    }
-                } else {
-                    for (kj, score) in keys.chunks_exact(d).zip(tile_scores.iter_mut()) {
-                        let kb: &[u8] = bytemuck::cast_slice(kj);
-                        let mut acc = 0f32;
-                        for (qh, &wh) in qt.chunks_exact(d).zip(wt) {
-                            let qk = dot(d, bytemuck::cast_slice(qh), kb);
-                            let relu = if qk > 0.0 { qk } else { 0.0 };
-                            acc = relu.mul_add(wh, acc);
+                    qk.resize(nh * INDEXER_KEY_TILE.min(n_valid), 0.0);
+                }
+                for (j0, tile_scores) in (0..n_valid)
+                    .step_by(INDEXER_KEY_TILE)
+                    .zip(scores[..n_valid].chunks_mut(INDEXER_KEY_TILE))
+                {
+                    let b = tile_scores.len();
+                    let keys = &mut k32[..b * d];
+                    view.block_to_f32(j0, b, 0, d, keys);
+                    if fast {
+                        // All heads against the tile's positions as one blocked f32 product.
+                        let qk = &mut qk[..nh * b];
+                        moxie_quant::gemm_f32_abt(nh, b, d, qt, d, keys, d, qk, b);
+                        for (j, score) in tile_scores.iter_mut().enumerate() {
+                            *score = wt.iter().enumerate().fold(0f32, |score, (h, &wh)| {
+                                qk[h * b + j].max(0.0).mul_add(wh, score)
+                            });
                         }
-                        *score = acc;
+                    } else {
+                        for (kj, score) in keys.chunks_exact(d).zip(tile_scores.iter_mut()) {
+                            let kb: &[u8] = bytemuck::cast_slice(kj);
+                            let mut acc = 0f32;
+                            for (qh, &wh) in qt.chunks_exact(d).zip(wt) {
+                                let qk = dot(d, bytemuck::cast_slice(qh), kb);
+                                let relu = if qk > 0.0 { qk } else { 0.0 };
+                                acc = relu.mul_add(wh, acc);
+                            }
+                            *score = acc;
+                        }
                     }
                 }
-            }
-            let mut idx = Vec::with_capacity(n_valid);
-            heap_select(&scores, top_k, &mut idx);
-            Some(idx)
+                let mut idx = Vec::with_capacity(n_valid);
+                heap_select(&scores[..n_valid], top_k, &mut idx);
+                Some(idx)
+            })
         });
         let mut sel = TopK::default();
         for row in per_token {
