@@ -12,7 +12,8 @@
 # `run` does, each step under its own time limit (the whole under 10 minutes on an H100):
 #   1. the ignored CUDA tests of moxie-gpu (device, copies, every kernel launch);
 #   2. the every-fixture sweep on the real GPU: all-GPU, `-ngl 999 --cpu-moe` and a mixed
-#      split, each against the CPU logits (moxie-core's gpu_emu test, ignored case);
+#      split, each against the CPU logits, then q8_0 KV caches on GPU layers and the routing
+#      telemetry of GPU-routed layers (moxie-core's gpu_emu tests, the ignored `cuda_` cases);
 #   3. `moxie bench` on bench-deepseek2 Q4_K_M, generated there, for the three patterns users
 #      compare: CPU-only (`-ngl 0`), hybrid (`-ngl 999 -ot exps=CPU`) and all-GPU (`-ngl 999`),
 #      each next to llama.cpp's llama-bench with the same flags when a llama.cpp source tree was
@@ -113,8 +114,8 @@ run() {
         build=$!
     fi
     step "CUDA tests (moxie-gpu, ignored)" 120 "$bin/test-cuda" --include-ignored --test-threads=1
-    step "Every fixture on the GPU against the CPU (moxie-core gpu_emu, ignored)" 200 \
-        "$bin/test-gpu_emu" cuda_gpu_matches_cpu_on_every_fixture --include-ignored --nocapture
+    step "Every fixture on the GPU against the CPU, q8_0 caches, routing telemetry (moxie-core gpu_emu, ignored)" 240 \
+        "$bin/test-gpu_emu" cuda_ --ignored --nocapture --test-threads=1
     if [ "${GPU_CHECK_BENCH:-1}" != 0 ]; then
         local model=$dir/bench-deepseek2-Q4_K_M.gguf
         [ -f "$model" ] || step "moxie gen bench-deepseek2 Q4_K_M" 150 \
