@@ -144,7 +144,7 @@ impl PlacementArgs {
             ),
             (Some(s), None) => parse_size_list(s)?,
             (None, Some(_)) => Vec::new(),
-            (None, None) => moxie_core::placement::detected_cuda_budgets(),
+            (None, None) => moxie_core::placement::detected_cuda_budgets()?,
         };
         let sims = match &self.sim {
             Some(s) => parse_size_list(s)?,

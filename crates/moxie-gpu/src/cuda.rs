@@ -1,6 +1,6 @@
-//! NVIDIA GPUs through the CUDA driver API (cudarc with dynamic loading: `libcuda.so.1` and
-//! `libnvrtc.so.13` are opened at run time, so a binary built with this feature starts, and
-//! says why, on a machine without them).
+//! NVIDIA GPUs through the CUDA driver API (cudarc with dynamic loading: `libcuda.so.1` is
+//! opened at run time, and NVRTC by [`nvrtc`] in the CUDA major the driver runs, 12 or 13, so
+//! a binary built with this feature starts, and says why, on a machine without them).
 //!
 //! - [`CudaGpu`]: one device (`CUDA0`, `CUDA1`, ...) with one stream that every copy, memset
 //!   and launch is queued on. Device memory comes from the device's stream-ordered pool when it
@@ -14,7 +14,7 @@
 //! - The kernels ([`crate::kernel_source`]) are compiled by NVRTC to a cubin for the device's
 //!   compute capability, once per process per (source, options), and cached on disk (see
 //!   [`kernel_cache_dir`]) keyed by a hash of the source, the options and the NVRTC version.
-//!   Cubins (not PTX) because a cubin from NVRTC 13.x loads on any CUDA 13 driver, whereas PTX
+//!   Cubins (not PTX) because a cubin from NVRTC M.x loads on any CUDA M driver, whereas PTX
 //!   from a newer NVRTC than the driver is refused by the driver's JIT.
 //! - [`compile`] / [`compile_ptx`] / [`compile_cubin`] need only NVRTC, no device.
 
@@ -29,9 +29,10 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 use cudarc::driver::result::{self as cu, DriverError};
 use cudarc::driver::sys;
 use cudarc::driver::CudaContext;
-use cudarc::nvrtc::sys as nvrtc_sys;
 
 use crate::{Arg, DevPtr, Error, GpuBackend, LaunchConfig, Result};
+
+mod nvrtc;
 
 /// Largest pinned staging buffer (per buffer; two per direction). Copies bigger than this
 /// are done in chunks of this size.
@@ -75,113 +76,34 @@ pub fn driver_available() -> bool {
     })
 }
 
-/// NVRTC's library, versioned to the CUDA major of the bindings (cudarc's `cuda-13000`).
-const NVRTC_SONAME: &str = "libnvrtc.so.13";
-
-/// Whether NVRTC (`libnvrtc.so.13`, or an unversioned `libnvrtc.so`) can be loaded: by name
-/// through the loader's path (LD_LIBRARY_PATH, ldconfig), else from a CUDA toolkit in
-/// [`nvrtc_search_dirs`].
+/// Whether NVRTC can be loaded in a version this machine's driver runs the output of (see
+/// [`nvrtc`]). Not memoised while it fails, so a test can tell the state it runs in.
 pub fn nvrtc_available() -> bool {
-    // SAFETY: as for the driver: `dlopen` of the candidate names only; a panic is caught.
-    // Not memoised, so a test can tell the state it runs in.
-    let by_name = || catch_unwind(|| unsafe { nvrtc_sys::is_culib_present() }).unwrap_or(false);
-    by_name() || (preload_nvrtc() && by_name())
+    loaded_nvrtc().is_ok()
 }
 
-/// Where NVRTC is looked for when the loader cannot find it by name: `lib64`, `lib` and
-/// `targets/x86_64-linux/lib` under `$CUDA_HOME`, `$CUDA_PATH`, `/usr/local/cuda`, the
-/// `/usr/local/cuda-13.*` toolkits (newest first) and `/opt/cuda`.
-pub fn nvrtc_search_dirs() -> Vec<PathBuf> {
-    let mut roots: Vec<PathBuf> = ["CUDA_HOME", "CUDA_PATH"]
-        .iter()
-        .filter_map(|k| std::env::var_os(k).filter(|v| !v.is_empty()))
-        .map(PathBuf::from)
-        .collect();
-    roots.push(PathBuf::from("/usr/local/cuda"));
-    let mut versioned: Vec<PathBuf> = std::fs::read_dir("/usr/local")
-        .map(|rd| {
-            rd.flatten()
-                .map(|e| e.path())
-                .filter(|p| {
-                    p.file_name()
-                        .and_then(|n| n.to_str())
-                        .is_some_and(|n| n.starts_with("cuda-13"))
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    versioned.sort();
-    roots.extend(versioned.into_iter().rev());
-    roots.push(PathBuf::from("/opt/cuda"));
-    roots
-        .iter()
-        .flat_map(|r| {
-            ["lib64", "lib", "targets/x86_64-linux/lib"]
-                .iter()
-                .map(move |l| r.join(l))
-        })
-        .collect()
+/// The NVRTC library in use (path or soname) and its version, loading it if needed.
+pub fn nvrtc_library() -> Result<(String, (u32, u32))> {
+    loaded_nvrtc().map(|n| (n.library.clone(), n.version))
 }
 
-/// Load NVRTC by full path from [`nvrtc_search_dirs`], once per process. It stays loaded, so
-/// cudarc's later `dlopen("libnvrtc.so.13")` finds it by its soname.
-fn preload_nvrtc() -> bool {
-    static LOADED: OnceLock<bool> = OnceLock::new();
-    *LOADED.get_or_init(|| {
-        let load = |path: &Path| -> bool {
-            let Ok(cpath) = CString::new(path.as_os_str().as_encoded_bytes()) else {
-                return false;
-            };
-            // SAFETY: `cpath` is a NUL-terminated path to an NVRTC library, meant to be
-            // loaded into a process; the handle is deliberately never closed, so the code
-            // cudarc (or NVRTC) later calls into stays mapped.
-            let handle =
-                unsafe { libc::dlopen(cpath.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
-            !handle.is_null()
-        };
-        for dir in nvrtc_search_dirs() {
-            let path = dir.join(NVRTC_SONAME);
-            if !path.is_file() {
-                continue;
-            }
-            // NVRTC opens its builtins (`libnvrtc-builtins.so.13.N`) by name when it
-            // compiles; loaded first from the same directory, they are found by soname.
-            let builtins = format!("{}.", NVRTC_SONAME.replace("nvrtc", "nvrtc-builtins"));
-            if let Ok(rd) = std::fs::read_dir(&dir) {
-                for e in rd.flatten() {
-                    let name = e.file_name();
-                    let name = name.to_string_lossy();
-                    if name.starts_with(&builtins) {
-                        load(&e.path());
-                    }
-                }
-            }
-            if load(&path) {
-                return true;
-            }
-        }
-        false
-    })
+/// The NVRTC of the driver's CUDA major ([`nvrtc::get`]); without a driver, the newest found.
+fn loaded_nvrtc() -> Result<&'static nvrtc::Nvrtc> {
+    let driver_major = driver_available()
+        .then(|| catch_unwind(driver_version).ok()?.ok())
+        .flatten()
+        .map(|(major, _)| major);
+    nvrtc::get(driver_major).map_err(Error::Unsupported)
 }
 
 fn no_driver(device: &str) -> Error {
     Error::Device {
         device: device.to_string(),
         msg: "no CUDA driver could be loaded (libcuda.so.1); this needs an NVIDIA GPU with its \
-              driver installed (CUDA 13: driver 580 or newer), with libcuda.so.1 on the loader \
-              path"
+              driver installed (CUDA 12 or 13: driver 525 or newer), with libcuda.so.1 on the \
+              loader path"
             .to_string(),
     }
-}
-
-fn no_nvrtc() -> Error {
-    Error::Unsupported(
-        "NVRTC could not be loaded (libnvrtc.so.13, not on the loader's path nor in a CUDA \
-         toolkit under $CUDA_HOME, $CUDA_PATH, /usr/local/cuda*, /opt/cuda): install the CUDA 13 \
-         toolkit's NVRTC (or `pip install nvidia-cuda-nvrtc==13.*`) and put its lib directory \
-         on LD_LIBRARY_PATH or set CUDA_HOME"
-            .to_string(),
-    )
 }
 
 /// `f`, with a panic turned into an error: cudarc panics where a library, or a function in
@@ -296,129 +218,48 @@ pub struct Compiled {
 
 /// NVRTC's version (major, minor).
 pub fn nvrtc_version() -> Result<(u32, u32)> {
-    if !nvrtc_available() {
-        return Err(no_nvrtc());
-    }
-    guarded(None, "nvrtcVersion", || {
-        let (mut ma, mut mi) = (0i32, 0i32);
-        // SAFETY: `nvrtcVersion` writes two ints through pointers to live locals.
-        unsafe { nvrtc_sys::nvrtcVersion(&mut ma, &mut mi) }
-            .result()
-            .map_err(|e| Error::Unsupported(format!("nvrtcVersion: {e:?}")))?;
-        Ok((ma as u32, mi as u32))
-    })
-}
-
-/// The architectures this NVRTC can compile for (`90` for sm_90), for error messages.
-fn nvrtc_supported_archs() -> Vec<i32> {
-    let mut n = 0i32;
-    // SAFETY: `nvrtcGetNumSupportedArchs` writes one int through a pointer to a live local.
-    if unsafe { nvrtc_sys::nvrtcGetNumSupportedArchs(&mut n) }
-        .result()
-        .is_err()
-        || n <= 0
-    {
-        return Vec::new();
-    }
-    let mut archs = vec![0i32; n as usize];
-    // SAFETY: NVRTC writes exactly `n` ints (the count it just returned) into a buffer of `n`.
-    if unsafe { nvrtc_sys::nvrtcGetSupportedArchs(archs.as_mut_ptr()) }
-        .result()
-        .is_err()
-    {
-        return Vec::new();
-    }
-    archs
+    Ok(loaded_nvrtc()?.version)
 }
 
 /// Compile `source` with NVRTC. Errors carry NVRTC's log.
 pub fn compile(source: &str, target: Target) -> Result<Compiled> {
-    if !nvrtc_available() {
-        return Err(no_nvrtc());
-    }
-    let nvrtc_version = nvrtc_version()?;
+    let nvrtc = loaded_nvrtc()?;
+    let nvrtc_version = nvrtc.version;
     let options = target.options();
-    guarded(None, "NVRTC compile", || {
-        let fail = |msg: String| Error::Kernel {
-            kernel: PROGRAM_NAME.to_string(),
-            msg: format!(
-                "NVRTC {}.{} ({}): {msg}",
-                nvrtc_version.0,
-                nvrtc_version.1,
-                options.join(" ")
-            ),
-        };
-        let src = CString::new(source)
-            .map_err(|_| fail("the kernel source contains a NUL byte".to_string()))?;
-        let name = CString::new(PROGRAM_NAME).expect("no NUL in the program name");
-        let prog = cudarc::nvrtc::result::create_program(&src, Some(&name))
-            .map_err(|e| fail(format!("nvrtcCreateProgram: {e:?}")))?;
-        // Destroys the program on every way out.
-        struct Program(nvrtc_sys::nvrtcProgram);
-        impl Drop for Program {
-            fn drop(&mut self) {
-                // SAFETY: the program was created above and is destroyed only here.
-                let _ = unsafe { cudarc::nvrtc::result::destroy_program(self.0) };
-            }
-        }
-        let prog = Program(prog);
-        // SAFETY: `prog.0` is a live program (destroyed only when `prog` drops), and
-        // `src`/`name`, which it may reference, outlive it.
-        let compiled = unsafe { cudarc::nvrtc::result::compile_program(prog.0, &options) };
-        // SAFETY: as above; the log can be read whether or not compilation succeeded.
-        let log = unsafe { cudarc::nvrtc::result::get_program_log(prog.0) }
-            .map(|chars| {
-                let bytes: Vec<u8> = chars
-                    .iter()
-                    .map(|&c| c as u8)
-                    .take_while(|&b| b != 0)
-                    .collect();
-                String::from_utf8_lossy(&bytes).trim().to_string()
-            })
-            .unwrap_or_default();
-        if let Err(e) = compiled {
-            let mut msg = format!("{e:?}\n{log}");
-            if e.0 == nvrtc_sys::nvrtcResult::NVRTC_ERROR_INVALID_OPTION {
-                msg.push_str(&format!(
-                    "\n(architectures this NVRTC supports: {:?})",
-                    nvrtc_supported_archs()
-                ));
-            }
-            return Err(fail(msg));
-        }
-        let code = match target {
-            Target::Ptx(_) => {
-                // SAFETY: `prog.0` is live and compiled.
-                let chars = unsafe { cudarc::nvrtc::result::get_ptx(prog.0) }
-                    .map_err(|e| fail(format!("nvrtcGetPTX: {e:?}")))?;
-                chars
-                    .iter()
-                    .map(|&c| c as u8)
-                    .take_while(|&b| b != 0)
-                    .collect()
-            }
-            Target::Cubin(_) => {
-                let mut size = 0usize;
-                // SAFETY: `prog.0` is live and compiled; NVRTC writes the size to a live
-                // local.
-                unsafe { nvrtc_sys::nvrtcGetCUBINSize(prog.0, &mut size) }
-                    .result()
-                    .map_err(|e| fail(format!("nvrtcGetCUBINSize: {e:?}")))?;
-                let mut cubin = vec![0u8; size];
-                // SAFETY: the buffer holds exactly the `size` bytes NVRTC reported.
-                unsafe { nvrtc_sys::nvrtcGetCUBIN(prog.0, cubin.as_mut_ptr().cast()) }
-                    .result()
-                    .map_err(|e| fail(format!("nvrtcGetCUBIN: {e:?}")))?;
-                cubin
-            }
-        };
-        Ok(Compiled {
+    let fail = |msg: String| Error::Kernel {
+        kernel: PROGRAM_NAME.to_string(),
+        msg: format!(
+            "NVRTC {}.{} ({}): {msg}",
+            nvrtc_version.0,
+            nvrtc_version.1,
+            options.join(" ")
+        ),
+    };
+    let src =
+        CString::new(source).map_err(|_| fail("the kernel source contains a NUL byte".into()))?;
+    let name = CString::new(PROGRAM_NAME).expect("no NUL in the program name");
+    let output = match target {
+        Target::Ptx(_) => nvrtc::Output::Ptx,
+        Target::Cubin(_) => nvrtc::Output::Cubin,
+    };
+    match nvrtc.compile(&src, &name, &options, output) {
+        Ok((code, log)) => Ok(Compiled {
             code,
             log,
             options: options.clone(),
             nvrtc_version,
-        })
-    })
+        }),
+        Err((e, log)) => {
+            let mut msg = format!("{e}\n{log}");
+            if e.code == nvrtc::NVRTC_ERROR_INVALID_OPTION {
+                msg.push_str(&format!(
+                    "\n(architectures this NVRTC supports: {:?})",
+                    nvrtc.supported_archs()
+                ));
+            }
+            Err(fail(msg))
+        }
+    }
 }
 
 /// PTX for `compute_XY` (`None`: NVRTC's default architecture). Needs NVRTC, no device.
@@ -769,7 +610,15 @@ impl CudaGpu {
             .map_err(|e| err("cuMemPoolSetAttribute", e))?;
             gpu.pool = Some(pool);
         }
-        gpu.module = gpu.load_kernels(source)?;
+        // Compiling the kernels can fail without the device's part (no usable NVRTC): the
+        // error still names the device that could not be opened.
+        gpu.module = gpu.load_kernels(source).map_err(|e| match e {
+            Error::Device { .. } => e,
+            other => Error::Device {
+                device: name.clone(),
+                msg: format!("cannot load moxie's kernels: {other}"),
+            },
+        })?;
         Ok(Arc::new(gpu))
     }
 

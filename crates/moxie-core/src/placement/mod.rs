@@ -115,17 +115,24 @@ pub fn simulated_cuda_budgets() -> Result<Option<Vec<u64>>> {
 
 /// The free memory of each CUDA GPU this machine has, in device order: what placement
 /// budgets when the user states no `--gpu` sizes. Empty without the `cuda` feature or a
-/// driver.
-pub fn detected_cuda_budgets() -> Vec<u64> {
+/// driver (no GPU to use); a GPU the driver lists but moxie cannot open (no NVRTC of a usable
+/// version, say) is an error naming it, never a silent run on the CPU alone.
+pub fn detected_cuda_budgets() -> Result<Vec<u64>> {
     #[cfg(feature = "cuda")]
     {
         let n = moxie_gpu::cuda::CudaGpu::device_count().unwrap_or(0);
         (0..n)
-            .filter_map(|i| moxie_gpu::cuda::CudaGpu::open(i).ok())
-            .filter_map(|g| moxie_gpu::GpuBackend::memory(&*g).ok())
-            .map(|(_total, free)| free)
+            .map(|i| {
+                let gpu = moxie_gpu::cuda::CudaGpu::open(i)
+                    .and_then(|g| moxie_gpu::GpuBackend::memory(&*g));
+                gpu.map(|(_total, free)| free).map_err(|e| {
+                    Error::Placement(format!(
+                        "{e} (to run on the CPU only, hide the GPUs: CUDA_VISIBLE_DEVICES=\"\")"
+                    ))
+                })
+            })
             .collect()
     }
     #[cfg(not(feature = "cuda"))]
-    Vec::new()
+    Ok(Vec::new())
 }
