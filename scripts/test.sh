@@ -8,3 +8,8 @@ cargo clippy --workspace --all-targets -- -D warnings
 # The CUDA backend (feature `cuda`, driver loaded at run time) must build and lint clean too.
 cargo clippy --workspace --all-targets --features moxie-cli/cuda -- -D warnings
 cargo test --workspace
+# The `cuda` feature's tests: those that need no GPU run (NVRTC selection, errors without a
+# driver; the NVRTC compile tests skip, saying so, without libnvrtc), and the #[ignore]d GPU
+# ones compile (scripts/gpu-check.sh runs them on a GPU).
+cargo test -p moxie-gpu --features cuda
+cargo test -p moxie-core --features cuda --test gpu_emu --no-run
