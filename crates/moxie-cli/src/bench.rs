@@ -4,7 +4,9 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use moxie_core::bench::{decode_bytes, mean_std, read_bandwidth, run_once, BenchTest};
+use moxie_core::bench::{
+    decode_bytes, expert_reads_per_token, mean_std, read_bandwidth, run_once, BenchTest,
+};
 use moxie_core::state::kv_type_name;
 use moxie_core::{KvTypes, Model, Parallel};
 use moxie_quant::GgmlType;
@@ -272,6 +274,7 @@ pub fn main(a: Args, matches: &clap::ArgMatches) -> Result<()> {
     let show_kv = kv_types.iter().any(|t| *t != KvTypes::default());
     let mut rows = Vec::new();
     let mut bandwidths = Vec::new();
+    let mut expert_reads = Vec::new();
     for path in &a.model {
         let file = crate::open_gguf(path)?;
         let size = file.total_tensor_bytes();
@@ -305,8 +308,19 @@ pub fn main(a: Args, matches: &clap::ArgMatches) -> Result<()> {
                             run_once(&model, &par, test.warm_up(), micro, kv)?;
                         }
                         let mut samples = Vec::with_capacity(a.reps);
+                        let before = model.devices.stats();
                         for _ in 0..a.reps {
                             samples.push(run_once(&model, &par, test, micro, kv)?);
+                        }
+                        if test.n_gen > 0 {
+                            let tokens = (a.reps * test.n_gen) as u64;
+                            let after = model.devices.stats();
+                            if let Some(r) = expert_reads_per_token(&before, &after, tokens) {
+                                expert_reads.push(format!(
+                                    "{} t={t}: routed-expert weights read per generated token: {r}",
+                                    test.name()
+                                ));
+                            }
                         }
                         let row = Row {
                             model: desc.clone(),
@@ -338,7 +352,7 @@ pub fn main(a: Args, matches: &clap::ArgMatches) -> Result<()> {
             }
         }
     }
-    for line in bandwidths {
+    for line in expert_reads.iter().chain(&bandwidths) {
         eprintln!("{line}");
     }
     match a.output.as_str() {

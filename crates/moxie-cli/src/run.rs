@@ -463,6 +463,7 @@ pub fn run(a: RunArgs, matches: &ArgMatches) -> Result<()> {
         n_predict: a.n_predict,
         ubatch: a.ubatch_size.min(a.batch_size),
     };
+    let devices_before = model.devices.stats();
     let stats = generate(
         &model,
         &mut cache,
@@ -498,6 +499,14 @@ pub fn run(a: RunArgs, matches: &ArgMatches) -> Result<()> {
         par.n_threads(),
         par.n_threads_batch()
     );
+    // One-token passes: every generated token but the last was fed back.
+    let decode_passes = stats.n_generated.saturating_sub(1) as u64;
+    let after = model.devices.stats();
+    if let Some(r) =
+        moxie_core::bench::expert_reads_per_token(&devices_before, &after, decode_passes)
+    {
+        eprintln!("routed-expert weights read per generated token: {r}");
+    }
     Ok(())
 }
 

@@ -132,6 +132,28 @@ pub fn decode_bytes(model: &Model, n_kv: usize, kv: KvTypes) -> Result<DecodeByt
     Ok(b)
 }
 
+/// Routed-expert weights each device read per one-token pass between two snapshots of
+/// [`crate::device::Devices::stats`] that `tokens` decode passes apart (the devices that read
+/// none left out), e.g. `CPU 45.2 MiB, sim0 3.1 MiB`; `None` when no device read any (a dense
+/// model, or experts routed on a GPU, which keeps its routes).
+pub fn expert_reads_per_token(
+    before: &[(String, crate::device::DeviceStats)],
+    after: &[(String, crate::device::DeviceStats)],
+    tokens: u64,
+) -> Option<String> {
+    let decode = crate::telemetry::Phase::Decode as usize;
+    let parts: Vec<String> = before
+        .iter()
+        .zip(after)
+        .filter_map(|((name, b), (_, a))| {
+            let bytes = a.expert_bytes[decode].saturating_sub(b.expert_bytes[decode]);
+            (bytes > 0 && tokens > 0)
+                .then(|| format!("{name} {}", crate::placement::human_bytes(bytes / tokens)))
+        })
+        .collect();
+    (!parts.is_empty()).then(|| parts.join(", "))
+}
+
 /// Read bandwidth of this machine with `par`'s threads, in bytes per second: the median of five
 /// passes summing a `bytes`-long buffer (make it well above the last-level cache). The median,
 /// not the best pass: on a shared machine single passes vary by tens of percent.

@@ -37,8 +37,9 @@ pub enum DeviceKind {
     Gpu,
 }
 
-/// What one device has seen: bytes resident now and at most, and the copies that crossed its
-/// boundary (host to device and back), in calls and bytes.
+/// What one device has seen: bytes resident now and at most, the copies that crossed its
+/// boundary (host to device and back), in calls and bytes, and the routed-expert weights it
+/// read.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DeviceStats {
     pub resident_bytes: u64,
@@ -47,6 +48,12 @@ pub struct DeviceStats {
     pub bytes_in: u64,
     pub copies_out: u64,
     pub bytes_out: u64,
+    /// Bytes of routed-expert weights its MoE layers read, by [`crate::telemetry::Phase`]
+    /// (prompt batches, one-token decode): each selected expert's gate, up and down once per
+    /// pass. Counted where the routes are on the host (the CPU and simulated devices, and
+    /// GPU-resident experts of a layer routed elsewhere); a GPU that routes its own experts
+    /// counts nothing here (its routes stay on it: see the routing telemetry).
+    pub expert_bytes: [u64; 2],
 }
 
 /// One place memory lives.
@@ -64,6 +71,7 @@ pub struct Device {
     bytes_in: AtomicU64,
     copies_out: AtomicU64,
     bytes_out: AtomicU64,
+    expert_bytes: [AtomicU64; 2],
 }
 
 impl Device {
@@ -79,6 +87,7 @@ impl Device {
             bytes_in: AtomicU64::new(0),
             copies_out: AtomicU64::new(0),
             bytes_out: AtomicU64::new(0),
+            expert_bytes: [AtomicU64::new(0), AtomicU64::new(0)],
         }
     }
 
@@ -90,6 +99,7 @@ impl Device {
             bytes_in: self.bytes_in.load(Ordering::Relaxed),
             copies_out: self.copies_out.load(Ordering::Relaxed),
             bytes_out: self.bytes_out.load(Ordering::Relaxed),
+            expert_bytes: [0, 1].map(|i| self.expert_bytes[i].load(Ordering::Relaxed)),
         }
     }
 
@@ -241,6 +251,11 @@ impl Devices {
         if to != CPU {
             self.0[to].count_in(bytes);
         }
+    }
+
+    /// `bytes` of routed-expert weights read on device `id` by a pass of `phase`.
+    pub fn count_expert_reads(&self, id: DeviceId, phase: crate::telemetry::Phase, bytes: u64) {
+        self.0[id].expert_bytes[phase as usize].fetch_add(bytes, Ordering::Relaxed);
     }
 
     /// Every device's counters.

@@ -307,3 +307,40 @@ fn loading_reports_its_bytes_and_buffers() {
         "{buffers:?}"
     );
 }
+
+/// The routed-expert weights each device reads are counted: a one-token pass reads each of a
+/// layer's top-k experts once on the device that holds them; a prompt batch each expert that
+/// any of its tokens chose, once (the distinct experts the routing telemetry saw in it).
+#[test]
+fn expert_reads_are_counted_per_device_and_phase() {
+    use moxie_core::blocks::Ffn;
+    use moxie_core::telemetry::Phase;
+    let par = Parallel::new(2);
+    for stem in ["deepseek2-tiny-Q4_K_M", "qwen3moe-tiny-Q4_K_M"] {
+        let file = open(&fixtures().join(format!("models/{stem}.gguf")));
+        let devices = Devices::with_sims(&[1 << 30, 1 << 30]);
+        let model = Model::load_placed(Arc::clone(&file), &spread(&file, devices)).unwrap();
+        run(&model, &par); // 19 prompt tokens in one batch, then 3 one-token passes
+        let profile = model.routing_profile().unwrap();
+        let mut want = vec![[0u64; 2]; 3];
+        for (il, layer) in model.layers.iter().enumerate() {
+            let Ffn::Moe(m) = &layer.ffn else { continue };
+            let p = profile.layers.iter().find(|l| l.layer == il).unwrap();
+            let distinct = p.counts(Phase::Prefill).iter().filter(|&&c| c > 0).count();
+            let w = &mut want[m.experts_device];
+            w[Phase::Prefill as usize] += distinct as u64 * m.expert_bytes();
+            w[Phase::Decode as usize] += 3 * m.routing.n_expert_used as u64 * m.expert_bytes();
+        }
+        let got: Vec<[u64; 2]> = model
+            .devices
+            .stats()
+            .iter()
+            .map(|(_, s)| s.expert_bytes)
+            .collect();
+        assert_eq!(got, want, "{stem}: [prefill, decode] bytes per device");
+        assert!(
+            want.iter().filter(|w| w[1] > 0).count() >= 2,
+            "{stem}: {want:?}"
+        );
+    }
+}

@@ -156,6 +156,11 @@ impl Moe {
         self.gate_exps.ne[0]
     }
 
+    /// Bytes of one expert's gate, up and down weights (every expert's are the same size).
+    pub fn expert_bytes(&self) -> u64 {
+        self.routed_bytes() / self.routing.n_expert.max(1) as u64
+    }
+
     /// Bytes of the routed experts' weights.
     pub fn routed_bytes(&self) -> u64 {
         [&self.gate_exps, &self.up_exps, &self.down_exps]
@@ -305,6 +310,8 @@ pub struct MoeScratch {
     /// only the allocation is kept (see [`experts::recycle`]).
     products: Vec<(Mat<'static>, &'static [u8])>,
     out: Vec<f32>,
+    /// Which experts the routes select, for counting each once ([`count_expert_reads`]).
+    seen: Vec<bool>,
 }
 
 impl MoeScratch {
@@ -402,6 +409,21 @@ fn run_experts(
     }
 }
 
+/// Count the routed-expert weights that the routes in `s` (for `n` tokens) make device `dev`
+/// read: each selected expert's gate, up and down once, however many tokens chose it.
+fn count_expert_reads(m: &Moe, devices: &Devices, dev: DeviceId, n: usize, s: &mut MoeScratch) {
+    s.seen.clear();
+    s.seen.resize(m.routing.n_expert, false);
+    let mut distinct = 0u64;
+    for &(e, _) in &s.routes {
+        if !std::mem::replace(&mut s.seen[e], true) {
+            distinct += 1;
+        }
+    }
+    let phase = crate::telemetry::Phase::of_batch(n);
+    devices.count_expert_reads(dev, phase, distinct * m.expert_bytes());
+}
+
 /// The rows an MoE layer with its routed experts on another device sends there (its normed
 /// input) and gets back (their weighted sum), kept for all layers of a forward pass.
 pub(crate) struct SplitMoeBuffers<'d> {
@@ -427,6 +449,7 @@ impl Block for Moe {
         if self.experts_device == self.device {
             let out = forward(self, h, p.n, p.par, &mut p.moe)?;
             ops::add_assign(x, out);
+            count_expert_reads(self, p.devices, self.device, p.n, &mut p.moe);
             return Ok(());
         }
         // The routed experts live elsewhere (e.g. `-ot exps=CPU` with the rest on a GPU):
@@ -435,6 +458,7 @@ impl Block for Moe {
         // [`forward`] forms.
         let (n, dev, edev) = (p.n, self.device, self.experts_device);
         route(self, h, n, p.par, &mut p.moe)?;
+        count_expert_reads(self, p.devices, edev, n, &mut p.moe);
         // The routes cross too: an expert id and a weight per selection.
         let route_bytes = std::mem::size_of_val(p.moe.routes());
         p.devices.count_copy(dev, edev, route_bytes);
@@ -521,6 +545,7 @@ impl Block for Moe {
             gpu.add(x, o, n * e)?;
         }
         p.moe.set_routes(&host.ids, &host.weights, r.n_expert)?;
+        count_expert_reads(self, p.devices, self.experts_device, n, &mut p.moe);
         let s = p.gpu.buf(id, "expert_sum", n * e)?;
         if p.devices.gpu(self.experts_device).is_some() {
             // Experts on another GPU: through the host.
