@@ -467,9 +467,9 @@ fn not_found(explicit: bool, driver_major: Option<u32>, tried: &[String]) -> Str
         )
     };
     msg.push_str(&format!(
-        ". Install the NVRTC of {want} (the toolkit's, or `pip install nvidia-cuda-nvrtc-cu12` / \
-         `nvidia-cuda-nvrtc==13.*`) and put its lib directory on LD_LIBRARY_PATH, set CUDA_HOME, \
-         or name the library in MOXIE_NVRTC."
+        ". Install NVRTC for {want}: the toolkit's, or `pip install nvidia-cuda-nvrtc-cu12` \
+         (`nvidia-cuda-nvrtc==13.*` for CUDA 13); then put its lib directory on \
+         LD_LIBRARY_PATH, set CUDA_HOME, or name the library in MOXIE_NVRTC."
     ));
     let shown: Vec<&String> = tried
         .iter()
