@@ -16,6 +16,7 @@ const SPELLINGS: &[(&str, &str)] = &[
     ("-ctk", "--cache-type-k"),
     ("-ctv", "--cache-type-v"),
     ("-ot", "--override-tensor"),
+    ("-oe", "--override-experts"),
     ("-cmoe", "--cpu-moe"),
     ("-ncmoe", "--n-cpu-moe"),
     ("-ngl", "--n-gpu-layers"),

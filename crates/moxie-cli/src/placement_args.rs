@@ -5,8 +5,8 @@ use anyhow::{bail, Context, Result};
 use clap::parser::ValueSource;
 use clap::ArgMatches;
 use moxie_core::placement::{
-    device_list, parse_size, parse_size_list, system_memory_bytes, DeviceSpec, PlacementArg,
-    PlacementOptions, SplitMode,
+    device_list, parse_size, parse_size_list, system_memory_bytes, DeviceSpec, ExpertOverride,
+    PlacementArg, PlacementOptions, SplitMode,
 };
 
 #[derive(clap::Args)]
@@ -16,6 +16,12 @@ pub struct PlacementArgs {
     /// --n-cpu-moe. BUF: CPU, CUDA0, CUDA1, ..., sim0, sim1, ...
     #[arg(long = "override-tensor", value_name = "REGEX=BUF,...")]
     pub override_tensor: Vec<String>,
+    /// Put routed experts on a device one by one (also `-oe`): "LAYERS:EXPERTS=DEVICE", e.g.
+    /// "3-5,12:0-7,40=sim0" or "*:0-3=sim0" (every MoE layer); repeatable, earlier flags win
+    /// an expert. The layers' other experts stay where -ot/-ngl put them (the CPU). Simulated
+    /// devices only so far.
+    #[arg(long = "override-experts", value_name = "LAYERS:EXPERTS=DEVICE")]
+    pub override_experts: Vec<String>,
     /// Keep every routed expert on the CPU (also `-cmoe`).
     #[arg(long = "cpu-moe")]
     pub cpu_moe: bool,
@@ -122,6 +128,11 @@ impl PlacementArgs {
             main_gpu: self.main_gpu,
             fit: self.fit,
             expert_priority: None,
+            expert_overrides: self
+                .override_experts
+                .iter()
+                .map(|v| ExpertOverride::parse(v))
+                .collect::<moxie_core::Result<_>>()?,
         })
     }
 

@@ -159,3 +159,57 @@ fn weights_read_into_memory_give_the_same_logits() {
         );
     }
 }
+
+/// `-oe`: experts placed one by one on a simulated device. The text is the one without it
+/// (the same kernels run), the plan lists the experts, and the routed-expert reads per
+/// generated token are booked on both devices; a malformed value is refused by name.
+#[test]
+fn experts_placed_one_by_one_on_a_sim() {
+    let m = fixture_model("deepseek2-tiny-Q4_K_M.gguf");
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "-m",
+            &m,
+            "-p",
+            "The quick brown fox",
+            "-n",
+            "6",
+            "--temp",
+            "0",
+            "--sim",
+            "1GiB",
+            "-ngl",
+            "999",
+            "-ot",
+            "exps=CPU",
+        ];
+        args.extend_from_slice(extra);
+        moxie(&args)
+    };
+    let plain = run(&[]);
+    assert!(
+        plain.status.success(),
+        "{}",
+        String::from_utf8_lossy(&plain.stderr)
+    );
+    let split = run(&["-oe", "*:0-7=sim0"]);
+    let err = String::from_utf8_lossy(&split.stderr);
+    assert!(split.status.success(), "{err}");
+    assert_eq!(plain.stdout, split.stdout);
+    assert!(
+        err.contains("experts placed one by one") && err.contains("experts 0-7 (8 of 16"),
+        "{err}"
+    );
+    let reads = err
+        .lines()
+        .find(|l| l.starts_with("routed-expert weights read per generated token"))
+        .unwrap_or_else(|| panic!("{err}"));
+    assert!(reads.contains("CPU ") && reads.contains("sim0 "), "{reads}");
+    let bad = run(&["-oe", "1:0-7"]);
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        !bad.status.success() && err.contains("-oe '1:0-7': no '='"),
+        "{err}"
+    );
+}

@@ -16,11 +16,14 @@ use crate::tensor::Tensor;
 use crate::{Error, Result};
 
 /// Where a model's tensors go: its devices and a device per tensor name (a tensor not listed
-/// stays on the CPU).
+/// stays on the CPU), and routed experts placed one by one (`-oe`).
 #[derive(Default)]
 pub struct Placement {
     pub devices: Devices,
     pub tensors: HashMap<String, DeviceId>,
+    /// Per block: the device and the experts that live there rather than with the rest of
+    /// the block's routed experts.
+    pub experts: HashMap<usize, (DeviceId, Vec<usize>)>,
 }
 
 impl Placement {
@@ -97,6 +100,53 @@ impl<'a> TensorSource<'a> {
 
     pub fn devices(&self) -> &Devices {
         &self.placement.devices
+    }
+
+    /// Layer `il`'s experts that the placement puts on another device than `experts_device`
+    /// (where the layer's routed-expert tensors are), `expert_bytes` each, held against that
+    /// device's budget.
+    pub fn hot_experts(
+        &self,
+        il: usize,
+        n_expert: usize,
+        expert_bytes: u64,
+        experts_device: DeviceId,
+    ) -> Result<Option<crate::blocks::moe::HotExperts>> {
+        let Some((device, list)) = self.placement.experts.get(&il) else {
+            return Ok(None);
+        };
+        let devices = self.devices();
+        let name = &devices.get(*device).name;
+        if let Some(e) = list.iter().find(|&&e| e >= n_expert) {
+            return Err(Error::Model(format!(
+                "layer {il}: expert {e} placed on {name}, but the layer has {n_expert} experts"
+            )));
+        }
+        if *device == experts_device || list.is_empty() {
+            return Ok(None);
+        }
+        if experts_device != CPU {
+            return Err(Error::Model(format!(
+                "layer {il}: experts placed on {name} off routed experts that are on {} (per-expert \
+                 placement splits experts off the CPU's)",
+                devices.get(experts_device).name
+            )));
+        }
+        if devices.gpu(*device).is_some() {
+            return Err(Error::Model(format!(
+                "layer {il}: experts placed on {name}: per-expert placement runs on simulated \
+                 devices only so far (rehearse it with --sim; -ot places whole expert layers)"
+            )));
+        }
+        let what = format!("layer {il}'s experts {}", crate::placement::ranges(list));
+        let held = devices.reserve(*device, expert_bytes * list.len() as u64, &what)?;
+        let mut is_hot = vec![false; n_expert];
+        list.iter().for_each(|&e| is_hot[e] = true);
+        Ok(Some(crate::blocks::moe::HotExperts {
+            device: *device,
+            is_hot,
+            held,
+        }))
     }
 
     /// The tensors of one block (`what`, e.g. "layer 3's attention"), which must all be on

@@ -104,7 +104,11 @@ fn placement(
         };
         tensors.insert(t.name.clone(), dev);
     }
-    Placement { devices, tensors }
+    Placement {
+        devices,
+        tensors,
+        ..Default::default()
+    }
 }
 
 /// Everything on GPU0, the token embeddings included.

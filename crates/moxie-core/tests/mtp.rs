@@ -161,6 +161,7 @@ fn the_mtp_block_loads_only_on_request() {
     let placement = || Placement {
         devices: Devices::with_sims(&[1 << 30]),
         tensors: tensors.clone(),
+        ..Default::default()
     };
     let skipped = Model::load_placed(Arc::clone(&file), &placement()).unwrap();
     assert_eq!(skipped.devices.get(1).stats().resident_bytes, 0);
@@ -231,6 +232,7 @@ fn drafts_on_other_devices() {
         &Placement {
             devices: Devices::with_sims(&[1 << 30, 1 << 30]),
             tensors: tensors.clone(),
+            ..Default::default()
         },
         MTP,
     )
@@ -251,6 +253,7 @@ fn drafts_on_other_devices() {
         &Placement {
             devices: gpus,
             tensors: all_gpu,
+            ..Default::default()
         },
         MTP,
     )

@@ -819,3 +819,86 @@ fn long_context_plans_hold_no_score_matrix() {
         );
     }
 }
+
+/// `-oe LAYERS:EXPERTS=DEVICE`: the listed experts' bytes go to the device (they stay in RAM
+/// too), earlier flags keep the experts they placed, and what cannot run or does not exist is
+/// said plainly.
+#[test]
+fn experts_placed_one_by_one() {
+    use moxie_core::placement::ExpertOverride;
+    let m = Model::open(DS);
+    let devices = device_list(1024 * GIB, &[24 * GIB], &[64 * GIB]);
+    let with = |oe: &[&str]| PlacementOptions {
+        args: vec![PlacementArg::CpuMoe],
+        expert_overrides: oe
+            .iter()
+            .map(|v| ExpertOverride::parse(v).unwrap())
+            .collect(),
+        ..Default::default()
+    };
+    let base = m.plan(&with(&[]), &devices);
+    let p = m.plan(&with(&["3-5:0-31=sim0", "*:24-39=sim0"]), &devices);
+    // Blocks 3-5 get 0-31 from the first flag and 32-39 from the second; the other 55 MoE
+    // blocks 24-39 (16 experts).
+    let splits: Vec<(usize, &str, usize)> = p
+        .expert_splits
+        .iter()
+        .map(|s| {
+            (
+                s.layer,
+                p.devices[s.device].spec.name.as_str(),
+                s.experts.len(),
+            )
+        })
+        .collect();
+    assert_eq!(splits.len(), 3 * 2 + 55, "{splits:?}");
+    assert!(splits.contains(&(3, "sim0", 32)) && splits.contains(&(3, "sim0", 8)));
+    assert!(splits.contains(&(60, "sim0", 16)));
+    let share = |il: usize, n: u64| m.expert_bytes([il]) * n / 256;
+    let to_sim: u64 = (3..61)
+        .map(|il| share(il, if il <= 5 { 40 } else { 16 }))
+        .sum();
+    let sim = p.device_index("sim0").unwrap();
+    assert_eq!(
+        p.devices[sim].weights_bytes - base.devices[sim].weights_bytes,
+        to_sim
+    );
+    assert_eq!(p.devices[0].weights_bytes, base.devices[0].weights_bytes);
+    assert!(p.can_run(), "{:?}", p.unsupported);
+    // On a GPU it cannot run yet (planned all the same).
+    let p = m.plan(&with(&["4:100=CUDA0"]), &devices);
+    let gpu = p.device_index("CUDA0").unwrap();
+    assert_eq!(
+        p.devices[gpu].weights_bytes - base.devices[gpu].weights_bytes,
+        share(4, 1)
+    );
+    assert!(
+        p.unsupported.len() == 1 && p.unsupported[0].contains("simulated devices only"),
+        "{:?}",
+        p.unsupported
+    );
+    // Two devices for one layer's experts, and experts split off a GPU's layer.
+    let p = m.plan(&with(&["4:0=sim0", "4:1=CUDA0"]), &devices);
+    assert!(p.unsupported.iter().any(|u| u.contains("two devices")));
+    let on_gpu = PlacementOptions {
+        expert_overrides: vec![ExpertOverride::parse("10:0=sim0").unwrap()],
+        ..Default::default()
+    };
+    let p = m.plan(&on_gpu, &devices);
+    assert!(
+        p.unsupported
+            .iter()
+            .any(|u| u.contains("other experts are on CUDA0")),
+        "{:?}",
+        p.unsupported
+    );
+    // Bad values name the problem.
+    let err = |oe: &str| {
+        plan_for_file(&m.file, &with(&[oe]), &devices, &run(KvTypes::default()))
+            .unwrap_err()
+            .to_string()
+    };
+    assert!(err("2:0=sim0").contains("layer 2 has no routed experts"));
+    assert!(err("3:256=sim0").contains("experts 0-255, not 256"));
+    assert!(err("3:0=sim9").contains("no device 'sim9'"));
+}

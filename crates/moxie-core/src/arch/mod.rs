@@ -91,13 +91,22 @@ pub(crate) fn moe_ffn(c: &Config, t: &BlockTensors, src: &TensorSource, il: usiz
     } else {
         None
     };
+    let gate_exps = experts.get(&blk(il, "ffn_gate_exps.weight"), &[d, f, e])?;
+    let up_exps = experts.get(&blk(il, "ffn_up_exps.weight"), &[d, f, e])?;
+    let down_exps = experts.get(&blk(il, "ffn_down_exps.weight"), &[f, d, e])?;
+    let expert_bytes = [&gate_exps, &up_exps, &down_exps]
+        .iter()
+        .map(|t| t.data().len() as u64)
+        .sum::<u64>()
+        / e.max(1) as u64;
+    let hot = src.hot_experts(il, e, expert_bytes, experts.device())?;
     Ok(Ffn::Moe(Box::new(Moe {
         routing: Routing::from_config(c),
         router,
         probs_bias,
-        gate_exps: experts.get(&blk(il, "ffn_gate_exps.weight"), &[d, f, e])?,
-        up_exps: experts.get(&blk(il, "ffn_up_exps.weight"), &[d, f, e])?,
-        down_exps: experts.get(&blk(il, "ffn_down_exps.weight"), &[f, d, e])?,
+        gate_exps,
+        up_exps,
+        down_exps,
         shared,
         shared_gate: None,
         device: t.device(),
@@ -112,6 +121,7 @@ pub(crate) fn moe_ffn(c: &Config, t: &BlockTensors, src: &TensorSource, il: usiz
             }
             None => None,
         },
+        hot,
     })))
 }
 

@@ -5,6 +5,7 @@
 //! need no GPU. `docs/architecture.md` ("Placement") describes the rules and the estimates.
 
 mod devices;
+mod experts;
 #[cfg(test)]
 mod fit_tests;
 mod plan;
@@ -16,6 +17,7 @@ pub use devices::{
     available_memory_bytes, device_list, human_bytes, parse_size, parse_size_list,
     system_memory_bytes, DeviceKind, DeviceSpec,
 };
+pub use experts::{ExpertOverride, ExpertSplit};
 pub use plan::{
     plan, ranges, DeviceUse, LayerKind, LayerPlacement, PlacementOptions, Plan, Reason, RuleUse,
     RunShape, SplitMode, TensorGroup, TensorPlacement, DEFAULT_CONTEXT, GPU_HEADROOM_BYTES,
@@ -67,7 +69,24 @@ impl crate::model::Placement {
                 tensors.insert(t.name.clone(), id);
             }
         }
-        Ok(crate::model::Placement { devices, tensors })
+        let mut experts = std::collections::HashMap::new();
+        for s in &plan.expert_splits {
+            let id = devices.by_name(&plan.devices[s.device].spec.name)?;
+            let (dev, list) = experts.entry(s.layer).or_insert((id, Vec::new()));
+            if *dev != id {
+                return Err(Error::Placement(format!(
+                    "layer {}: -oe puts experts on two devices; one device per layer so far",
+                    s.layer
+                )));
+            }
+            list.extend(&s.experts);
+            list.sort_unstable();
+        }
+        Ok(crate::model::Placement {
+            devices,
+            tensors,
+            experts,
+        })
     }
 }
 

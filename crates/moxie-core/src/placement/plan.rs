@@ -6,6 +6,7 @@ use moxie_gguf::TensorInfo;
 use moxie_quant::GgmlType;
 
 use super::devices::{human_bytes, DeviceKind, DeviceSpec};
+use super::experts::{split_experts, ExpertOverride, ExpertSplit};
 use super::rules::{compile_rules, first_match, PlacementArg, Rule, RuleOrigin};
 use super::shape::ModelShape;
 use crate::inventory::{layer_of, Role};
@@ -73,6 +74,8 @@ pub struct PlacementOptions {
     /// Order in which `--fit` offers whole routed-expert layers to the GPUs. Layers not listed
     /// follow in the default order (head and tail first, alternating).
     pub expert_priority: Option<Vec<usize>>,
+    /// `-oe`: routed experts placed one by one, in command-line order.
+    pub expert_overrides: Vec<ExpertOverride>,
 }
 
 /// The context when none is given: `moxie run`'s default, capped at the training context.
@@ -289,6 +292,8 @@ pub struct Plan {
     /// than it takes), each naming the device and what to do instead: found before any weight
     /// is read. A plan with any cannot run.
     pub unsupported: Vec<String>,
+    /// Experts that `-oe` put on another device than the rest of their layer's.
+    pub expert_splits: Vec<ExpertSplit>,
 }
 
 impl Plan {
@@ -551,8 +556,16 @@ pub fn plan(
         effective_ngl = fitted.n_gpu_layers;
     }
 
+    let placed: Vec<Option<usize>> = slots.iter().map(|s| s.device).collect();
+    let expert_splits = split_experts(&opts.expert_overrides, tensors, &groups, &placed, devices)?;
+
     // Totals per device.
     let mut loads = vec![Load::default(); devices.len()];
+    for s in &expert_splits {
+        // Added where they go; they stay in RAM too (see `experts`).
+        loads[s.device].weights += s.bytes;
+        loads[s.device].runs_layers = true;
+    }
     for ((t, slot), &(_, group)) in tensors.iter().zip(&slots).zip(&groups) {
         if let Some(d) = slot.device {
             loads[d].weights += t.n_bytes;
@@ -632,7 +645,10 @@ pub fn plan(
         fits: false,
         messages,
         unsupported: gpu_problems(model, tensors, &slots, &layer_devices, devices, run),
+        expert_splits,
     };
+    let experts_unsupported = super::experts::unsupported(&plan.expert_splits, devices, cpu);
+    plan.unsupported.extend(experts_unsupported);
     plan.fits = plan.devices.iter().all(DeviceUse::fits);
     let advice = over_budget_advice(&plan, model, run);
     plan.messages.extend(advice);

@@ -107,6 +107,15 @@ impl Plan {
             "rules": rules,
             "tensors": tensors,
             "messages": self.messages,
+            "expert_splits": self.expert_splits.iter().map(|e| serde_json::json!({
+                "layer": e.layer,
+                "device": self.device_name(e.device),
+                "from": self.device_name(e.from),
+                "experts": e.experts,
+                "n_expert": e.n_expert,
+                "bytes": e.bytes,
+                "flag": e.flag,
+            })).collect::<Vec<_>>(),
         })
     }
 
@@ -193,6 +202,14 @@ impl Plan {
 
         out.push_str("\nlayers:\n");
         out.push_str(&self.layers_table());
+
+        if !self.expert_splits.is_empty() {
+            out.push_str("\nexperts placed one by one (also kept in RAM):\n");
+            let specs: Vec<_> = self.devices.iter().map(|d| d.spec.clone()).collect();
+            for e in &self.expert_splits {
+                out.push_str(&format!("- {}\n", e.describe(&specs)));
+            }
+        }
 
         if !self.messages.is_empty() {
             out.push_str("\nmessages:\n");

@@ -106,6 +106,19 @@ pub struct Moe {
     /// `route_tally` buffer in that GPU's memory, emptied into the model's counters by
     /// [`crate::Model::flush_routing`].
     pub tally: Option<moxie_gpu::Buffer>,
+    /// Experts placed one by one on another device (`-oe`), if any.
+    pub hot: Option<HotExperts>,
+}
+
+/// A layer's routed experts that `-oe` placed on another device than the rest of them, held
+/// against that device's budget. Simulated devices only so far: the CPU computes the layer as
+/// ever (so the logits are the all-CPU ones) while the counters book the hot experts' reads on
+/// their device and the rows that would cross to it and back.
+pub struct HotExperts {
+    pub device: DeviceId,
+    /// Per expert of the layer: whether it is on `device`.
+    pub is_hot: Vec<bool>,
+    pub held: crate::device::Reservation,
 }
 
 impl Moe {
@@ -410,18 +423,29 @@ fn run_experts(
 }
 
 /// Count the routed-expert weights that the routes in `s` (for `n` tokens) make device `dev`
-/// read: each selected expert's gate, up and down once, however many tokens chose it.
+/// read: each selected expert's gate, up and down once, however many tokens chose it. Hot
+/// experts ([`HotExperts`]) are read on their device, which the tokens' rows and routes cross
+/// to and their weighted sum back from, when any token chose one.
 fn count_expert_reads(m: &Moe, devices: &Devices, dev: DeviceId, n: usize, s: &mut MoeScratch) {
     s.seen.clear();
     s.seen.resize(m.routing.n_expert, false);
-    let mut distinct = 0u64;
+    let (mut cold, mut hot) = (0u64, 0u64);
     for &(e, _) in &s.routes {
         if !std::mem::replace(&mut s.seen[e], true) {
-            distinct += 1;
+            match &m.hot {
+                Some(h) if h.is_hot[e] => hot += 1,
+                _ => cold += 1,
+            }
         }
     }
     let phase = crate::telemetry::Phase::of_batch(n);
-    devices.count_expert_reads(dev, phase, distinct * m.expert_bytes());
+    devices.count_expert_reads(dev, phase, cold * m.expert_bytes());
+    if let Some(h) = m.hot.as_ref().filter(|_| hot > 0) {
+        devices.count_expert_reads(h.device, phase, hot * m.expert_bytes());
+        let rows = n * m.n_embd() * F32;
+        devices.count_copy(dev, h.device, rows + std::mem::size_of_val(s.routes()));
+        devices.count_copy(h.device, dev, rows);
+    }
 }
 
 /// The rows an MoE layer with its routed experts on another device sends there (its normed
