@@ -5,8 +5,8 @@ use anyhow::{bail, Context, Result};
 use clap::parser::ValueSource;
 use clap::ArgMatches;
 use moxie_core::placement::{
-    device_list, parse_size, parse_size_list, system_memory_bytes, DeviceSpec, ExpertOverride,
-    PlacementArg, PlacementOptions, SplitMode,
+    device_list, parse_size, parse_size_list, system_memory_bytes, DeviceSpec, ExpertFrequencies,
+    ExpertOverride, PlacementArg, PlacementOptions, SplitMode,
 };
 
 #[derive(clap::Args)]
@@ -22,6 +22,11 @@ pub struct PlacementArgs {
     /// devices only so far.
     #[arg(long = "override-experts", value_name = "LAYERS:EXPERTS=DEVICE")]
     pub override_experts: Vec<String>,
+    /// With --fit: a routing profile (`moxie profile`, `serve --profile-out`) by which the fit
+    /// places hot routed experts one by one where that takes more expected reads per decoded
+    /// token off the CPU than whole expert layers do (simulated devices only so far).
+    #[arg(long = "profile", value_name = "FILE")]
+    pub profile: Option<std::path::PathBuf>,
     /// Keep every routed expert on the CPU (also `-cmoe`).
     #[arg(long = "cpu-moe")]
     pub cpu_moe: bool,
@@ -68,6 +73,21 @@ pub struct PlacementArgs {
     /// already. --exact never repacks (both put stored interleaved rows back in GGUF order).
     #[arg(long = "no-repack")]
     pub no_repack: bool,
+}
+
+impl PlacementArgs {
+    /// `--profile`'s expert rates (it needs `--fit`).
+    fn expert_profile(&self) -> Result<Option<ExpertFrequencies>> {
+        let Some(path) = &self.profile else {
+            return Ok(None);
+        };
+        if !self.fit {
+            bail!("--profile places experts with --fit; add --fit");
+        }
+        let p = moxie_core::telemetry::RoutingProfile::read(path)?
+            .with_context(|| format!("--profile {}: no such file", path.display()))?;
+        Ok(Some(ExpertFrequencies::from_profile(&p)))
+    }
 }
 
 /// A `-sm` value.
@@ -133,6 +153,7 @@ impl PlacementArgs {
                 .iter()
                 .map(|v| ExpertOverride::parse(v))
                 .collect::<moxie_core::Result<_>>()?,
+            expert_profile: self.expert_profile()?,
         })
     }
 

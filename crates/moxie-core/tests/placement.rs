@@ -902,3 +902,97 @@ fn experts_placed_one_by_one() {
     assert!(err("3:256=sim0").contains("experts 0-255, not 256"));
     assert!(err("3:0=sim9").contains("no device 'sim9'"));
 }
+
+/// `--fit --profile`: with skewed routing the fit places each layer's hot experts on the GPU
+/// one by one (the most chosen first) and says what it expects to take off the CPU; where
+/// whole layers do as well (room for all of them) it keeps them; a CUDA GPU keeps whole layers (per
+/// expert runs on simulated devices only so far); a profile of another model is refused.
+#[test]
+fn fit_with_a_profile_places_hot_experts() {
+    use moxie_core::placement::ExpertFrequencies;
+    use moxie_core::telemetry::{LayerProfile, RoutingProfile};
+    let m = Model::open(DS);
+    // 8 of 256 experts per token; experts 0-31 of each layer take 7 of those 8 selections.
+    let profile = |n_expert: usize, hot: usize| {
+        let layers = (3..61)
+            .map(|il| {
+                let counts: Vec<u64> = (0..n_expert)
+                    .map(|e| {
+                        if e < hot {
+                            7000 / hot as u64
+                        } else {
+                            1000 / (n_expert - hot) as u64
+                        }
+                    })
+                    .collect();
+                LayerProfile {
+                    layer: il,
+                    tokens: [0, 1000],
+                    mass: [vec![0.0; n_expert], vec![0.0; n_expert]],
+                    counts: [vec![0; n_expert], counts],
+                }
+            })
+            .collect();
+        ExpertFrequencies::from_profile(&RoutingProfile {
+            arch: "deepseek2".into(),
+            n_expert,
+            layers,
+        })
+    };
+    let fit = |freq: ExpertFrequencies, devices: &[DeviceSpec]| {
+        let o = PlacementOptions {
+            fit: true,
+            expert_profile: Some(freq),
+            ..Default::default()
+        };
+        plan_for_file(&m.file, &o, devices, &run(KvTypes::default()))
+    };
+    let sims = device_list(1024 * GIB, &[], &[48 * GIB]);
+    let p = fit(profile(256, 32), &sims).unwrap();
+    assert!(p.can_run(), "{:?}", p.unsupported);
+    let said = p
+        .messages
+        .iter()
+        .find(|m| m.contains("--fit --profile"))
+        .unwrap();
+    assert!(said.contains("placing hot experts"), "{said}");
+    // Hot experts of many layers rather than whole layers: no routed-expert tensor on sim0.
+    assert!(p.expert_splits.len() > 20, "{}", p.expert_splits.len());
+    assert!(p
+        .expert_splits
+        .iter()
+        .all(|s| s.experts.iter().all(|&e| e < 32) || s.experts.len() == 256));
+    let sim = p.device_index("sim0").unwrap();
+    assert!(p
+        .tensors
+        .iter()
+        .all(|t| t.group != TensorGroup::RoutedExperts || t.device != Some(sim)));
+    // Room for every expert layer: whole layers are as good; they stay.
+    let p = fit(
+        profile(256, 32),
+        &device_list(1024 * GIB, &[], &[1024 * GIB]),
+    )
+    .unwrap();
+    let said = p
+        .messages
+        .iter()
+        .find(|m| m.contains("--fit --profile"))
+        .unwrap();
+    assert!(said.contains("keeping whole layers"), "{said}");
+    assert!(p.expert_splits.is_empty());
+    // A CUDA GPU: whole layers, saying why.
+    let p = fit(profile(256, 32), &gpus(&[48 * GIB])).unwrap();
+    let said = p
+        .messages
+        .iter()
+        .find(|m| m.contains("--fit --profile"))
+        .unwrap();
+    assert!(said.contains("simulated devices only"), "{said}");
+    assert!(p.expert_splits.is_empty() && p.unsupported.is_empty());
+    // Another model's profile.
+    let e = fit(profile(64, 8), &sims).unwrap_err().to_string();
+    assert!(
+        e.contains("64 experts in the profile and 256 in the model"),
+        "{e}"
+    );
+}

@@ -101,6 +101,42 @@ fn parse_list(text: &str) -> std::result::Result<Vec<usize>, String> {
     Ok(out)
 }
 
+/// How often each expert is chosen per decoded token, per layer (what `--fit --profile`
+/// places hot experts by): from a routing profile's decode counts over its decoded tokens (or
+/// both phases' where it saw no decode). A layer's rates sum to its top-k.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ExpertFrequencies(std::collections::BTreeMap<usize, Vec<f64>>);
+
+impl ExpertFrequencies {
+    pub fn from_profile(p: &crate::telemetry::RoutingProfile) -> ExpertFrequencies {
+        use crate::telemetry::Phase;
+        let mut out = std::collections::BTreeMap::new();
+        for l in &p.layers {
+            let decode = l.tokens[Phase::Decode as usize];
+            let (counts, tokens) = if decode > 0 {
+                (l.counts(Phase::Decode).to_vec(), decode)
+            } else {
+                (l.total_counts(), l.tokens.iter().sum())
+            };
+            if tokens > 0 {
+                let rates = counts.iter().map(|&c| c as f64 / tokens as f64).collect();
+                out.insert(l.layer, rates);
+            }
+        }
+        ExpertFrequencies(out)
+    }
+
+    /// Every layer with rates, in order.
+    pub fn layers(&self) -> impl Iterator<Item = (usize, &[f64])> {
+        self.0.iter().map(|(&il, r)| (il, r.as_slice()))
+    }
+
+    /// Layer `il`'s rates, one per expert.
+    pub fn get(&self, il: usize) -> Option<&[f64]> {
+        self.0.get(&il).map(Vec::as_slice)
+    }
+}
+
 /// Experts of one layer on another device than the rest of the layer's experts.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ExpertSplit {
@@ -115,22 +151,26 @@ pub struct ExpertSplit {
     pub n_expert: usize,
     /// Their gate, up and down weights.
     pub bytes: u64,
-    /// The `-oe` value that placed them.
+    /// The `-oe` value that placed them, or `--fit --profile`.
     pub flag: String,
 }
 
 impl ExpertSplit {
-    /// `blk.5: experts 0-7,12 (9 of 64, 36.0 MiB) on sim0 (-oe '...')`.
+    /// `blk.5: experts 0-7, 12 (9 of 64, 36.0 MiB) on sim0 (-oe '...')`.
     pub fn describe(&self, devices: &[DeviceSpec]) -> String {
+        let flag = if self.flag.starts_with("--") {
+            self.flag.clone()
+        } else {
+            format!("-oe '{}'", self.flag)
+        };
         format!(
-            "blk.{}: experts {} ({} of {}, {}) on {} (-oe '{}')",
+            "blk.{}: experts {} ({} of {}, {}) on {} ({flag})",
             self.layer,
             ranges(&self.experts),
             self.experts.len(),
             self.n_expert,
             human_bytes(self.bytes),
             devices[self.device].name,
-            self.flag
         )
     }
 }

@@ -17,7 +17,7 @@ pub use devices::{
     available_memory_bytes, device_list, human_bytes, parse_size, parse_size_list,
     system_memory_bytes, DeviceKind, DeviceSpec,
 };
-pub use experts::{ExpertOverride, ExpertSplit};
+pub use experts::{ExpertFrequencies, ExpertOverride, ExpertSplit};
 pub use plan::{
     plan, ranges, DeviceUse, LayerKind, LayerPlacement, PlacementOptions, Plan, Reason, RuleUse,
     RunShape, SplitMode, TensorGroup, TensorPlacement, DEFAULT_CONTEXT, GPU_HEADROOM_BYTES,

@@ -6,7 +6,7 @@ use moxie_gguf::TensorInfo;
 use moxie_quant::GgmlType;
 
 use super::devices::{human_bytes, DeviceKind, DeviceSpec};
-use super::experts::{split_experts, ExpertOverride, ExpertSplit};
+use super::experts::{split_experts, ExpertFrequencies, ExpertOverride, ExpertSplit};
 use super::rules::{compile_rules, first_match, PlacementArg, Rule, RuleOrigin};
 use super::shape::ModelShape;
 use crate::inventory::{layer_of, Role};
@@ -76,6 +76,10 @@ pub struct PlacementOptions {
     pub expert_priority: Option<Vec<usize>>,
     /// `-oe`: routed experts placed one by one, in command-line order.
     pub expert_overrides: Vec<ExpertOverride>,
+    /// `--profile` with `--fit`: how often each layer's experts are chosen per decoded token,
+    /// so the fit can place hot experts one by one where that saves more CPU reads than whole
+    /// expert layers.
+    pub expert_profile: Option<ExpertFrequencies>,
 }
 
 /// The context when none is given: `moxie run`'s default, capped at the training context.
@@ -486,6 +490,9 @@ pub fn plan(
         .filter(|&d| devices[d].kind.is_gpu())
         .collect();
     let split_gpus = split_gpus(opts, &gpus)?;
+    if let Some(freq) = &opts.expert_profile {
+        check_profile(freq, tensors)?;
+    }
     let rules = compile_rules(&opts.args, devices)?;
     let groups = classify(model, tensors)?;
     let n_block = model.n_block;
@@ -539,6 +546,7 @@ pub fn plan(
         n_gpu_layers.min(n_block + 1)
     };
 
+    let mut fitted_experts = Vec::new();
     if opts.fit {
         let fitted = Fit {
             model,
@@ -554,10 +562,19 @@ pub fn plan(
         layer_devices = fitted.layer_devices;
         output_device = fitted.output_device;
         effective_ngl = fitted.n_gpu_layers;
+        fitted_experts = fitted.hot_experts;
     }
 
     let placed: Vec<Option<usize>> = slots.iter().map(|s| s.device).collect();
-    let expert_splits = split_experts(&opts.expert_overrides, tensors, &groups, &placed, devices)?;
+    // The user's -oe first (they win an expert), then the profile fit's hot experts.
+    let mut overrides = opts.expert_overrides.clone();
+    overrides.extend(fitted_experts.iter().map(|(il, g, list)| ExpertOverride {
+        text: FIT_PROFILE.to_string(),
+        layers: Some(vec![*il]),
+        experts: list.clone(),
+        device: devices[*g].name.clone(),
+    }));
+    let expert_splits = split_experts(&overrides, tensors, &groups, &placed, devices)?;
 
     // Totals per device.
     let mut loads = vec![Load::default(); devices.len()];
@@ -924,6 +941,38 @@ fn loaded_sizes(model: &ModelShape, tensors: &[TensorInfo]) -> Vec<TensorInfo> {
         .collect()
 }
 
+/// What the profile fit's expert splits name as their flag.
+const FIT_PROFILE: &str = "--fit --profile";
+
+/// A routing profile fits the model: every layer it has rates for has routed experts, as many
+/// as it has rates.
+fn check_profile(freq: &ExpertFrequencies, tensors: &[TensorInfo]) -> Result<()> {
+    for (il, rates) in freq.layers() {
+        let n_expert = tensors
+            .iter()
+            .filter(|t| layer_of(&t.name) == Some(il) && Role::of(&t.name) == Role::RoutedExperts)
+            .map(|t| t.dims.get(2).copied().unwrap_or(1) as usize)
+            .next();
+        match n_expert {
+            Some(n) if n == rates.len() => {}
+            Some(n) => {
+                return Err(Error::Placement(format!(
+                    "--profile: layer {il} has {} experts in the profile and {n} in the model \
+                     (a profile of another model?)",
+                    rates.len()
+                )))
+            }
+            None => {
+                return Err(Error::Placement(format!(
+                    "--profile: the profile routes layer {il}, which has no routed experts in \
+                     this model (a profile of another model?)"
+                )))
+            }
+        }
+    }
+    Ok(())
+}
+
 /// llama.cpp's input-layer tensors (`LLM_TENSOR_LAYER_INPUT`) that MoE GGUFs carry.
 fn is_input_tensor(name: &str) -> bool {
     ["token_embd", "token_types", "position_embd"]
@@ -948,6 +997,8 @@ struct Fitted {
     layer_devices: Vec<Option<usize>>,
     output_device: usize,
     n_gpu_layers: usize,
+    /// Hot experts the profile placed one by one: (layer, GPU, experts).
+    hot_experts: Vec<(usize, usize, Vec<usize>)>,
 }
 
 /// A unit the fit moves as a whole: a block's always-used part with its KV, or the output.
@@ -1067,6 +1118,7 @@ impl Fit<'_> {
 
         // Phase 2: whole routed-expert layers by priority, each to the GPU with the most
         // free room that holds it.
+        let loads_before_experts = loads.clone();
         let order = expert_order(self.model, &experts, opts.expert_priority.as_deref())?;
         let mut expert_devices = vec![self.cpu; n_main];
         let mut placed = Vec::new();
@@ -1101,9 +1153,10 @@ impl Fit<'_> {
                 None => kept.push(il),
             }
         }
+        let mut whole_message = None;
         if !self.gpus.is_empty() && (!placed.is_empty() || !kept.is_empty()) {
             placed.sort_unstable();
-            messages.push(format!(
+            whole_message = Some(format!(
                 "--fit: routed experts of {} of {} MoE layers on GPUs{}",
                 placed.len(),
                 placed.len() + kept.len(),
@@ -1114,6 +1167,60 @@ impl Fit<'_> {
                 }
             ));
         }
+
+        // With a profile: hot experts one by one instead, where that saves more CPU reads
+        // per decoded token than the whole layers above (the loads before those layers).
+        let mut hot_experts = Vec::new();
+        if let Some(freq) = &opts.expert_profile {
+            let n_expert = |il: usize| freq.get(il).map_or(1, |f| f.len().max(1)) as f64;
+            let layer_rate = |il: usize| freq.get(il).map_or(0.0, |f| f.iter().sum::<f64>());
+            let whole: f64 = placed
+                .iter()
+                .map(|&il| layer_rate(il) * experts[il] as f64 / n_expert(il))
+                .sum();
+            let (hot, saved) = self.hot_experts_by_profile(
+                freq,
+                &experts,
+                first_gpu_slot,
+                &open,
+                &loads_before_experts,
+            );
+            let all: f64 = (0..n_main)
+                .map(|il| layer_rate(il) * experts[il] as f64 / n_expert(il))
+                .sum();
+            let show = |b: f64| human_bytes(b.max(0.0).round() as u64);
+            let cuda = hot
+                .iter()
+                .any(|(_, g, _)| self.devices[*g].runs_cuda_kernels());
+            // Whole layers on a tie (they need no per-slot sums).
+            let better = saved > whole + 1e-9 * all;
+            let pick_experts = better && !cuda;
+            messages.push(format!(
+                "--fit --profile: expected routed-expert reads on the CPU per decoded token: \
+                 {} with whole expert layers on GPUs, {} with hot experts one by one ({} with \
+                 every expert on the CPU): {}",
+                show(all - whole),
+                show(all - saved),
+                show(all),
+                if pick_experts {
+                    "placing hot experts"
+                } else if cuda && better {
+                    "keeping whole layers (per-expert placement runs on simulated devices only \
+                     so far)"
+                } else {
+                    "keeping whole layers"
+                }
+            ));
+            if pick_experts {
+                expert_devices.iter_mut().for_each(|d| *d = self.cpu);
+                hot_experts = hot;
+                whole_message = Some(format!(
+                    "--fit: hot routed experts of {} MoE layers on GPUs, one by one",
+                    hot_experts.len()
+                ));
+            }
+        }
+        messages.extend(whole_message);
 
         for (i, slot) in slots.iter_mut().enumerate() {
             let (layer, group) = self.groups[i];
@@ -1142,7 +1249,76 @@ impl Fit<'_> {
             layer_devices,
             output_device,
             n_gpu_layers,
+            hot_experts,
         })
+    }
+
+    /// Hot experts by the profile: every expert of a layer the GPUs may hold (from
+    /// `first_gpu_slot` on), most often chosen first, each to the GPU with the most free room
+    /// that holds it, on top of `loads`. Returns the (layer, GPU, experts) lists and the
+    /// expected routed-expert bytes per decoded token they take off the CPU.
+    fn hot_experts_by_profile(
+        &self,
+        freq: &ExpertFrequencies,
+        experts: &[u64],
+        first_gpu_slot: usize,
+        open: &[usize],
+        loads: &[Load],
+    ) -> (Vec<(usize, usize, Vec<usize>)>, f64) {
+        let mut loads = loads.to_vec();
+        // (selections per token, layer, expert, bytes)
+        let mut candidates: Vec<(f64, usize, usize, u64)> = Vec::new();
+        for (il, &bytes) in experts.iter().enumerate() {
+            let Some(f) = freq.get(il) else { continue };
+            if il < first_gpu_slot || bytes == 0 || f.is_empty() {
+                continue;
+            }
+            let each = bytes / f.len() as u64;
+            candidates.extend(
+                f.iter()
+                    .enumerate()
+                    .filter(|(_, &r)| r > 0.0)
+                    .map(|(e, &r)| (r, il, e, each)),
+            );
+        }
+        candidates.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+        // A layer's hot experts go to one GPU: the first that took one of them.
+        let mut layer_gpu: std::collections::BTreeMap<usize, usize> = Default::default();
+        let mut lists: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
+        let mut saved = 0.0;
+        for (rate, il, e, bytes) in candidates {
+            let mut best: Option<(usize, u64)> = None;
+            for &g in open {
+                if layer_gpu.get(&il).is_some_and(|&lg| lg != g) {
+                    continue;
+                }
+                let (budget, kind) = (self.devices[g].budget_bytes, self.devices[g].kind);
+                let mut after = loads[g];
+                after.weights += bytes;
+                after.runs_layers = true;
+                if after.total(kind, self.est) <= budget {
+                    let free = budget.saturating_sub(loads[g].total(kind, self.est));
+                    if best.is_none_or(|(_, f)| free > f) {
+                        best = Some((g, free));
+                    }
+                }
+            }
+            if let Some((g, _)) = best {
+                loads[g].weights += bytes;
+                loads[g].runs_layers = true;
+                layer_gpu.insert(il, g);
+                lists.entry(il).or_default().push(e);
+                saved += rate * bytes as f64;
+            }
+        }
+        let out = lists
+            .into_iter()
+            .map(|(il, mut list)| {
+                list.sort_unstable();
+                (il, layer_gpu[&il], list)
+            })
+            .collect();
+        (out, saved)
     }
 
     /// Split `units` (in layer order) over the `open` GPUs contiguously, a unit to the GPU
