@@ -212,4 +212,7 @@ fn experts_placed_one_by_one_on_a_sim() {
         !bad.status.success() && err.contains("-oe '1:0-7': no '='"),
         "{err}"
     );
+    let bad = run(&["--profile", "p.json"]);
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success() && err.contains("add --fit"), "{err}");
 }
