@@ -854,7 +854,7 @@ fn experts_placed_one_by_one() {
     assert_eq!(splits.len(), 3 * 2 + 55, "{splits:?}");
     assert!(splits.contains(&(3, "sim0", 32)) && splits.contains(&(3, "sim0", 8)));
     assert!(splits.contains(&(60, "sim0", 16)));
-    let share = |il: usize, n: u64| m.expert_bytes([il]) * n / 256;
+    let share = |il: usize, n: u64| m.expert_bytes([il]) / 256 * n;
     let to_sim: u64 = (3..61)
         .map(|il| share(il, if il <= 5 { 40 } else { 16 }))
         .sum();

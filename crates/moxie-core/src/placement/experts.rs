@@ -158,6 +158,7 @@ pub struct ExpertSplit {
 impl ExpertSplit {
     /// `blk.5: experts 0-7, 12 (9 of 64, 36.0 MiB) on sim0 (-oe '...')`.
     pub fn describe(&self, devices: &[DeviceSpec]) -> String {
+        // An -oe value starts with a layer or `*`; the fit's flag with `--`.
         let flag = if self.flag.starts_with("--") {
             self.flag.clone()
         } else {
@@ -261,7 +262,8 @@ pub(super) fn split_experts(
                 layer,
                 from,
                 device,
-                bytes: bytes * experts.len() as u64 / n_expert as u64,
+                // Per expert rounded down, as the profile fit counts them.
+                bytes: bytes / n_expert as u64 * experts.len() as u64,
                 experts,
                 n_expert,
                 flag: o.text.clone(),

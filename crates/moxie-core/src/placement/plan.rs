@@ -296,7 +296,8 @@ pub struct Plan {
     /// than it takes), each naming the device and what to do instead: found before any weight
     /// is read. A plan with any cannot run.
     pub unsupported: Vec<String>,
-    /// Experts that `-oe` put on another device than the rest of their layer's.
+    /// Experts that `-oe` (or `--fit --profile`) put on another device than the rest of
+    /// their layer's.
     pub expert_splits: Vec<ExpertSplit>,
 }
 
