@@ -3,11 +3,6 @@
 // 8 (4) byte values, element i in byte i. Same tables as moxie-quant's iq_grids.rs.
 #pragma once
 
-// Bit `i` set (`1 << i`).
-static const __device__ uint8_t mx_kmask_iq2xs[8] = {
-      1,   2,   4,   8,  16,  32,  64, 128,
-};
-
 // 7 sign bits plus an 8th that makes the count of negative signs even.
 static const __device__ uint8_t mx_ksigns_iq2xs[128] = {
       0, 129, 130,   3, 132,   5,   6, 135, 136,   9,  10, 139,  12, 141, 142,  15,
@@ -18,42 +13,6 @@ static const __device__ uint8_t mx_ksigns_iq2xs[128] = {
      80, 209, 210,  83, 212,  85,  86, 215, 216,  89,  90, 219,  92, 221, 222,  95,
      96, 225, 226,  99, 228, 101, 102, 231, 232, 105, 106, 235, 108, 237, 238, 111,
     240, 113, 114, 243, 116, 245, 246, 119, 120, 249, 250, 123, 252, 125, 126, 255,
-};
-
-// `KSIGNS_IQ2XS` as byte masks (0xff where negative).
-static const __device__ uint64_t mx_ksigns64[128] = {
-    0x0000000000000000ull, 0xff000000000000ffull, 0xff0000000000ff00ull, 0x000000000000ffffull,
-    0xff00000000ff0000ull, 0x0000000000ff00ffull, 0x0000000000ffff00ull, 0xff00000000ffffffull,
-    0xff000000ff000000ull, 0x00000000ff0000ffull, 0x00000000ff00ff00ull, 0xff000000ff00ffffull,
-    0x00000000ffff0000ull, 0xff000000ffff00ffull, 0xff000000ffffff00ull, 0x00000000ffffffffull,
-    0xff0000ff00000000ull, 0x000000ff000000ffull, 0x000000ff0000ff00ull, 0xff0000ff0000ffffull,
-    0x000000ff00ff0000ull, 0xff0000ff00ff00ffull, 0xff0000ff00ffff00ull, 0x000000ff00ffffffull,
-    0x000000ffff000000ull, 0xff0000ffff0000ffull, 0xff0000ffff00ff00ull, 0x000000ffff00ffffull,
-    0xff0000ffffff0000ull, 0x000000ffffff00ffull, 0x000000ffffffff00ull, 0xff0000ffffffffffull,
-    0xff00ff0000000000ull, 0x0000ff00000000ffull, 0x0000ff000000ff00ull, 0xff00ff000000ffffull,
-    0x0000ff0000ff0000ull, 0xff00ff0000ff00ffull, 0xff00ff0000ffff00ull, 0x0000ff0000ffffffull,
-    0x0000ff00ff000000ull, 0xff00ff00ff0000ffull, 0xff00ff00ff00ff00ull, 0x0000ff00ff00ffffull,
-    0xff00ff00ffff0000ull, 0x0000ff00ffff00ffull, 0x0000ff00ffffff00ull, 0xff00ff00ffffffffull,
-    0x0000ffff00000000ull, 0xff00ffff000000ffull, 0xff00ffff0000ff00ull, 0x0000ffff0000ffffull,
-    0xff00ffff00ff0000ull, 0x0000ffff00ff00ffull, 0x0000ffff00ffff00ull, 0xff00ffff00ffffffull,
-    0xff00ffffff000000ull, 0x0000ffffff0000ffull, 0x0000ffffff00ff00ull, 0xff00ffffff00ffffull,
-    0x0000ffffffff0000ull, 0xff00ffffffff00ffull, 0xff00ffffffffff00ull, 0x0000ffffffffffffull,
-    0xffff000000000000ull, 0x00ff0000000000ffull, 0x00ff00000000ff00ull, 0xffff00000000ffffull,
-    0x00ff000000ff0000ull, 0xffff000000ff00ffull, 0xffff000000ffff00ull, 0x00ff000000ffffffull,
-    0x00ff0000ff000000ull, 0xffff0000ff0000ffull, 0xffff0000ff00ff00ull, 0x00ff0000ff00ffffull,
-    0xffff0000ffff0000ull, 0x00ff0000ffff00ffull, 0x00ff0000ffffff00ull, 0xffff0000ffffffffull,
-    0x00ff00ff00000000ull, 0xffff00ff000000ffull, 0xffff00ff0000ff00ull, 0x00ff00ff0000ffffull,
-    0xffff00ff00ff0000ull, 0x00ff00ff00ff00ffull, 0x00ff00ff00ffff00ull, 0xffff00ff00ffffffull,
-    0xffff00ffff000000ull, 0x00ff00ffff0000ffull, 0x00ff00ffff00ff00ull, 0xffff00ffff00ffffull,
-    0x00ff00ffffff0000ull, 0xffff00ffffff00ffull, 0xffff00ffffffff00ull, 0x00ff00ffffffffffull,
-    0x00ffff0000000000ull, 0xffffff00000000ffull, 0xffffff000000ff00ull, 0x00ffff000000ffffull,
-    0xffffff0000ff0000ull, 0x00ffff0000ff00ffull, 0x00ffff0000ffff00ull, 0xffffff0000ffffffull,
-    0xffffff00ff000000ull, 0x00ffff00ff0000ffull, 0x00ffff00ff00ff00ull, 0xffffff00ff00ffffull,
-    0x00ffff00ffff0000ull, 0xffffff00ffff00ffull, 0xffffff00ffffff00ull, 0x00ffff00ffffffffull,
-    0xffffffff00000000ull, 0x00ffffff000000ffull, 0x00ffffff0000ff00ull, 0xffffffff0000ffffull,
-    0x00ffffff00ff0000ull, 0xffffffff00ff00ffull, 0xffffffff00ffff00ull, 0x00ffffff00ffffffull,
-    0x00ffffffff000000ull, 0xffffffffff0000ffull, 0xffffffffff00ff00ull, 0x00ffffffff00ffffull,
-    0xffffffffffff0000ull, 0x00ffffffffff00ffull, 0x00ffffffffffff00ull, 0xffffffffffffffffull,
 };
 
 // IQ2_XXS: 256 points of 8 magnitudes in {8, 25, 43}.
