@@ -1129,23 +1129,8 @@ impl Fit<'_> {
                 kept.push(il);
                 continue;
             }
-            let mut best: Option<(usize, u64)> = None;
-            for &g in &open {
-                let budget = self.devices[g].budget_bytes;
-                let kind = self.devices[g].kind;
-                let now = loads[g].total(kind, self.est);
-                let mut after = loads[g];
-                after.weights += experts[il];
-                after.runs_layers = true;
-                if after.total(kind, self.est) <= budget {
-                    let free = budget.saturating_sub(now);
-                    if best.is_none_or(|(_, f)| free > f) {
-                        best = Some((g, free));
-                    }
-                }
-            }
-            match best {
-                Some((g, _)) => {
+            match self.roomiest_gpu(open.iter().copied(), &loads, experts[il]) {
+                Some(g) => {
                     loads[g].weights += experts[il];
                     loads[g].runs_layers = true;
                     expert_devices[il] = g;
@@ -1173,12 +1158,13 @@ impl Fit<'_> {
         // per decoded token than the whole layers above (the loads before those layers).
         let mut hot_experts = Vec::new();
         if let Some(freq) = &opts.expert_profile {
-            let n_expert = |il: usize| freq.get(il).map_or(1, |f| f.len().max(1)) as f64;
-            let layer_rate = |il: usize| freq.get(il).map_or(0.0, |f| f.iter().sum::<f64>());
-            let whole: f64 = placed
-                .iter()
-                .map(|&il| layer_rate(il) * experts[il] as f64 / n_expert(il))
-                .sum();
+            // Expected routed-expert bytes per decoded token that layer `il` reads.
+            let reads = |il: usize| {
+                freq.get(il).map_or(0.0, |f| {
+                    f.iter().sum::<f64>() * experts[il] as f64 / f.len().max(1) as f64
+                })
+            };
+            let whole: f64 = placed.iter().map(|&il| reads(il)).sum();
             let (hot, saved) = self.hot_experts_by_profile(
                 freq,
                 &experts,
@@ -1186,9 +1172,7 @@ impl Fit<'_> {
                 &open,
                 &loads_before_experts,
             );
-            let all: f64 = (0..n_main)
-                .map(|il| layer_rate(il) * experts[il] as f64 / n_expert(il))
-                .sum();
+            let all: f64 = (0..n_main).map(reads).sum();
             let show = |b: f64| human_bytes(b.max(0.0).round() as u64);
             let cuda = hot
                 .iter()
@@ -1254,6 +1238,30 @@ impl Fit<'_> {
         })
     }
 
+    /// Of `gpus`, the one with the most free room that still holds `bytes` more weights on top
+    /// of `loads` (the first such on a tie).
+    fn roomiest_gpu(
+        &self,
+        gpus: impl Iterator<Item = usize>,
+        loads: &[Load],
+        bytes: u64,
+    ) -> Option<usize> {
+        let mut best: Option<(usize, u64)> = None;
+        for g in gpus {
+            let (budget, kind) = (self.devices[g].budget_bytes, self.devices[g].kind);
+            let mut after = loads[g];
+            after.weights += bytes;
+            after.runs_layers = true;
+            if after.total(kind, self.est) <= budget {
+                let free = budget.saturating_sub(loads[g].total(kind, self.est));
+                if best.is_none_or(|(_, f)| free > f) {
+                    best = Some((g, free));
+                }
+            }
+        }
+        best.map(|(g, _)| g)
+    }
+
     /// Hot experts by the profile: every expert of a layer the GPUs may hold (from
     /// `first_gpu_slot` on), most often chosen first, each to the GPU with the most free room
     /// that holds it, on top of `loads`. Returns the (layer, GPU, experts) lists and the
@@ -1288,23 +1296,11 @@ impl Fit<'_> {
         let mut lists: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
         let mut saved = 0.0;
         for (rate, il, e, bytes) in candidates {
-            let mut best: Option<(usize, u64)> = None;
-            for &g in open {
-                if layer_gpu.get(&il).is_some_and(|&lg| lg != g) {
-                    continue;
-                }
-                let (budget, kind) = (self.devices[g].budget_bytes, self.devices[g].kind);
-                let mut after = loads[g];
-                after.weights += bytes;
-                after.runs_layers = true;
-                if after.total(kind, self.est) <= budget {
-                    let free = budget.saturating_sub(loads[g].total(kind, self.est));
-                    if best.is_none_or(|(_, f)| free > f) {
-                        best = Some((g, free));
-                    }
-                }
-            }
-            if let Some((g, _)) = best {
+            let gpus = open
+                .iter()
+                .copied()
+                .filter(|&g| layer_gpu.get(&il).is_none_or(|&lg| lg == g));
+            if let Some(g) = self.roomiest_gpu(gpus, &loads, bytes) {
                 loads[g].weights += bytes;
                 loads[g].runs_layers = true;
                 layer_gpu.insert(il, g);
