@@ -91,22 +91,13 @@ pub(crate) fn moe_ffn(c: &Config, t: &BlockTensors, src: &TensorSource, il: usiz
     } else {
         None
     };
-    let gate_exps = experts.get(&blk(il, "ffn_gate_exps.weight"), &[d, f, e])?;
-    let up_exps = experts.get(&blk(il, "ffn_up_exps.weight"), &[d, f, e])?;
-    let down_exps = experts.get(&blk(il, "ffn_down_exps.weight"), &[f, d, e])?;
-    let expert_bytes = [&gate_exps, &up_exps, &down_exps]
-        .iter()
-        .map(|t| t.data().len() as u64)
-        .sum::<u64>()
-        / e.max(1) as u64;
-    let hot = src.hot_experts(il, e, expert_bytes, experts.device())?;
-    Ok(Ffn::Moe(Box::new(Moe {
+    let mut moe = Moe {
         routing: Routing::from_config(c),
         router,
         probs_bias,
-        gate_exps,
-        up_exps,
-        down_exps,
+        gate_exps: experts.get(&blk(il, "ffn_gate_exps.weight"), &[d, f, e])?,
+        up_exps: experts.get(&blk(il, "ffn_up_exps.weight"), &[d, f, e])?,
+        down_exps: experts.get(&blk(il, "ffn_down_exps.weight"), &[f, d, e])?,
         shared,
         shared_gate: None,
         device: t.device(),
@@ -121,8 +112,10 @@ pub(crate) fn moe_ffn(c: &Config, t: &BlockTensors, src: &TensorSource, il: usiz
             }
             None => None,
         },
-        hot,
-    })))
+        hot: None,
+    };
+    moe.hot = src.hot_experts(il, e, moe.expert_bytes(), moe.experts_device)?;
+    Ok(Ffn::Moe(Box::new(moe)))
 }
 
 /// Whether a GQA layer's per-head q/k norms are required, optional or absent.
