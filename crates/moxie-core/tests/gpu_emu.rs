@@ -308,14 +308,8 @@ fn check_file(fx: &FixtureModel, par: &Parallel, devices: fn() -> Devices) {
     let bound = if name.contains("-F32") {
         Bound::F32
     } else {
-        // The file's own quantization error, against its F32 master on the same tokens.
-        let arch = name.split("-tiny-").next().unwrap();
-        let master = fixtures()
-            .join("models")
-            .join(format!("{arch}-tiny-F32.gguf"));
-        let master = run(&Model::load(open(&master)).unwrap());
-        let k = kld_per_row(&master, &want, n_vocab);
-        let core = (k.iter().sum::<f64>() / k.len() as f64 / 10.0).max(2e-3);
+        let master = run(&Model::load(master_of(&name)).unwrap());
+        let core = quant_bound(&master, &want, n_vocab);
         if ik {
             let (own_kld, own_top1) = ik_own_pooled(&fx.entry);
             let (kld, top1) = ik_bound(core, 0.90, own_kld, own_top1);
@@ -340,6 +334,23 @@ fn check_file(fx: &FixtureModel, par: &Parallel, devices: fn() -> Devices) {
             }
         }
     }
+}
+
+/// The F32 master of a fixture (`deepseek2-tiny-Q4_K_M` -> `deepseek2-tiny-F32.gguf`).
+fn master_of(name: &str) -> Arc<GgufFile> {
+    let arch = name.split("-tiny-").next().unwrap();
+    open(
+        &fixtures()
+            .join("models")
+            .join(format!("{arch}-tiny-F32.gguf")),
+    )
+}
+
+/// A quantized file's bound: its own quantization error over its F32 master on the same tokens
+/// (mean KLD of `want` against `master`) / 10, at least 2e-3.
+fn quant_bound(master: &[f32], want: &[f32], n_vocab: usize) -> f64 {
+    let k = kld_per_row(master, want, n_vocab);
+    (k.iter().sum::<f64>() / k.len() as f64 / 10.0).max(2e-3)
 }
 
 /// The supported fixtures whose every block type the GPU kernels handle, with goldens from
@@ -477,13 +488,8 @@ fn check_q8_0_kv_cache(devices: fn() -> Devices) {
             // As `check_file`: the file's own quantization error over its F32 master (same
             // tokens, same cache types) / 10, at least 2e-3; glm-dsa's indexer selection
             // flips on near-ties as MoE routing does.
-            let arch = stem.split("-tiny-").next().unwrap();
-            let master = fixtures()
-                .join("models")
-                .join(format!("{arch}-tiny-F32.gguf"));
-            let master = run(&Model::load(open(&master)).unwrap());
-            let kld = kld_per_row(&master, &want, n_vocab);
-            let bound = (kld.iter().sum::<f64>() / kld.len() as f64 / 10.0).max(2e-3);
+            let master = run(&Model::load(master_of(stem)).unwrap());
+            let bound = quant_bound(&master, &want, n_vocab);
             for (how, place) in [
                 ("all-GPU", all_gpu as fn(&GgufFile, Devices) -> Placement),
                 ("mixed over 2 GPUs + CPU", mixed),
@@ -700,8 +706,7 @@ fn glm_dsa_sparse_attention_on_emulated_gpus() {
             let bound = if stem.ends_with("F32") {
                 1e-5
             } else {
-                let k = kld_per_row(&master, &want, n_vocab);
-                (k.iter().sum::<f64>() / k.len() as f64 / 10.0).max(2e-3)
+                quant_bound(&master, &want, n_vocab)
             };
             for (how, place) in [
                 ("all-GPU", all_gpu as fn(&GgufFile, Devices) -> Placement),
