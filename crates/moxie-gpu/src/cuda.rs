@@ -76,13 +76,9 @@ pub fn driver_available() -> bool {
     })
 }
 
-/// Whether NVRTC can be loaded in a version this machine's driver runs the output of (see
-/// [`nvrtc`]). Not memoised while it fails, so a test can tell the state it runs in.
-pub fn nvrtc_available() -> bool {
-    loaded_nvrtc().is_ok()
-}
-
-/// The NVRTC library in use (path or soname) and its version, loading it if needed.
+/// The NVRTC library in use (path or soname) and its version, loading it if needed: one of a
+/// version this machine's driver runs the output of (see [`nvrtc`]); a failure is not
+/// remembered, so a test can tell the state it runs in.
 pub fn nvrtc_library() -> Result<(String, (u32, u32))> {
     loaded_nvrtc().map(|n| (n.library.clone(), n.version))
 }
