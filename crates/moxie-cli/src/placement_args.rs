@@ -75,21 +75,6 @@ pub struct PlacementArgs {
     pub no_repack: bool,
 }
 
-impl PlacementArgs {
-    /// `--profile`'s expert rates (it needs `--fit`).
-    fn expert_profile(&self) -> Result<Option<ExpertFrequencies>> {
-        let Some(path) = &self.profile else {
-            return Ok(None);
-        };
-        if !self.fit {
-            bail!("--profile places experts with --fit; add --fit");
-        }
-        let p = moxie_core::telemetry::RoutingProfile::read(path)?
-            .with_context(|| format!("--profile {}: no such file", path.display()))?;
-        Ok(Some(ExpertFrequencies::from_profile(&p)))
-    }
-}
-
 /// A `-sm` value.
 fn split_mode(s: &str) -> std::result::Result<SplitMode, String> {
     SplitMode::parse(s).map_err(|e| e.to_string())
@@ -190,5 +175,18 @@ impl PlacementArgs {
             simulated.map(|(i, b)| DeviceSpec::simulated_cuda(i, b)),
         );
         Ok(devices)
+    }
+
+    /// `--profile`'s expert rates (it needs `--fit`).
+    fn expert_profile(&self) -> Result<Option<ExpertFrequencies>> {
+        let Some(path) = &self.profile else {
+            return Ok(None);
+        };
+        if !self.fit {
+            bail!("--profile places experts with --fit; add --fit");
+        }
+        let p = moxie_core::telemetry::RoutingProfile::read(path)?
+            .with_context(|| format!("--profile {}: no such file", path.display()))?;
+        Ok(Some(ExpertFrequencies::from_profile(&p)))
     }
 }
