@@ -34,6 +34,10 @@ pub struct Args {
     /// RNG seed (same seed and settings = identical file).
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Routing preset (below): static skew and temporal locality of the expert choices, for
+    /// testing placement policies; applied before --set, which can adjust its fields.
+    #[arg(long)]
+    routing: Option<String>,
     /// Override a shape field, e.g. `--set n_layer=4 --set n_expert=32` (fields below).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
@@ -64,6 +68,10 @@ fn gen_help() -> String {
          TQ2_0, MXFP4, Q1_0 and Q2_0 tensors are refused. --header-only writes every type.\n\
          --pure: one block type for all tensors.\n",
     );
+    s.push_str("\nRouting presets (--routing):\n");
+    for (name, desc) in synth::ROUTING_PRESETS {
+        s.push_str(&format!("  {name:<16} {desc}\n"));
+    }
     s.push_str("\nShape fields for --set:\n");
     for (k, desc) in synth::SHAPE_KEYS {
         s.push_str(&format!("  {k:<22} {desc}\n"));
@@ -79,6 +87,9 @@ pub fn main(a: Args) -> Result<()> {
     let mut spec = SynthSpec::preset_for(&a.preset, arch)?;
     spec.ty = synth_type(a.ty.as_deref().unwrap_or("F32"), a.pure)?;
     spec.seed = a.seed;
+    if let Some(r) = &a.routing {
+        spec.shape.routing = synth::RoutingShape::preset(r)?;
+    }
     for kv in &a.set {
         let (k, v) = kv
             .split_once('=')
@@ -113,6 +124,9 @@ pub fn main(a: Args) -> Result<()> {
 
 /// `moxie gen --header-only`: a real model's header, instantly (no weights to make).
 fn header_only(a: &Args) -> Result<()> {
+    if a.routing.is_some() {
+        bail!("--routing does not apply to --header-only: a header has no weights to route");
+    }
     if !a.set.is_empty() {
         bail!("--set does not apply to --header-only: header-only presets are real models with fixed shapes");
     }

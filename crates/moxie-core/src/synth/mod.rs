@@ -7,6 +7,9 @@
 //!   `N(0, 0.1²)`, the output head scaled for logit std ≈ `logit_std` (4), the router for
 //!   router-logit std ≈ `router_std` (1.5), `exp_probs_b` `N(0, 0.05²)`: outputs are peaked and
 //!   every expert gets used.
+//! * Routing (`--routing`, [`RoutingShape`]): a chosen static skew (the spread of
+//!   `exp_probs_b`, growing with depth) and temporal locality (attention made a causal window
+//!   over the last few tokens), in the weights alone (`routing.rs`).
 //! * Types: [`SynthType`], a llama-quantize file type (every name it takes: Q4_K_M, Q2_K,
 //!   IQ2_M, IQ1_M, Q8_0, ...) whose per-tensor types come from [`crate::quant_rules`], the port
 //!   of llama-quantize's rules that `moxie quantize` uses, or one block type for every tensor
@@ -37,6 +40,7 @@ mod header;
 mod plan;
 mod random_blocks;
 pub mod rng;
+mod routing;
 pub mod vocab;
 mod write;
 
@@ -47,6 +51,7 @@ pub use header::{header_presets, write_header_only, HeaderSpec, Indexer, Special
 pub use moxie_quant::GgmlType;
 pub use plan::{metadata, plan, PlannedTensor, TensorInit};
 pub use random_blocks::random_blocks;
+pub use routing::{RoutingShape, RowRule, ROUTING_PRESETS};
 pub use write::{generate, generate_with, Progress};
 
 use crate::config::Gating;
@@ -145,6 +150,8 @@ pub struct SynthShape {
     pub logit_std: f32,
     /// Target standard deviation of the router logits.
     pub router_std: f32,
+    /// Static skew and temporal locality of the routing ([`RoutingShape`]).
+    pub routing: RoutingShape,
 }
 
 /// Shape fields that [`SynthShape::set`] accepts, with a description.
@@ -209,6 +216,23 @@ pub const SHAPE_KEYS: &[(&str, &str)] = &[
     ("yarn_orig_ctx", "YaRN original context (deepseek2)"),
     ("logit_std", "target std of the output logits"),
     ("router_std", "target std of the router logits"),
+    (
+        "skew_first",
+        "std of the expert selection bias exp_probs_b in the first MoE layer (static skew)",
+    ),
+    (
+        "skew_last",
+        "std of exp_probs_b in the last MoE layer (linear in between)",
+    ),
+    (
+        "attn_window",
+        "tokens each attention layer averages over, 0 = random attention (temporal locality; deepseek2)",
+    ),
+    (
+        "attn_sharpness",
+        "score of a position with itself in window mode (fall-off beyond the window)",
+    ),
+    ("attn_gain", "gain of attn_output (0.6)"),
 ];
 
 fn parse_num<T: std::str::FromStr>(key: &str, value: &str) -> Result<T> {
@@ -285,6 +309,11 @@ impl SynthShape {
             },
             "logit_std" => self.logit_std = f()?,
             "router_std" => self.router_std = f()?,
+            "skew_first" => self.routing.skew_first = f()?,
+            "skew_last" => self.routing.skew_last = f()?,
+            "attn_window" => self.routing.attn_window = u()?,
+            "attn_sharpness" => self.routing.attn_sharpness = f()?,
+            "attn_gain" => self.routing.attn_gain = f()?,
             _ => {
                 return Err(Error::Model(format!(
                     "synth: unknown shape field '{key}'; known: {}",
@@ -490,6 +519,7 @@ fn deepseek2_tiny_shape() -> SynthShape {
         }),
         logit_std: 4.0,
         router_std: 1.5,
+        routing: RoutingShape::default(),
     }
 }
 
@@ -524,6 +554,7 @@ fn qwen3moe_tiny_shape() -> SynthShape {
         yarn: None,
         logit_std: 4.0,
         router_std: 1.5,
+        routing: RoutingShape::default(),
     }
 }
 
@@ -558,6 +589,7 @@ fn glm4moe_tiny_shape() -> SynthShape {
         yarn: None,
         logit_std: 4.0,
         router_std: 1.5,
+        routing: RoutingShape::default(),
     }
 }
 
@@ -725,8 +757,17 @@ impl SynthSpec {
         } else {
             String::new()
         };
+        let r = &s.routing;
+        let routing = if *r == RoutingShape::default() {
+            String::new()
+        } else {
+            format!(
+                ", routing: exp_probs_b std {} to {}, attention window {} (sharpness {}, gain {})",
+                r.skew_first, r.skew_last, r.attn_window, r.attn_sharpness, r.attn_gain
+            )
+        };
         format!(
-            "{}-shaped synthetic model: hidden {}, {} layers ({} dense), {attn}, {} experts x {} top-{}{shared}, vocab {}, {} (random weights, seed {}; moxie gen)",
+            "{}-shaped synthetic model: hidden {}, {} layers ({} dense), {attn}, {} experts x {} top-{}{shared}{routing}, vocab {}, {} (random weights, seed {}; moxie gen)",
             self.arch.name(),
             s.n_embd,
             s.n_layer,

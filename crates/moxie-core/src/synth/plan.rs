@@ -5,6 +5,7 @@ use moxie_gguf::{Array, Value};
 use moxie_quant::GgmlType;
 
 use super::random_blocks::random_blocks;
+use super::routing::{self, RowRule, OUT_GAIN};
 use super::vocab::{self, TokenizerStyle};
 use super::SynthArch;
 use super::{SynthSpec, SynthType};
@@ -29,6 +30,8 @@ pub struct PlannedTensor {
     pub dims: Vec<u64>,
     pub ty: GgmlType,
     pub init: TensorInit,
+    /// How each drawn row is reshaped (`moxie gen --routing`'s attention window).
+    pub rule: RowRule,
 }
 
 impl PlannedTensor {
@@ -54,14 +57,10 @@ impl PlannedTensor {
     }
 }
 
-/// Output-projection gain (attn_output, ffn_down*).
-const OUT_GAIN: f32 = 0.6;
 /// Std of norm weights around 1.
 const NORM_STD: f32 = 0.1;
 /// Std of attention biases.
 const BIAS_STD: f32 = 0.1;
-/// Std of the expert selection bias `exp_probs_b`.
-const PROBS_B_STD: f32 = 0.05;
 /// Largest value of any shape field.
 const MAX_DIM: usize = 1 << 24;
 /// Largest tensor (elements).
@@ -227,7 +226,7 @@ pub(crate) fn validate(spec: &SynthSpec) -> Result<()> {
             ));
         }
     }
-    Ok(())
+    routing::validate(spec)
 }
 
 fn normal(std: f32) -> TensorInit {
@@ -290,7 +289,7 @@ pub(super) fn tensor_list(spec: &SynthSpec) -> Vec<(String, Vec<u64>, TensorInit
                 add(
                     n("attn_output.weight"),
                     &[v_all, e],
-                    scaled(OUT_GAIN, v_all),
+                    scaled(s.routing.attn_gain, v_all),
                 );
                 add(n("ffn_norm.weight"), &[e], NORM);
             }
@@ -305,7 +304,11 @@ pub(super) fn tensor_list(spec: &SynthSpec) -> Vec<(String, Vec<u64>, TensorInit
                     add(n("attn_k.bias"), &[kv], normal(BIAS_STD));
                     add(n("attn_v.bias"), &[kv], normal(BIAS_STD));
                 }
-                add(n("attn_output.weight"), &[q, e], scaled(OUT_GAIN, q));
+                add(
+                    n("attn_output.weight"),
+                    &[q, e],
+                    scaled(s.routing.attn_gain, q),
+                );
                 add(n("attn_q_norm.weight"), &[s.head_dim], NORM);
                 add(n("attn_k_norm.weight"), &[s.head_dim], NORM);
                 let ffn_norm = if spec.arch == SynthArch::Glm4Moe {
@@ -329,7 +332,9 @@ pub(super) fn tensor_list(spec: &SynthSpec) -> Vec<(String, Vec<u64>, TensorInit
                 SynthArch::Qwen3Moe => false,
             };
             if probs_b {
-                add(n("exp_probs_b.bias"), &[x], normal(PROBS_B_STD));
+                let n_moe = s.n_layer - s.n_dense_lead.min(s.n_layer);
+                let skew = s.routing.skew_at(il - s.n_dense_lead, n_moe);
+                add(n("exp_probs_b.bias"), &[x], normal(skew));
             }
             add(n("ffn_gate_exps.weight"), &[e, f, x], scaled(1.0, e));
             add(n("ffn_up_exps.weight"), &[e, f, x], scaled(1.0, e));
@@ -422,11 +427,18 @@ pub fn plan(spec: &SynthSpec) -> Result<Vec<PlannedTensor>> {
                 "tensor '{name}': rows of {ncols} do not fit {ty} blocks"
             )));
         }
+        let rule = routing::row_rule(spec, &name);
+        if rule != RowRule::AsDrawn && random_blocks(ty) {
+            return Err(bad(format!(
+                "tensor '{name}' would be {ty}, written as random blocks, which cannot hold the attention window of --routing / attn_window (pick a type whose attention tensors moxie quantizes, e.g. Q4_K_M or Q8_0)"
+            )));
+        }
         out.push(PlannedTensor {
             name,
             dims,
             ty,
             init,
+            rule,
         });
     }
     Ok(out)

@@ -129,6 +129,7 @@ fn fill_rows(
             TensorInit::Normal { std } => buf.iter_mut().for_each(|x| *x *= std),
             TensorInit::OnePlusNormal { std } => buf.iter_mut().for_each(|x| *x = 1.0 + *x * std),
         }
+        t.rule.apply(r, buf);
         quantize(buf, dst);
     }
 }
