@@ -309,6 +309,7 @@ pub fn main(a: Args, matches: &clap::ArgMatches) -> Result<()> {
                         }
                         let mut samples = Vec::with_capacity(a.reps);
                         let before = model.devices.stats();
+                        let cache_before = model.expert_cache_counts();
                         for _ in 0..a.reps {
                             samples.push(run_once(&model, &par, test, micro, kv)?);
                         }
@@ -319,6 +320,19 @@ pub fn main(a: Args, matches: &clap::ArgMatches) -> Result<()> {
                                 expert_reads.push(format!(
                                     "{} t={t}: routed-expert weights read per generated token: {r}",
                                     test.name()
+                                ));
+                            }
+                            if let (Some(b), Some(a)) = (cache_before, model.expert_cache_counts())
+                            {
+                                let delta = moxie_core::blocks::moe::CacheCounts {
+                                    lookups: a.lookups - b.lookups,
+                                    hits: a.hits - b.hits,
+                                    uploads: a.uploads - b.uploads,
+                                };
+                                expert_reads.push(format!(
+                                    "{} t={t}: {}",
+                                    test.name(),
+                                    moxie_core::bench::expert_cache_line(&delta)
                                 ));
                             }
                         }

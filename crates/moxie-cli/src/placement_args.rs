@@ -5,8 +5,8 @@ use anyhow::{bail, Context, Result};
 use clap::parser::ValueSource;
 use clap::ArgMatches;
 use moxie_core::placement::{
-    device_list, parse_size, parse_size_list, system_memory_bytes, DeviceSpec, ExpertFrequencies,
-    ExpertOverride, PlacementArg, PlacementOptions, SplitMode,
+    device_list, parse_size, parse_size_list, system_memory_bytes, DeviceSpec, ExpertCacheRequest,
+    ExpertFrequencies, ExpertOverride, PlacementArg, PlacementOptions, SplitMode,
 };
 
 #[derive(clap::Args)]
@@ -61,6 +61,23 @@ pub struct PlacementArgs {
     /// whole routed-expert layers) instead of llama.cpp's fixed assignment.
     #[arg(long)]
     pub fit: bool,
+    /// A dynamic VRAM expert cache (simulated devices only so far): every MoE layer whose
+    /// experts are in RAM gets an equal share of SIZE (`auto`: what the device has left) on
+    /// --expert-cache-device; decode steps compute resident experts there and bring in the
+    /// ones they missed, evicting by --expert-cache-policy. With --profile, the cache starts
+    /// with the profile's most chosen experts.
+    #[arg(long = "expert-cache", value_name = "SIZE|auto")]
+    pub expert_cache: Option<String>,
+    /// What the expert cache evicts: lru (least recently selected) or lfu (least often).
+    #[arg(
+        long = "expert-cache-policy",
+        value_name = "lru|lfu",
+        default_value = "lru"
+    )]
+    pub expert_cache_policy: String,
+    /// The device holding the expert cache (default: the first GPU or sim).
+    #[arg(long = "expert-cache-device", value_name = "DEVICE")]
+    pub expert_cache_device: Option<String>,
     /// Stream RAM-resident routed experts to the GPU running their layer's router for prompt
     /// batches of at least N tokens (llama.cpp's op offload): `auto` measures the threshold
     /// after loading (copy rate vs the CPU's expert time), `off`, or a token count.
@@ -139,6 +156,17 @@ impl PlacementArgs {
                 .map(|v| ExpertOverride::parse(v))
                 .collect::<moxie_core::Result<_>>()?,
             expert_profile: self.expert_profile()?,
+            expert_cache: self
+                .expert_cache
+                .as_deref()
+                .map(|size| {
+                    ExpertCacheRequest::parse(
+                        size,
+                        &self.expert_cache_policy,
+                        self.expert_cache_device.as_deref(),
+                    )
+                })
+                .transpose()?,
         })
     }
 
@@ -182,8 +210,8 @@ impl PlacementArgs {
         let Some(path) = &self.profile else {
             return Ok(None);
         };
-        if !self.fit {
-            bail!("--profile places experts with --fit; add --fit");
+        if !self.fit && self.expert_cache.is_none() {
+            bail!("--profile places experts with --fit or seeds --expert-cache; add one of them");
         }
         let p = moxie_core::telemetry::RoutingProfile::read(path)?
             .with_context(|| format!("--profile {}: no such file", path.display()))?;

@@ -507,6 +507,9 @@ pub fn run(a: RunArgs, matches: &ArgMatches) -> Result<()> {
     {
         eprintln!("routed-expert weights read per generated token: {r}");
     }
+    if let Some(c) = model.expert_cache_counts() {
+        eprintln!("{}", moxie_core::bench::expert_cache_line(&c));
+    }
     Ok(())
 }
 

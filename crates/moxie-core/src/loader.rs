@@ -24,6 +24,17 @@ pub struct Placement {
     /// Per block: the device and the experts that live there rather than with the rest of
     /// the block's routed experts.
     pub experts: HashMap<usize, (DeviceId, Vec<usize>)>,
+    /// `--expert-cache`, if any.
+    pub expert_cache: Option<CachePlacement>,
+}
+
+/// Where the expert cache is and how many experts each layer's share holds.
+pub struct CachePlacement {
+    pub device: DeviceId,
+    pub policy: crate::telemetry::CachePolicy,
+    /// Per block: its experts in the cache, and the profile's selections per million tokens
+    /// that seed it, if any.
+    pub layers: HashMap<usize, (usize, Option<Vec<u64>>)>,
 }
 
 impl Placement {
@@ -147,6 +158,46 @@ impl<'a> TensorSource<'a> {
             is_hot,
             held,
         }))
+    }
+
+    /// Layer `il`'s share of the expert cache, held against the cache device's budget, if the
+    /// placement has one for it. Its routed experts must be in RAM.
+    pub fn expert_cache(
+        &self,
+        il: usize,
+        n_expert: usize,
+        expert_bytes: u64,
+        experts_device: DeviceId,
+    ) -> Result<Option<crate::blocks::moe::ExpertCache>> {
+        let Some(c) = &self.placement.expert_cache else {
+            return Ok(None);
+        };
+        let Some((slots, seed)) = c.layers.get(&il) else {
+            return Ok(None);
+        };
+        let devices = self.devices();
+        let name = &devices.get(c.device).name;
+        if experts_device != CPU {
+            return Err(Error::Model(format!(
+                "layer {il}: the expert cache on {name} caches experts in RAM, but this layer's                  are on {}",
+                devices.get(experts_device).name
+            )));
+        }
+        if devices.gpu(c.device).is_some() {
+            return Err(Error::Model(format!(
+                "layer {il}: the expert cache on {name}: --expert-cache runs on simulated devices                  only so far (rehearse it with --sim)"
+            )));
+        }
+        let what = format!("layer {il}'s expert cache ({slots} experts)");
+        let held = devices.reserve(c.device, expert_bytes * *slots as u64, &what)?;
+        Ok(Some(crate::blocks::moe::ExpertCache::new(
+            c.device,
+            c.policy,
+            *slots,
+            n_expert,
+            held,
+            seed.as_deref(),
+        )))
     }
 
     /// The tensors of one block (`what`, e.g. "layer 3's attention"), which must all be on

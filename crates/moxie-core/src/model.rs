@@ -347,6 +347,19 @@ impl Model {
     /// forward pass does it only every [`ROUTING_FLUSH_PASSES`] passes and before any
     /// profile is read ([`Model::routing_profile`]). The host's own routes are counted as
     /// they are made.
+    /// What the expert caches of all layers did so far (`--expert-cache`), if there are any.
+    pub fn expert_cache_counts(&self) -> Option<crate::blocks::moe::CacheCounts> {
+        let mut total: Option<crate::blocks::moe::CacheCounts> = None;
+        for layer in &self.layers {
+            if let crate::blocks::Ffn::Moe(m) = &layer.ffn {
+                if let Some(c) = &m.cache {
+                    total.get_or_insert_with(Default::default).add(&c.counts());
+                }
+            }
+        }
+        total
+    }
+
     pub fn flush_routing(&self) -> Result<()> {
         use crate::telemetry::Phase;
         for (il, layer) in self.layers.iter().enumerate() {

@@ -554,6 +554,14 @@ impl CachePolicy {
             _ => Err(Error::Model(format!("--policy {s}: static, lru or lfu"))),
         }
     }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            CachePolicy::Static => "static",
+            CachePolicy::Lru => "lru",
+            CachePolicy::Lfu => "lfu",
+        }
+    }
 }
 
 /// What a simulated cache left on the CPU, per phase (prefill, decode).

@@ -996,3 +996,123 @@ fn fit_with_a_profile_places_hot_experts() {
         "{e}"
     );
 }
+
+/// `--expert-cache`: every MoE layer whose experts are in RAM gets an equal share, as many
+/// whole experts as fit; `auto` takes what the device has left; layers with `-oe` experts are
+/// left out; a cache on a CUDA device is planned but cannot run yet; without an accelerator,
+/// or with nothing to cache, it is an error.
+#[test]
+fn the_expert_cache_is_planned() {
+    use moxie_core::placement::{CacheSize, ExpertCacheRequest, ExpertOverride};
+    use moxie_core::telemetry::CachePolicy;
+    let m = Model::open(DS);
+    let devices = device_list(1024 * GIB, &[24 * GIB], &[64 * GIB]);
+    let req = |size: CacheSize, device: &str| ExpertCacheRequest {
+        size,
+        policy: CachePolicy::Lru,
+        device: Some(device.to_string()),
+    };
+    let with = |cache: Option<ExpertCacheRequest>, oe: &[&str]| PlacementOptions {
+        args: vec![PlacementArg::CpuMoe],
+        expert_cache: cache,
+        expert_overrides: oe
+            .iter()
+            .map(|v| ExpertOverride::parse(v).unwrap())
+            .collect(),
+        ..Default::default()
+    };
+    let base = m.plan(&with(None, &[]), &devices);
+    let sim = base.device_index("sim0").unwrap();
+    let p = m.plan(
+        &with(Some(req(CacheSize::Bytes(8 * GIB), "sim0")), &[]),
+        &devices,
+    );
+    let c = p.expert_cache.as_ref().unwrap();
+    assert_eq!(c.device, sim);
+    // DeepSeek-V3: blocks 3-60 have routed experts.
+    assert_eq!(c.layers.len(), 58);
+    let share = 8 * GIB / 58;
+    for &(il, slots, one) in &c.layers {
+        assert_eq!(one, m.expert_bytes([il]) / 256, "layer {il}");
+        assert_eq!(slots as u64, share / one, "layer {il}");
+    }
+    assert_eq!(
+        c.bytes,
+        c.layers.iter().map(|l| l.1 as u64 * l.2).sum::<u64>()
+    );
+    assert!(c.bytes <= 8 * GIB && c.bytes > 7 * GIB, "{}", c.bytes);
+    assert_eq!(
+        p.devices[sim].weights_bytes - base.devices[sim].weights_bytes,
+        c.bytes
+    );
+    assert!(p.can_run(), "{:?}", p.unsupported);
+    assert!(p.messages.iter().any(|l| l.starts_with("expert cache: ")));
+
+    // auto: what sim0 has left.
+    let p = m.plan(&with(Some(req(CacheSize::Auto, "sim0")), &[]), &devices);
+    let c = p.expert_cache.as_ref().unwrap();
+    let free = p.devices[sim].free_bytes();
+    assert!(free >= 0 && (free as u64) < 58 * c.layers[0].2, "{free}");
+
+    // -oe's layers keep their split, the others are cached.
+    let p = m.plan(
+        &with(
+            Some(req(CacheSize::Bytes(8 * GIB), "sim0")),
+            &["3-5:0-7=sim0"],
+        ),
+        &devices,
+    );
+    let layers: Vec<usize> = p
+        .expert_cache
+        .as_ref()
+        .unwrap()
+        .layers
+        .iter()
+        .map(|l| l.0)
+        .collect();
+    assert_eq!(layers, (6..61).collect::<Vec<_>>());
+
+    // On CUDA: planned, refused to run.
+    let p = m.plan(
+        &with(Some(req(CacheSize::Bytes(4 * GIB), "CUDA0")), &[]),
+        &devices,
+    );
+    assert!(
+        p.unsupported
+            .iter()
+            .any(|u| u.contains("simulated devices only")),
+        "{:?}",
+        p.unsupported
+    );
+
+    // Errors.
+    let plan_err = |opts: &PlacementOptions, devices: &[DeviceSpec]| m.try_plan(opts, devices);
+    let cpu_only = device_list(1024 * GIB, &[], &[]);
+    let no_dev = ExpertCacheRequest {
+        device: None,
+        ..req(CacheSize::Auto, "x")
+    };
+    let e = plan_err(&with(Some(no_dev), &[]), &cpu_only);
+    assert!(e.contains("needs an accelerator"), "{e}");
+    let e = plan_err(&with(Some(req(CacheSize::Auto, "sim7")), &[]), &devices);
+    assert!(e.contains("sim7"), "{e}");
+    let tiny = with(Some(req(CacheSize::Bytes(1 << 20), "sim0")), &[]);
+    let e = plan_err(&tiny, &devices);
+    assert!(e.contains("holds no expert"), "{e}");
+    let all_on_gpu = PlacementOptions {
+        expert_cache: Some(req(CacheSize::Bytes(GIB), "sim0")),
+        ..Default::default()
+    };
+    let big = device_list(1024 * GIB, &[], &[1024 * GIB]);
+    let e = plan_err(&all_on_gpu, &big);
+    assert!(e.contains("no MoE layer"), "{e}");
+    assert!(ExpertCacheRequest::parse("4GiB", "lru", None).is_ok());
+    let e = ExpertCacheRequest::parse("4 bananas", "lru", None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("--expert-cache"), "{e}");
+    let e = ExpertCacheRequest::parse("auto", "fifo", None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("--expert-cache-policy 'fifo'"), "{e}");
+}

@@ -375,6 +375,7 @@ fn experts_placed_one_by_one_on_a_sim() {
                 .iter()
                 .map(|&il| (il, (SIM0, hot.clone())))
                 .collect(),
+            expert_cache: None,
         };
         let model = Model::load_placed(Arc::clone(&file), &placement).unwrap();
         let got = run(&model, &par);
@@ -415,5 +416,83 @@ fn experts_placed_one_by_one_on_a_sim() {
             stats[SIM0].1.copies_in > 0 && stats[SIM0].1.copies_out > 0,
             "{stem}"
         );
+    }
+}
+
+/// The dynamic expert cache (`--expert-cache`) on a simulated device: the logits stay the
+/// all-CPU ones, its slots are held against the device's budget, prompt batches compute nothing
+/// in it, and decode hits are booked there. With a slot for every expert, the prompt batch
+/// fills it with what the prompt used, so a decode step misses exactly the experts no token
+/// chose before (counted independently, from the routing telemetry).
+#[test]
+fn the_expert_cache_on_a_sim() {
+    use moxie_core::blocks::Ffn;
+    use moxie_core::loader::CachePlacement;
+    use moxie_core::telemetry::{CachePolicy, Phase};
+    let par = Parallel::new(2);
+    for stem in ["deepseek2-tiny-Q4_K_M", "qwen3moe-tiny-Q4_K_M"] {
+        let file = open(&fixtures().join(format!("models/{stem}.gguf")));
+        let cpu = Model::load(Arc::clone(&file)).unwrap();
+        let want = run(&cpu, &par);
+        let n_expert = cpu.config.n_expert;
+        let moe_layers: Vec<usize> = (0..cpu.layers.len())
+            .filter(|&il| matches!(cpu.layers[il].ffn, Ffn::Moe(_)))
+            .collect();
+        for policy in [CachePolicy::Lru, CachePolicy::Lfu] {
+            let placement = Placement {
+                devices: Devices::with_sims(&[1 << 30]),
+                expert_cache: Some(CachePlacement {
+                    device: SIM0,
+                    policy,
+                    layers: moe_layers
+                        .iter()
+                        .map(|&il| (il, (n_expert, None)))
+                        .collect(),
+                }),
+                ..Default::default()
+            };
+            let model = Model::load_placed(Arc::clone(&file), &placement).unwrap();
+            let got = run(&model, &par);
+            assert!(got == want, "{stem}: logits differ from the all-CPU run");
+
+            let profile = model.routing_profile().unwrap();
+            let (mut held, mut misses, mut selections) = (0u64, [0u64; 2], [0u64; 2]);
+            let (mut distinct_prefill, mut decode) = (0u64, 0u64);
+            for &il in &moe_layers {
+                let Ffn::Moe(m) = &model.layers[il].ffn else {
+                    unreachable!()
+                };
+                let eb = m.expert_bytes();
+                held += eb * n_expert as u64;
+                let p = profile.layers.iter().find(|l| l.layer == il).unwrap();
+                let (pre, dec) = (p.counts(Phase::Prefill), p.counts(Phase::Decode));
+                for e in 0..n_expert {
+                    distinct_prefill += eb * (pre[e] > 0) as u64;
+                    decode += eb * dec[e];
+                    // First chosen while decoding: its first decode selection misses.
+                    if pre[e] == 0 && dec[e] > 0 {
+                        misses[1] += eb;
+                        misses[0] += 1;
+                    }
+                    selections[1] += eb * dec[e];
+                    selections[0] += dec[e];
+                }
+            }
+            let stats = model.devices.stats();
+            let (on_cpu, on_sim) = (stats[CPU].1.expert_bytes, stats[SIM0].1.expert_bytes);
+            assert_eq!(on_sim[Phase::Prefill as usize], 0, "{stem}: prompt batch");
+            assert_eq!(on_cpu[Phase::Prefill as usize], distinct_prefill, "{stem}");
+            assert_eq!(on_cpu[Phase::Decode as usize], misses[1], "{stem}: misses");
+            assert_eq!(
+                on_sim[Phase::Decode as usize],
+                decode - misses[1],
+                "{stem}: hits"
+            );
+            assert!(on_sim[Phase::Decode as usize] > 0, "{stem}");
+            assert_eq!(stats[SIM0].1.resident_bytes, held, "{stem}: held on sim0");
+            let c = model.expert_cache_counts().unwrap();
+            assert_eq!(c.lookups, selections[0], "{stem}: one lookup per selection");
+            assert_eq!(c.lookups - c.hits, misses[0], "{stem}");
+        }
     }
 }

@@ -113,8 +113,10 @@ pub(crate) fn moe_ffn(c: &Config, t: &BlockTensors, src: &TensorSource, il: usiz
             None => None,
         },
         hot: None,
+        cache: None,
     };
     moe.hot = src.hot_experts(il, e, moe.expert_bytes(), moe.experts_device)?;
+    moe.cache = src.expert_cache(il, e, moe.expert_bytes(), moe.experts_device)?;
     Ok(Ffn::Moe(Box::new(moe)))
 }
 

@@ -5,6 +5,7 @@
 //! need no GPU. `docs/architecture.md` ("Placement") describes the rules and the estimates.
 
 mod devices;
+mod expert_cache;
 mod experts;
 #[cfg(test)]
 mod fit_tests;
@@ -17,6 +18,7 @@ pub use devices::{
     available_memory_bytes, device_list, human_bytes, parse_size, parse_size_list,
     system_memory_bytes, DeviceKind, DeviceSpec,
 };
+pub use expert_cache::{CacheSize, ExpertCachePlan, ExpertCacheRequest};
 pub use experts::{ExpertFrequencies, ExpertOverride, ExpertSplit};
 pub use plan::{
     plan, ranges, DeviceUse, LayerKind, LayerPlacement, PlacementOptions, Plan, Reason, RuleUse,
@@ -82,10 +84,29 @@ impl crate::model::Placement {
             list.extend(&s.experts);
             list.sort_unstable();
         }
+        let expert_cache = match &plan.expert_cache {
+            Some(c) => {
+                let device = devices.by_name(&plan.devices[c.device].spec.name)?;
+                let mut seed: std::collections::HashMap<usize, Vec<u64>> =
+                    c.seed.iter().cloned().collect();
+                let layers = c
+                    .layers
+                    .iter()
+                    .map(|&(il, slots, _)| (il, (slots, seed.remove(&il))))
+                    .collect();
+                Some(crate::loader::CachePlacement {
+                    device,
+                    policy: c.policy,
+                    layers,
+                })
+            }
+            None => None,
+        };
         Ok(crate::model::Placement {
             devices,
             tensors,
             experts,
+            expert_cache,
         })
     }
 }

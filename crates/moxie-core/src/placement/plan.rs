@@ -80,6 +80,8 @@ pub struct PlacementOptions {
     /// so the fit can place hot experts one by one where that saves more CPU reads than whole
     /// expert layers.
     pub expert_profile: Option<ExpertFrequencies>,
+    /// `--expert-cache`: a dynamic VRAM cache of the experts in RAM.
+    pub expert_cache: Option<super::ExpertCacheRequest>,
 }
 
 /// The context when none is given: `moxie run`'s default, capped at the training context.
@@ -299,6 +301,8 @@ pub struct Plan {
     /// Experts that `-oe` (or `--fit --profile`) put on another device than the rest of
     /// their layer's.
     pub expert_splits: Vec<ExpertSplit>,
+    /// `--expert-cache`, sized.
+    pub expert_cache: Option<super::ExpertCachePlan>,
 }
 
 impl Plan {
@@ -602,7 +606,7 @@ pub fn plan(
             loads[d].add_cache(caches[il]);
         }
     }
-    let device_uses: Vec<DeviceUse> = devices
+    let mut device_uses: Vec<DeviceUse> = devices
         .iter()
         .zip(&loads)
         .map(|(spec, load)| DeviceUse {
@@ -614,6 +618,35 @@ pub fn plan(
             headroom_bytes: load.headroom(spec.kind),
         })
         .collect();
+    // The expert cache takes its share last: `auto` is what the device has left.
+    let expert_cache = match &opts.expert_cache {
+        Some(req) => {
+            let free: Vec<i128> = device_uses.iter().map(DeviceUse::free_bytes).collect();
+            let split: Vec<usize> = expert_splits.iter().map(|s| s.layer).collect();
+            let layers =
+                super::expert_cache::cacheable_layers(tensors, &groups, &placed, cpu, &split);
+            let c = super::expert_cache::plan_cache(
+                req,
+                devices,
+                cpu,
+                &free,
+                &layers,
+                opts.expert_profile.as_ref(),
+            )?;
+            let d = &mut device_uses[c.device];
+            d.weights_bytes += c.bytes;
+            if d.compute_bytes == 0 {
+                // It computes the hits: a device that ran nothing needs its compute buffers.
+                let mut load = loads[c.device];
+                load.runs_layers = true;
+                d.compute_bytes = load.compute(d.spec.kind, &est);
+                d.headroom_bytes = load.headroom(d.spec.kind);
+            }
+            messages.push(c.describe(devices));
+            Some(c)
+        }
+        None => None,
+    };
 
     let layers = layer_placements(model, tensors, &groups, &slots, &layer_devices, &caches);
     let rule_uses = rule_uses(&rules, tensors, &slots);
@@ -664,9 +697,15 @@ pub fn plan(
         messages,
         unsupported: gpu_problems(model, tensors, &slots, &layer_devices, devices, run),
         expert_splits,
+        expert_cache,
     };
     let experts_unsupported = super::experts::unsupported(&plan.expert_splits, devices, cpu);
     plan.unsupported.extend(experts_unsupported);
+    let cache_unsupported = plan
+        .expert_cache
+        .as_ref()
+        .and_then(|c| super::expert_cache::unsupported(c, devices));
+    plan.unsupported.extend(cache_unsupported);
     plan.fits = plan.devices.iter().all(DeviceUse::fits);
     let advice = over_budget_advice(&plan, model, run);
     plan.messages.extend(advice);

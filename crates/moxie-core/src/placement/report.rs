@@ -116,6 +116,14 @@ impl Plan {
                 "bytes": e.bytes,
                 "flag": e.flag,
             })).collect::<Vec<_>>(),
+            "expert_cache": self.expert_cache.as_ref().map(|c| serde_json::json!({
+                "device": self.device_name(c.device),
+                "policy": c.policy.name(),
+                "bytes": c.bytes,
+                "layers": c.layers.iter().map(|&(layer, experts, expert_bytes)| serde_json::json!({
+                    "layer": layer, "experts": experts, "expert_bytes": expert_bytes,
+                })).collect::<Vec<_>>(),
+            })),
         })
     }
 

@@ -20,6 +20,7 @@
 //! experts of a layer whose router is on a GPU are streamed to it for large batches (llama.cpp's
 //! op offload; [`Model::calibrate_op_offload`]).
 
+mod cache;
 mod experts;
 
 use moxie_gpu::ops::RouteSpec;
@@ -38,6 +39,7 @@ use crate::state::LayerState;
 use crate::tensor::{Mat, QuantizedActs, Tensor};
 use crate::{Error, Result};
 
+pub use cache::{CacheCounts, ExpertCache};
 use experts::ActsByType;
 
 /// How router logits become each token's experts and weights.
@@ -108,6 +110,8 @@ pub struct Moe {
     pub tally: Option<moxie_gpu::Buffer>,
     /// Experts placed one by one on another device (`-oe`), if any.
     pub hot: Option<HotExperts>,
+    /// `--expert-cache`'s share of this layer, if any.
+    pub cache: Option<ExpertCache>,
 }
 
 /// A layer's routed experts that `-oe` placed on another device than the rest of them, held
@@ -323,8 +327,11 @@ pub struct MoeScratch {
     /// only the allocation is kept (see [`experts::recycle`]).
     products: Vec<(Mat<'static>, &'static [u8])>,
     out: Vec<f32>,
-    /// Which experts the routes select, for counting each once ([`count_expert_reads`]).
+    /// Which experts the routes select, for counting each once ([`count_expert_reads`]), the
+    /// distinct ones in order of first selection, and every route's expert in order.
     seen: Vec<bool>,
+    selected: Vec<usize>,
+    in_order: Vec<usize>,
 }
 
 impl MoeScratch {
@@ -424,14 +431,17 @@ fn run_experts(
 
 /// Count the routed-expert weights that the routes in `s` (for `n` tokens) make device `dev`
 /// read: each selected expert's gate, up and down once, however many tokens chose it. Hot
-/// experts ([`HotExperts`]) are read on their device, which the tokens' rows and routes cross
-/// to and their weighted sum back from, when any token chose one.
+/// experts ([`HotExperts`]) and a decode step's cache hits ([`ExpertCache`]) are read on their
+/// device, which the tokens' rows and routes cross to and their weighted sum back from, when
+/// any token chose one; the cache's uploads after the step are copies to its device.
 fn count_expert_reads(m: &Moe, devices: &Devices, dev: DeviceId, n: usize, s: &mut MoeScratch) {
     s.seen.clear();
     s.seen.resize(m.routing.n_expert, false);
+    s.selected.clear();
     let (mut cold, mut hot) = (0u64, 0u64);
     for &(e, _) in &s.routes {
         if !std::mem::replace(&mut s.seen[e], true) {
+            s.selected.push(e);
             match &m.hot {
                 Some(h) if h.is_hot[e] => hot += 1,
                 _ => cold += 1,
@@ -439,10 +449,23 @@ fn count_expert_reads(m: &Moe, devices: &Devices, dev: DeviceId, n: usize, s: &m
         }
     }
     let phase = crate::telemetry::Phase::of_batch(n);
-    devices.count_expert_reads(dev, phase, cold * m.expert_bytes());
+    let bytes = m.expert_bytes();
+    let rows = n * m.n_embd() * F32;
+    if let Some(c) = &m.cache {
+        s.in_order.clear();
+        s.in_order.extend(s.routes.iter().map(|r| r.0));
+        let (hits, uploads) = c.step(&s.selected, n, &s.in_order);
+        cold -= hits;
+        if hits > 0 {
+            devices.count_expert_reads(c.device, phase, hits * bytes);
+            devices.count_copy(dev, c.device, rows + std::mem::size_of_val(s.routes()));
+            devices.count_copy(c.device, dev, rows);
+        }
+        devices.count_copy(CPU, c.device, (uploads * bytes) as usize);
+    }
+    devices.count_expert_reads(dev, phase, cold * bytes);
     if let Some(h) = m.hot.as_ref().filter(|_| hot > 0) {
-        devices.count_expert_reads(h.device, phase, hot * m.expert_bytes());
-        let rows = n * m.n_embd() * F32;
+        devices.count_expert_reads(h.device, phase, hot * bytes);
         devices.count_copy(dev, h.device, rows + std::mem::size_of_val(s.routes()));
         devices.count_copy(h.device, dev, rows);
     }
