@@ -93,7 +93,7 @@ impl RoutingShape {
                 skew_last: 0.1,
                 attn_window: 4,
                 attn_sharpness: 12.0,
-                attn_gain: 1.5,
+                attn_gain: 1.0,
             },
             "uniform" => d,
             _ => {
