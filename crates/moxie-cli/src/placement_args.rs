@@ -18,13 +18,14 @@ pub struct PlacementArgs {
     pub override_tensor: Vec<String>,
     /// Put routed experts on a device one by one (also `-oe`): "LAYERS:EXPERTS=DEVICE", e.g.
     /// "3-5,12:0-7,40=sim0" or "*:0-3=sim0" (every MoE layer); repeatable, earlier flags win
-    /// an expert. The layers' other experts stay where -ot/-ngl put them (the CPU). Simulated
-    /// devices only so far.
+    /// an expert. The layers' other experts stay where -ot/-ngl put them (the CPU). On a GPU,
+    /// the layer's router must run there (-ngl).
     #[arg(long = "override-experts", value_name = "LAYERS:EXPERTS=DEVICE")]
     pub override_experts: Vec<String>,
     /// With --fit: a routing profile (`moxie profile`, `serve --profile-out`) by which the fit
     /// places hot routed experts one by one where that takes more expected reads per decoded
-    /// token off the CPU than whole expert layers do (simulated devices only so far).
+    /// token off the CPU than whole expert layers do (simulated devices only so far); with
+    /// --expert-cache, the experts the cache starts with.
     #[arg(long = "profile", value_name = "FILE")]
     pub profile: Option<std::path::PathBuf>,
     /// Keep every routed expert on the CPU (also `-cmoe`).

@@ -113,19 +113,18 @@ impl<'a> TensorSource<'a> {
         &self.placement.devices
     }
 
-    /// Layer `il`'s experts that the placement puts on another device than `experts_device`
-    /// (where the layer's routed-expert tensors are), `expert_bytes` each, held against that
-    /// device's budget.
+    /// Layer `il`'s experts that the placement puts on another device than the rest of
+    /// `moe`'s routed experts, held against that device's budget; on a GPU (which must run the
+    /// layer's router) copied there.
     pub fn hot_experts(
         &self,
         il: usize,
-        n_expert: usize,
-        expert_bytes: u64,
-        experts_device: DeviceId,
+        moe: &crate::blocks::moe::Moe,
     ) -> Result<Option<crate::blocks::moe::HotExperts>> {
         let Some((device, list)) = self.placement.experts.get(&il) else {
             return Ok(None);
         };
+        let (n_expert, experts_device) = (moe.routing.n_expert, moe.experts_device);
         let devices = self.devices();
         let name = &devices.get(*device).name;
         if let Some(e) = list.iter().find(|&&e| e >= n_expert) {
@@ -143,20 +142,28 @@ impl<'a> TensorSource<'a> {
                 devices.get(experts_device).name
             )));
         }
-        if devices.gpu(*device).is_some() {
+        let gpu = devices.gpu(*device);
+        if gpu.is_some() && moe.device != *device {
             return Err(Error::Model(format!(
-                "layer {il}: experts placed on {name}: per-expert placement runs on simulated \
-                 devices only so far (rehearse it with --sim; -ot places whole expert layers)"
+                "layer {il}: experts placed on {name} run there with the layer's router, which is \
+                 on {} (give the layer to {name} with -ngl)",
+                devices.get(moe.device).name
             )));
         }
         let what = format!("layer {il}'s experts {}", crate::placement::ranges(list));
-        let held = devices.reserve(*device, expert_bytes * list.len() as u64, &what)?;
+        let held = devices.reserve(*device, moe.expert_bytes() * list.len() as u64, &what)?;
         let mut is_hot = vec![false; n_expert];
         list.iter().for_each(|&e| is_hot[e] = true);
+        let tensors = [&moe.gate_exps, &moe.up_exps, &moe.down_exps];
+        let gpu = match gpu {
+            Some(g) => Some(crate::blocks::moe::GpuHotCopies::upload(g, tensors, list)?),
+            None => None,
+        };
         Ok(Some(crate::blocks::moe::HotExperts {
             device: *device,
             is_hot,
             held,
+            gpu,
         }))
     }
 

@@ -872,3 +872,113 @@ fn check_routing_telemetry(devices: fn() -> Devices) {
         assert_eq!(model.routing_profile().unwrap(), p, "{how}");
     }
 }
+
+/// Hot experts on the GPU that runs their layer (`-ngl 999 -ot exps=CPU -oe '*:...=CUDA0'`):
+/// the GPU computes their selections from copies of them (routes remapped, the others rows of
+/// zeros) while the CPU computes the rest and leaves them out of its sum; the logits agree with
+/// the CPU's within the fixture's bound, and each decode step's hot selections are booked on
+/// the GPU.
+#[test]
+fn hot_experts_on_the_gpu_running_their_layer() {
+    check_hot_experts_on_gpu(two_gpus);
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn cuda_hot_experts_on_the_gpu_running_their_layer() {
+    check_hot_experts_on_gpu(cuda_gpus);
+}
+
+fn check_hot_experts_on_gpu(devices: fn() -> Devices) {
+    use moxie_core::blocks::Ffn;
+    use moxie_core::telemetry::Phase;
+    let par = Parallel::new(2);
+    for stem in ["deepseek2-tiny-Q4_K_M", "qwen3moe-tiny-Q4_K_M"] {
+        let name = format!("{stem}.gguf");
+        let file = open(&fixtures().join("models").join(&name));
+        let cpu = Model::load(Arc::clone(&file)).unwrap();
+        let n_vocab = cpu.config.n_vocab;
+        let want = run(&cpu, &par);
+        let master = run(&Model::load(master_of(&name)).unwrap(), &par);
+        let bound = Bound::Quant(quant_bound(&master, &want, n_vocab));
+        let n_expert = cpu.config.n_expert;
+        let hot: Vec<usize> = (0..n_expert).filter(|e| e % 3 == 0).collect();
+        let moe_layers: Vec<usize> = (0..cpu.layers.len())
+            .filter(|&il| matches!(cpu.layers[il].ffn, Ffn::Moe(_)))
+            .collect();
+        let mut placed = hybrid(&file, devices());
+        placed.experts = moe_layers
+            .iter()
+            .map(|&il| (il, (GPU0, hot.clone())))
+            .collect();
+        let model = Model::load_placed(Arc::clone(&file), &placed)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let got = run(&model, &par);
+        agree(
+            &name,
+            "hybrid + hot experts on GPU0",
+            bound,
+            &want,
+            &got,
+            n_vocab,
+        );
+
+        let profile = model.routing_profile().unwrap();
+        let (mut gpu_reads, mut cpu_reads, mut held) = (0u64, 0u64, 0u64);
+        for &il in &moe_layers {
+            let Ffn::Moe(m) = &model.layers[il].ffn else {
+                unreachable!()
+            };
+            assert!(
+                m.hot.as_ref().unwrap().gpu.is_some(),
+                "{name}: copies on GPU0"
+            );
+            held += m.expert_bytes() * hot.len() as u64;
+            let p = profile.layers.iter().find(|l| l.layer == il).unwrap();
+            for (e, &c) in p.counts(Phase::Decode).iter().enumerate() {
+                let side = if e % 3 == 0 {
+                    &mut gpu_reads
+                } else {
+                    &mut cpu_reads
+                };
+                *side += c * m.expert_bytes();
+            }
+        }
+        let stats = model.devices.stats();
+        assert_eq!(
+            stats[GPU0].1.expert_bytes[Phase::Decode as usize],
+            gpu_reads,
+            "{name}"
+        );
+        assert_eq!(
+            stats[CPU].1.expert_bytes[Phase::Decode as usize],
+            cpu_reads,
+            "{name}"
+        );
+        assert!(gpu_reads > 0 && cpu_reads > 0, "{name}");
+        // Loaded (on fresh devices: a placement's devices keep their counters), before any
+        // work buffer: the copies are what GPU0 holds beyond plain hybrid.
+        let mut fresh = hybrid(&file, devices());
+        fresh.experts = placed.experts.clone();
+        let resident = |p: &Placement| {
+            let m = Model::load_placed(Arc::clone(&file), p).unwrap();
+            m.devices.stats()[GPU0].1.resident_bytes
+        };
+        let plain = resident(&hybrid(&file, devices()));
+        assert_eq!(
+            resident(&fresh) - plain,
+            held,
+            "{name}: the copies are held on GPU0"
+        );
+
+        // A layer whose router is not on the GPU cannot have hot experts there.
+        let mut cpu_router = placement(&file, devices(), |_, _| CPU, |_| CPU);
+        cpu_router.experts = [(moe_layers[0], (GPU0, hot.clone()))].into();
+        let err = Model::load_placed(Arc::clone(&file), &cpu_router)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("with the layer's router"), "{name}: {err}");
+    }
+}

@@ -865,15 +865,24 @@ fn experts_placed_one_by_one() {
     );
     assert_eq!(p.devices[0].weights_bytes, base.devices[0].weights_bytes);
     assert!(p.can_run(), "{:?}", p.unsupported);
-    // On a GPU it cannot run yet (planned all the same).
-    let p = m.plan(&with(&["4:100=CUDA0"]), &devices);
-    let gpu = p.device_index("CUDA0").unwrap();
+    // On a GPU: they run with their layer's router there, and are refused for a layer
+    // that runs elsewhere (planned all the same).
+    let gpu = base.device_index("CUDA0").unwrap();
+    let moe_on = |on_gpu: bool| {
+        (3..61)
+            .find(|&il| (base.layers[il].device == Some(gpu)) == on_gpu)
+            .unwrap()
+    };
+    let (here, elsewhere) = (moe_on(true), moe_on(false));
+    let p = m.plan(&with(&[&format!("{here}:100=CUDA0")]), &devices);
     assert_eq!(
         p.devices[gpu].weights_bytes - base.devices[gpu].weights_bytes,
-        share(4, 1)
+        share(here, 1)
     );
+    assert!(p.can_run(), "{:?}", p.unsupported);
+    let p = m.plan(&with(&[&format!("{elsewhere}:100=CUDA0")]), &devices);
     assert!(
-        p.unsupported.len() == 1 && p.unsupported[0].contains("simulated devices only"),
+        p.unsupported.len() == 1 && p.unsupported[0].contains("with their layer's router"),
         "{:?}",
         p.unsupported
     );

@@ -115,7 +115,7 @@ pub(crate) fn moe_ffn(c: &Config, t: &BlockTensors, src: &TensorSource, il: usiz
         hot: None,
         cache: None,
     };
-    moe.hot = src.hot_experts(il, e, moe.expert_bytes(), moe.experts_device)?;
+    moe.hot = src.hot_experts(il, &moe)?;
     moe.cache = src.expert_cache(il, e, moe.expert_bytes(), moe.experts_device)?;
     Ok(Ffn::Moe(Box::new(moe)))
 }

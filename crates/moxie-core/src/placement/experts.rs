@@ -280,6 +280,7 @@ pub(super) fn unsupported(
     splits: &[ExpertSplit],
     devices: &[DeviceSpec],
     cpu: usize,
+    layer_devices: &[Option<usize>],
 ) -> Vec<String> {
     let mut out = Vec::new();
     for (i, s) in splits.iter().enumerate() {
@@ -302,11 +303,17 @@ pub(super) fn unsupported(
                 devices[s.from].name
             ));
         }
-        if devices[s.device].runs_cuda_kernels() {
+        let layer_device = layer_devices.get(s.layer).copied().flatten();
+        if devices[s.device].runs_cuda_kernels() && layer_device != Some(s.device) {
+            // The GPU computes its experts' share with the routes it made: the layer's router
+            // must run there.
             out.push(format!(
-                "{}: per-expert placement runs on simulated devices only so far (rehearse it \
-                 with --sim; -ot places whole expert layers on a GPU)",
-                s.describe(devices)
+                "{}: experts on a GPU run there with their layer's router, and blk.{} runs on {} \
+                 (give the layer to {} with -ngl, or place its experts on a sim)",
+                s.describe(devices),
+                s.layer,
+                layer_device.map_or("no device", |d| devices[d].name.as_str()),
+                devices[s.device].name
             ));
         }
     }

@@ -699,7 +699,8 @@ pub fn plan(
         expert_splits,
         expert_cache,
     };
-    let experts_unsupported = super::experts::unsupported(&plan.expert_splits, devices, cpu);
+    let experts_unsupported =
+        super::experts::unsupported(&plan.expert_splits, devices, cpu, &layer_devices);
     plan.unsupported.extend(experts_unsupported);
     let cache_unsupported = plan
         .expert_cache
@@ -1229,8 +1230,8 @@ impl Fit<'_> {
                 if pick_experts {
                     "placing hot experts"
                 } else if cuda && better {
-                    "keeping whole layers (per-expert placement runs on simulated devices only \
-                     so far)"
+                    "keeping whole layers (the fit places hot experts on simulated devices \
+                     only so far; -oe places them on the GPU that runs their layer)"
                 } else {
                     "keeping whole layers"
                 }

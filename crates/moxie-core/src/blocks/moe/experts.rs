@@ -41,11 +41,16 @@ pub(super) fn one_token(
         down,
         products,
         out,
-        routes: route,
+        routes,
+        skip,
+        active,
         ..
     } = s;
     let n_embd = m.n_embd();
-    let k = route.len();
+    // The slots computed here (all but those of experts another device computes).
+    active.clear();
+    active.extend((0..routes.len()).filter(|&i| !skip.get(routes[i].0).copied().unwrap_or(false)));
+    let k = active.len();
     let n_ff = m.gate_exps.ne[1];
     let shared = match shared {
         Some(sh) => Some([sh.gate.matrix()?, sh.up.matrix()?, sh.down.matrix()?]),
@@ -67,8 +72,8 @@ pub(super) fn one_token(
 
     let mut list = recycle(std::mem::take(products));
     for (t, ty) in [(&m.gate_exps, gate_ty), (&m.up_exps, up_ty)] {
-        for &(e, _) in route.iter() {
-            list.push((t.slice(e)?, inputs.get(ty).row(0)));
+        for &i in active.iter() {
+            list.push((t.slice(routes[i].0)?, inputs.get(ty).row(0)));
         }
     }
     for w in shared.iter().flat_map(|sh| &sh[..2]).chain(&shared_gate) {
@@ -90,8 +95,8 @@ pub(super) fn one_token(
         shared_down_in.refill(sh[2].act_type(), n_ff_sh, sg);
     }
     let mut list = recycle(list);
-    for (i, &(e, _)) in route.iter().enumerate() {
-        list.push((m.down_exps.slice(e)?, down_in.row(i)));
+    for (j, &i) in active.iter().enumerate() {
+        list.push((m.down_exps.slice(routes[i].0)?, down_in.row(j)));
     }
     if let Some(sh) = &shared {
         list.push((sh[2], shared_down_in.row(0)));
@@ -100,9 +105,12 @@ pub(super) fn one_token(
     gemv_many(par, &list, down);
     *products = recycle(list);
     out.resize(n_embd, 0.0);
-    for (slot, &(_, w)) in route.iter().enumerate() {
-        let v = &down[slot * n_embd..(slot + 1) * n_embd];
-        add_weighted(out, v, w, slot == 0);
+    if k == 0 {
+        out.fill(0.0);
+    }
+    for (j, &i) in active.iter().enumerate() {
+        let v = &down[j * n_embd..(j + 1) * n_embd];
+        add_weighted(out, v, routes[i].1, j == 0);
     }
     if shared.is_some() {
         let sh = &mut down[k * n_embd..];
@@ -180,23 +188,29 @@ struct Routed<'a> {
 /// output rows).
 const DOWN_PASS_BYTES: usize = 8 << 20;
 
-/// A batch: tokens grouped by expert; see the module documentation for the five regions.
+/// A batch (`routes`: each token's top-k, token after token; the experts flagged in `skip`
+/// are computed elsewhere and left out): tokens grouped by expert; see the module
+/// documentation for the five regions.
 pub(super) fn batch(
     m: &Moe,
     h: &[f32],
-    n: usize,
     par: &Parallel,
     routes: &[(usize, f32)],
+    skip: &[bool],
     shared: Option<&DenseFfn>,
     out: &mut Vec<f32>,
 ) -> Result<()> {
     let n_embd = m.n_embd();
     let k_used = m.routing.n_expert_used;
+    let n = routes.len() / k_used;
     let routes: Vec<&[(usize, f32)]> = routes.chunks_exact(k_used).collect();
+    let skips = |e: usize| skip.get(e).copied().unwrap_or(false);
     let mut by_expert: Vec<Vec<(usize, usize)>> = vec![Vec::new(); m.routing.n_expert];
     for (t, r) in routes.iter().enumerate() {
         for (slot, &(e, _)) in r.iter().enumerate() {
-            by_expert[e].push((t, slot));
+            if !skips(e) {
+                by_expert[e].push((t, slot));
+            }
         }
     }
     let n_ff = m.gate_exps.ne[1];
@@ -319,10 +333,18 @@ pub(super) fn batch(
             let mut v = scratch::take(pass.len());
             for (t, orow) in toks.zip(o.chunks_exact_mut(n_embd)) {
                 let orow = &mut orow[pass.clone()];
-                for (slot, &(_, w)) in routes[t].iter().enumerate() {
+                let mut first = true;
+                for (slot, &(e, w)) in routes[t].iter().enumerate() {
+                    if skips(e) {
+                        continue;
+                    }
                     let (a, i) = where_is[t * k_used + slot];
                     emb.gather(down_out, a, i, &mut v);
-                    add_weighted(orow, &v, w, slot == 0);
+                    add_weighted(orow, &v, w, std::mem::take(&mut first));
+                }
+                if first {
+                    // Every expert of this token is computed elsewhere.
+                    orow.fill(0.0);
                 }
             }
         });

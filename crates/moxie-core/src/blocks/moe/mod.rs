@@ -123,6 +123,56 @@ pub struct HotExperts {
     /// Per expert of the layer: whether it is on `device`.
     pub is_hot: Vec<bool>,
     pub held: crate::device::Reservation,
+    /// On a GPU (the one running the layer's router): their copies there, which compute them.
+    pub gpu: Option<GpuHotCopies>,
+}
+
+/// The hot experts' gate, up and down matrices in a GPU's memory, hot expert after hot
+/// expert, and where each expert of the layer sits among them.
+pub struct GpuHotCopies {
+    /// `[gate, up, down]`, each `slot_of` matrices of the layer's shape.
+    pub weights: [Buffer; 3],
+    /// Per expert of the layer: its matrix in `weights`, or -1 (computed on the CPU).
+    pub slot_of: Vec<i32>,
+}
+
+impl GpuHotCopies {
+    /// The copies in `gpu`'s memory of `experts` (sorted) of the layer's `[gate, up, down]`.
+    pub fn upload(gpu: &Gpu, tensors: [&Tensor; 3], experts: &[usize]) -> Result<GpuHotCopies> {
+        let n_expert = tensors[0].ne[2];
+        let mut slot_of = vec![-1i32; n_expert];
+        for (slot, &e) in experts.iter().enumerate() {
+            slot_of[e] = slot as i32;
+        }
+        let copy = |t: &Tensor| -> Result<Buffer> {
+            let bytes = t.gguf_order_bytes();
+            let one = bytes.len() / n_expert;
+            let mut subset = Vec::with_capacity(one * experts.len());
+            for &e in experts {
+                subset.extend_from_slice(&bytes[e * one..(e + 1) * one]);
+            }
+            Ok(Buffer::from_bytes(gpu.backend(), &subset)?)
+        };
+        let [g, u, d] = tensors;
+        Ok(GpuHotCopies {
+            weights: [copy(g)?, copy(u)?, copy(d)?],
+            slot_of,
+        })
+    }
+
+    /// The copies as kernel operands, shaped like the layer's tensors.
+    fn operands(&self, m: &Moe) -> [Weight; 3] {
+        let n_hot = self.slot_of.iter().filter(|&&s| s >= 0).count();
+        let w = |t: &Tensor, b: &Buffer| Weight {
+            n_mat: n_hot,
+            ..t.weight_at(b.ptr())
+        };
+        [
+            w(&m.gate_exps, &self.weights[0]),
+            w(&m.up_exps, &self.weights[1]),
+            w(&m.down_exps, &self.weights[2]),
+        ]
+    }
 }
 
 impl Moe {
@@ -332,6 +382,13 @@ pub struct MoeScratch {
     seen: Vec<bool>,
     selected: Vec<usize>,
     in_order: Vec<usize>,
+    /// Per expert: computed elsewhere (hot experts on the GPU running the layer), so the CPU
+    /// paths leave its selections out of their sum. Empty: none.
+    skip: Vec<bool>,
+    /// The slots of the one-token path's route that it computes.
+    active: Vec<usize>,
+    /// Routes remapped to the hot experts' copies on a GPU.
+    hot_ids: Vec<i32>,
 }
 
 impl MoeScratch {
@@ -425,7 +482,7 @@ fn run_experts(
     if n == 1 {
         experts::one_token(m, h, par, s, shared)
     } else {
-        experts::batch(m, h, n, par, &s.routes, shared, &mut s.out)
+        experts::batch(m, h, par, &s.routes, &s.skip, shared, &mut s.out)
     }
 }
 
@@ -592,6 +649,25 @@ impl Block for Moe {
             gpu.add(x, o, n * e)?;
         }
         p.moe.set_routes(&host.ids, &host.weights, r.n_expert)?;
+        // Hot experts copied to this GPU compute their selections here (ids remapped to their
+        // copies, -1 for the others: rows of zeros); the CPU leaves them out of its sum.
+        let hot = self.hot.as_ref().filter(|h| h.device == id);
+        if let Some((hot, copies)) = hot.and_then(|h| Some((h, h.gpu.as_ref()?))) {
+            let hot_ids = &mut p.moe.hot_ids;
+            hot_ids.clear();
+            hot_ids.extend(host.ids.iter().map(|&e| copies.slot_of[e as usize]));
+            if hot_ids.iter().any(|&s| s >= 0) {
+                let ids_hot = p.gpu.buf(id, "hot_ids", n * k)?;
+                gpu.backend()
+                    .upload(ids_hot, bytemuck::cast_slice(&p.moe.hot_ids))?;
+                let out = p.gpu.buf(id, "hot_sum", n * e)?;
+                let operands = copies.operands(self);
+                let io = [h, ids_hot, weights, out];
+                self.routed_experts_gpu(&mut p.gpu, &gpu, id, n, operands, io, false)?;
+                gpu.add(x, out, n * e)?;
+            }
+            p.moe.skip.clone_from(&hot.is_hot);
+        }
         count_expert_reads(self, p.devices, self.experts_device, n, &mut p.moe);
         let s = p.gpu.buf(id, "expert_sum", n * e)?;
         if p.devices.gpu(self.experts_device).is_some() {
@@ -607,8 +683,10 @@ impl Block for Moe {
             gpu.backend().upload(s, bytemuck::cast_slice(&sum))?;
             host.rows = sum;
         } else {
-            let routed = routed_experts(self, &host_h, n, p.par, &mut p.moe)?;
-            gpu.backend().upload(s, bytemuck::cast_slice(routed))?;
+            let done = routed_experts(self, &host_h, n, p.par, &mut p.moe)
+                .and_then(|r| Ok(gpu.backend().upload(s, bytemuck::cast_slice(r))?));
+            p.moe.skip.clear();
+            done?;
         }
         p.devices.count_copy(self.experts_device, id, n * e * F32);
         gpu.add(x, s, n * e)?;
