@@ -279,7 +279,8 @@ pub(crate) fn settle(model: &mut Model, no_mmap: bool, mlock: bool) {
         let secs = t0.elapsed().as_secs_f64();
         match p.skipped {
             Some(available) => eprintln!(
-                "{} weight tensors ({}) stay mapped and are read on first use: more than the                  {} of memory available (--no-mmap reads them in at load)",
+                "{} weight tensors ({}) stay mapped and are read on first use: more than the \
+                 {} of memory available (--no-mmap reads them in at load)",
                 p.tensors,
                 gib(p.bytes),
                 gib(available)
@@ -291,7 +292,8 @@ pub(crate) fn settle(model: &mut Model, no_mmap: bool, mlock: bool) {
                 gib(p.bytes)
             ),
             None => eprintln!(
-                "asked the kernel to read ahead {} mapped weight tensors ({}): it cannot page                  them in at once (Linux before 5.14)",
+                "asked the kernel to read ahead {} mapped weight tensors ({}): it cannot page \
+                 them in at once (Linux before 5.14)",
                 p.tensors,
                 gib(p.bytes)
             ),

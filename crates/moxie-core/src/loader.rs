@@ -167,14 +167,14 @@ impl<'a> TensorSource<'a> {
         }))
     }
 
-    /// Layer `il`'s share of the expert cache, held against the cache device's budget, if the
-    /// placement has one for it. Its routed experts must be in RAM.
+    /// Layer `il`'s share of the expert cache, held against the cache device's budget (on a
+    /// GPU, its slots allocated there and a seeded cache's first residents copied in), if the
+    /// placement has one for it. Its routed experts must be in RAM, and on a GPU its router
+    /// there.
     pub fn expert_cache(
         &self,
         il: usize,
-        n_expert: usize,
-        expert_bytes: u64,
-        experts_device: DeviceId,
+        moe: &crate::blocks::moe::Moe,
     ) -> Result<Option<crate::blocks::moe::ExpertCache>> {
         let Some(c) = &self.placement.expert_cache else {
             return Ok(None);
@@ -184,27 +184,46 @@ impl<'a> TensorSource<'a> {
         };
         let devices = self.devices();
         let name = &devices.get(c.device).name;
-        if experts_device != CPU {
+        if moe.experts_device != CPU {
             return Err(Error::Model(format!(
-                "layer {il}: the expert cache on {name} caches experts in RAM, but this layer's                  are on {}",
-                devices.get(experts_device).name
+                "layer {il}: the expert cache on {name} caches experts in RAM, but this layer's \
+                 are on {}",
+                devices.get(moe.experts_device).name
             )));
         }
-        if devices.gpu(c.device).is_some() {
+        let gpu = devices.gpu(c.device);
+        if gpu.is_some() && moe.device != c.device {
             return Err(Error::Model(format!(
-                "layer {il}: the expert cache on {name}: --expert-cache runs on simulated devices                  only so far (rehearse it with --sim)"
+                "layer {il}: the expert cache on {name} computes with the layer's router, which \
+                 is on {} (give the layer to {name} with -ngl)",
+                devices.get(moe.device).name
             )));
         }
         let what = format!("layer {il}'s expert cache ({slots} experts)");
-        let held = devices.reserve(c.device, expert_bytes * *slots as u64, &what)?;
-        Ok(Some(crate::blocks::moe::ExpertCache::new(
+        let held = devices.reserve(c.device, moe.expert_bytes() * *slots as u64, &what)?;
+        let mut cache = crate::blocks::moe::ExpertCache::new(
             c.device,
             c.policy,
             *slots,
-            n_expert,
+            moe.routing.n_expert,
             held,
             seed.as_deref(),
-        )))
+        );
+        if let Some(gpu) = gpu {
+            let slots_of = |t: &crate::tensor::Tensor| {
+                moxie_gpu::Buffer::new(gpu.backend(), t.row_bytes() * t.ne[1] * *slots)
+            };
+            let bufs = [
+                slots_of(&moe.gate_exps)?,
+                slots_of(&moe.up_exps)?,
+                slots_of(&moe.down_exps)?,
+            ];
+            for (e, slot) in cache.placed() {
+                moe.upload_expert(gpu, &bufs, e, slot)?;
+            }
+            cache.gpu = Some(bufs);
+        }
+        Ok(Some(cache))
     }
 
     /// The tensors of one block (`what`, e.g. "layer 3's attention"), which must all be on

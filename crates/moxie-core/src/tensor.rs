@@ -197,6 +197,19 @@ impl Tensor {
         std::borrow::Cow::Owned(plain)
     }
 
+    /// Matrix `i` (of a 3-D tensor: expert `i`) in GGUF row order: borrowed, or un-interleaved
+    /// from a repacked copy (matrices hold whole groups of interleaved rows).
+    pub fn matrix_gguf_bytes(&self, i: usize) -> std::borrow::Cow<'_, [u8]> {
+        let mat = self.row_bytes() * self.ne[1];
+        let data = &self.data()[i * mat..(i + 1) * mat];
+        if !self.interleaved {
+            return std::borrow::Cow::Borrowed(data);
+        }
+        let mut plain = vec![0u8; mat];
+        repack::unrepack(self.ty, data, self.ne[1], self.ne[0], &mut plain);
+        std::borrow::Cow::Owned(plain)
+    }
+
     /// The tensor as a GPU kernel's weight operand, if it is in a GPU's memory.
     pub fn gpu_weight(&self) -> Option<moxie_gpu::Weight> {
         match &self.storage {

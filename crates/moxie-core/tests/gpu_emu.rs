@@ -982,3 +982,90 @@ fn check_hot_experts_on_gpu(devices: fn() -> Devices) {
         assert!(err.contains("with the layer's router"), "{name}: {err}");
     }
 }
+
+/// The expert cache on the GPU that runs its layers (`-ngl 999 -ot exps=CPU --expert-cache`):
+/// a decode step's residents are computed there from their slots' copies, the misses on the
+/// CPU and copied into their slots after the step; the logits agree with the CPU's within the
+/// fixture's bound (over more decode steps than slots, so experts are evicted and replaced),
+/// and the hits are booked on the GPU.
+#[test]
+fn the_expert_cache_on_the_gpu_running_its_layers() {
+    check_expert_cache_on_gpu(two_gpus);
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn cuda_expert_cache_on_the_gpu_running_its_layers() {
+    check_expert_cache_on_gpu(cuda_gpus);
+}
+
+fn check_expert_cache_on_gpu(devices: fn() -> Devices) {
+    use moxie_core::blocks::Ffn;
+    use moxie_core::loader::CachePlacement;
+    use moxie_core::telemetry::{CachePolicy, Phase};
+    let par = Parallel::new(2);
+    for stem in ["deepseek2-tiny-Q4_K_M", "qwen3moe-tiny-Q4_K_M"] {
+        let name = format!("{stem}.gguf");
+        let file = open(&fixtures().join("models").join(&name));
+        let cpu = Model::load(Arc::clone(&file)).unwrap();
+        let n_vocab = cpu.config.n_vocab;
+        // A prompt, then 12 decode steps: enough to fill the slots and evict.
+        let tokens: Vec<u32> = (0..20u32).map(|i| (i * 131 + 7) % 1500).collect();
+        let steps = |model: &Model| {
+            let mut cache = model.new_state(Some(64)).unwrap();
+            let mut all = model
+                .forward(&tokens[..8], &mut cache, &par, Logits::Last)
+                .unwrap();
+            for &t in &tokens[8..] {
+                all.extend(model.forward(&[t], &mut cache, &par, Logits::Last).unwrap());
+            }
+            all
+        };
+        let want = steps(&cpu);
+        let master = steps(&Model::load(master_of(&name)).unwrap());
+        let bound = Bound::Quant(quant_bound(&master, &want, n_vocab));
+        let n_expert = cpu.config.n_expert;
+        let moe_layers: Vec<usize> = (0..cpu.layers.len())
+            .filter(|&il| matches!(cpu.layers[il].ffn, Ffn::Moe(_)))
+            .collect();
+        let slots = cpu.config.n_expert_used + 1;
+        for policy in [CachePolicy::Lru, CachePolicy::Lfu] {
+            let mut placed = hybrid(&file, devices());
+            placed.expert_cache = Some(CachePlacement {
+                device: GPU0,
+                policy,
+                layers: moe_layers.iter().map(|&il| (il, (slots, None))).collect(),
+            });
+            let model = Model::load_placed(Arc::clone(&file), &placed)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            let got = steps(&model);
+            let how = format!("hybrid + expert cache ({policy:?}) on GPU0");
+            agree(&name, &how, bound, &want, &got, n_vocab);
+            let c = model.expert_cache_counts().unwrap();
+            assert!(c.hits > 0 && c.hits < c.lookups, "{name} {how}: {c:?}");
+            assert!(c.uploads > slots as u64, "{name} {how}: evictions {c:?}");
+            // Per layer (expert sizes differ between layers of a Q4_K_M mix).
+            let (mut hit_bytes, mut miss_bytes) = (0, 0);
+            for &il in &moe_layers {
+                let Ffn::Moe(m) = &model.layers[il].ffn else {
+                    unreachable!()
+                };
+                let lc = m.cache.as_ref().unwrap().counts();
+                hit_bytes += lc.hits * m.expert_bytes();
+                miss_bytes += (lc.lookups - lc.hits) * m.expert_bytes();
+            }
+            let stats = model.devices.stats();
+            let decode = Phase::Decode as usize;
+            assert_eq!(
+                stats[GPU0].1.expert_bytes[decode], hit_bytes,
+                "{name} {how}"
+            );
+            assert_eq!(
+                stats[CPU].1.expert_bytes[decode], miss_bytes,
+                "{name} {how}"
+            );
+            assert!(n_expert > slots);
+        }
+    }
+}

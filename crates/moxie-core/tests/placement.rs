@@ -1081,18 +1081,23 @@ fn the_expert_cache_is_planned() {
         .collect();
     assert_eq!(layers, (6..61).collect::<Vec<_>>());
 
-    // On CUDA: planned, refused to run.
+    // On CUDA: the layers whose router runs there.
+    let gpu = base.device_index("CUDA0").unwrap();
     let p = m.plan(
         &with(Some(req(CacheSize::Bytes(4 * GIB), "CUDA0")), &[]),
         &devices,
     );
+    assert!(p.can_run(), "{:?}", p.unsupported);
+    let c = p.expert_cache.as_ref().unwrap();
     assert!(
-        p.unsupported
-            .iter()
-            .any(|u| u.contains("simulated devices only")),
+        !c.layers.is_empty() && c.layers.len() < 58,
         "{:?}",
-        p.unsupported
+        c.layers
     );
+    assert!(c
+        .layers
+        .iter()
+        .all(|l| base.layers[l.0].device == Some(gpu)));
 
     // Errors.
     let plan_err = |opts: &PlacementOptions, devices: &[DeviceSpec]| m.try_plan(opts, devices);

@@ -116,7 +116,7 @@ pub(crate) fn moe_ffn(c: &Config, t: &BlockTensors, src: &TensorSource, il: usiz
         cache: None,
     };
     moe.hot = src.hot_experts(il, &moe)?;
-    moe.cache = src.expert_cache(il, e, moe.expert_bytes(), moe.experts_device)?;
+    moe.cache = src.expert_cache(il, &moe)?;
     Ok(Ffn::Moe(Box::new(moe)))
 }
 

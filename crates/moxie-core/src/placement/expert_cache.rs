@@ -5,8 +5,9 @@
 //! Prompt batches do not use it (their experts stream through op offload or the CPU as
 //! without a cache), they only refill it before decoding starts.
 //!
-//! The plan sizes it (`auto`: what the device has left after everything else); the loader
-//! holds the bytes and gives each layer its [`crate::blocks::moe::ExpertCache`].
+//! The plan sizes it (`auto`: what the device has left after everything else; on a GPU, over
+//! the layers whose router runs there); the loader holds the bytes and gives each layer its
+//! [`crate::blocks::moe::ExpertCache`].
 
 use moxie_gguf::TensorInfo;
 
@@ -132,13 +133,16 @@ pub(super) fn cacheable_layers(
 }
 
 /// Sizes the cache over `layers` ([`cacheable_layers`]): `free[d]` is what device `d` has
-/// left once everything else is placed; `profile` seeds it.
+/// left once everything else is placed; `profile` seeds it. On a GPU, only the layers whose
+/// router runs there (`layer_devices`) are cached: the GPU computes its hits with the routes
+/// it made.
 pub(super) fn plan_cache(
     req: &ExpertCacheRequest,
     devices: &[DeviceSpec],
     cpu: usize,
     free: &[i128],
     layers: &[CacheableLayer],
+    layer_devices: &[Option<usize>],
     profile: Option<&super::ExpertFrequencies>,
 ) -> Result<ExpertCachePlan> {
     let device = match &req.device {
@@ -170,6 +174,20 @@ pub(super) fn plan_cache(
                 .into(),
         ));
     }
+    let layers: Vec<CacheableLayer> = if devices[device].runs_cuda_kernels() {
+        let here = |il: usize| layer_devices.get(il).copied().flatten() == Some(device);
+        let v: Vec<_> = layers.iter().copied().filter(|l| here(l.0)).collect();
+        if v.is_empty() {
+            return Err(Error::Placement(format!(
+                "--expert-cache on {}: no MoE layer with its experts in RAM runs its router \
+                 there (give the layers to it with -ngl)",
+                devices[device].name
+            )));
+        }
+        v
+    } else {
+        layers.to_vec()
+    };
     let size = match req.size {
         CacheSize::Bytes(b) => b,
         CacheSize::Auto => free[device].max(0) as u64,
@@ -182,7 +200,7 @@ pub(super) fn plan_cache(
         layers: Vec::new(),
         seed: Vec::new(),
     };
-    for &(il, one, n_expert) in layers {
+    for &(il, one, n_expert) in &layers {
         let slots = ((share / one.max(1)) as usize).min(n_expert);
         if slots > 0 {
             plan.bytes += slots as u64 * one;
@@ -203,16 +221,4 @@ pub(super) fn plan_cache(
         )));
     }
     Ok(plan)
-}
-
-/// What the plan refuses to run: a cache on a CUDA device (simulated devices only so far).
-pub(super) fn unsupported(cache: &ExpertCachePlan, devices: &[DeviceSpec]) -> Option<String> {
-    let d = &devices[cache.device];
-    d.runs_cuda_kernels().then(|| {
-        format!(
-            "{}: --expert-cache runs on simulated devices only so far (rehearse it with --sim; \
-             -ot places whole expert layers, -oe single experts)",
-            d.name
-        )
-    })
 }

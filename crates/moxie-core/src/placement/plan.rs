@@ -631,6 +631,7 @@ pub fn plan(
                 cpu,
                 &free,
                 &layers,
+                &layer_devices,
                 opts.expert_profile.as_ref(),
             )?;
             let d = &mut device_uses[c.device];
@@ -702,11 +703,7 @@ pub fn plan(
     let experts_unsupported =
         super::experts::unsupported(&plan.expert_splits, devices, cpu, &layer_devices);
     plan.unsupported.extend(experts_unsupported);
-    let cache_unsupported = plan
-        .expert_cache
-        .as_ref()
-        .and_then(|c| super::expert_cache::unsupported(c, devices));
-    plan.unsupported.extend(cache_unsupported);
+
     plan.fits = plan.devices.iter().all(DeviceUse::fits);
     let advice = over_budget_advice(&plan, model, run);
     plan.messages.extend(advice);

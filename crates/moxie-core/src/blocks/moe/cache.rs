@@ -7,7 +7,8 @@
 //! stream, off the token's critical path), each evicting the policy's victim among the experts
 //! the step did not select. A prompt batch computes none of its experts in the cache (prompt
 //! batches keep their own path); it only records their use and refills the cache with the
-//! policy's choice, ready for decoding.
+//! policy's choice, ready for decoding. Each resident has a slot; on a GPU the slots are
+//! copies of the experts' matrices there (`gpu`), filled as experts are brought in.
 
 use std::sync::Mutex;
 
@@ -22,12 +23,17 @@ pub struct ExpertCache {
     pub slots: usize,
     /// Its bytes on `device`, held for the model's lifetime.
     pub held: Reservation,
+    /// On a GPU: `[gate, up, down]`, `slots` matrices each, where the residents' copies sit.
+    pub gpu: Option<[moxie_gpu::Buffer; 3]>,
     state: Mutex<CacheState>,
 }
 
 struct CacheState {
     resident: Vec<bool>,
     n_resident: usize,
+    /// Per expert: its slot while resident, else -1; and the slots nobody holds.
+    slot_of: Vec<i32>,
+    free: Vec<usize>,
     /// Per expert: the clock of its last selection, and its selections so far.
     last_use: Vec<u64>,
     uses: Vec<u64>,
@@ -69,6 +75,8 @@ impl ExpertCache {
         let mut state = CacheState {
             resident: vec![false; n_expert],
             n_resident: 0,
+            slot_of: vec![-1; n_expert],
+            free: (0..slots).rev().collect(),
             last_use: vec![0; n_expert],
             uses: seed_uses
                 .filter(|u| u.len() == n_expert)
@@ -77,7 +85,7 @@ impl ExpertCache {
             counts: CacheCounts::default(),
         };
         if seed_uses.is_some() {
-            state.refill(policy, slots);
+            state.refill(policy, slots, &mut Vec::new());
             // The first fill is part of loading, not of any step.
             state.counts.uploads = 0;
         }
@@ -86,16 +94,40 @@ impl ExpertCache {
             policy,
             slots,
             held,
+            gpu: None,
             state: Mutex::new(state),
         }
+    }
+
+    /// Each route's slot in the cache (-1: not resident) into `slots`, and which experts are
+    /// resident into `resident`, as they are before the pass that uses them.
+    pub fn residents(&self, ids: &[i32], slots: &mut Vec<i32>, resident: &mut Vec<bool>) {
+        let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        slots.clear();
+        slots.extend(ids.iter().map(|&e| s.slot_of[e as usize]));
+        resident.clone_from(&s.resident);
+    }
+
+    /// The residents now, as `(expert, slot)` (the experts a seeded cache starts with).
+    pub fn placed(&self) -> Vec<(usize, usize)> {
+        let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let slot = |e: usize| usize::try_from(s.slot_of[e]).ok().map(|x| (e, x));
+        (0..s.resident.len()).filter_map(slot).collect()
     }
 
     /// One pass over the layer: `selected` are its distinct experts (each once), `tokens` the
     /// pass's tokens (1: a decode step; more: a prompt batch, whose `routes_in_order` are its
     /// tokens' experts, token after token). Returns `(hits, uploads)`: experts computed in
-    /// the cache, experts brought in after it.
-    pub fn step(&self, selected: &[usize], tokens: usize, routes_in_order: &[usize]) -> (u64, u64) {
+    /// the cache, experts brought in after it; `brought_in` gets them as `(expert, slot)`.
+    pub fn step(
+        &self,
+        selected: &[usize],
+        tokens: usize,
+        routes_in_order: &[usize],
+        brought_in: &mut Vec<(usize, usize)>,
+    ) -> (u64, u64) {
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        brought_in.clear();
         let before = s.counts.uploads;
         if tokens > 1 {
             for &e in routes_in_order {
@@ -104,7 +136,7 @@ impl ExpertCache {
                 s.last_use[e] = c;
                 s.uses[e] += 1;
             }
-            s.refill(self.policy, self.slots);
+            s.refill(self.policy, self.slots, brought_in);
             return (0, s.counts.uploads - before);
         }
         s.clock += 1;
@@ -127,12 +159,10 @@ impl ExpertCache {
                     .filter(|&x| s.resident[x] && s.last_use[x] != now)
                     .min_by_key(|&x| s.rank(self.policy, x));
                 let Some(v) = victim else { break };
-                s.resident[v] = false;
-                s.n_resident -= 1;
+                s.evict(v);
             }
-            s.resident[e] = true;
-            s.n_resident += 1;
-            s.counts.uploads += 1;
+            let slot = s.admit(e);
+            brought_in.push((e, slot));
         }
         (hits, s.counts.uploads - before)
     }
@@ -149,6 +179,23 @@ impl ExpertCache {
 }
 
 impl CacheState {
+    fn evict(&mut self, x: usize) {
+        self.resident[x] = false;
+        self.n_resident -= 1;
+        let slot = std::mem::replace(&mut self.slot_of[x], -1);
+        self.free.push(slot as usize);
+    }
+
+    /// Make `x` resident in a free slot (there is one); returns it.
+    fn admit(&mut self, x: usize) -> usize {
+        let slot = self.free.pop().expect("a free slot");
+        self.resident[x] = true;
+        self.n_resident += 1;
+        self.slot_of[x] = slot as i32;
+        self.counts.uploads += 1;
+        slot
+    }
+
     /// How much the policy wants to keep expert `x` (larger: keep).
     fn rank(&self, policy: CachePolicy, x: usize) -> (u64, u64) {
         match policy {
@@ -157,8 +204,9 @@ impl CacheState {
         }
     }
 
-    /// Make the policy's best `slots` experts (ever used) the residents.
-    fn refill(&mut self, policy: CachePolicy, slots: usize) {
+    /// Make the policy's best `slots` experts (ever used) the residents; the ones brought in
+    /// go to `brought_in` with their slots.
+    fn refill(&mut self, policy: CachePolicy, slots: usize, brought_in: &mut Vec<(usize, usize)>) {
         let mut order: Vec<usize> = (0..self.resident.len())
             .filter(|&x| self.uses[x] > 0)
             .collect();
@@ -166,13 +214,16 @@ impl CacheState {
         let keep = &order[..slots.min(order.len())];
         let mut want = vec![false; self.resident.len()];
         keep.iter().for_each(|&x| want[x] = true);
-        for (x, &w) in want.iter().enumerate() {
-            if w && !self.resident[x] {
-                self.counts.uploads += 1;
+        let leaving: Vec<usize> = (0..want.len())
+            .filter(|&x| self.resident[x] && !want[x])
+            .collect();
+        leaving.into_iter().for_each(|x| self.evict(x));
+        for &x in keep {
+            if !self.resident[x] {
+                let slot = self.admit(x);
+                brought_in.push((x, slot));
             }
         }
-        self.n_resident = keep.len();
-        self.resident = want;
     }
 }
 
@@ -180,6 +231,22 @@ impl CacheState {
 mod tests {
     use super::*;
     use crate::device::Devices;
+
+    impl ExpertCache {
+        fn step_(&self, selected: &[usize], tokens: usize, in_order: &[usize]) -> (u64, u64) {
+            let mut brought_in = Vec::new();
+            let r = self.step(selected, tokens, in_order, &mut brought_in);
+            // Every expert brought in has a slot of its own.
+            let mut slots: Vec<usize> = self.placed().iter().map(|p| p.1).collect();
+            slots.sort_unstable();
+            slots.dedup();
+            assert_eq!(slots.len(), self.placed().len());
+            assert!(slots.iter().all(|&x| x < self.slots));
+            assert!(brought_in.iter().all(|b| self.placed().contains(b)));
+            assert_eq!(brought_in.len() as u64, r.1);
+            r
+        }
+    }
 
     fn cache(policy: CachePolicy, slots: usize) -> ExpertCache {
         let devices = Devices::cpu_only();
@@ -190,12 +257,12 @@ mod tests {
     #[test]
     fn lru_keeps_the_most_recent_experts() {
         let c = cache(CachePolicy::Lru, 3);
-        assert_eq!(c.step(&[0, 1], 1, &[]), (0, 2));
-        assert_eq!(c.step(&[1, 2], 1, &[]), (1, 1));
+        assert_eq!(c.step_(&[0, 1], 1, &[]), (0, 2));
+        assert_eq!(c.step_(&[1, 2], 1, &[]), (1, 1));
         // Full (0, 1, 2); 3 evicts the least recent, 0.
-        assert_eq!(c.step(&[3, 2], 1, &[]), (1, 1));
+        assert_eq!(c.step_(&[3, 2], 1, &[]), (1, 1));
         assert!(!c.holds(0) && c.holds(1) && c.holds(2) && c.holds(3));
-        assert_eq!(c.step(&[0], 1, &[]), (0, 1));
+        assert_eq!(c.step_(&[0], 1, &[]), (0, 1));
         assert!(!c.holds(1));
         let n = c.counts();
         assert_eq!((n.lookups, n.hits, n.uploads), (7, 2, 5));
@@ -204,23 +271,23 @@ mod tests {
     #[test]
     fn lfu_keeps_the_most_used_and_never_evicts_what_a_step_selected() {
         let c = cache(CachePolicy::Lfu, 2);
-        c.step(&[0], 1, &[]);
-        c.step(&[0], 1, &[]);
-        c.step(&[1], 1, &[]);
+        c.step_(&[0], 1, &[]);
+        c.step_(&[0], 1, &[]);
+        c.step_(&[1], 1, &[]);
         // 2 evicts 1 (one use) rather than 0 (two).
-        c.step(&[2], 1, &[]);
+        c.step_(&[2], 1, &[]);
         assert!(c.holds(0) && c.holds(2) && !c.holds(1));
         // Both residents selected with a newcomer: nothing to evict this step.
-        assert_eq!(c.step(&[0, 2, 5], 1, &[]), (2, 0));
+        assert_eq!(c.step_(&[0, 2, 5], 1, &[]), (2, 0));
         assert!(!c.holds(5));
     }
 
     #[test]
     fn a_prompt_batch_computes_nothing_in_the_cache_and_refills_it() {
         let c = cache(CachePolicy::Lru, 2);
-        c.step(&[7], 1, &[]);
+        c.step_(&[7], 1, &[]);
         // Tokens chose 1 4 | 4 6 | 6 3: the two most recent are 3 and 6.
-        assert_eq!(c.step(&[1, 4, 6, 3], 3, &[1, 4, 4, 6, 6, 3]), (0, 2));
+        assert_eq!(c.step_(&[1, 4, 6, 3], 3, &[1, 4, 4, 6, 6, 3]), (0, 2));
         assert!(c.holds(3) && c.holds(6) && !c.holds(7));
         assert_eq!(c.counts().lookups, 1);
     }
@@ -240,6 +307,6 @@ mod tests {
         );
         assert!(c.holds(0) && c.holds(2) && c.holds(6) && !c.holds(3));
         assert_eq!(c.counts().uploads, 0);
-        assert_eq!(c.step(&[2, 3], 1, &[]), (1, 1));
+        assert_eq!(c.step_(&[2, 3], 1, &[]), (1, 1));
     }
 }

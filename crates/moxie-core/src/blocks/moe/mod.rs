@@ -145,11 +145,9 @@ impl GpuHotCopies {
             slot_of[e] = slot as i32;
         }
         let copy = |t: &Tensor| -> Result<Buffer> {
-            let bytes = t.gguf_order_bytes();
-            let one = bytes.len() / n_expert;
-            let mut subset = Vec::with_capacity(one * experts.len());
+            let mut subset = Vec::new();
             for &e in experts {
-                subset.extend_from_slice(&bytes[e * one..(e + 1) * one]);
+                subset.extend_from_slice(&t.matrix_gguf_bytes(e));
             }
             Ok(Buffer::from_bytes(gpu.backend(), &subset)?)
         };
@@ -163,16 +161,21 @@ impl GpuHotCopies {
     /// The copies as kernel operands, shaped like the layer's tensors.
     fn operands(&self, m: &Moe) -> [Weight; 3] {
         let n_hot = self.slot_of.iter().filter(|&&s| s >= 0).count();
-        let w = |t: &Tensor, b: &Buffer| Weight {
-            n_mat: n_hot,
-            ..t.weight_at(b.ptr())
-        };
-        [
-            w(&m.gate_exps, &self.weights[0]),
-            w(&m.up_exps, &self.weights[1]),
-            w(&m.down_exps, &self.weights[2]),
-        ]
+        slot_operands(m, &self.weights, n_hot)
     }
+}
+
+/// `[gate, up, down]` copies of `n_mat` of `m`'s experts in GPU buffers, as kernel operands.
+fn slot_operands(m: &Moe, bufs: &[Buffer; 3], n_mat: usize) -> [Weight; 3] {
+    let w = |t: &Tensor, b: &Buffer| Weight {
+        n_mat,
+        ..t.weight_at(b.ptr())
+    };
+    [
+        w(&m.gate_exps, &bufs[0]),
+        w(&m.up_exps, &bufs[1]),
+        w(&m.down_exps, &bufs[2]),
+    ]
 }
 
 impl Moe {
@@ -389,6 +392,8 @@ pub struct MoeScratch {
     active: Vec<usize>,
     /// Routes remapped to the hot experts' copies on a GPU.
     hot_ids: Vec<i32>,
+    /// What the layer's expert cache brought in after the last pass: `(expert, slot)`.
+    brought_in: Vec<(usize, usize)>,
 }
 
 impl MoeScratch {
@@ -511,7 +516,7 @@ fn count_expert_reads(m: &Moe, devices: &Devices, dev: DeviceId, n: usize, s: &m
     if let Some(c) = &m.cache {
         s.in_order.clear();
         s.in_order.extend(s.routes.iter().map(|r| r.0));
-        let (hits, uploads) = c.step(&s.selected, n, &s.in_order);
+        let (hits, uploads) = c.step(&s.selected, n, &s.in_order, &mut s.brought_in);
         cold -= hits;
         if hits > 0 {
             devices.count_expert_reads(c.device, phase, hits * bytes);
@@ -649,26 +654,30 @@ impl Block for Moe {
             gpu.add(x, o, n * e)?;
         }
         p.moe.set_routes(&host.ids, &host.weights, r.n_expert)?;
-        // Hot experts copied to this GPU compute their selections here (ids remapped to their
-        // copies, -1 for the others: rows of zeros); the CPU leaves them out of its sum.
-        let hot = self.hot.as_ref().filter(|h| h.device == id);
-        if let Some((hot, copies)) = hot.and_then(|h| Some((h, h.gpu.as_ref()?))) {
-            let hot_ids = &mut p.moe.hot_ids;
-            hot_ids.clear();
-            hot_ids.extend(host.ids.iter().map(|&e| copies.slot_of[e as usize]));
-            if hot_ids.iter().any(|&s| s >= 0) {
+        // Experts this GPU holds (hot copies, or a decode step's cache residents) compute their
+        // selections here (routes remapped to their copies, -1 for the others: rows of
+        // zeros); the CPU leaves them out of its sum.
+        if let Some(operands) = self.experts_here(id, n, &host.ids, &mut p.moe) {
+            if p.moe.hot_ids.iter().any(|&s| s >= 0) {
                 let ids_hot = p.gpu.buf(id, "hot_ids", n * k)?;
                 gpu.backend()
                     .upload(ids_hot, bytemuck::cast_slice(&p.moe.hot_ids))?;
                 let out = p.gpu.buf(id, "hot_sum", n * e)?;
-                let operands = copies.operands(self);
                 let io = [h, ids_hot, weights, out];
                 self.routed_experts_gpu(&mut p.gpu, &gpu, id, n, operands, io, false)?;
                 gpu.add(x, out, n * e)?;
             }
-            p.moe.skip.clone_from(&hot.is_hot);
         }
         count_expert_reads(self, p.devices, self.experts_device, n, &mut p.moe);
+        // What the cache brought in goes to its slots, queued after this step's kernels (one
+        // stream), while the CPU computes the step's other experts.
+        if let Some(c) = self.cache.as_ref().filter(|c| c.device == id) {
+            if let Some(bufs) = &c.gpu {
+                for &(ex, slot) in &p.moe.brought_in {
+                    self.upload_expert(&gpu, bufs, ex, slot)?;
+                }
+            }
+        }
         let s = p.gpu.buf(id, "expert_sum", n * e)?;
         if p.devices.gpu(self.experts_device).is_some() {
             // Experts on another GPU: through the host.
@@ -697,6 +706,48 @@ impl Block for Moe {
 }
 
 impl Moe {
+    /// The experts GPU `id` holds for this pass, as kernel operands, with the routes `ids`
+    /// remapped to them in `s.hot_ids` and the CPU told to skip them (`s.skip`): the hot
+    /// copies (`-oe`), or for a decode step the cache's residents.
+    fn experts_here(
+        &self,
+        id: DeviceId,
+        n: usize,
+        ids: &[i32],
+        s: &mut MoeScratch,
+    ) -> Option<[Weight; 3]> {
+        if let Some(h) = self.hot.as_ref().filter(|h| h.device == id) {
+            let copies = h.gpu.as_ref()?;
+            s.hot_ids.clear();
+            s.hot_ids
+                .extend(ids.iter().map(|&e| copies.slot_of[e as usize]));
+            s.skip.clone_from(&h.is_hot);
+            return Some(copies.operands(self));
+        }
+        let c = self.cache.as_ref().filter(|c| c.device == id && n == 1)?;
+        let bufs = c.gpu.as_ref()?;
+        c.residents(ids, &mut s.hot_ids, &mut s.skip);
+        Some(slot_operands(self, bufs, c.slots))
+    }
+
+    /// Expert `e`'s gate, up and down copied into matrix `slot` of `bufs` on `gpu`.
+    pub(crate) fn upload_expert(
+        &self,
+        gpu: &Gpu,
+        bufs: &[Buffer; 3],
+        e: usize,
+        slot: usize,
+    ) -> Result<()> {
+        for (t, b) in [&self.gate_exps, &self.up_exps, &self.down_exps]
+            .into_iter()
+            .zip(bufs)
+        {
+            let bytes = t.matrix_gguf_bytes(e);
+            gpu.backend().upload(b.at(slot * bytes.len()), &bytes)?;
+        }
+        Ok(())
+    }
+
     /// The shared expert (if any) of `n` rows `h` on GPU `id`, gated where the model gates
     /// it, into a work buffer there.
     fn shared_gpu(
