@@ -24,7 +24,7 @@ pub struct PlacementArgs {
     pub override_experts: Vec<String>,
     /// With --fit: a routing profile (`moxie profile`, `serve --profile-out`) by which the fit
     /// places hot routed experts one by one where that takes more expected reads per decoded
-    /// token off the CPU than whole expert layers do (simulated devices only so far); with
+    /// token off the CPU than whole expert layers do (on a GPU, of the layers it runs); with
     /// --expert-cache, the experts the cache starts with.
     #[arg(long = "profile", value_name = "FILE")]
     pub profile: Option<std::path::PathBuf>,

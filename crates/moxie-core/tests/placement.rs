@@ -989,15 +989,23 @@ fn fit_with_a_profile_places_hot_experts() {
         .unwrap();
     assert!(said.contains("keeping whole layers"), "{said}");
     assert!(p.expert_splits.is_empty());
-    // A CUDA GPU: whole layers, saying why.
+    // A CUDA GPU: hot experts only of the layers it runs, and the plan can run.
     let p = fit(profile(256, 32), &gpus(&[48 * GIB])).unwrap();
     let said = p
         .messages
         .iter()
         .find(|m| m.contains("--fit --profile"))
         .unwrap();
-    assert!(said.contains("simulated devices only"), "{said}");
-    assert!(p.expert_splits.is_empty() && p.unsupported.is_empty());
+    assert!(said.contains("placing hot experts"), "{said}");
+    assert!(
+        !p.expert_splits.is_empty() && p.unsupported.is_empty(),
+        "{:?}",
+        p.unsupported
+    );
+    assert!(p
+        .expert_splits
+        .iter()
+        .all(|s| p.layers[s.layer].device == Some(s.device)));
     // Another model's profile.
     let e = fit(profile(64, 8), &sims).unwrap_err().to_string();
     assert!(

@@ -1208,15 +1208,12 @@ impl Fit<'_> {
                 first_gpu_slot,
                 &open,
                 &loads_before_experts,
+                &layer_devices,
             );
             let all: f64 = (0..n_main).map(reads).sum();
             let show = |b: f64| human_bytes(b.max(0.0).round() as u64);
-            let cuda = hot
-                .iter()
-                .any(|(_, g, _)| self.devices[*g].runs_cuda_kernels());
             // Whole layers on a tie (they need no per-slot sums).
-            let better = saved > whole + 1e-9 * all;
-            let pick_experts = better && !cuda;
+            let pick_experts = saved > whole + 1e-9 * all;
             messages.push(format!(
                 "--fit --profile: expected routed-expert reads on the CPU per decoded token: \
                  {} with whole expert layers on GPUs, {} with hot experts one by one ({} with \
@@ -1226,9 +1223,6 @@ impl Fit<'_> {
                 show(all),
                 if pick_experts {
                     "placing hot experts"
-                } else if cuda && better {
-                    "keeping whole layers (the fit places hot experts on simulated devices \
-                     only so far; -oe places them on the GPU that runs their layer)"
                 } else {
                     "keeping whole layers"
                 }
@@ -1310,6 +1304,7 @@ impl Fit<'_> {
         first_gpu_slot: usize,
         open: &[usize],
         loads: &[Load],
+        layer_devices: &[Option<usize>],
     ) -> (Vec<(usize, usize, Vec<usize>)>, f64) {
         let mut loads = loads.to_vec();
         // (selections per token, layer, expert, bytes)
@@ -1328,15 +1323,20 @@ impl Fit<'_> {
             );
         }
         candidates.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
-        // A layer's hot experts go to one GPU: the first that took one of them.
+        // A layer's hot experts go to one GPU: the first that took one of them; on a CUDA GPU,
+        // only the one that runs the layer (its routes are made there).
         let mut layer_gpu: std::collections::BTreeMap<usize, usize> = Default::default();
         let mut lists: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
         let mut saved = 0.0;
         for (rate, il, e, bytes) in candidates {
+            let runs_here = |g: usize| {
+                !self.devices[g].runs_cuda_kernels()
+                    || layer_devices.get(il).copied().flatten() == Some(g)
+            };
             let gpus = open
                 .iter()
                 .copied()
-                .filter(|&g| layer_gpu.get(&il).is_none_or(|&lg| lg == g));
+                .filter(|&g| layer_gpu.get(&il).is_none_or(|&lg| lg == g) && runs_here(g));
             if let Some(g) = self.roomiest_gpu(gpus, &loads, bytes) {
                 loads[g].weights += bytes;
                 loads[g].runs_layers = true;
