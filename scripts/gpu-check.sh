@@ -21,10 +21,16 @@
 #      built there with -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 while steps 1-2 run, about
 #      5 minutes on 16 cores). llama.cpp's `-ngl 0` still runs prompt batches' matrix products
 #      on the GPU; moxie's `-ngl 0` is CPU only.
+#   4. placement on a model whose routing reuses recent experts (`moxie gen --routing recency`),
+#      CUDA0 budgeted at 2 GiB: `moxie bench --ab` of five whole expert layers (`-ot`, 442 MiB)
+#      against an expert cache of the same bytes, a cache of all the room left, and hot experts
+#      by a profile (`--fit --profile`), each arm's tg, its ratio and the CPU expert reads per
+#      generated token (issue 19's real-GPU line).
 #
 # Environment: MOXIE_FIXTURES (stage: where the fixtures are; run: fixtures elsewhere than
-# DIR/fixtures), LLAMA_SRC (stage), GPU_CHECK_BENCH=0 (skip step 3), GPU_CHECK_REPS (bench
-# repetitions, default 3), THREADS (default: all cores), CUDA_ARCH (llama.cpp's, default 90).
+# DIR/fixtures), LLAMA_SRC (stage), GPU_CHECK_BENCH=0 (skip steps 3-4), GPU_CHECK_PLACEMENT=0
+# (skip step 4), GPU_CHECK_REPS (bench repetitions, default 3), THREADS (default: all cores),
+# CUDA_ARCH (llama.cpp's, default 90).
 set -uo pipefail
 
 cmd=${1:-}
@@ -90,7 +96,7 @@ run() {
         say "## $name"
         say '```'
         timeout "$limit" "$@" 2>&1 | tee -a "$report.log" | grep -E -v '^\s*$' |
-            grep -E 'test result|^test |passed|FAILED|panicked|KLD|error|Error|\||GPU|CUDA' | tee -a "$report"
+            grep -E 'test result|^test |passed|FAILED|panicked|KLD|error|Error|\||GPU|CUDA|expert' | tee -a "$report"
         local rc=${PIPESTATUS[0]}
         say '```'
         say "$name: exit $rc after $((SECONDS - t0)) s"
@@ -135,6 +141,24 @@ run() {
                 -p 512 -n 128 -r "$reps" -t "$threads" $flags
         done
     fi
+    if [ "${GPU_CHECK_BENCH:-1}" != 0 ] && [ "${GPU_CHECK_PLACEMENT:-1}" != 0 ]; then
+        local recency=$dir/bench-deepseek2-recency-Q4_K_M.gguf
+        [ -f "$recency" ] || step "moxie gen bench-deepseek2 Q4_K_M --routing recency" 150 \
+            "$bin/moxie" gen --arch deepseek2 --preset bench-deepseek2 --type Q4_K_M --routing recency \
+            -o "$recency"
+        printf '%s\n' "Describe the history of the printing press and its effect on Europe." \
+            "Write a short story about a lighthouse keeper who finds a message in a bottle." \
+            "Explain how a compiler turns source code into machine code, step by step." \
+            "List the planets of the solar system and one fact about each." >"$dir/prompts.txt"
+        step "moxie profile (4 prompts x 48 tokens)" 90 "$bin/moxie" profile -m "$recency" \
+            -f "$dir/prompts.txt" -n 48 -o "$dir/recency-profile.json" -t "$threads" -ngl 999
+        step "placement A/B (CUDA0 at 2 GiB)" 240 "$bin/moxie" bench -m "$recency" -p 512 -n 128 \
+            -r "$reps" -t "$threads" --gpu 2GiB \
+            --ab '-ngl 999 -ot blk\.(1|2|3|18|19)\.ffn_.*_exps=CUDA0 -ot exps=CPU' \
+            --ab '-ngl 999 -ot exps=CPU --expert-cache 442MiB' \
+            --ab '-ngl 999 -ot exps=CPU --expert-cache auto' \
+            --ab "-ngl 999 --fit --profile $dir/recency-profile.json"
+    fi
     say ""
     say "gpu-check: $failed step(s) failed; full output in $report.log"
     [ "$failed" = 0 ]
@@ -144,7 +168,7 @@ case $cmd in
 stage) stage ;;
 run) run "$@" ;;
 *)
-    sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
     ;;
 esac
