@@ -69,10 +69,11 @@ pub struct PlacementArgs {
     /// with the profile's most chosen experts.
     #[arg(long = "expert-cache", value_name = "SIZE|auto")]
     pub expert_cache: Option<String>,
-    /// What the expert cache evicts: lru (least recently selected) or lfu (least often).
+    /// What the expert cache evicts: lru (least recently selected), lfu (least often) or
+    /// decay (the fewest selections, each halved every 8 tokens since).
     #[arg(
         long = "expert-cache-policy",
-        value_name = "lru|lfu",
+        value_name = "lru|lfu|decay",
         default_value = "lru"
     )]
     pub expert_cache_policy: String,

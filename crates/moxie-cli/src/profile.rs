@@ -48,8 +48,8 @@ struct SimulateArgs {
     /// VRAM for experts, e.g. 24GiB (several GPUs: their sum, `24GiB,24GiB`).
     #[arg(long)]
     gpu: String,
-    /// Cache policy: static (the trace's most selected experts, fixed), lru, lfu (default:
-    /// all three).
+    /// Cache policy: static (the trace's most selected experts, fixed), lru, lfu, decay
+    /// (selections halved every 8 tokens since) (default: all four).
     #[arg(long)]
     policy: Option<String>,
 }
@@ -252,7 +252,7 @@ fn simulate(a: SimulateArgs) -> Result<()> {
     }
     let policies = match &a.policy {
         Some(p) => vec![(p.clone(), CachePolicy::parse(p)?)],
-        None => ["static", "lru", "lfu"]
+        None => ["static", "lru", "lfu", "decay"]
             .map(|p| (p.to_owned(), CachePolicy::parse(p).expect("known")))
             .to_vec(),
     };

@@ -543,6 +543,38 @@ pub enum CachePolicy {
     Lru,
     /// Per layer, the most often selected experts so far (ties: the most recent).
     Lfu,
+    /// Per layer, the highest recency-weighted count: every selection counts 1, halved every
+    /// [`DECAY_HALF_LIFE`] tokens since (between LRU's memory of one use and LFU's of all).
+    Decay,
+}
+
+/// Tokens after which a selection counts half under [`CachePolicy::Decay`].
+pub const DECAY_HALF_LIFE: f64 = 8.0;
+
+/// A recency-weighted selection count ([`CachePolicy::Decay`]): the count as of token `at`.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct DecayedCount {
+    count: f64,
+    at: u64,
+}
+
+impl DecayedCount {
+    /// The count at token `now` (not before `at`).
+    pub fn at(&self, now: u64) -> f64 {
+        let age = now.saturating_sub(self.at) as f64;
+        self.count * (-age / DECAY_HALF_LIFE).exp2()
+    }
+
+    /// One more selection at token `now`.
+    pub fn add(&mut self, now: u64) {
+        self.count = self.at(now) + 1.0;
+        self.at = now;
+    }
+
+    /// An ordering key at token `now` (non-negative floats order as their bits do).
+    pub fn key(&self, now: u64) -> u64 {
+        self.at(now).to_bits()
+    }
 }
 
 impl CachePolicy {
@@ -551,7 +583,10 @@ impl CachePolicy {
             "static" => Ok(CachePolicy::Static),
             "lru" => Ok(CachePolicy::Lru),
             "lfu" => Ok(CachePolicy::Lfu),
-            _ => Err(Error::Model(format!("--policy {s}: static, lru or lfu"))),
+            "decay" => Ok(CachePolicy::Decay),
+            _ => Err(Error::Model(format!(
+                "--policy {s}: static, lru, lfu or decay"
+            ))),
         }
     }
 
@@ -560,6 +595,7 @@ impl CachePolicy {
             CachePolicy::Static => "static",
             CachePolicy::Lru => "lru",
             CachePolicy::Lfu => "lfu",
+            CachePolicy::Decay => "decay",
         }
     }
 }
@@ -630,7 +666,10 @@ pub fn simulate_cache(
     }
     let mut last_use = vec![vec![0u64; n_e]; trace.n_layer];
     let mut uses = vec![vec![0u64; n_e]; trace.n_layer];
+    let mut decayed = vec![vec![DecayedCount::default(); n_e]; trace.n_layer];
     let mut held = vec![0usize; trace.n_layer];
+    // Tokens each layer has seen (the decay's clock).
+    let mut tokens = vec![0u64; trace.n_layer];
     let mut clock = 0u64;
     let mut sim = CacheSim::default();
     for r in &trace.records {
@@ -639,12 +678,14 @@ pub fn simulate_cache(
         if Some(r.layer) == first {
             sim.tokens[p] += r.n_tok as u64;
         }
-        for &e in &r.experts {
+        for (i, &e) in r.experts.iter().enumerate() {
             let (l, e) = (r.layer, e as usize);
+            let now = tokens[l] + (i / r.k.max(1)) as u64;
             clock += 1;
             sim.selections[p] += 1;
             sim.all_bytes[p] += bytes;
             uses[l][e] += 1;
+            decayed[l][e].add(now);
             if resident[l][e] {
                 sim.hits[p] += 1;
             } else {
@@ -656,6 +697,7 @@ pub fn simulate_cache(
                             .filter(|&x| resident[l][x])
                             .min_by_key(|&x| match policy {
                                 CachePolicy::Lfu => (uses[l][x], last_use[l][x]),
+                                CachePolicy::Decay => (decayed[l][x].key(now), last_use[l][x]),
                                 _ => (last_use[l][x], 0),
                             })
                             .expect("a full cache holds experts");
@@ -668,6 +710,7 @@ pub fn simulate_cache(
             }
             last_use[l][e] = clock;
         }
+        tokens[r.layer] += r.n_tok as u64;
     }
     Ok(sim)
 }
@@ -761,6 +804,9 @@ mod tests {
         // lfu: 0 m, 1 m, 0 h, 2 m (evicts 1: one use against 0's two), 0 h, 1 m (evicts 2:
         // one use against 0's three).
         assert_eq!(run(CachePolicy::Lfu).hits[1], 2);
+        // decay: as lfu here until the 1 at token 5, whose choice of victim (2, one use at
+        // token 3; 0, uses at 0, 2, 4) keeps 0.
+        assert_eq!(run(CachePolicy::Decay).hits[1], 2);
         // No budget: everything from the CPU; a model of another depth is refused.
         assert_eq!(
             simulate_cache(&trace, &bytes, 0, CachePolicy::Lru)
@@ -769,6 +815,23 @@ mod tests {
             0
         );
         assert!(simulate_cache(&trace, &[10], 20, CachePolicy::Lru).is_err());
+    }
+
+    #[test]
+    fn decayed_counts_halve_every_half_life() {
+        let mut c = DecayedCount::default();
+        c.add(0);
+        c.add(0);
+        assert_eq!(c.at(0), 2.0);
+        assert!((c.at(8) - 1.0).abs() < 1e-12);
+        c.add(16);
+        assert!((c.at(16) - 1.5).abs() < 1e-12);
+        let (old, new) = (
+            DecayedCount { count: 3.0, at: 0 },
+            DecayedCount { count: 1.0, at: 20 },
+        );
+        // Three uses long ago weigh less than one just now.
+        assert!(old.key(20) < new.key(20));
     }
 
     #[test]

@@ -1030,7 +1030,7 @@ fn check_expert_cache_on_gpu(devices: fn() -> Devices) {
             .filter(|&il| matches!(cpu.layers[il].ffn, Ffn::Moe(_)))
             .collect();
         let slots = cpu.config.n_expert_used + 1;
-        for policy in [CachePolicy::Lru, CachePolicy::Lfu] {
+        for policy in [CachePolicy::Lru, CachePolicy::Lfu, CachePolicy::Decay] {
             let mut placed = hybrid(&file, devices());
             placed.expert_cache = Some(CachePlacement {
                 device: GPU0,

@@ -438,7 +438,7 @@ fn the_expert_cache_on_a_sim() {
         let moe_layers: Vec<usize> = (0..cpu.layers.len())
             .filter(|&il| matches!(cpu.layers[il].ffn, Ffn::Moe(_)))
             .collect();
-        for policy in [CachePolicy::Lru, CachePolicy::Lfu] {
+        for policy in [CachePolicy::Lru, CachePolicy::Lfu, CachePolicy::Decay] {
             let placement = Placement {
                 devices: Devices::with_sims(&[1 << 30]),
                 expert_cache: Some(CachePlacement {

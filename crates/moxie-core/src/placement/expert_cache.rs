@@ -44,10 +44,10 @@ impl ExpertCacheRequest {
             ),
         };
         let policy = match policy {
-            "lru" | "lfu" => CachePolicy::parse(policy)?,
+            "lru" | "lfu" | "decay" => CachePolicy::parse(policy)?,
             _ => {
                 return Err(Error::Placement(format!(
-                    "--expert-cache-policy '{policy}': lru or lfu"
+                    "--expert-cache-policy '{policy}': lru, lfu or decay"
                 )))
             }
         };

@@ -13,7 +13,7 @@
 use std::sync::Mutex;
 
 use crate::device::{DeviceId, Reservation};
-use crate::telemetry::CachePolicy;
+use crate::telemetry::{CachePolicy, DecayedCount};
 
 /// One layer's cache.
 pub struct ExpertCache {
@@ -37,6 +37,9 @@ struct CacheState {
     /// Per expert: the clock of its last selection, and its selections so far.
     last_use: Vec<u64>,
     uses: Vec<u64>,
+    /// Per expert: its recency-weighted selections ([`CachePolicy::Decay`]).
+    decayed: Vec<DecayedCount>,
+    /// Tokens seen (one per decode step; a prompt batch's each).
     clock: u64,
     counts: CacheCounts,
 }
@@ -81,6 +84,7 @@ impl ExpertCache {
             uses: seed_uses
                 .filter(|u| u.len() == n_expert)
                 .map_or_else(|| vec![0; n_expert], <[u64]>::to_vec),
+            decayed: vec![DecayedCount::default(); n_expert],
             clock: 0,
             counts: CacheCounts::default(),
         };
@@ -130,11 +134,15 @@ impl ExpertCache {
         brought_in.clear();
         let before = s.counts.uploads;
         if tokens > 1 {
-            for &e in routes_in_order {
-                s.clock += 1;
+            let k = (routes_in_order.len() / tokens).max(1);
+            for (i, &e) in routes_in_order.iter().enumerate() {
+                if i % k == 0 {
+                    s.clock += 1;
+                }
                 let c = s.clock;
                 s.last_use[e] = c;
                 s.uses[e] += 1;
+                s.decayed[e].add(c);
             }
             s.refill(self.policy, self.slots, brought_in);
             return (0, s.counts.uploads - before);
@@ -146,6 +154,7 @@ impl ExpertCache {
             hits += u64::from(s.resident[e]);
             s.last_use[e] = now;
             s.uses[e] += 1;
+            s.decayed[e].add(now);
         }
         s.counts.lookups += selected.len() as u64;
         s.counts.hits += hits;
@@ -200,6 +209,7 @@ impl CacheState {
     fn rank(&self, policy: CachePolicy, x: usize) -> (u64, u64) {
         match policy {
             CachePolicy::Lfu => (self.uses[x], self.last_use[x]),
+            CachePolicy::Decay => (self.decayed[x].key(self.clock), self.last_use[x]),
             _ => (self.last_use[x], 0),
         }
     }
@@ -280,6 +290,30 @@ mod tests {
         // Both residents selected with a newcomer: nothing to evict this step.
         assert_eq!(c.step_(&[0, 2, 5], 1, &[]), (2, 0));
         assert!(!c.holds(5));
+    }
+
+    #[test]
+    fn decay_forgets_old_favourites() {
+        // 0 chosen 4 times, then 3 and 5 together for a while, then a newcomer 6: LFU keeps
+        // the old favourite 0 as long as 3 and 5 have fewer uses; decay lets it go once its
+        // uses are a few half-lives old.
+        let run = |policy, steps| {
+            let c = cache(policy, 3);
+            for _ in 0..4 {
+                c.step_(&[0], 1, &[]);
+            }
+            for _ in 0..steps {
+                c.step_(&[3, 5], 1, &[]);
+            }
+            c.step_(&[6], 1, &[]);
+            assert!(c.holds(6));
+            c.holds(0)
+        };
+        assert!(run(CachePolicy::Lfu, 3), "LFU keeps the old favourite");
+        assert!(!run(CachePolicy::Decay, 30), "decay forgets it");
+        // Recent enough, it stays (LRU would evict it: least recently used).
+        assert!(run(CachePolicy::Decay, 2));
+        assert!(!run(CachePolicy::Lru, 2));
     }
 
     #[test]
