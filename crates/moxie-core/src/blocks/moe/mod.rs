@@ -410,6 +410,8 @@ impl MoeScratch {
     /// Routes chosen elsewhere (by a GPU's router): `ids[i]` with `weights[i]`, top-k per
     /// token, token after token. Fails on an expert id outside `0..n_expert`.
     pub fn set_routes(&mut self, ids: &[i32], weights: &[f32], n_expert: usize) -> Result<()> {
+        // New routes: whatever the last layer left to another device is computed here again.
+        self.skip.clear();
         self.routes.clear();
         for (&e, &w) in ids.iter().zip(weights) {
             let e = usize::try_from(e)
@@ -441,6 +443,7 @@ pub fn forward<'s>(
 /// Each of the `n` tokens' top-k experts and weights from the router, into `scratch` (read by
 /// [`routed_experts`], and by [`MoeScratch::routes`] for whoever moves them between devices).
 pub fn route(m: &Moe, h: &[f32], n: usize, par: &Parallel, s: &mut MoeScratch) -> Result<()> {
+    s.skip.clear();
     let router = m.router.matrix()?;
     let r = &m.routing;
     s.router_in.refill(router.act_type(), m.n_embd(), h);
