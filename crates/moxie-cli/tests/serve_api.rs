@@ -596,6 +596,47 @@ fn recurrent_slot_reusing_a_prefix_answers_as_a_fresh_slot() {
     }
 }
 
+/// `--expert-cache` on a simulated device: `/metrics` reports its lookups, hits and experts
+/// brought in, as they grow with decode steps.
+#[test]
+fn metrics_report_the_expert_cache() {
+    let flags = ["-t", "1", "--sim", "1GiB", "-ngl", "999", "-ot", "exps=CPU"];
+    let s = Server::start(MODEL, &[&flags[..], &["--expert-cache", "auto"]].concat());
+    let body = json!({"messages": user("Count to three."), "max_tokens": 6, "temperature": 0});
+    let r = s.post("/v1/chat/completions", &body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let value = |metrics: &str, name: &str| -> u64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("moxie_{name} ")))
+            .unwrap_or_else(|| panic!("{name} missing from:\n{metrics}"))
+            .parse()
+            .unwrap()
+    };
+    // qwen3moe tiny: 2 MoE layers, top-2; every generated token but the last is a decode step.
+    let decoded = r.json()["usage"]["completion_tokens"].as_u64().unwrap() - 1;
+    let want = 2 * 2 * decoded;
+    // The engine sets the counters after its step, which may end after the answer went out.
+    let mut metrics = s.get("/metrics").text();
+    for _ in 0..50 {
+        if value(&metrics, "expert_cache_lookups_total") == want {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        metrics = s.get("/metrics").text();
+    }
+    let lookups = value(&metrics, "expert_cache_lookups_total");
+    assert_eq!(lookups, want, "{metrics}");
+    let hits = value(&metrics, "expert_cache_hits_total");
+    assert!(
+        hits <= lookups && value(&metrics, "expert_cache_uploads_total") > 0,
+        "{metrics}"
+    );
+    // Without a cache, nothing of it.
+    let plain = Server::start(MODEL, &flags);
+    assert!(!plain.get("/metrics").text().contains("expert_cache"));
+}
+
 /// Routing telemetry (issue 19): `/metrics` has per-layer routing summaries, and
 /// `--profile-out` writes every MoE layer's selections at shutdown (SIGTERM), added to what the
 /// file held, so two runs of the server leave the sum of both.

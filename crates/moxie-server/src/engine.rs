@@ -331,6 +331,12 @@ impl Worker {
         m.requests_processing.store(busy as u64, Relaxed);
         let held: usize = self.slots.iter().map(|s| s.state.len()).sum();
         m.kv_cache_tokens.store(held as u64, Relaxed);
+        if let Some(c) = self.model.expert_cache_counts() {
+            m.has_expert_cache.store(1, Relaxed);
+            m.expert_cache_lookups.store(c.lookups, Relaxed);
+            m.expert_cache_hits.store(c.hits, Relaxed);
+            m.expert_cache_uploads.store(c.uploads, Relaxed);
+        }
     }
 
     /// Give free slots to waiting requests; with nothing to do, wait. False at shutdown.

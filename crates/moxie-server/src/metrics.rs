@@ -24,6 +24,12 @@ pub struct Metrics {
     pub requests_processing: AtomicU64,
     pub requests_queued: AtomicU64,
     pub kv_cache_tokens: AtomicU64,
+    /// `--expert-cache` (all layers): decode selections looked up, found resident, and experts
+    /// brought in; reported when `has_expert_cache` is 1.
+    pub expert_cache_lookups: AtomicU64,
+    pub expert_cache_hits: AtomicU64,
+    pub expert_cache_uploads: AtomicU64,
+    pub has_expert_cache: AtomicU64,
     /// Gauges fixed at start.
     pub n_slots: AtomicU64,
     pub kv_cache_capacity: AtomicU64,
@@ -148,6 +154,26 @@ impl Metrics {
             "Positions held in the slots' KV caches.",
             g(&self.kv_cache_tokens) as f64,
         );
+        if g(&self.has_expert_cache) == 1 {
+            put(
+                "expert_cache_lookups_total",
+                "counter",
+                "Routed-expert selections of decode steps looked up in the expert cache.",
+                g(&self.expert_cache_lookups) as f64,
+            );
+            put(
+                "expert_cache_hits_total",
+                "counter",
+                "Of those, the ones resident in the cache (computed on its device).",
+                g(&self.expert_cache_hits) as f64,
+            );
+            put(
+                "expert_cache_uploads_total",
+                "counter",
+                "Experts brought into the cache.",
+                g(&self.expert_cache_uploads) as f64,
+            );
+        }
         let cap = g(&self.kv_cache_capacity);
         put(
             "kv_cache_usage_ratio",
