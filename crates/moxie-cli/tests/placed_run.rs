@@ -299,5 +299,8 @@ fn the_expert_cache_on_a_sim() {
         "mru",
     ]);
     let err = String::from_utf8_lossy(&bad.stderr);
-    assert!(!bad.status.success() && err.contains("lru or lfu"), "{err}");
+    assert!(
+        !bad.status.success() && err.contains("lru, lfu or decay"),
+        "{err}"
+    );
 }
