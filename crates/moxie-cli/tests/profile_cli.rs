@@ -66,7 +66,9 @@ fn profile_runs_prompts_and_shows_them() {
         String::from_utf8_lossy(&o.stdout).into_owned()
     };
     let none = sim("0");
-    assert_eq!(none.matches("   0.0%").count(), 6 * 2, "{none}");
+    // No room: 0% hits and 0% saved for each of 4 policies x 2 phases.
+    assert_eq!(none.matches("   0.0%").count(), 8 * 2, "{none}");
+    assert!(none.lines().any(|l| l.starts_with("decay")), "{none}");
     let all = sim("1GiB");
     assert_eq!(
         all.lines().filter(|l| l.starts_with("static")).count(),
