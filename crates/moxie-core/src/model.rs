@@ -342,30 +342,34 @@ impl Model {
         out
     }
 
+    /// The MoE layers: `(block index, layer)`, in order.
+    pub fn moe_layers(&self) -> impl Iterator<Item = (usize, &crate::blocks::moe::Moe)> {
+        self.layers
+            .iter()
+            .enumerate()
+            .filter_map(|(il, l)| match &l.ffn {
+                crate::blocks::Ffn::Moe(m) => Some((il, &**m)),
+                _ => None,
+            })
+    }
+
+    /// What the expert caches of all layers did so far (`--expert-cache`), if there are any.
+    pub fn expert_cache_counts(&self) -> Option<crate::blocks::moe::CacheCounts> {
+        let mut total: Option<crate::blocks::moe::CacheCounts> = None;
+        for c in self.moe_layers().filter_map(|(_, m)| m.cache.as_ref()) {
+            total.get_or_insert_with(Default::default).add(&c.counts());
+        }
+        total
+    }
+
     /// Move the routing counted on GPUs (layers whose routes stay on the device) into
     /// [`Model::routing`], zeroing the GPUs' tallies: a download per such layer, so the
     /// forward pass does it only every [`ROUTING_FLUSH_PASSES`] passes and before any
     /// profile is read ([`Model::routing_profile`]). The host's own routes are counted as
     /// they are made.
-    /// What the expert caches of all layers did so far (`--expert-cache`), if there are any.
-    pub fn expert_cache_counts(&self) -> Option<crate::blocks::moe::CacheCounts> {
-        let mut total: Option<crate::blocks::moe::CacheCounts> = None;
-        for layer in &self.layers {
-            if let crate::blocks::Ffn::Moe(m) = &layer.ffn {
-                if let Some(c) = &m.cache {
-                    total.get_or_insert_with(Default::default).add(&c.counts());
-                }
-            }
-        }
-        total
-    }
-
     pub fn flush_routing(&self) -> Result<()> {
         use crate::telemetry::Phase;
-        for (il, layer) in self.layers.iter().enumerate() {
-            let crate::blocks::Ffn::Moe(m) = &layer.ffn else {
-                continue;
-            };
+        for (il, m) in self.moe_layers() {
             let Some(t) = &m.tally else { continue };
             let n_e = m.routing.n_expert;
             let mut words = vec![0u32; moxie_gpu::ops::route_tally_words(n_e)];

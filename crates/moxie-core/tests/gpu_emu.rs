@@ -336,6 +336,17 @@ fn check_file(fx: &FixtureModel, par: &Parallel, devices: fn() -> Devices) {
     }
 }
 
+/// Quantized fixture `name` loaded on the CPU, its logits from `run`, and the bound a placed
+/// run of it must meet ([`quant_bound`] against its F32 master).
+fn on_cpu(name: &str, run: impl Fn(&Model) -> Vec<f32>) -> (Arc<GgufFile>, Model, Vec<f32>, Bound) {
+    let file = open(&fixtures().join("models").join(name));
+    let cpu = Model::load(Arc::clone(&file)).unwrap();
+    let want = run(&cpu);
+    let master = run(&Model::load(master_of(name)).unwrap());
+    let bound = Bound::Quant(quant_bound(&master, &want, cpu.config.n_vocab));
+    (file, cpu, want, bound)
+}
+
 /// The F32 master of a fixture (`deepseek2-tiny-Q4_K_M` -> `deepseek2-tiny-F32.gguf`).
 fn master_of(name: &str) -> Arc<GgufFile> {
     let arch = name.split("-tiny-").next().unwrap();
@@ -891,22 +902,15 @@ fn cuda_hot_experts_on_the_gpu_running_their_layer() {
 }
 
 fn check_hot_experts_on_gpu(devices: fn() -> Devices) {
-    use moxie_core::blocks::Ffn;
     use moxie_core::telemetry::Phase;
     let par = Parallel::new(2);
     for stem in ["deepseek2-tiny-Q4_K_M", "qwen3moe-tiny-Q4_K_M"] {
         let name = format!("{stem}.gguf");
-        let file = open(&fixtures().join("models").join(&name));
-        let cpu = Model::load(Arc::clone(&file)).unwrap();
+        let (file, cpu, want, bound) = on_cpu(&name, |m| run(m, &par));
         let n_vocab = cpu.config.n_vocab;
-        let want = run(&cpu, &par);
-        let master = run(&Model::load(master_of(&name)).unwrap(), &par);
-        let bound = Bound::Quant(quant_bound(&master, &want, n_vocab));
         let n_expert = cpu.config.n_expert;
         let hot: Vec<usize> = (0..n_expert).filter(|e| e % 3 == 0).collect();
-        let moe_layers: Vec<usize> = (0..cpu.layers.len())
-            .filter(|&il| matches!(cpu.layers[il].ffn, Ffn::Moe(_)))
-            .collect();
+        let moe_layers: Vec<usize> = cpu.moe_layers().map(|(il, _)| il).collect();
         let mut placed = hybrid(&file, devices());
         placed.experts = moe_layers
             .iter()
@@ -926,10 +930,7 @@ fn check_hot_experts_on_gpu(devices: fn() -> Devices) {
 
         let profile = model.routing_profile().unwrap();
         let (mut gpu_reads, mut cpu_reads, mut held) = (0u64, 0u64, 0u64);
-        for &il in &moe_layers {
-            let Ffn::Moe(m) = &model.layers[il].ffn else {
-                unreachable!()
-            };
+        for (il, m) in model.moe_layers() {
             assert!(
                 m.hot.as_ref().unwrap().gpu.is_some(),
                 "{name}: copies on GPU0"
@@ -1001,15 +1002,11 @@ fn cuda_expert_cache_on_the_gpu_running_its_layers() {
 }
 
 fn check_expert_cache_on_gpu(devices: fn() -> Devices) {
-    use moxie_core::blocks::Ffn;
     use moxie_core::loader::CachePlacement;
     use moxie_core::telemetry::{CachePolicy, Phase};
     let par = Parallel::new(2);
     for stem in ["deepseek2-tiny-Q4_K_M", "qwen3moe-tiny-Q4_K_M"] {
         let name = format!("{stem}.gguf");
-        let file = open(&fixtures().join("models").join(&name));
-        let cpu = Model::load(Arc::clone(&file)).unwrap();
-        let n_vocab = cpu.config.n_vocab;
         // A prompt, then 12 decode steps: enough to fill the slots and evict.
         let tokens: Vec<u32> = (0..20u32).map(|i| (i * 131 + 7) % 1500).collect();
         let steps = |model: &Model| {
@@ -1022,13 +1019,10 @@ fn check_expert_cache_on_gpu(devices: fn() -> Devices) {
             }
             all
         };
-        let want = steps(&cpu);
-        let master = steps(&Model::load(master_of(&name)).unwrap());
-        let bound = Bound::Quant(quant_bound(&master, &want, n_vocab));
+        let (file, cpu, want, bound) = on_cpu(&name, steps);
+        let n_vocab = cpu.config.n_vocab;
         let n_expert = cpu.config.n_expert;
-        let moe_layers: Vec<usize> = (0..cpu.layers.len())
-            .filter(|&il| matches!(cpu.layers[il].ffn, Ffn::Moe(_)))
-            .collect();
+        let moe_layers: Vec<usize> = cpu.moe_layers().map(|(il, _)| il).collect();
         let slots = cpu.config.n_expert_used + 1;
         for policy in [CachePolicy::Lru, CachePolicy::Lfu, CachePolicy::Decay] {
             let mut placed = hybrid(&file, devices());
@@ -1047,10 +1041,7 @@ fn check_expert_cache_on_gpu(devices: fn() -> Devices) {
             assert!(c.uploads > slots as u64, "{name} {how}: evictions {c:?}");
             // Per layer (expert sizes differ between layers of a Q4_K_M mix).
             let (mut hit_bytes, mut miss_bytes) = (0, 0);
-            for &il in &moe_layers {
-                let Ffn::Moe(m) = &model.layers[il].ffn else {
-                    unreachable!()
-                };
+            for (_, m) in model.moe_layers() {
                 let lc = m.cache.as_ref().unwrap().counts();
                 hit_bytes += lc.hits * m.expert_bytes();
                 miss_bytes += (lc.lookups - lc.hits) * m.expert_bytes();

@@ -356,7 +356,6 @@ fn expert_reads_are_counted_per_device_and_phase() {
 /// back are counted.
 #[test]
 fn experts_placed_one_by_one_on_a_sim() {
-    use moxie_core::blocks::Ffn;
     use moxie_core::telemetry::Phase;
     let par = Parallel::new(2);
     for stem in ["deepseek2-tiny-Q4_K_M", "qwen3moe-tiny-Q4_K_M"] {
@@ -365,9 +364,7 @@ fn experts_placed_one_by_one_on_a_sim() {
         let want = run(&cpu, &par);
         let n_expert = cpu.config.n_expert;
         let hot: Vec<usize> = (0..n_expert).filter(|e| e % 3 == 0).collect();
-        let moe_layers: Vec<usize> = (0..cpu.layers.len())
-            .filter(|&il| matches!(cpu.layers[il].ffn, Ffn::Moe(_)))
-            .collect();
+        let moe_layers: Vec<usize> = cpu.moe_layers().map(|(il, _)| il).collect();
         let placement = Placement {
             devices: Devices::with_sims(&[1 << 30]),
             tensors: HashMap::new(),
@@ -383,10 +380,7 @@ fn experts_placed_one_by_one_on_a_sim() {
 
         let profile = model.routing_profile().unwrap();
         let (mut cpu_reads, mut sim_reads, mut held) = ([0u64; 2], [0u64; 2], 0u64);
-        for &il in &moe_layers {
-            let Ffn::Moe(m) = &model.layers[il].ffn else {
-                unreachable!()
-            };
+        for (il, m) in model.moe_layers() {
             let eb = m.expert_bytes();
             held += eb * hot.len() as u64;
             let p = profile.layers.iter().find(|l| l.layer == il).unwrap();
@@ -426,7 +420,6 @@ fn experts_placed_one_by_one_on_a_sim() {
 /// chose before (counted independently, from the routing telemetry).
 #[test]
 fn the_expert_cache_on_a_sim() {
-    use moxie_core::blocks::Ffn;
     use moxie_core::loader::CachePlacement;
     use moxie_core::telemetry::{CachePolicy, Phase};
     let par = Parallel::new(2);
@@ -435,9 +428,7 @@ fn the_expert_cache_on_a_sim() {
         let cpu = Model::load(Arc::clone(&file)).unwrap();
         let want = run(&cpu, &par);
         let n_expert = cpu.config.n_expert;
-        let moe_layers: Vec<usize> = (0..cpu.layers.len())
-            .filter(|&il| matches!(cpu.layers[il].ffn, Ffn::Moe(_)))
-            .collect();
+        let moe_layers: Vec<usize> = cpu.moe_layers().map(|(il, _)| il).collect();
         for policy in [CachePolicy::Lru, CachePolicy::Lfu, CachePolicy::Decay] {
             let placement = Placement {
                 devices: Devices::with_sims(&[1 << 30]),
@@ -458,10 +449,7 @@ fn the_expert_cache_on_a_sim() {
             let profile = model.routing_profile().unwrap();
             let (mut held, mut misses, mut selections) = (0u64, [0u64; 2], [0u64; 2]);
             let (mut distinct_prefill, mut decode) = (0u64, 0u64);
-            for &il in &moe_layers {
-                let Ffn::Moe(m) = &model.layers[il].ffn else {
-                    unreachable!()
-                };
+            for (il, m) in model.moe_layers() {
                 let eb = m.expert_bytes();
                 held += eb * n_expert as u64;
                 let p = profile.layers.iter().find(|l| l.layer == il).unwrap();
