@@ -154,9 +154,8 @@ impl<'a> TensorSource<'a> {
         let held = devices.reserve(*device, moe.expert_bytes() * list.len() as u64, &what)?;
         let mut is_hot = vec![false; n_expert];
         list.iter().for_each(|&e| is_hot[e] = true);
-        let tensors = [&moe.gate_exps, &moe.up_exps, &moe.down_exps];
         let gpu = match gpu {
-            Some(g) => Some(crate::blocks::moe::GpuHotCopies::upload(g, tensors, list)?),
+            Some(g) => Some(crate::blocks::moe::GpuHotCopies::upload(g, moe, list)?),
             None => None,
         };
         Ok(Some(crate::blocks::moe::HotExperts {
@@ -210,18 +209,11 @@ impl<'a> TensorSource<'a> {
             seed.as_deref(),
         );
         if let Some(gpu) = gpu {
-            let slots_of = |t: &crate::tensor::Tensor| {
-                moxie_gpu::Buffer::new(gpu.backend(), t.row_bytes() * t.ne[1] * *slots)
-            };
-            let bufs = [
-                slots_of(&moe.gate_exps)?,
-                slots_of(&moe.up_exps)?,
-                slots_of(&moe.down_exps)?,
-            ];
+            let on_gpu = crate::blocks::moe::GpuExpertSlots::new(gpu, moe, *slots)?;
             for (e, slot) in cache.placed() {
-                moe.upload_expert(gpu, &bufs, e, slot)?;
+                on_gpu.fill(gpu, moe, e, slot)?;
             }
-            cache.gpu = Some(bufs);
+            cache.gpu = Some(on_gpu);
         }
         Ok(Some(cache))
     }

@@ -23,8 +23,8 @@ pub struct ExpertCache {
     pub slots: usize,
     /// Its bytes on `device`, held for the model's lifetime.
     pub held: Reservation,
-    /// On a GPU: `[gate, up, down]`, `slots` matrices each, where the residents' copies sit.
-    pub gpu: Option<[moxie_gpu::Buffer; 3]>,
+    /// On a GPU: where the residents' copies sit.
+    pub gpu: Option<super::GpuExpertSlots>,
     state: Mutex<CacheState>,
 }
 

@@ -127,55 +127,72 @@ pub struct HotExperts {
     pub gpu: Option<GpuHotCopies>,
 }
 
-/// The hot experts' gate, up and down matrices in a GPU's memory, hot expert after hot
-/// expert, and where each expert of the layer sits among them.
-pub struct GpuHotCopies {
-    /// `[gate, up, down]`, each `slot_of` matrices of the layer's shape.
-    pub weights: [Buffer; 3],
-    /// Per expert of the layer: its matrix in `weights`, or -1 (computed on the CPU).
-    pub slot_of: Vec<i32>,
+/// Copies of some of a layer's experts in a GPU's memory: its gate, up and down matrices,
+/// `n` of each (slots), which `-oe`'s hot experts and the expert cache compute from.
+pub struct GpuExpertSlots {
+    bufs: [Buffer; 3],
+    n: usize,
 }
 
-impl GpuHotCopies {
-    /// The copies in `gpu`'s memory of `experts` (sorted) of the layer's `[gate, up, down]`.
-    pub fn upload(gpu: &Gpu, tensors: [&Tensor; 3], experts: &[usize]) -> Result<GpuHotCopies> {
-        let n_expert = tensors[0].ne[2];
-        let mut slot_of = vec![-1i32; n_expert];
-        for (slot, &e) in experts.iter().enumerate() {
-            slot_of[e] = slot as i32;
-        }
-        let copy = |t: &Tensor| -> Result<Buffer> {
-            let mut subset = Vec::new();
-            for &e in experts {
-                subset.extend_from_slice(&t.matrix_gguf_bytes(e));
-            }
-            Ok(Buffer::from_bytes(gpu.backend(), &subset)?)
-        };
-        let [g, u, d] = tensors;
-        Ok(GpuHotCopies {
-            weights: [copy(g)?, copy(u)?, copy(d)?],
-            slot_of,
+impl GpuExpertSlots {
+    /// `n` empty slots of `m`'s experts' shape in `gpu`'s memory.
+    pub fn new(gpu: &Gpu, m: &Moe, n: usize) -> Result<GpuExpertSlots> {
+        let slots = |t: &Tensor| Buffer::new(gpu.backend(), t.row_bytes() * t.ne[1] * n);
+        Ok(GpuExpertSlots {
+            bufs: [
+                slots(&m.gate_exps)?,
+                slots(&m.up_exps)?,
+                slots(&m.down_exps)?,
+            ],
+            n,
         })
     }
 
-    /// The copies as kernel operands, shaped like the layer's tensors.
+    /// `m`'s expert `e` copied into slot `slot` (queued on the GPU's stream).
+    pub fn fill(&self, gpu: &Gpu, m: &Moe, e: usize, slot: usize) -> Result<()> {
+        for (t, b) in [&m.gate_exps, &m.up_exps, &m.down_exps]
+            .into_iter()
+            .zip(&self.bufs)
+        {
+            let bytes = t.matrix_gguf_bytes(e);
+            gpu.backend().upload(b.at(slot * bytes.len()), &bytes)?;
+        }
+        Ok(())
+    }
+
+    /// The slots as kernel operands, shaped like `m`'s tensors.
     fn operands(&self, m: &Moe) -> [Weight; 3] {
-        let n_hot = self.slot_of.iter().filter(|&&s| s >= 0).count();
-        slot_operands(m, &self.weights, n_hot)
+        let w = |t: &Tensor, b: &Buffer| Weight {
+            n_mat: self.n,
+            ..t.weight_at(b.ptr())
+        };
+        [
+            w(&m.gate_exps, &self.bufs[0]),
+            w(&m.up_exps, &self.bufs[1]),
+            w(&m.down_exps, &self.bufs[2]),
+        ]
     }
 }
 
-/// `[gate, up, down]` copies of `n_mat` of `m`'s experts in GPU buffers, as kernel operands.
-fn slot_operands(m: &Moe, bufs: &[Buffer; 3], n_mat: usize) -> [Weight; 3] {
-    let w = |t: &Tensor, b: &Buffer| Weight {
-        n_mat,
-        ..t.weight_at(b.ptr())
-    };
-    [
-        w(&m.gate_exps, &bufs[0]),
-        w(&m.up_exps, &bufs[1]),
-        w(&m.down_exps, &bufs[2]),
-    ]
+/// The hot experts' copies on a GPU, in their order, and where each expert of the layer sits
+/// among them.
+pub struct GpuHotCopies {
+    slots: GpuExpertSlots,
+    /// Per expert of the layer: its slot, or -1 (computed on the CPU).
+    slot_of: Vec<i32>,
+}
+
+impl GpuHotCopies {
+    /// `m`'s `experts` (sorted) copied into `gpu`'s memory.
+    pub fn upload(gpu: &Gpu, m: &Moe, experts: &[usize]) -> Result<GpuHotCopies> {
+        let slots = GpuExpertSlots::new(gpu, m, experts.len())?;
+        let mut slot_of = vec![-1i32; m.routing.n_expert];
+        for (slot, &e) in experts.iter().enumerate() {
+            slots.fill(gpu, m, e, slot)?;
+            slot_of[e] = slot as i32;
+        }
+        Ok(GpuHotCopies { slots, slot_of })
+    }
 }
 
 impl Moe {
@@ -675,9 +692,9 @@ impl Block for Moe {
         // What the cache brought in goes to its slots, queued after this step's kernels (one
         // stream), while the CPU computes the step's other experts.
         if let Some(c) = self.cache.as_ref().filter(|c| c.device == id) {
-            if let Some(bufs) = &c.gpu {
+            if let Some(slots) = &c.gpu {
                 for &(ex, slot) in &p.moe.brought_in {
-                    self.upload_expert(&gpu, bufs, ex, slot)?;
+                    slots.fill(&gpu, self, ex, slot)?;
                 }
             }
         }
@@ -725,30 +742,12 @@ impl Moe {
             s.hot_ids
                 .extend(ids.iter().map(|&e| copies.slot_of[e as usize]));
             s.skip.clone_from(&h.is_hot);
-            return Some(copies.operands(self));
+            return Some(copies.slots.operands(self));
         }
         let c = self.cache.as_ref().filter(|c| c.device == id && n == 1)?;
-        let bufs = c.gpu.as_ref()?;
+        let slots = c.gpu.as_ref()?;
         c.residents(ids, &mut s.hot_ids, &mut s.skip);
-        Some(slot_operands(self, bufs, c.slots))
-    }
-
-    /// Expert `e`'s gate, up and down copied into matrix `slot` of `bufs` on `gpu`.
-    pub(crate) fn upload_expert(
-        &self,
-        gpu: &Gpu,
-        bufs: &[Buffer; 3],
-        e: usize,
-        slot: usize,
-    ) -> Result<()> {
-        for (t, b) in [&self.gate_exps, &self.up_exps, &self.down_exps]
-            .into_iter()
-            .zip(bufs)
-        {
-            let bytes = t.matrix_gguf_bytes(e);
-            gpu.backend().upload(b.at(slot * bytes.len()), &bytes)?;
-        }
-        Ok(())
+        Some(slots.operands(self))
     }
 
     /// The shared expert (if any) of `n` rows `h` on GPU `id`, gated where the model gates
