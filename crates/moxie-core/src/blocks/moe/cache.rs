@@ -120,22 +120,22 @@ impl ExpertCache {
     }
 
     /// One pass over the layer: `selected` are its distinct experts (each once), `tokens` the
-    /// pass's tokens (1: a decode step; more: a prompt batch, whose `routes_in_order` are its
-    /// tokens' experts, token after token). Returns `(hits, uploads)`: experts computed in
+    /// pass's tokens (1: a decode step; more: a prompt batch, whose `routes` are its tokens'
+    /// top-k `(expert, weight)`, token after token). Returns `(hits, uploads)`: experts computed in
     /// the cache, experts brought in after it; `brought_in` gets them as `(expert, slot)`.
     pub fn step(
         &self,
         selected: &[usize],
         tokens: usize,
-        routes_in_order: &[usize],
+        routes: &[(usize, f32)],
         brought_in: &mut Vec<(usize, usize)>,
     ) -> (u64, u64) {
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         brought_in.clear();
         let before = s.counts.uploads;
         if tokens > 1 {
-            let k = (routes_in_order.len() / tokens).max(1);
-            for (i, &e) in routes_in_order.iter().enumerate() {
+            let k = (routes.len() / tokens).max(1);
+            for (i, &(e, _)) in routes.iter().enumerate() {
                 if i % k == 0 {
                     s.clock += 1;
                 }
@@ -245,7 +245,8 @@ mod tests {
     impl ExpertCache {
         fn step_(&self, selected: &[usize], tokens: usize, in_order: &[usize]) -> (u64, u64) {
             let mut brought_in = Vec::new();
-            let r = self.step(selected, tokens, in_order, &mut brought_in);
+            let routes: Vec<(usize, f32)> = in_order.iter().map(|&e| (e, 1.0)).collect();
+            let r = self.step(selected, tokens, &routes, &mut brought_in);
             // Every expert brought in has a slot of its own.
             let mut slots: Vec<usize> = self.placed().iter().map(|p| p.1).collect();
             slots.sort_unstable();

@@ -49,7 +49,7 @@ pub(super) fn one_token(
     let n_embd = m.n_embd();
     // The slots computed here (all but those of experts another device computes).
     active.clear();
-    active.extend((0..routes.len()).filter(|&i| !skip.get(routes[i].0).copied().unwrap_or(false)));
+    active.extend((0..routes.len()).filter(|&i| !skips(skip, routes[i].0)));
     let k = active.len();
     let n_ff = m.gate_exps.ne[1];
     let shared = match shared {
@@ -120,6 +120,11 @@ pub(super) fn one_token(
         ops::add_assign(out, sh);
     }
     Ok(())
+}
+
+/// Whether the expert list `skip` (empty: none) leaves expert `e` to another device.
+fn skips(skip: &[bool], e: usize) -> bool {
+    skip.get(e).copied().unwrap_or(false)
 }
 
 /// `out = v * w` (first expert) or `out += v * w`, the product rounded before the add, as
@@ -204,11 +209,10 @@ pub(super) fn batch(
     let k_used = m.routing.n_expert_used;
     let n = routes.len() / k_used;
     let routes: Vec<&[(usize, f32)]> = routes.chunks_exact(k_used).collect();
-    let skips = |e: usize| skip.get(e).copied().unwrap_or(false);
     let mut by_expert: Vec<Vec<(usize, usize)>> = vec![Vec::new(); m.routing.n_expert];
     for (t, r) in routes.iter().enumerate() {
         for (slot, &(e, _)) in r.iter().enumerate() {
-            if !skips(e) {
+            if !skips(skip, e) {
                 by_expert[e].push((t, slot));
             }
         }
@@ -335,7 +339,7 @@ pub(super) fn batch(
                 let orow = &mut orow[pass.clone()];
                 let mut first = true;
                 for (slot, &(e, w)) in routes[t].iter().enumerate() {
-                    if skips(e) {
+                    if skips(skip, e) {
                         continue;
                     }
                     let (a, i) = where_is[t * k_used + slot];

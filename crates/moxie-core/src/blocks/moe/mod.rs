@@ -397,11 +397,10 @@ pub struct MoeScratch {
     /// only the allocation is kept (see [`experts::recycle`]).
     products: Vec<(Mat<'static>, &'static [u8])>,
     out: Vec<f32>,
-    /// Which experts the routes select, for counting each once ([`count_expert_reads`]), the
-    /// distinct ones in order of first selection, and every route's expert in order.
+    /// Which experts the routes select, for counting each once ([`count_expert_reads`]), and
+    /// the distinct ones in order of first selection.
     seen: Vec<bool>,
     selected: Vec<usize>,
-    in_order: Vec<usize>,
     /// Per expert: computed elsewhere (hot experts on the GPU running the layer), so the CPU
     /// paths leave its selections out of their sum. Empty: none.
     skip: Vec<bool>,
@@ -534,9 +533,7 @@ fn count_expert_reads(m: &Moe, devices: &Devices, dev: DeviceId, n: usize, s: &m
     let bytes = m.expert_bytes();
     let rows = n * m.n_embd() * F32;
     if let Some(c) = &m.cache {
-        s.in_order.clear();
-        s.in_order.extend(s.routes.iter().map(|r| r.0));
-        let (hits, uploads) = c.step(&s.selected, n, &s.in_order, &mut s.brought_in);
+        let (hits, uploads) = c.step(&s.selected, n, &s.routes, &mut s.brought_in);
         cold -= hits;
         if hits > 0 {
             devices.count_expert_reads(c.device, phase, hits * bytes);
@@ -712,10 +709,8 @@ impl Block for Moe {
             gpu.backend().upload(s, bytemuck::cast_slice(&sum))?;
             host.rows = sum;
         } else {
-            let done = routed_experts(self, &host_h, n, p.par, &mut p.moe)
-                .and_then(|r| Ok(gpu.backend().upload(s, bytemuck::cast_slice(r))?));
-            p.moe.skip.clear();
-            done?;
+            let routed = routed_experts(self, &host_h, n, p.par, &mut p.moe)?;
+            gpu.backend().upload(s, bytemuck::cast_slice(routed))?;
         }
         p.devices.count_copy(self.experts_device, id, n * e * F32);
         gpu.add(x, s, n * e)?;
