@@ -590,6 +590,24 @@ impl CachePolicy {
         }
     }
 
+    /// How much a dynamic policy wants to keep an expert selected `uses` times, last at
+    /// `last_use`, with recency-weighted count `decayed`, at token `now`: the smallest is
+    /// evicted (LRU: the least recent; LFU: the fewest uses, then the least recent; decay:
+    /// the lowest decayed count, then the least recent).
+    pub fn keep_rank(
+        self,
+        uses: u64,
+        last_use: u64,
+        decayed: &DecayedCount,
+        now: u64,
+    ) -> (u64, u64) {
+        match self {
+            CachePolicy::Lfu => (uses, last_use),
+            CachePolicy::Decay => (decayed.key(now), last_use),
+            CachePolicy::Lru | CachePolicy::Static => (last_use, 0),
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             CachePolicy::Static => "static",
@@ -695,10 +713,8 @@ pub fn simulate_cache(
                     if held[l] == capacity[l] {
                         let victim = (0..n_e)
                             .filter(|&x| resident[l][x])
-                            .min_by_key(|&x| match policy {
-                                CachePolicy::Lfu => (uses[l][x], last_use[l][x]),
-                                CachePolicy::Decay => (decayed[l][x].key(now), last_use[l][x]),
-                                _ => (last_use[l][x], 0),
+                            .min_by_key(|&x| {
+                                policy.keep_rank(uses[l][x], last_use[l][x], &decayed[l][x], now)
                             })
                             .expect("a full cache holds experts");
                         resident[l][victim] = false;

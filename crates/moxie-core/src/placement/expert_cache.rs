@@ -43,14 +43,15 @@ impl ExpertCacheRequest {
                     .map_err(|e| Error::Placement(format!("--expert-cache: {e}, or auto")))?,
             ),
         };
-        let policy = match policy {
-            "lru" | "lfu" | "decay" => CachePolicy::parse(policy)?,
-            _ => {
-                return Err(Error::Placement(format!(
+        // Every dynamic policy of `moxie profile simulate` (not its fixed `static`).
+        let policy = CachePolicy::parse(policy)
+            .ok()
+            .filter(|&p| p != CachePolicy::Static)
+            .ok_or_else(|| {
+                Error::Placement(format!(
                     "--expert-cache-policy '{policy}': lru, lfu or decay"
-                )))
-            }
-        };
+                ))
+            })?;
         Ok(ExpertCacheRequest {
             size,
             policy,

@@ -207,11 +207,7 @@ impl CacheState {
 
     /// How much the policy wants to keep expert `x` (larger: keep).
     fn rank(&self, policy: CachePolicy, x: usize) -> (u64, u64) {
-        match policy {
-            CachePolicy::Lfu => (self.uses[x], self.last_use[x]),
-            CachePolicy::Decay => (self.decayed[x].key(self.clock), self.last_use[x]),
-            _ => (self.last_use[x], 0),
-        }
+        policy.keep_rank(self.uses[x], self.last_use[x], &self.decayed[x], self.clock)
     }
 
     /// Make the policy's best `slots` experts (ever used) the residents; the ones brought in
