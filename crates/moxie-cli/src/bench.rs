@@ -324,15 +324,10 @@ pub fn main(a: Args, matches: &clap::ArgMatches) -> Result<()> {
                             }
                             if let (Some(b), Some(a)) = (cache_before, model.expert_cache_counts())
                             {
-                                let delta = moxie_core::blocks::moe::CacheCounts {
-                                    lookups: a.lookups - b.lookups,
-                                    hits: a.hits - b.hits,
-                                    uploads: a.uploads - b.uploads,
-                                };
                                 expert_reads.push(format!(
                                     "{} t={t}: {}",
                                     test.name(),
-                                    moxie_core::bench::expert_cache_line(&delta)
+                                    moxie_core::bench::expert_cache_line(&a.since(&b))
                                 ));
                             }
                         }

@@ -124,7 +124,7 @@ impl<'a> TensorSource<'a> {
         let Some((device, list)) = self.placement.experts.get(&il) else {
             return Ok(None);
         };
-        let (n_expert, experts_device) = (moe.routing.n_expert, moe.experts_device);
+        let n_expert = moe.routing.n_expert;
         let devices = self.devices();
         let name = &devices.get(*device).name;
         if let Some(e) = list.iter().find(|&&e| e >= n_expert) {
@@ -132,24 +132,10 @@ impl<'a> TensorSource<'a> {
                 "layer {il}: expert {e} placed on {name}, but the layer has {n_expert} experts"
             )));
         }
-        if *device == experts_device || list.is_empty() {
+        if *device == moe.experts_device || list.is_empty() {
             return Ok(None);
         }
-        if experts_device != CPU {
-            return Err(Error::Model(format!(
-                "layer {il}: experts placed on {name} off routed experts that are on {} (per-expert \
-                 placement splits experts off the CPU's)",
-                devices.get(experts_device).name
-            )));
-        }
-        let gpu = devices.gpu(*device);
-        if gpu.is_some() && moe.device != *device {
-            return Err(Error::Model(format!(
-                "layer {il}: experts placed on {name} run there with the layer's router, which is \
-                 on {} (give the layer to {name} with -ngl)",
-                devices.get(moe.device).name
-            )));
-        }
+        let gpu = self.experts_off_cpu(il, moe, *device, &format!("experts placed on {name}"))?;
         let what = format!("layer {il}'s experts {}", crate::placement::ranges(list));
         let held = devices.reserve(*device, moe.expert_bytes() * list.len() as u64, &what)?;
         let mut is_hot = vec![false; n_expert];
@@ -164,6 +150,37 @@ impl<'a> TensorSource<'a> {
             held,
             gpu,
         }))
+    }
+
+    /// Checks that `moe`'s experts may be computed on `device` by `what` (-oe's hot experts,
+    /// the expert cache) for layer `il`: the layer's routed experts are in RAM, and on a GPU
+    /// the layer's router runs there (the GPU computes with the routes it made). Returns that
+    /// GPU, if `device` is one.
+    fn experts_off_cpu(
+        &self,
+        il: usize,
+        moe: &crate::blocks::moe::Moe,
+        device: DeviceId,
+        what: &str,
+    ) -> Result<Option<&moxie_gpu::Gpu>> {
+        let devices = self.devices();
+        if moe.experts_device != CPU {
+            return Err(Error::Model(format!(
+                "layer {il}: {what} takes experts off the CPU's, but this layer's routed experts \
+                 are on {}",
+                devices.get(moe.experts_device).name
+            )));
+        }
+        let gpu = devices.gpu(device);
+        if gpu.is_some() && moe.device != device {
+            return Err(Error::Model(format!(
+                "layer {il}: {what} computes with the layer's router, which is on {} (give the \
+                 layer to {} with -ngl)",
+                devices.get(moe.device).name,
+                devices.get(device).name
+            )));
+        }
+        Ok(gpu)
     }
 
     /// Layer `il`'s share of the expert cache, held against the cache device's budget (on a
@@ -183,21 +200,8 @@ impl<'a> TensorSource<'a> {
         };
         let devices = self.devices();
         let name = &devices.get(c.device).name;
-        if moe.experts_device != CPU {
-            return Err(Error::Model(format!(
-                "layer {il}: the expert cache on {name} caches experts in RAM, but this layer's \
-                 are on {}",
-                devices.get(moe.experts_device).name
-            )));
-        }
-        let gpu = devices.gpu(c.device);
-        if gpu.is_some() && moe.device != c.device {
-            return Err(Error::Model(format!(
-                "layer {il}: the expert cache on {name} computes with the layer's router, which \
-                 is on {} (give the layer to {name} with -ngl)",
-                devices.get(moe.device).name
-            )));
-        }
+        let gpu =
+            self.experts_off_cpu(il, moe, c.device, &format!("the expert cache on {name}"))?;
         let what = format!("layer {il}'s expert cache ({slots} experts)");
         let held = devices.reserve(c.device, moe.expert_bytes() * *slots as u64, &what)?;
         let mut cache = crate::blocks::moe::ExpertCache::new(

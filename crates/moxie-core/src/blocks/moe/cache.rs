@@ -60,6 +60,15 @@ impl CacheCounts {
         self.hits += o.hits;
         self.uploads += o.uploads;
     }
+
+    /// What was counted since `before` (an earlier reading of the same counters).
+    pub fn since(&self, before: &CacheCounts) -> CacheCounts {
+        CacheCounts {
+            lookups: self.lookups - before.lookups,
+            hits: self.hits - before.hits,
+            uploads: self.uploads - before.uploads,
+        }
+    }
 }
 
 impl ExpertCache {
