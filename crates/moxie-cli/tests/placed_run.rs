@@ -160,6 +160,23 @@ fn weights_read_into_memory_give_the_same_logits() {
     }
 }
 
+/// `moxie run -m MODEL -p "The quick brown fox" -n N --temp 0 EXTRA...`.
+fn greedy_fox(model: &str, n: &str, extra: &[&str]) -> std::process::Output {
+    let mut args = vec![
+        "run",
+        "-m",
+        model,
+        "-p",
+        "The quick brown fox",
+        "-n",
+        n,
+        "--temp",
+        "0",
+    ];
+    args.extend_from_slice(extra);
+    moxie(&args)
+}
+
 /// `-oe`: experts placed one by one on a simulated device. The text is the one without it
 /// (the same kernels run), the plan lists the experts, and the routed-expert reads per
 /// generated token are booked on both devices; a malformed value is refused by name.
@@ -167,25 +184,8 @@ fn weights_read_into_memory_give_the_same_logits() {
 fn experts_placed_one_by_one_on_a_sim() {
     let m = fixture_model("deepseek2-tiny-Q4_K_M.gguf");
     let run = |extra: &[&str]| {
-        let mut args = vec![
-            "run",
-            "-m",
-            &m,
-            "-p",
-            "The quick brown fox",
-            "-n",
-            "6",
-            "--temp",
-            "0",
-            "--sim",
-            "1GiB",
-            "-ngl",
-            "999",
-            "-ot",
-            "exps=CPU",
-        ];
-        args.extend_from_slice(extra);
-        moxie(&args)
+        let hybrid = ["--sim", "1GiB", "-ngl", "999", "-ot", "exps=CPU"];
+        greedy_fox(&m, "6", &[&hybrid[..], extra].concat())
     };
     let plain = run(&[]);
     assert!(
@@ -225,21 +225,7 @@ fn experts_placed_one_by_one_on_a_sim() {
 #[test]
 fn the_expert_cache_on_a_sim() {
     let m = fixture_model("deepseek2-tiny-Q4_K_M.gguf");
-    let run = |extra: &[&str]| {
-        let mut args = vec![
-            "run",
-            "-m",
-            &m,
-            "-p",
-            "The quick brown fox",
-            "-n",
-            "8",
-            "--temp",
-            "0",
-        ];
-        args.extend_from_slice(extra);
-        moxie(&args)
-    };
+    let run = |extra: &[&str]| greedy_fox(&m, "8", extra);
     let plain = run(&[]);
     assert!(plain.status.success());
     for policy in ["lru", "lfu"] {
