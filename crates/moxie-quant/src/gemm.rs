@@ -1180,36 +1180,45 @@ mod platform {
     ) {
         // Passes of up to 8 (one tile) or 4 (two tiles) tokens: every accumulator in registers.
         let full = 8 / R;
-        // `next`'s cache lines, spread over the passes.
-        let lines = next.len().div_ceil(64);
-        let per_pass = lines.div_ceil(acts.n_tok.div_ceil(full).max(1));
-        let mut line = 0;
+        // `next`'s cache lines, spread over the passes, and within a pass over its
+        // sub-blocks: a burst of prefetches to DRAM at the start of a pass stalls once the
+        // core's line fill buffers are all taken.
+        let per_pass = next.len().div_ceil(64 * acts.n_tok.div_ceil(full).max(1)) * 64;
+        let mut ahead = next.chunks(per_pass.max(64));
         let mut t = 0;
         while t < acts.n_tok {
-            for l in line..(line + per_pass).min(lines) {
-                // SAFETY: a prefetch never faults; the address is inside `next`.
-                unsafe { _mm_prefetch::<_MM_HINT_T0>(next.as_ptr().add(64 * l).cast()) };
-            }
-            line += per_pass;
+            let pf = ahead.next().unwrap_or(&[]);
             let left = acts.n_tok - t;
             let o = out.each_mut().map(|o| &mut o[t * GEMM_TILE_ROWS..]);
             // SAFETY: `gemm_available()` (checked by the caller) means AVX-512 F/BW/VNNI.
             unsafe {
                 t += if l.sub == 16 {
-                    pass::<R, 16>(l, n_in, w, acts, t, o, left)
+                    pass::<R, 16>(l, n_in, w, acts, t, o, left, pf)
                 } else {
-                    pass::<R, 32>(l, n_in, w, acts, t, o, left)
+                    pass::<R, 32>(l, n_in, w, acts, t, o, left, pf)
                 };
             }
         }
     }
 
+    /// Asks for the lines of `pf` that sub-block `sb` of `n_sub` takes (`per_sub` lines
+    /// each) into L1.
+    #[inline(always)]
+    fn prefetch_share(pf: &[u8], sb: usize, per_sub: usize) {
+        let lines = pf.len().div_ceil(64);
+        for l in sb * per_sub..((sb + 1) * per_sub).min(lines) {
+            // SAFETY: a prefetch never faults; the address is inside `pf`.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(pf.as_ptr().add(64 * l).cast()) };
+        }
+    }
+
     /// One pass of up to 8 (one tile) or 4 (two tiles) of the `left` tokens from `t0`, with
-    /// sub-blocks of `S` values (a constant, so the group loop unrolls); returns the tokens
-    /// done.
+    /// sub-blocks of `S` values (a constant, so the group loop unrolls), prefetching `pf`;
+    /// returns the tokens done.
     ///
     /// # Safety
     /// AVX-512 F/BW/VNNI; as [`tokens`].
+    #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     unsafe fn pass<const R: usize, const S: usize>(
         l: Layout,
@@ -1219,24 +1228,26 @@ mod platform {
         t0: usize,
         out: [&mut [f32]; R],
         left: usize,
+        pf: &[u8],
     ) -> usize {
         debug_assert_eq!(l.sub, S);
         // SAFETY: per this function's contract.
         unsafe {
             if R == 1 && left >= 8 {
-                tokens::<R, 8, S>(l, n_in, w, acts, t0, out)
+                tokens::<R, 8, S>(l, n_in, w, acts, t0, out, pf)
             } else if left >= 4 {
-                tokens::<R, 4, S>(l, n_in, w, acts, t0, out)
+                tokens::<R, 4, S>(l, n_in, w, acts, t0, out, pf)
             } else if left >= 2 {
-                tokens::<R, 2, S>(l, n_in, w, acts, t0, out)
+                tokens::<R, 2, S>(l, n_in, w, acts, t0, out, pf)
             } else {
-                tokens::<R, 1, S>(l, n_in, w, acts, t0, out)
+                tokens::<R, 1, S>(l, n_in, w, acts, t0, out, pf)
             }
         }
     }
 
     /// Tokens `t0..t0+N` against the 16 rows of each of the `R` tiles `w` (sub-blocks of `S`
-    /// values); writes `N` runs of 16 results into each `out[r]`.
+    /// values); writes `N` runs of 16 results into each `out[r]`. The lines of `pf` are
+    /// prefetched a few per sub-block.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     unsafe fn tokens<const R: usize, const N: usize, const S: usize>(
         l: Layout,
@@ -1245,6 +1256,7 @@ mod platform {
         acts: &GemmActs,
         t0: usize,
         out: [&mut [f32]; R],
+        pf: &[u8],
     ) -> usize {
         let s = S;
         let mut facc = [[_mm512_setzero_ps(); N]; R];
@@ -1263,9 +1275,11 @@ mod platform {
         // Sub-blocks sharing one activation scale (a Q8_K block) are summed with the weight
         // scales first and multiplied by the activation scale once.
         let per_dx = act_block / s;
+        let per_sub = pf.len().div_ceil(64 * n_sub);
         for blk in 0..n_blocks {
             let mut fblk = [[_mm512_setzero_ps(); N]; R];
             for sb in blk * per_dx..(blk + 1) * per_dx {
+                prefetch_share(pf, sb, per_sub);
                 let mut iacc = [[_mm512_setzero_si512(); N]; R];
                 if l.offset != 0 {
                     // Undo the unsigned weight offset: -offset * sum(x).
