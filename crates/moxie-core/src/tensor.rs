@@ -834,6 +834,12 @@ pub(crate) enum Kernel {
     Interleaved,
 }
 
+impl Kernel {
+    pub(crate) fn is_int8_gemm(&self) -> bool {
+        matches!(self, Kernel::Int8Gemm)
+    }
+}
+
 /// Output rows per work item where products are split in chunks: two int8 GEMM tiles, which
 /// its kernel runs together (each activation load feeds both).
 pub(crate) const CHUNK_ROWS: usize = 2 * TILE;
@@ -900,6 +906,29 @@ impl ChunkedLayout {
         }
         let (a, r0, _) = self.item(i);
         self.start[a] + r0 * self.n_tok[a]
+    }
+
+    /// Every row's result for token `t` (the matrix's `t`-th) of matrix `a`, run by run:
+    /// `f(first row, its results)`, 16 rows a run (the last may be shorter), in row order.
+    pub(crate) fn for_each_run(
+        &self,
+        buf: &[f32],
+        a: usize,
+        t: usize,
+        mut f: impl FnMut(usize, &[f32]),
+    ) {
+        let n_tok = self.n_tok[a];
+        let base = self.start[a];
+        let whole = self.n_rows / TILE;
+        for k in 0..whole {
+            let at = base + (k * n_tok + t) * TILE;
+            f(k * TILE, &buf[at..at + TILE]);
+        }
+        let tail = self.n_rows - whole * TILE;
+        if tail > 0 {
+            let at = base + whole * TILE * n_tok + t * tail;
+            f(whole * TILE, &buf[at..at + tail]);
+        }
     }
 
     /// Every row's result for token `t` (the matrix's `t`-th) of matrix `a`, into `out`.
@@ -1012,6 +1041,27 @@ impl QuantizedActs {
         QuantizedActs::from_bytes(ty, n, data)
     }
 
+    /// `n_rows` rows of `n` values converted to `ty`, each written by `fill(row index, row)`
+    /// into one reused buffer first (rows gathered from elsewhere need no batch-sized copy).
+    pub fn from_fn(
+        ty: GgmlType,
+        n: usize,
+        n_rows: usize,
+        mut fill: impl FnMut(usize, &mut [f32]),
+    ) -> QuantizedActs {
+        let row_bytes = ty
+            .row_bytes(n as u64)
+            .expect("activation row length fits the block size") as usize;
+        let mut data = vec![0u8; row_bytes * n_rows];
+        let q = moxie_quant::quantize_fn(ty).expect("activation types can always be quantized");
+        let mut row = vec![0f32; n];
+        for (t, dst) in data.chunks_exact_mut(row_bytes).enumerate() {
+            fill(t, &mut row);
+            q(&row, dst);
+        }
+        QuantizedActs::from_bytes(ty, n, data)
+    }
+
     /// Convert the rows of `x` (each `n` long) to `ty` in place of what these activations
     /// held, reusing their buffer (decode converts every layer's input this way without
     /// allocating).
@@ -1055,7 +1105,12 @@ impl QuantizedActs {
         for &r in rows {
             data.extend_from_slice(self.row(r));
         }
-        QuantizedActs::from_bytes(self.ty, self.n, data)
+        let out = QuantizedActs::from_bytes(self.ty, self.n, data);
+        // Prepared once for all rows, the int8 GEMM's input is copied, not built again.
+        if let Some(g) = self.gemm.get() {
+            let _ = out.gemm.set(g.gather(rows));
+        }
+        out
     }
 
     /// Prepare what `kernel` will read (the int8 GEMM's input). Every caller that starts a

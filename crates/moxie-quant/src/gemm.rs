@@ -90,8 +90,8 @@ pub struct GemmActs {
     act: GgmlType,
     n_in: usize,
     n_tok: usize,
-    /// `[token][n_in]` int8.
-    q: Vec<i8>,
+    /// `[token][n_in]` int8 (as bytes: the kernel reads four at a time).
+    q: Vec<u8>,
     /// Scale per `[token][activation block]` (256 values for Q8_K, 32 for Q8_0).
     dx: Vec<f32>,
     /// Sums per sub-block of 16 and of 32 values (the weight layouts' two sub-block sizes).
@@ -106,19 +106,45 @@ struct SubBlockSums {
 }
 
 impl SubBlockSums {
-    /// From the sums of 16 values (`sum16`) and block scales (`dx`, `block` values each).
-    fn new(sum16: &[i32], dx: &[f32], sub: usize, block: usize) -> SubBlockSums {
-        let sum: Vec<i32> = sum16
-            .chunks_exact(sub / 16)
-            .map(|c| c.iter().sum())
-            .collect();
-        // Every activation block holds block/sub whole sub-blocks (Q8_K 8 or 16, Q8_0 1 or 2).
-        let scaled = sum
-            .chunks_exact(block / sub)
-            .zip(dx)
-            .flat_map(|(c, &d)| c.iter().map(move |&b| d * b as f32))
-            .collect();
-        SubBlockSums { sum, scaled }
+    fn with_capacity(n: usize) -> SubBlockSums {
+        SubBlockSums {
+            sum: Vec::with_capacity(n),
+            scaled: Vec::with_capacity(n),
+        }
+    }
+
+    /// Room for `n` more sub-blocks (zeros, to be written).
+    fn grow(&mut self, n: usize) {
+        self.sum.resize(self.sum.len() + n, 0);
+        self.scaled.resize(self.scaled.len() + n, 0.0);
+    }
+
+    /// Appends row `r` of `from` (`per_row` sub-blocks a row).
+    fn extend_row(&mut self, from: &SubBlockSums, r: usize, per_row: usize) {
+        let at = r * per_row..(r + 1) * per_row;
+        self.sum.extend_from_slice(&from.sum[at.clone()]);
+        self.scaled.extend_from_slice(&from.scaled[at]);
+    }
+}
+
+/// The sum of 16 int8 values (written so that it vectorizes).
+fn sum16(q: &[u8; 16]) -> i32 {
+    let mut s = [0i16; 16];
+    for (s, &v) in s.iter_mut().zip(q) {
+        *s = v as i8 as i16;
+    }
+    s.iter().map(|&v| v as i32).sum()
+}
+
+/// (values per block, bytes per block, bytes before the values) of an activation type
+/// [`GemmActs`] takes.
+fn act_blocks(act: GgmlType) -> Option<(usize, usize, usize)> {
+    match act {
+        GgmlType::Q8_K => Some((256, 292, 4)),
+        GgmlType::Q8_0 => Some((32, 34, 2)),
+        // Q8_0 with the block sum's f16 after the scale; the sums are recomputed here.
+        GgmlType::Q8_1 => Some((32, 36, 4)),
+        _ => None,
     }
 }
 
@@ -126,13 +152,7 @@ impl GemmActs {
     /// Prepare `acts`: `row_bytes` per token of activation type `act` (Q8_K, Q8_0, Q8_1), `n_in`
     /// values each. `None` for another type or sizes that disagree.
     pub fn new(act: GgmlType, n_in: usize, acts: &[u8], row_bytes: usize) -> Option<GemmActs> {
-        let (block, block_bytes, header) = match act {
-            GgmlType::Q8_K => (256, 292, 4),
-            GgmlType::Q8_0 => (32, 34, 2),
-            // Q8_0 with the block sum's f16 after the scale; the sums are recomputed here.
-            GgmlType::Q8_1 => (32, 36, 4),
-            _ => return None,
-        };
+        let (block, _, _) = act_blocks(act)?;
         if n_in == 0
             || !n_in.is_multiple_of(block)
             || act.row_bytes(n_in as u64)? as usize != row_bytes
@@ -140,53 +160,82 @@ impl GemmActs {
         {
             return None;
         }
-        let n_tok = acts.len() / row_bytes;
-        let mut q = vec![0i8; n_tok * n_in];
-        let mut dx = Vec::with_capacity(n_tok * n_in / block);
-        let mut sum16 = Vec::with_capacity(n_tok * n_in / 16);
-        // Q8_1's own `d * sum` per block (rounded to f16 as ggml stores it): the mins term
-        // takes it, as ggml's Q4_1 dot does.
-        let mut stored_s = Vec::new();
-        for (row, qrow) in acts.chunks_exact(row_bytes).zip(q.chunks_exact_mut(n_in)) {
-            for (blk, qb) in row
-                .chunks_exact(block_bytes)
-                .zip(qrow.chunks_exact_mut(block))
-            {
-                dx.push(match act {
-                    GgmlType::Q8_K => rd_f32(blk, 0),
-                    _ => rd_f16(blk, 0),
-                });
-                if act == GgmlType::Q8_1 {
-                    stored_s.push(rd_f16(blk, 2));
-                }
-                for (d, &v) in qb.iter_mut().zip(&blk[header..header + block]) {
-                    *d = v as i8;
-                }
-                // Q8_K carries its sums of 16; Q8_0's are computed.
-                match act {
-                    GgmlType::Q8_K => {
-                        sum16.extend((0..16).map(|j| rd_i16(blk, 260 + 2 * j) as i32))
-                    }
-                    _ => sum16.extend(
-                        qb.chunks_exact(16)
-                            .map(|c| c.iter().map(|&v| v as i32).sum::<i32>()),
-                    ),
-                }
-            }
+        let mut g = GemmActs::with_capacity(act, n_in, acts.len() / row_bytes);
+        for row in acts.chunks_exact(row_bytes) {
+            g.push_row(row);
         }
-        let mut by32 = SubBlockSums::new(&sum16, &dx, 32, block);
-        if act == GgmlType::Q8_1 {
-            by32.scaled = stored_s;
-        }
-        Some(GemmActs {
+        Some(g)
+    }
+
+    fn with_capacity(act: GgmlType, n_in: usize, n_tok: usize) -> GemmActs {
+        let block = act_blocks(act).map_or(32, |b| b.0);
+        GemmActs {
             act,
             n_in,
-            n_tok,
-            q,
-            by16: SubBlockSums::new(&sum16, &dx, 16, block),
-            by32,
-            dx,
-        })
+            n_tok: 0,
+            q: Vec::with_capacity(n_tok * n_in),
+            dx: Vec::with_capacity(n_tok * n_in / block),
+            by16: SubBlockSums::with_capacity(n_tok * n_in / 16),
+            by32: SubBlockSums::with_capacity(n_tok * n_in / 32),
+        }
+    }
+
+    /// Appends one token's row in the activation type's block format (checked by the caller).
+    fn push_row(&mut self, row: &[u8]) {
+        let (block, block_bytes, header) = act_blocks(self.act).expect("checked by new");
+        let (n16, n32) = (block / 16, block / 32);
+        let n_blk = self.n_in / block;
+        let dx0 = self.dx.len();
+        let (s16, s32) = (self.by16.sum.len(), self.by32.sum.len());
+        self.dx.resize(dx0 + n_blk, 0.0);
+        self.by16.grow(self.n_in / 16);
+        self.by32.grow(self.n_in / 32);
+        for (b, blk) in row.chunks_exact(block_bytes).enumerate() {
+            let d = match self.act {
+                GgmlType::Q8_K => rd_f32(blk, 0),
+                _ => rd_f16(blk, 0),
+            };
+            self.dx[dx0 + b] = d;
+            let qs = &blk[header..header + block];
+            self.q.extend_from_slice(qs);
+            let by16 = s16 + b * n16;
+            for (j, q16) in qs.chunks_exact(16).enumerate() {
+                // Q8_K carries its sums of 16; Q8_0's are computed.
+                let sum = match self.act {
+                    GgmlType::Q8_K => rd_i16(blk, 260 + 2 * j) as i32,
+                    _ => sum16(q16.try_into().expect("chunks of 16")),
+                };
+                self.by16.sum[by16 + j] = sum;
+                self.by16.scaled[by16 + j] = d * sum as f32;
+            }
+            let by32 = s32 + b * n32;
+            for j in 0..n32 {
+                let sum = self.by16.sum[by16 + 2 * j] + self.by16.sum[by16 + 2 * j + 1];
+                self.by32.sum[by32 + j] = sum;
+                // Q8_1's own `d * sum` per block (rounded to f16 as ggml stores it): the
+                // mins term takes it, as ggml's Q4_1 dot does.
+                self.by32.scaled[by32 + j] = match self.act {
+                    GgmlType::Q8_1 => rd_f16(blk, 2),
+                    _ => d * sum as f32,
+                };
+            }
+        }
+        self.n_tok += 1;
+    }
+
+    /// The rows `rows` of these activations (in that order), as [`GemmActs::new`] would
+    /// prepare them from those rows: a copy, without quantizing or summing again.
+    pub fn gather(&self, rows: &[usize]) -> GemmActs {
+        let mut g = GemmActs::with_capacity(self.act, self.n_in, rows.len());
+        let n_blk = self.dx.len() / self.n_tok.max(1);
+        for &r in rows {
+            g.q.extend_from_slice(&self.q[r * self.n_in..(r + 1) * self.n_in]);
+            g.dx.extend_from_slice(&self.dx[r * n_blk..(r + 1) * n_blk]);
+            g.by16.extend_row(&self.by16, r, self.n_in / 16);
+            g.by32.extend_row(&self.by32, r, self.n_in / 32);
+        }
+        g.n_tok = rows.len();
+        g
     }
 }
 

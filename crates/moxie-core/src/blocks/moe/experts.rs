@@ -10,7 +10,7 @@ use crate::blocks::DenseFfn;
 use crate::ops;
 use crate::parallel::Parallel;
 use crate::scratch;
-use crate::tensor::{gemv_many, ChunkedLayout, Mat, QuantizedActs, CHUNK_ROWS, TILE};
+use crate::tensor::{gemv_many, ChunkedLayout, Kernel, Mat, QuantizedActs, CHUNK_ROWS, TILE};
 use crate::Result;
 
 /// An empty vector for items of other lifetimes that keeps `v`'s allocation: std collects a
@@ -252,6 +252,22 @@ pub(super) fn batch(
         })
         .collect();
     let n_tok: Vec<usize> = routed.iter().map(|r| r.users.len()).collect();
+    // The int8 GEMM's form of the layer input is made once for every token; the experts
+    // copy their tokens' rows of it (each token goes to k_used experts).
+    for (ty, kernel) in [
+        (
+            gate_ty,
+            kernels.iter().map(|k| k.0).find(Kernel::is_int8_gemm),
+        ),
+        (
+            up_ty,
+            kernels.iter().map(|k| k.1).find(Kernel::is_int8_gemm),
+        ),
+    ] {
+        if let Some(k) = kernel {
+            input.get(ty).prepare_for(k);
+        }
+    }
     // Region 1: each expert's rows of the layer input, for gate and (when its type differs)
     // up, ready for their kernels.
     let acts_in = par.map(
@@ -302,11 +318,9 @@ pub(super) fn batch(
         routed.len(),
         |a| n_tok[a] * n_ff,
         |a| {
-            let mut rows = vec![0f32; n_tok[a] * n_ff];
-            for (t, row) in rows.chunks_exact_mut(n_ff).enumerate() {
-                ff.gather(&act, a, t, row);
-            }
-            let acts = QuantizedActs::new(down_ty, n_ff, &rows);
+            let acts = QuantizedActs::from_fn(down_ty, n_ff, n_tok[a], |t, row| {
+                ff.gather(&act, a, t, row)
+            });
             acts.prepare_for(kernels[a].2);
             acts
         },
@@ -333,8 +347,6 @@ pub(super) fn batch(
                 .rows_times(kernels[a].2, &acts_down[a], rows, o, scratch);
         });
         par.for_each_range(n, k_used * pass.len(), out, n_embd, |toks, o| {
-            // (Every value is written by `gather` before it is read.)
-            let mut v = scratch::take(pass.len());
             for (t, orow) in toks.zip(o.chunks_exact_mut(n_embd)) {
                 let orow = &mut orow[pass.clone()];
                 let mut first = true;
@@ -343,8 +355,10 @@ pub(super) fn batch(
                         continue;
                     }
                     let (a, i) = where_is[t * k_used + slot];
-                    emb.gather(down_out, a, i, &mut v);
-                    add_weighted(orow, &v, w, std::mem::take(&mut first));
+                    let first = std::mem::take(&mut first);
+                    emb.for_each_run(down_out, a, i, |r0, v| {
+                        add_weighted(&mut orow[r0..r0 + v.len()], v, w, first)
+                    });
                 }
                 if first {
                     // Every expert of this token is computed elsewhere.
