@@ -460,7 +460,7 @@ impl<'a> Mat<'a> {
     /// `out[t][r] = W[r] · x[t]` for `n_tok` rows of `x`, quantizing `x` first
     /// (ggml `mul_mat` semantics; see [`Mat::matmul_q`]).
     pub fn matmul(&self, par: &Parallel, x: &[f32], out: &mut [f32]) {
-        let acts = QuantizedActs::new(self.act_ty, self.n_in, x);
+        let acts = QuantizedActs::new_par(par, self.act_ty, self.n_in, x);
         self.matmul_q(par, &acts, out);
     }
 
@@ -834,12 +834,6 @@ pub(crate) enum Kernel {
     Interleaved,
 }
 
-impl Kernel {
-    pub(crate) fn is_int8_gemm(&self) -> bool {
-        matches!(self, Kernel::Int8Gemm)
-    }
-}
-
 /// Output rows per work item where products are split in chunks: two int8 GEMM tiles, which
 /// its kernel runs together (each activation load feeds both).
 pub(crate) const CHUNK_ROWS: usize = 2 * TILE;
@@ -1039,6 +1033,49 @@ impl QuantizedActs {
             q(src, dst);
         }
         QuantizedActs::from_bytes(ty, n, data)
+    }
+
+    /// [`QuantizedActs::new`] over `par`'s threads, for a batch: each thread converts a part
+    /// of the rows and, where the int8 GEMM may read them (fast numerics, a batch it takes),
+    /// prepares that part for it too, so no thread waits on a serial conversion.
+    pub fn new_par(par: &Parallel, ty: GgmlType, n: usize, x: &[f32]) -> QuantizedActs {
+        let n_rows = x.len() / n;
+        let row_bytes = ty
+            .row_bytes(n as u64)
+            .expect("activation row length fits the block size") as usize;
+        let q = moxie_quant::quantize_fn(ty).expect("activation types can always be quantized");
+        let mut data = vec![0u8; row_bytes * n_rows];
+        let mut gemm = (par.numerics() == Numerics::Fast
+            && n_rows >= GEMM_MIN_TOKENS
+            && moxie_quant::gemm_available())
+        .then(|| moxie_quant::GemmActs::zeroed(ty, n, n_rows))
+        .flatten();
+        // Parts of 16 rows: a few per thread, so that a slow thread holds up little.
+        const PART: usize = 16;
+        let mut gemm_parts = gemm.as_mut().map(|g| g.parts(PART).into_iter());
+        let mut parts: Vec<_> = x
+            .chunks(PART * n)
+            .zip(data.chunks_mut(PART * row_bytes))
+            .map(|(x, d)| (x, d, gemm_parts.as_mut().and_then(|p| p.next())))
+            .collect();
+        drop(gemm_parts);
+        // About 8 operations per value to quantize and sum it.
+        par.for_each_range(parts.len(), 8 * PART * n, &mut parts, 1, |_, parts| {
+            for (x, d, g) in parts {
+                for (src, dst) in x.chunks_exact(n).zip(d.chunks_exact_mut(row_bytes)) {
+                    q(src, dst);
+                }
+                if let Some(g) = g {
+                    g.fill(d);
+                }
+            }
+        });
+        drop(parts);
+        let acts = QuantizedActs::from_bytes(ty, n, data);
+        if let Some(g) = gemm {
+            let _ = acts.gemm.set(g);
+        }
+        acts
     }
 
     /// `n_rows` rows of `n` values converted to `ty`, each written by `fill(row index, row)`

@@ -113,10 +113,11 @@ impl SubBlockSums {
         }
     }
 
-    /// Room for `n` more sub-blocks (zeros, to be written).
-    fn grow(&mut self, n: usize) {
-        self.sum.resize(self.sum.len() + n, 0);
-        self.scaled.resize(self.scaled.len() + n, 0.0);
+    fn zeroed(n: usize) -> SubBlockSums {
+        SubBlockSums {
+            sum: vec![0; n],
+            scaled: vec![0.0; n],
+        }
     }
 
     /// Appends row `r` of `from` (`per_row` sub-blocks a row).
@@ -152,90 +153,148 @@ impl GemmActs {
     /// Prepare `acts`: `row_bytes` per token of activation type `act` (Q8_K, Q8_0, Q8_1), `n_in`
     /// values each. `None` for another type or sizes that disagree.
     pub fn new(act: GgmlType, n_in: usize, acts: &[u8], row_bytes: usize) -> Option<GemmActs> {
-        let (block, _, _) = act_blocks(act)?;
-        if n_in == 0
-            || !n_in.is_multiple_of(block)
-            || act.row_bytes(n_in as u64)? as usize != row_bytes
+        if act.row_bytes(n_in as u64)? as usize != row_bytes
             || !acts.len().is_multiple_of(row_bytes)
         {
             return None;
         }
-        let mut g = GemmActs::with_capacity(act, n_in, acts.len() / row_bytes);
-        for row in acts.chunks_exact(row_bytes) {
-            g.push_row(row);
+        let mut g = GemmActs::zeroed(act, n_in, acts.len() / row_bytes)?;
+        if let Some(mut all) = g.parts(usize::MAX).pop() {
+            all.fill(acts);
         }
         Some(g)
     }
 
-    fn with_capacity(act: GgmlType, n_in: usize, n_tok: usize) -> GemmActs {
-        let block = act_blocks(act).map_or(32, |b| b.0);
-        GemmActs {
+    /// `n_tok` rows of zeros, to be written part by part ([`GemmActs::parts`]). `None` for
+    /// an activation type other than Q8_K, Q8_0 and Q8_1, or `n_in` not whole blocks of it.
+    pub fn zeroed(act: GgmlType, n_in: usize, n_tok: usize) -> Option<GemmActs> {
+        let (block, _, _) = act_blocks(act)?;
+        if n_in == 0 || !n_in.is_multiple_of(block) {
+            return None;
+        }
+        let n = n_tok * n_in;
+        Some(GemmActs {
             act,
             n_in,
-            n_tok: 0,
-            q: Vec::with_capacity(n_tok * n_in),
-            dx: Vec::with_capacity(n_tok * n_in / block),
-            by16: SubBlockSums::with_capacity(n_tok * n_in / 16),
-            by32: SubBlockSums::with_capacity(n_tok * n_in / 32),
-        }
+            n_tok,
+            q: vec![0; n],
+            dx: vec![0.0; n / block],
+            by16: SubBlockSums::zeroed(n / 16),
+            by32: SubBlockSums::zeroed(n / 32),
+        })
     }
 
-    /// Appends one token's row in the activation type's block format (checked by the caller).
-    fn push_row(&mut self, row: &[u8]) {
-        let (block, block_bytes, header) = act_blocks(self.act).expect("checked by new");
+    /// The rows in parts of `per_part` rows (the last may be shorter), each to be written
+    /// by [`GemmRows::fill`] on any thread.
+    pub fn parts(&mut self, per_part: usize) -> Vec<GemmRows<'_>> {
+        if self.n_tok == 0 {
+            return Vec::new();
+        }
+        let n_in = self.n_in;
+        let per = per_part.clamp(1, self.n_tok);
+        let n_blk = self.dx.len() / self.n_tok;
+        let GemmActs {
+            act,
+            q,
+            dx,
+            by16,
+            by32,
+            ..
+        } = self;
+        let (s16, c16) = (&mut by16.sum, &mut by16.scaled);
+        let (s32, c32) = (&mut by32.sum, &mut by32.scaled);
+        q.chunks_mut(per * n_in)
+            .zip(dx.chunks_mut(per * n_blk))
+            .zip(
+                s16.chunks_mut(per * n_in / 16)
+                    .zip(c16.chunks_mut(per * n_in / 16)),
+            )
+            .zip(
+                s32.chunks_mut(per * n_in / 32)
+                    .zip(c32.chunks_mut(per * n_in / 32)),
+            )
+            .map(|(((q, dx), (s16, c16)), (s32, c32))| GemmRows {
+                act: *act,
+                q,
+                dx,
+                by16: (s16, c16),
+                by32: (s32, c32),
+            })
+            .collect()
+    }
+    /// The rows `rows` of these activations (in that order), as [`GemmActs::new`] would
+    /// prepare them from those rows: a copy, without quantizing or summing again.
+    pub fn gather(&self, rows: &[usize]) -> GemmActs {
+        let n_in = self.n_in;
+        let n_blk = self.dx.len() / self.n_tok.max(1);
+        let mut g = GemmActs {
+            act: self.act,
+            n_in,
+            n_tok: rows.len(),
+            q: Vec::with_capacity(rows.len() * n_in),
+            dx: Vec::with_capacity(rows.len() * n_blk),
+            by16: SubBlockSums::with_capacity(rows.len() * n_in / 16),
+            by32: SubBlockSums::with_capacity(rows.len() * n_in / 32),
+        };
+        for &r in rows {
+            g.q.extend_from_slice(&self.q[r * n_in..(r + 1) * n_in]);
+            g.dx.extend_from_slice(&self.dx[r * n_blk..(r + 1) * n_blk]);
+            g.by16.extend_row(&self.by16, r, n_in / 16);
+            g.by32.extend_row(&self.by32, r, n_in / 32);
+        }
+        g
+    }
+}
+
+/// Consecutive rows of a [`GemmActs`] being written (see [`GemmActs::parts`]).
+pub struct GemmRows<'a> {
+    act: GgmlType,
+    q: &'a mut [u8],
+    dx: &'a mut [f32],
+    /// The sums and scaled sums of 16 and of 32 values.
+    by16: (&'a mut [i32], &'a mut [f32]),
+    by32: (&'a mut [i32], &'a mut [f32]),
+}
+
+impl GemmRows<'_> {
+    /// Write these rows from `acts`, the same rows in the activation type's block format.
+    pub fn fill(&mut self, acts: &[u8]) {
+        let (block, block_bytes, header) = act_blocks(self.act).expect("checked by zeroed");
+        assert_eq!(
+            acts.len() / block_bytes * block,
+            self.q.len(),
+            "GemmRows::fill: the rows' sizes"
+        );
         let (n16, n32) = (block / 16, block / 32);
-        let n_blk = self.n_in / block;
-        let dx0 = self.dx.len();
-        let (s16, s32) = (self.by16.sum.len(), self.by32.sum.len());
-        self.dx.resize(dx0 + n_blk, 0.0);
-        self.by16.grow(self.n_in / 16);
-        self.by32.grow(self.n_in / 32);
-        for (b, blk) in row.chunks_exact(block_bytes).enumerate() {
+        for (b, blk) in acts.chunks_exact(block_bytes).enumerate() {
             let d = match self.act {
                 GgmlType::Q8_K => rd_f32(blk, 0),
                 _ => rd_f16(blk, 0),
             };
-            self.dx[dx0 + b] = d;
+            self.dx[b] = d;
             let qs = &blk[header..header + block];
-            self.q.extend_from_slice(qs);
-            let by16 = s16 + b * n16;
+            self.q[b * block..(b + 1) * block].copy_from_slice(qs);
+            let (s16, c16) = (&mut self.by16.0[b * n16..], &mut self.by16.1[b * n16..]);
             for (j, q16) in qs.chunks_exact(16).enumerate() {
                 // Q8_K carries its sums of 16; Q8_0's are computed.
                 let sum = match self.act {
                     GgmlType::Q8_K => rd_i16(blk, 260 + 2 * j) as i32,
                     _ => sum16(q16.try_into().expect("chunks of 16")),
                 };
-                self.by16.sum[by16 + j] = sum;
-                self.by16.scaled[by16 + j] = d * sum as f32;
+                s16[j] = sum;
+                c16[j] = d * sum as f32;
             }
-            let by32 = s32 + b * n32;
             for j in 0..n32 {
-                let sum = self.by16.sum[by16 + 2 * j] + self.by16.sum[by16 + 2 * j + 1];
-                self.by32.sum[by32 + j] = sum;
+                let sum = s16[2 * j] + s16[2 * j + 1];
+                self.by32.0[b * n32 + j] = sum;
                 // Q8_1's own `d * sum` per block (rounded to f16 as ggml stores it): the
                 // mins term takes it, as ggml's Q4_1 dot does.
-                self.by32.scaled[by32 + j] = match self.act {
+                self.by32.1[b * n32 + j] = match self.act {
                     GgmlType::Q8_1 => rd_f16(blk, 2),
                     _ => d * sum as f32,
                 };
             }
         }
-        self.n_tok += 1;
-    }
-
-    /// The rows `rows` of these activations (in that order), as [`GemmActs::new`] would
-    /// prepare them from those rows: a copy, without quantizing or summing again.
-    pub fn gather(&self, rows: &[usize]) -> GemmActs {
-        let mut g = GemmActs::with_capacity(self.act, self.n_in, rows.len());
-        let n_blk = self.dx.len() / self.n_tok.max(1);
-        for &r in rows {
-            g.q.extend_from_slice(&self.q[r * self.n_in..(r + 1) * self.n_in]);
-            g.dx.extend_from_slice(&self.dx[r * n_blk..(r + 1) * n_blk]);
-            g.by16.extend_row(&self.by16, r, self.n_in / 16);
-            g.by32.extend_row(&self.by32, r, self.n_in / 32);
-        }
-        g.n_tok = rows.len();
-        g
     }
 }
 
@@ -1454,6 +1513,52 @@ mod tests {
                     .zip(&got)
                     .all(|(a, b)| a.to_bits() == b.to_bits()),
                 "{ty}: interleaved tiles differ"
+            );
+        }
+    }
+
+    /// Activations prepared in parts (any thread each) or copied row by row from prepared
+    /// ones hold what preparing those rows at once gives, for each activation type.
+    #[test]
+    fn gemm_acts_in_parts_and_gathered_agree() {
+        let mut seed = 3u64;
+        for (weights, n_in) in [
+            (GgmlType::Q4_K, 512),
+            (GgmlType::Q8_0, 160),
+            (GgmlType::Q4_1, 64),
+        ] {
+            let act = crate::vec_dot_type(weights).unwrap();
+            let n_tok = 37;
+            let xq = act_rows(weights, n_in, n_tok, &mut seed);
+            let rb = xq.len() / n_tok;
+            let whole = GemmActs::new(act, n_in, &xq, rb).unwrap();
+            let fields = |g: &GemmActs| {
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                (
+                    g.n_tok,
+                    g.q.clone(),
+                    bits(&g.dx),
+                    (g.by16.sum.clone(), bits(&g.by16.scaled)),
+                    (g.by32.sum.clone(), bits(&g.by32.scaled)),
+                )
+            };
+            let mut parted = GemmActs::zeroed(act, n_in, n_tok).unwrap();
+            let mut parts = parted.parts(5);
+            assert_eq!(parts.len(), n_tok.div_ceil(5));
+            for (part, rows) in parts.iter_mut().zip(xq.chunks(5 * rb)) {
+                part.fill(rows);
+            }
+            drop(parts);
+            assert!(fields(&parted) == fields(&whole), "{act}: parts differ");
+            let pick = [36, 0, 5, 5, 17];
+            let rows: Vec<u8> = pick
+                .iter()
+                .flat_map(|&r| xq[r * rb..(r + 1) * rb].to_vec())
+                .collect();
+            let want = GemmActs::new(act, n_in, &rows, rb).unwrap();
+            assert!(
+                fields(&whole.gather(&pick)) == fields(&want),
+                "{act}: gathered rows differ"
             );
         }
     }

@@ -10,7 +10,7 @@ use crate::blocks::DenseFfn;
 use crate::ops;
 use crate::parallel::Parallel;
 use crate::scratch;
-use crate::tensor::{gemv_many, ChunkedLayout, Kernel, Mat, QuantizedActs, CHUNK_ROWS, TILE};
+use crate::tensor::{gemv_many, ChunkedLayout, Mat, QuantizedActs, CHUNK_ROWS, TILE};
 use crate::Result;
 
 /// An empty vector for items of other lifetimes that keeps `v`'s allocation: std collects a
@@ -151,10 +151,24 @@ pub(super) struct ActsByType {
 }
 
 impl ActsByType {
-    fn new(types: impl Iterator<Item = GgmlType>, n: usize, x: &[f32]) -> ActsByType {
-        let mut a = ActsByType::default();
-        a.convert(types, n, x);
-        a
+    /// A batch's rows converted to every type in `types` (each once) over `par`'s threads
+    /// ([`QuantizedActs::new_par`]).
+    fn new_par(
+        par: &Parallel,
+        types: impl Iterator<Item = GgmlType>,
+        n: usize,
+        x: &[f32],
+    ) -> ActsByType {
+        let mut acts: Vec<QuantizedActs> = Vec::new();
+        for ty in types {
+            if !acts.iter().any(|a| a.ty == ty) {
+                acts.push(QuantizedActs::new_par(par, ty, n, x));
+            }
+        }
+        ActsByType {
+            n_used: acts.len(),
+            acts,
+        }
     }
 
     /// The rows of `x` (each `n` long) converted to every type in `types` (each once).
@@ -222,7 +236,9 @@ pub(super) fn batch(
     // mul_mat_id once too); each expert gathers its tokens' rows from it.
     let gate_ty = m.gate_exps.slice(0)?.act_type();
     let up_ty = m.up_exps.slice(0)?.act_type();
-    let input = ActsByType::new([gate_ty, up_ty].into_iter(), n_embd, h);
+    // Converted over the threads, with the int8 GEMM's form of every token made once: the
+    // experts copy their tokens' rows of it (each token goes to k_used experts).
+    let input = ActsByType::new_par(par, [gate_ty, up_ty].into_iter(), n_embd, h);
     // (expert index in `routed`, its token index) for every (token, slot).
     let mut where_is = vec![(0usize, 0usize); n * k_used];
     let mut routed: Vec<Routed> = Vec::new();
@@ -252,22 +268,6 @@ pub(super) fn batch(
         })
         .collect();
     let n_tok: Vec<usize> = routed.iter().map(|r| r.users.len()).collect();
-    // The int8 GEMM's form of the layer input is made once for every token; the experts
-    // copy their tokens' rows of it (each token goes to k_used experts).
-    for (ty, kernel) in [
-        (
-            gate_ty,
-            kernels.iter().map(|k| k.0).find(Kernel::is_int8_gemm),
-        ),
-        (
-            up_ty,
-            kernels.iter().map(|k| k.1).find(Kernel::is_int8_gemm),
-        ),
-    ] {
-        if let Some(k) = kernel {
-            input.get(ty).prepare_for(k);
-        }
-    }
     // Region 1: each expert's rows of the layer input, for gate and (when its type differs)
     // up, ready for their kernels.
     let acts_in = par.map(
