@@ -87,7 +87,7 @@ impl<'m> Pass<'m> {
         let mut h = std::mem::take(&mut self.h);
         h.clear();
         h.extend_from_slice(xs);
-        ops::rms_norm_mul(&mut h, norm, eps);
+        ops::rms_norm_mul_par(self.par, &mut h, norm, eps);
         let r = block.cpu(self, &h, xs, state);
         self.h = h;
         r

@@ -15,6 +15,31 @@ pub fn rms_norm_mul(x: &mut [f32], w: &[f32], eps: f32) {
     }
 }
 
+/// [`rms_norm_mul`] with the rows split over `par`'s threads (the same values: each row is
+/// normed alone).
+pub fn rms_norm_mul_par(par: &crate::parallel::Parallel, x: &mut [f32], w: &[f32], eps: f32) {
+    let n = w.len();
+    par.for_each_range(x.len() / n, 4 * n, x, n, |_, rows| {
+        rms_norm_mul(rows, w, eps)
+    });
+}
+
+/// `f(t, row t)` for every row of `x` (`row_len` values each) over `par`'s threads, with
+/// `work` operations a row: per-token work of a batch (RoPE, norms) off the main thread alone.
+pub fn for_each_row(
+    par: &crate::parallel::Parallel,
+    x: &mut [f32],
+    row_len: usize,
+    work: usize,
+    f: impl Fn(usize, &mut [f32]) + Sync,
+) {
+    par.for_each_range(x.len() / row_len, work, x, row_len, |toks, rows| {
+        for (t, row) in toks.zip(rows.chunks_exact_mut(row_len)) {
+            f(t, row);
+        }
+    });
+}
+
 pub use moxie_quant::vexp::ggml_v_expf;
 
 /// Softmax of one row in place, as ggml's CPU soft_max: subtract the max, exponentiate

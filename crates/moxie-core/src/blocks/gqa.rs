@@ -126,17 +126,17 @@ impl Block for Gqa {
         if let Some(b) = &self.bv {
             ops::add_bias(v, b);
         }
-        if let Some(w) = &self.q_norm {
-            ops::rms_norm_mul(q, w, c.rms_eps);
-        }
-        if let Some(w) = &self.k_norm {
-            ops::rms_norm_mul(k, w, c.rms_eps);
-        }
-        for (t, rc) in p.rope.iter().enumerate() {
-            let qw = self.n_head * hd;
-            c.rope.apply(&mut q[t * qw..(t + 1) * qw], hd, 0, rc);
-            c.rope
-                .apply(&mut k[t * n_kv * hd..(t + 1) * n_kv * hd], hd, 0, rc);
+        // Per token (threads split the batch's rows): the norms of each head, then RoPE.
+        for (x, heads, norm) in [
+            (&mut *q, self.n_head, &self.q_norm),
+            (&mut *k, n_kv, &self.k_norm),
+        ] {
+            ops::for_each_row(par, x, heads * hd, 8 * heads * hd, |t, row| {
+                if let Some(w) = norm {
+                    ops::rms_norm_mul(row, w, c.rms_eps);
+                }
+                c.rope.apply(row, hd, 0, &p.rope[t]);
+            });
         }
         let keys = state.keys.as_mut().ok_or_else(|| missing("keys"))?;
         keys.append(k);

@@ -184,7 +184,7 @@ impl Block for Mla {
                     m.matmul_q(par, &acts_h, qa);
                     matmul_shared(&self.wkv_a, &acts_h, h, par, kv)?;
                 }
-                ops::rms_norm_mul(qa, norm, c.rms_eps);
+                ops::rms_norm_mul_par(par, qa, norm, c.rms_eps);
                 self.wq_b.matrix()?.matmul(par, qa, &mut q);
             }
             None => {
@@ -212,11 +212,10 @@ impl Block for Mla {
 
         // The latent + rotary keys of every token go into the cache first: each chunk of
         // queries below attends to the positions up to its own last token.
-        for (t, rc) in p.rope.iter().enumerate() {
-            let row = &mut kv[t * kw..(t + 1) * kw];
-            c.rope.apply(&mut row[rank..], n_rot, 0, rc);
+        ops::for_each_row(par, kv, kw, 4 * kw, |t, row| {
+            c.rope.apply(&mut row[rank..], n_rot, 0, &p.rope[t]);
             ops::rms_norm_mul(&mut row[..rank], &self.kv_a_norm, c.rms_eps);
-        }
+        });
         let latent = state.keys.as_mut().ok_or_else(no_state)?;
         latent.append(kv);
         drop(qa_kv);
@@ -239,12 +238,11 @@ impl Block for Mla {
             let q = &mut q[t0 * n_head * dk..t1 * n_head * dk];
             let mut qfull = scratch::take(m * n_head * qw);
             per_head_products(par, &self.wk_b, q, dk, true, &mut qfull, qw)?;
-            for (t, rc) in p.rope[t0..t1].iter().enumerate() {
-                for hh in 0..n_head {
-                    let src = &mut q[(t * n_head + hh) * dk..][..dk];
-                    c.rope.apply(src, dk, nope, rc);
-                    qfull[(t * n_head + hh) * qw + rank..][..n_rot].copy_from_slice(&src[nope..]);
-                }
+            ops::for_each_row(par, q, n_head * dk, 4 * n_head * n_rot, |t, row| {
+                c.rope.apply(row, dk, nope, &p.rope[t0 + t]);
+            });
+            for (qh, fh) in q.chunks_exact(dk).zip(qfull.chunks_exact_mut(qw)) {
+                fh[rank..].copy_from_slice(&qh[nope..]);
             }
             // MQA over the latent: one kv "head" of width rank + n_rot, values = its first
             // `rank`.
