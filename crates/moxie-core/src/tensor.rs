@@ -776,7 +776,8 @@ impl<'a> Mat<'a> {
         // parallel (a large batch's copy is as long as a small product).
         acts.prepare_for(kernel);
         let layout = ChunkedLayout::new(self.n_out, vec![n_tok]);
-        let mut chunked = vec![0f32; layout.len()];
+        // From the thread's pool: every value is written by its item before it is read.
+        let mut chunked = crate::scratch::take(layout.len());
         layout.for_each_item(par, self.n_in, &mut chunked, |_, rows, o, [scratch, _]| {
             self.rows_times(kernel, acts, rows, o, scratch);
         });

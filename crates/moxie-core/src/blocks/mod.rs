@@ -249,7 +249,8 @@ pub(crate) fn per_head_products(
         },
     );
     let layout = ChunkedLayout::new(n_out, vec![n; n_head]);
-    let mut results = vec![0f32; layout.len()];
+    // From the thread's pool: every value is written by its item before it is read.
+    let mut results = crate::scratch::take(layout.len());
     layout.for_each_item(par, n_in, &mut results, |h, rows, o, [scratch, _]| {
         mats[h].rows_times(kernels[h], &acts[h], rows, o, scratch);
     });
