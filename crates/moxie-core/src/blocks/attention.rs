@@ -591,15 +591,24 @@ fn attend_batch(
                 let rows = (t1 - t0) * group;
                 let kv_len = g.pos0 + t1;
                 for kvh in 0..g.n_head_kv {
-                    s.qbuf.clear();
-                    for t in t0..t1 {
-                        let first = (t * g.n_head + kvh * group) * g.dk;
-                        s.qbuf.extend_from_slice(&q[first..first + group * g.dk]);
+                    if g.n_head_kv == 1 {
+                        // One kv head (MQA, MLA's latent): the block's query rows lie back
+                        // to back, no gather.
+                        let first = t0 * g.n_head * g.dk;
+                        s.run.q.set(&q[first..first + rows * g.dk]);
+                    } else {
+                        s.qbuf.clear();
+                        for t in t0..t1 {
+                            let first = (t * g.n_head + kvh * group) * g.dk;
+                            s.qbuf.extend_from_slice(&q[first..first + group * g.dk]);
+                        }
+                        s.run.q.set(&s.qbuf);
                     }
-                    if !bf16 {
-                        round_through(q_ty, g.dk, &mut s.qbuf, &mut s.run.tmp);
+                    // f32 products: the queries rounded as ggml converts them (bf16 ones
+                    // were rounded by their conversion).
+                    if let Converted::F32(qs) = &mut s.run.q {
+                        round_through(q_ty, g.dk, qs, &mut s.run.tmp);
                     }
-                    s.run.q.set(&s.qbuf);
                     s.state.resize(rows * (g.dv + 2), 0.0);
                     start_run(g, &mut s.state);
                     let one_tile = kv_len <= BATCH_KV_TILE;
