@@ -1102,7 +1102,8 @@ mod platform {
         }
     }
 
-    /// [`super::WeightTile::fill_from_group`] for Q4_K, Q5_K, Q6_K and Q8_0 on AVX-512: the
+    /// [`super::WeightTile::fill_from_group`] for Q4_K, Q5_K, Q6_K, Q8_0, Q4_0 and Q5_0 on
+    /// AVX-512: the
     /// interleaved group already holds each field for the 16 rows side by side (a lane per
     /// row), so scales are 16-lane vector products and quants are masks and shifts of 64-byte
     /// units; the same values as the portable fill, bit for bit. `false` (nothing written)
@@ -1118,6 +1119,8 @@ mod platform {
             crate::GgmlType::Q5_K => (256, crate::repack::Q5K_GROUP_BLOCK, n_in / 32, true),
             crate::GgmlType::Q6_K => (256, crate::repack::Q6K_GROUP_BLOCK, n_in / 16, false),
             crate::GgmlType::Q8_0 => (32, crate::repack::Q8_0_GROUP_BLOCK, n_in / 32, false),
+            crate::GgmlType::Q4_0 => (32, crate::repack::Q4_0_GROUP_BLOCK, n_in / 32, false),
+            crate::GgmlType::Q5_0 => (32, crate::repack::Q5_0_GROUP_BLOCK, n_in / 32, false),
             _ => return false,
         };
         let nb = n_in / elems;
@@ -1131,6 +1134,8 @@ mod platform {
                 crate::GgmlType::Q4_K => fill_group_q4_k::<false>(nb, group, out),
                 crate::GgmlType::Q5_K => fill_group_q4_k::<true>(nb, group, out),
                 crate::GgmlType::Q6_K => fill_group_q6_k(nb, group, out),
+                crate::GgmlType::Q4_0 => fill_group_q4_0::<false>(nb, group, out),
+                crate::GgmlType::Q5_0 => fill_group_q4_0::<true>(nb, group, out),
                 _ => fill_group_q8_0(nb, group, out),
             }
         }
@@ -1235,6 +1240,56 @@ mod platform {
                         8 * b + g,
                         _mm512_xor_si512(ld64(o, 32 + 64 * g), flip),
                     );
+                }
+            }
+        }
+    }
+
+    /// Q4_0 (`Q5`: Q5_0) groups: per block of 32 the 16 rows' d, (Q5_0) their fifth-bit
+    /// words, then 4 units of quant words whose low and high nibbles are elements 4u..4u+4 and
+    /// 16+4u..16+4u+4; stored as the codes (value + 8, or + 16) `legacy_codes` gives.
+    ///
+    /// # Safety
+    /// AVX-512F/BW; `group` holds `nb` blocks; the tile has `32 * nb` columns.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn fill_group_q4_0<const Q5: bool>(nb: usize, group: &[u8], out: super::TileOut) {
+        let (block, qs) = if Q5 {
+            (crate::repack::Q5_0_GROUP_BLOCK, 96)
+        } else {
+            (crate::repack::Q4_0_GROUP_BLOCK, 32)
+        };
+        let m4 = _mm512_set1_epi8(0x0F);
+        // Bits `first..first + 4` of each lane's word, one to bit 4 of each of its bytes (the
+        // four fields are apart, so the multiply carries nothing between them).
+        let fifth_bits = |h: __m512i, first: i32| {
+            let t = _mm512_and_si512(
+                _mm512_srl_epi32(h, _mm_cvtsi32_si128(first)),
+                _mm512_set1_epi32(0xF),
+            );
+            let spread = _mm512_mullo_epi32(t, _mm512_set1_epi32(0x0020_4081));
+            _mm512_slli_epi32::<4>(_mm512_and_si512(spread, _mm512_set1_epi32(0x0101_0101)))
+        };
+        for b in 0..nb {
+            let o = &group[b * block..(b + 1) * block];
+            // SAFETY: offsets inside the block; sub-block b and tile groups 8b..8b+8 are
+            // inside the tile (the caller's contract).
+            unsafe {
+                store_sub(out.scale, b, ld_f16x16(o, 0));
+                let h = if Q5 {
+                    ld64(o, 32)
+                } else {
+                    _mm512_setzero_si512()
+                };
+                for u in 0..4 {
+                    let v = ld64(o, qs + 64 * u);
+                    let mut lo = _mm512_and_si512(v, m4);
+                    let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
+                    if Q5 {
+                        lo = _mm512_or_si512(lo, fifth_bits(h, 4 * u as i32));
+                        hi = _mm512_or_si512(hi, fifth_bits(h, 16 + 4 * u as i32));
+                    }
+                    store_group(out.q, 8 * b + u, lo);
+                    store_group(out.q, 8 * b + 4 + u, hi);
                 }
             }
         }
@@ -1563,7 +1618,8 @@ mod tests {
         }
     }
 
-    /// The AVX-512 tile fill from K-quant and Q8_0 groups writes the portable fill's quants,
+    /// The AVX-512 tile fill from K-quant, Q8_0, Q4_0 and Q5_0 groups writes the portable
+    /// fill's quants,
     /// scales and mins.
     #[test]
     fn group_tile_fills_agree() {
@@ -1577,6 +1633,8 @@ mod tests {
             GgmlType::Q5_K,
             GgmlType::Q6_K,
             GgmlType::Q8_0,
+            GgmlType::Q4_0,
+            GgmlType::Q5_0,
         ] {
             let n_in = 768;
             let l = layout(ty).unwrap();

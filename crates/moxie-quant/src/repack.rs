@@ -55,8 +55,8 @@ pub(crate) const Q6K_GROUP_BLOCK: usize = REPACK_ROWS * Q6K_BLOCK;
 /// Bytes of one 16-row group's Q8_0 block: 16 x f16 scales, then 8 words of 16 rows.
 pub(crate) const Q8_0_GROUP_BLOCK: usize = REPACK_ROWS * 34;
 /// Q4_0 and Q5_0 group blocks: scales, (Q5_0: fifth-bit words,) 4 words of quants.
-const Q4_0_GROUP_BLOCK: usize = REPACK_ROWS * 18;
-const Q5_0_GROUP_BLOCK: usize = REPACK_ROWS * 22;
+pub(crate) const Q4_0_GROUP_BLOCK: usize = REPACK_ROWS * 18;
+pub(crate) const Q5_0_GROUP_BLOCK: usize = REPACK_ROWS * 22;
 
 /// A run of `count` units of `unit` bytes at byte `src` of a block, stored interleaved as
 /// `[unit index][row][unit]`.
