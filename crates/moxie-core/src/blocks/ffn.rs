@@ -51,11 +51,14 @@ impl DenseFfn {
                 &own
             }
         };
-        let mut g = vec![0f32; n * n_ff];
-        let mut u = vec![0f32; n * n_ff];
+        // From the thread's pool: the products write every value.
+        let mut g = crate::scratch::take(n * n_ff);
+        let mut u = crate::scratch::take(n * n_ff);
         gate.matmul_q(par, acts, &mut g);
         matmul_shared(&self.up, acts, h, par, &mut u)?;
-        ops::swiglu_rows(&mut g, &u, n_ff);
+        ops::for_each_row(par, &mut g, n_ff, 8 * n_ff, |t, row| {
+            ops::swiglu(row, &u[t * n_ff..(t + 1) * n_ff])
+        });
         let down = self.down.matrix()?;
         let mut out = vec![0f32; n * down.n_out];
         down.matmul(par, &g, &mut out);
