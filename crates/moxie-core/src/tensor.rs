@@ -460,7 +460,7 @@ impl<'a> Mat<'a> {
     /// `out[t][r] = W[r] · x[t]` for `n_tok` rows of `x`, quantizing `x` first
     /// (ggml `mul_mat` semantics; see [`Mat::matmul_q`]).
     pub fn matmul(&self, par: &Parallel, x: &[f32], out: &mut [f32]) {
-        let acts = QuantizedActs::new_par(par, self.act_ty, self.n_in, x);
+        let acts = QuantizedActs::new(par, self.act_ty, self.n_in, x);
         self.matmul_q(par, &acts, out);
     }
 
@@ -1013,11 +1013,6 @@ impl Default for QuantizedActs {
 }
 
 impl QuantizedActs {
-    /// Convert the rows of `x` (each `n` long) to `ty`.
-    pub fn new(ty: GgmlType, n: usize, x: &[f32]) -> QuantizedActs {
-        QuantizedActs::from_rows(ty, n, x.chunks_exact(n))
-    }
-
     /// Rows of `n` values each, wherever they lie (e.g. one head's strided rows of a batch),
     /// converted to `ty` in order.
     pub fn from_rows<'a>(
@@ -1036,10 +1031,11 @@ impl QuantizedActs {
         QuantizedActs::from_bytes(ty, n, data)
     }
 
-    /// [`QuantizedActs::new`] over `par`'s threads, for a batch: each thread converts a part
-    /// of the rows and, where the int8 GEMM may read them (fast numerics, a batch it takes),
-    /// prepares that part for it too, so no thread waits on a serial conversion.
-    pub fn new_par(par: &Parallel, ty: GgmlType, n: usize, x: &[f32]) -> QuantizedActs {
+    /// Convert the rows of `x` (each `n` long) to `ty` over `par`'s threads: each thread
+    /// converts parts of the rows and, where the int8 GEMM may read them (fast numerics, a
+    /// batch it takes), prepares those parts for it too, so no thread waits on a serial
+    /// conversion.
+    pub fn new(par: &Parallel, ty: GgmlType, n: usize, x: &[f32]) -> QuantizedActs {
         let n_rows = x.len() / n;
         let row_bytes = ty
             .row_bytes(n as u64)

@@ -239,7 +239,7 @@ impl Block for DeltaNet {
         let (d, nv, ch) = (s.head_dim, s.n_v_heads, s.channels());
         let (key_dim, value_dim) = (s.key_dim(), s.value_dim());
         let wqkv = self.wqkv.matrix()?;
-        let acts = QuantizedActs::new_par(par, wqkv.act_type(), c.n_embd, h);
+        let acts = QuantizedActs::new(par, wqkv.act_type(), c.n_embd, h);
         let mut qkv = vec![0f32; n * ch];
         wqkv.matmul_q(par, &acts, &mut qkv);
         let mut z = vec![0f32; n * value_dim];

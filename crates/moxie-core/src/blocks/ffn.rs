@@ -47,7 +47,7 @@ impl DenseFfn {
         let acts = match input {
             Some(a) if a.ty == gate.act_type() => a,
             _ => {
-                own = QuantizedActs::new_par(par, gate.act_type(), gate.n_in, h);
+                own = QuantizedActs::new(par, gate.act_type(), gate.n_in, h);
                 &own
             }
         };

@@ -83,7 +83,7 @@ impl Block for Gqa {
         let k_len = n * n_kv * hd;
         let wq = self.wq.matrix()?;
         let (wk, wv) = (self.wk.matrix()?, self.wv.matrix()?);
-        let acts = QuantizedActs::new_par(par, wq.act_type(), c.n_embd, h);
+        let acts = QuantizedActs::new(par, wq.act_type(), c.n_embd, h);
         // wq's rows ([query | gate] per head when gated), then k, then v: one token's three
         // products are `gemv_many`'s contiguous outputs.
         let first = if self.gated { 2 * q_len } else { q_len };

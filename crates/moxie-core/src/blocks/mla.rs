@@ -166,7 +166,7 @@ impl Block for Mla {
             Some((m, _)) => m.act_type(),
             None => self.wq_b.matrix()?.act_type(),
         };
-        let acts_h = QuantizedActs::new_par(par, first, c.n_embd, h);
+        let acts_h = QuantizedActs::new(par, first, c.n_embd, h);
         let mut qa_kv = scratch::take(n * (qa_width + kw));
         // One token: both products of the layer input in one parallel region.
         let fused = match &wq_a {

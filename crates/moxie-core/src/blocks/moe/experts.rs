@@ -152,8 +152,8 @@ pub(super) struct ActsByType {
 
 impl ActsByType {
     /// A batch's rows converted to every type in `types` (each once) over `par`'s threads
-    /// ([`QuantizedActs::new_par`]).
-    fn new_par(
+    /// ([`QuantizedActs::new`]).
+    fn new(
         par: &Parallel,
         types: impl Iterator<Item = GgmlType>,
         n: usize,
@@ -162,7 +162,7 @@ impl ActsByType {
         let mut acts: Vec<QuantizedActs> = Vec::new();
         for ty in types {
             if !acts.iter().any(|a| a.ty == ty) {
-                acts.push(QuantizedActs::new_par(par, ty, n, x));
+                acts.push(QuantizedActs::new(par, ty, n, x));
             }
         }
         ActsByType {
@@ -238,7 +238,7 @@ pub(super) fn batch(
     let up_ty = m.up_exps.slice(0)?.act_type();
     // Converted over the threads, with the int8 GEMM's form of every token made once: the
     // experts copy their tokens' rows of it (each token goes to k_used experts).
-    let input = ActsByType::new_par(par, [gate_ty, up_ty].into_iter(), n_embd, h);
+    let input = ActsByType::new(par, [gate_ty, up_ty].into_iter(), n_embd, h);
     // (expert index in `routed`, its token index) for every (token, slot).
     let mut where_is = vec![(0usize, 0usize); n * k_used];
     let mut routed: Vec<Routed> = Vec::new();
