@@ -222,6 +222,7 @@ impl GemmActs {
             })
             .collect()
     }
+
     /// The rows `rows` of these activations (in that order), as [`GemmActs::new`] would
     /// prepare them from those rows: a copy, without quantizing or summing again.
     pub fn gather(&self, rows: &[usize]) -> GemmActs {
