@@ -1254,41 +1254,25 @@ mod platform {
     /// AVX-512F/BW; `group` holds `nb` blocks; the tile has `32 * nb` columns.
     #[target_feature(enable = "avx512f,avx512bw")]
     unsafe fn fill_group_q4_0<const Q5: bool>(nb: usize, group: &[u8], out: super::TileOut) {
-        let (block, qs) = if Q5 {
-            (crate::repack::Q5_0_GROUP_BLOCK, 96)
+        let block = if Q5 {
+            crate::repack::Q5_0_GROUP_BLOCK
         } else {
-            (crate::repack::Q4_0_GROUP_BLOCK, 32)
-        };
-        let m4 = _mm512_set1_epi8(0x0F);
-        // Bits `first..first + 4` of each lane's word, one to bit 4 of each of its bytes (the
-        // four fields are apart, so the multiply carries nothing between them).
-        let fifth_bits = |h: __m512i, first: i32| {
-            let t = _mm512_and_si512(
-                _mm512_srl_epi32(h, _mm_cvtsi32_si128(first)),
-                _mm512_set1_epi32(0xF),
-            );
-            let spread = _mm512_mullo_epi32(t, _mm512_set1_epi32(0x0020_4081));
-            _mm512_slli_epi32::<4>(_mm512_and_si512(spread, _mm512_set1_epi32(0x0101_0101)))
+            crate::repack::Q4_0_GROUP_BLOCK
         };
         for b in 0..nb {
             let o = &group[b * block..(b + 1) * block];
             // SAFETY: offsets inside the block; sub-block b and tile groups 8b..8b+8 are
-            // inside the tile (the caller's contract).
+            // inside the tile (the caller's contract). `legacy_unit_codes` needs the AVX-512
+            // level's features, which `gemm_available` (the caller's check) means.
             unsafe {
                 store_sub(out.scale, b, ld_f16x16(o, 0));
-                let h = if Q5 {
+                let qh = if Q5 {
                     ld64(o, 32)
                 } else {
                     _mm512_setzero_si512()
                 };
                 for u in 0..4 {
-                    let v = ld64(o, qs + 64 * u);
-                    let mut lo = _mm512_and_si512(v, m4);
-                    let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
-                    if Q5 {
-                        lo = _mm512_or_si512(lo, fifth_bits(h, 4 * u as i32));
-                        hi = _mm512_or_si512(hi, fifth_bits(h, 16 + 4 * u as i32));
-                    }
+                    let [lo, hi] = crate::repack::legacy_unit_codes::<Q5>(o, qh, u);
                     store_group(out.q, 8 * b + u, lo);
                     store_group(out.q, 8 * b + 4 + u, hi);
                 }

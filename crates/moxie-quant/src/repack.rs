@@ -471,6 +471,9 @@ pub(crate) fn unpack_scales_mins(u0: u32, u1: u32, u2: u32) -> ([i32; 8], [i32; 
 }
 
 #[cfg(target_arch = "x86_64")]
+pub(crate) use avx512::legacy_unit_codes;
+
+#[cfg(target_arch = "x86_64")]
 mod avx512 {
     use core::arch::x86_64::*;
 
@@ -668,6 +671,45 @@ mod avx512 {
         t
     };
 
+    /// The codes (value + 8, or + 16 for Q5_0) of quant unit `g` (0..4) of a Q4_0 (`Q5`:
+    /// Q5_0) group block `o`, a row per 32-bit lane: elements 4g..4g+4 (the low nibbles) and
+    /// 16+4g..16+4g+4 (the high nibbles, plus each element's fifth bit from the block's
+    /// fifth-bit words `qh` for Q5_0), as [`super::legacy_codes`] gives them.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub(crate) fn legacy_unit_codes<const Q5: bool>(
+        o: &[u8],
+        qh: __m512i,
+        g: usize,
+    ) -> [__m512i; 2] {
+        let qs = if Q5 { 96 } else { 32 };
+        let m4 = _mm512_set1_epi8(0xF);
+        let q = ld512(o, qs + 64 * g);
+        let mut lo = _mm512_and_si512(q, m4);
+        let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4);
+        if Q5 {
+            let b4 = _mm512_set1_epi8(0x10);
+            // Byte i of a row tests bit i (even word) or bit 4 + i (odd word) of its copy.
+            let t = _mm512_set1_epi32(if g.is_multiple_of(2) {
+                0x0804_0201
+            } else {
+                0x8040_2010_u32 as i32
+            });
+            // Elements 4g + i (byte g / 2 of the word) and 16 + 4g + i (byte 2 + g / 2).
+            let h_lo = _mm512_shuffle_epi8(qh, ld512(&SPREAD[g / 2], 0));
+            let h_hi = _mm512_shuffle_epi8(qh, ld512(&SPREAD[2 + g / 2], 0));
+            lo = _mm512_or_si512(
+                lo,
+                _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(h_lo, t), b4),
+            );
+            hi = _mm512_or_si512(
+                hi,
+                _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(h_hi, t), b4),
+            );
+        }
+        [lo, hi]
+    }
+
     /// [`super::gemv`] for Q4_0 (`Q5`: Q5_0); `group` and `act` hold the same number of blocks.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     pub(super) fn gemv_q4_0_r16<const Q5: bool>(
@@ -675,19 +717,11 @@ mod avx512 {
         act: &[u8],
         out: &mut [f32; REPACK_ROWS],
     ) {
-        let (group_block, qs, offset) = if Q5 {
-            (Q5_0_GROUP_BLOCK, 96, 16)
+        let (group_block, offset) = if Q5 {
+            (Q5_0_GROUP_BLOCK, 16)
         } else {
-            (Q4_0_GROUP_BLOCK, 32, 8)
+            (Q4_0_GROUP_BLOCK, 8)
         };
-        let m4 = _mm512_set1_epi8(0xF);
-        let b4 = _mm512_set1_epi8(0x10);
-        let spread: [__m512i; 4] = core::array::from_fn(|k| ld512(&SPREAD[k], 0));
-        // Byte i of a row tests bit i (even word) or bit 4 + i (odd word) of its copy.
-        let bits = [
-            _mm512_set1_epi32(0x0804_0201),
-            _mm512_set1_epi32(0x8040_2010_u32 as i32),
-        ];
         let mut acc = _mm512_setzero_ps();
         for (o, y) in group.chunks_exact(group_block).zip(act.chunks_exact(34)) {
             prefetch_ahead(o);
@@ -700,23 +734,7 @@ mod avx512 {
                 _mm512_setzero_si512()
             };
             for g in 0..4 {
-                let q = ld512(o, qs + 64 * g);
-                let mut lo = _mm512_and_si512(q, m4);
-                let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4);
-                if Q5 {
-                    // Elements 4g + i (byte g / 2 of the word) and 16 + 4g + i (byte 2 + g / 2).
-                    let t = bits[g % 2];
-                    let h_lo = _mm512_shuffle_epi8(qh, spread[g / 2]);
-                    let h_hi = _mm512_shuffle_epi8(qh, spread[2 + g / 2]);
-                    lo = _mm512_or_si512(
-                        lo,
-                        _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(h_lo, t), b4),
-                    );
-                    hi = _mm512_or_si512(
-                        hi,
-                        _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(h_hi, t), b4),
-                    );
-                }
+                let [lo, hi] = legacy_unit_codes::<Q5>(o, qh, g);
                 let ya = _mm512_set1_epi32(rd_u32(y, 2 + 4 * g) as i32);
                 let yb = _mm512_set1_epi32(rd_u32(y, 18 + 4 * g) as i32);
                 isum = _mm512_dpbusd_epi32(isum, lo, ya);
