@@ -1,5 +1,5 @@
 //! Small dense f32 matrix products for attention over a batch (scores = Q·Kᵀ, out = P·V),
-//! register-blocked on AVX-512 with a portable fallback. Summation order is this module's own
+//! register-blocked on AVX-512 or AVX2 with a portable fallback. Summation order is this module's own
 //! (moxie's fast numerics); the exact path keeps ggml's order elsewhere.
 
 /// `c[i*ldc + j] = Σ_k a[i*lda + k] · b[j*ldb + k]` for `i < m`, `j < n`, `k < kd`.
@@ -23,6 +23,13 @@ pub fn gemm_f32_abt(
         // SAFETY: AVX-512F is present (simd_level) and the slices cover every index used
         // (checked above).
         unsafe { avx512::abt(m, n, kd, a, lda, b, ldb, c, ldc) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd_level() == crate::SimdLevel::Avx2 {
+        // SAFETY: AVX2 and FMA are present (simd_level) and the slices cover every index
+        // used (checked above).
+        unsafe { avx2::abt(m, n, kd, a, lda, b, ldb, c, ldc) };
         return;
     }
     for i in 0..m {
@@ -53,6 +60,12 @@ pub fn gemm_f32_ab(
     if crate::simd_level() == crate::SimdLevel::Avx512 {
         // SAFETY: as in gemm_f32_abt.
         unsafe { avx512::ab(m, n, dv, p, ldp, v, ldv, c, ldc) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd_level() == crate::SimdLevel::Avx2 {
+        // SAFETY: as in gemm_f32_abt.
+        unsafe { avx2::ab(m, n, dv, p, ldp, v, ldv, c, ldc) };
         return;
     }
     for i in 0..m {
@@ -252,6 +265,194 @@ mod avx512 {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    /// Load mask of the first `n` (< 8) lanes, or all lanes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn lanes(n: usize) -> __m256i {
+        let n = n.min(8) as i32;
+        _mm256_cmpgt_epi32(
+            _mm256_set1_epi32(n),
+            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+        )
+    }
+
+    /// The sum of the 8 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn hsum(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+    }
+
+    /// [`super::avx512::abt`]'s results bit for bit: each dot product is summed in 16 lanes
+    /// (two 8-lane halves, masked past `kd` as AVX-512's loads are) and reduced as
+    /// `_mm512_reduce_add_ps` is, so fast numerics do not depend on the CPU's vector width.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn abt(
+        m: usize,
+        n: usize,
+        kd: usize,
+        a: &[f32],
+        lda: usize,
+        b: &[f32],
+        ldb: usize,
+        c: &mut [f32],
+        ldc: usize,
+    ) {
+        let mut i = 0;
+        while i < m {
+            let mr = if m - i >= 3 { 3 } else { 1 };
+            let mut j = 0;
+            while j < n {
+                let nr = if n - j >= 2 { 2 } else { 1 };
+                // SAFETY: rows i..i+mr of a, j..j+nr of b and the c block are in bounds
+                // (the caller checked the shapes).
+                unsafe {
+                    match (mr, nr) {
+                        (3, 2) => tile_abt::<3, 2>(kd, a, lda, b, ldb, c, ldc, i, j),
+                        (3, _) => tile_abt::<3, 1>(kd, a, lda, b, ldb, c, ldc, i, j),
+                        (_, 2) => tile_abt::<1, 2>(kd, a, lda, b, ldb, c, ldc, i, j),
+                        _ => tile_abt::<1, 1>(kd, a, lda, b, ldb, c, ldc, i, j),
+                    }
+                }
+                j += nr;
+            }
+            i += mr;
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn tile_abt<const MR: usize, const NR: usize>(
+        kd: usize,
+        a: &[f32],
+        lda: usize,
+        b: &[f32],
+        ldb: usize,
+        c: &mut [f32],
+        ldc: usize,
+        i0: usize,
+        j0: usize,
+    ) {
+        // [row][column][half of the 16 lanes]
+        let mut acc = [[[_mm256_setzero_ps(); 2]; NR]; MR];
+        let mut k = 0;
+        while k < kd {
+            for h in 0..2 {
+                let at = k + 8 * h;
+                let mask = lanes(kd.saturating_sub(at));
+                let mut bv = [_mm256_setzero_ps(); NR];
+                for (jj, v) in bv.iter_mut().enumerate() {
+                    // SAFETY: the lanes the mask loads, at..min(at + 8, kd) of row j0+jj, are
+                    // inside b; with none loaded the address is not read.
+                    *v = unsafe {
+                        _mm256_maskload_ps(b.as_ptr().wrapping_add((j0 + jj) * ldb + at), mask)
+                    };
+                }
+                for (ii, row) in acc.iter_mut().enumerate() {
+                    // SAFETY: as for b.
+                    let av = unsafe {
+                        _mm256_maskload_ps(a.as_ptr().wrapping_add((i0 + ii) * lda + at), mask)
+                    };
+                    for (jj, r) in row.iter_mut().enumerate() {
+                        r[h] = _mm256_fmadd_ps(av, bv[jj], r[h]);
+                    }
+                }
+            }
+            k += 16;
+        }
+        for (ii, row) in acc.iter().enumerate() {
+            for (jj, r) in row.iter().enumerate() {
+                c[(i0 + ii) * ldc + j0 + jj] = hsum(_mm256_add_ps(r[0], r[1]));
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn ab(
+        m: usize,
+        n: usize,
+        dv: usize,
+        p: &[f32],
+        ldp: usize,
+        v: &[f32],
+        ldv: usize,
+        c: &mut [f32],
+        ldc: usize,
+    ) {
+        let mut i = 0;
+        while i < m {
+            let mr = if m - i >= 4 { 4 } else { 1 };
+            let mut d = 0;
+            while d < dv {
+                let w = if dv - d >= 24 { 24 } else { 8 };
+                // SAFETY: as in abt.
+                unsafe {
+                    match (mr, w) {
+                        (4, 24) => tile_ab::<4, 3>(n, dv, p, ldp, v, ldv, c, ldc, i, d),
+                        (4, _) => tile_ab::<4, 1>(n, dv, p, ldp, v, ldv, c, ldc, i, d),
+                        (_, 24) => tile_ab::<1, 3>(n, dv, p, ldp, v, ldv, c, ldc, i, d),
+                        _ => tile_ab::<1, 1>(n, dv, p, ldp, v, ldv, c, ldc, i, d),
+                    }
+                }
+                d += w;
+            }
+            i += mr;
+        }
+    }
+
+    /// Rows `i0..i0+MR`, columns `d0..d0+8*NV` (clipped to `dv`).
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn tile_ab<const MR: usize, const NV: usize>(
+        n: usize,
+        dv: usize,
+        p: &[f32],
+        ldp: usize,
+        v: &[f32],
+        ldv: usize,
+        c: &mut [f32],
+        ldc: usize,
+        i0: usize,
+        d0: usize,
+    ) {
+        let mut acc = [[_mm256_setzero_ps(); NV]; MR];
+        let masks: [__m256i; NV] = core::array::from_fn(|q| lanes(dv.saturating_sub(d0 + 8 * q)));
+        for j in 0..n {
+            let mut vv = [_mm256_setzero_ps(); NV];
+            for (q, x) in vv.iter_mut().enumerate() {
+                // SAFETY: masked lanes stay inside row j of v (columns < dv).
+                *x = unsafe { _mm256_maskload_ps(v.as_ptr().add(j * ldv + d0 + 8 * q), masks[q]) };
+            }
+            for (ii, row) in acc.iter_mut().enumerate() {
+                let w = _mm256_set1_ps(p[(i0 + ii) * ldp + j]);
+                for (q, r) in row.iter_mut().enumerate() {
+                    *r = _mm256_fmadd_ps(w, vv[q], *r);
+                }
+            }
+        }
+        for (ii, row) in acc.iter().enumerate() {
+            for (q, r) in row.iter().enumerate() {
+                // SAFETY: masked lanes stay inside row i0+ii of c (columns < dv).
+                unsafe {
+                    _mm256_maskstore_ps(
+                        c.as_mut_ptr().add((i0 + ii) * ldc + d0 + 8 * q),
+                        masks[q],
+                        *r,
+                    )
+                };
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -260,6 +461,42 @@ mod tests {
         (0..n)
             .map(|i| (((i as u32).wrapping_mul(2654435761) ^ seed) % 1000) as f32 / 500.0 - 1.0)
             .collect()
+    }
+
+    /// The SIMD kernels of `gemm_f32_abt` (AVX-512, and AVX2 in two halves) sum each product in
+    /// 16 lanes and reduce them as `_mm512_reduce_add_ps`: the same bits on either CPU.
+    #[test]
+    fn abt_sums_in_sixteen_lanes_on_every_simd_level() {
+        if crate::simd_level() < crate::SimdLevel::Avx2 {
+            return;
+        }
+        for (m, n, k) in [(7, 5, 576), (4, 3, 33), (1, 1, 7), (5, 9, 128)] {
+            let (lda, ldb) = (k + 1, k + 2);
+            let a = data(m * lda, 5);
+            let b = data(n * ldb, 6);
+            let mut c = vec![f32::NAN; m * n];
+            gemm_f32_abt(m, n, k, &a, lda, &b, ldb, &mut c, n);
+            for i in 0..m {
+                for j in 0..n {
+                    let mut lanes = [0f32; 16];
+                    for k0 in (0..k).step_by(16) {
+                        for (l, v) in lanes.iter_mut().enumerate() {
+                            let (x, y) = match k0 + l {
+                                e if e < k => (a[i * lda + e], b[j * ldb + e]),
+                                _ => (0.0, 0.0),
+                            };
+                            *v = x.mul_add(y, *v);
+                        }
+                    }
+                    let want = crate::tinyblas::reduce_add_16(&lanes);
+                    assert_eq!(
+                        c[i * n + j].to_bits(),
+                        want.to_bits(),
+                        "{m}x{n}x{k} at {i},{j}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -24,11 +24,21 @@ use crate::GgmlType;
 /// Weight rows per decoded tile (one i32 lane per row in a 512-bit register).
 pub const GEMM_TILE_ROWS: usize = 16;
 
-/// Whether the int8 batched path can run here (AVX-512 with VNNI, not lowered by
+/// Whether the int8 batched path can run here (AVX2 or AVX-512 with VNNI, not lowered by
 /// `MOXIE_QUANT_SIMD`).
 pub fn gemm_available() -> bool {
+    crate::simd_level() >= crate::SimdLevel::Avx2
+}
+
+/// Whether the tiles are built and multiplied by the AVX-512 kernels here (`vpdpbusd`, the
+/// whole-tile decoders and group fills); otherwise, where [`gemm_available`], the AVX2
+/// products (`gemm/avx2.rs`) run on tiles from the portable decoders.
+pub fn gemm_avx512() -> bool {
     crate::simd_level() == crate::SimdLevel::Avx512
 }
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 
 /// One weight row decoded to unsigned bytes `q` (the value plus the layout's offset) with the
 /// scale and min of every sub-block.
@@ -507,7 +517,7 @@ impl WeightTile {
     /// [`WeightTile::fill`] decodes them from the same rows in GGUF order.
     fn fill_from_group(&mut self, ty: GgmlType, n_in: usize, group: &[u8]) {
         #[cfg(target_arch = "x86_64")]
-        if gemm_available() {
+        if gemm_avx512() {
             let out = TileOut {
                 q: &mut self.q,
                 scale: &mut self.scale,
@@ -803,10 +813,10 @@ mod platform {
             rows.len() == GEMM_TILE_ROWS * n_in && q.len() == rows.len() && n_in.is_multiple_of(4)
         );
         assert!(n_in <= i32::MAX as usize / GEMM_TILE_ROWS);
-        if !super::gemm_available() {
+        if !super::gemm_avx512() {
             return super::interleave_quads_scalar(rows, n_in, q);
         }
-        // SAFETY: AVX-512F is present (gemm_available) and the lengths were asserted above.
+        // SAFETY: AVX-512F is present (gemm_avx512) and the lengths were asserted above.
         unsafe { interleave_avx512(rows, n_in, q) }
     }
 
@@ -866,7 +876,7 @@ mod platform {
         scratch: &mut [u8],
         out: super::TileOut,
     ) -> bool {
-        if !super::gemm_available() {
+        if !super::gemm_avx512() {
             return false;
         }
         assert!(n_rows <= GEMM_TILE_ROWS && rows_in.len() == n_rows * row_bytes);
@@ -880,7 +890,7 @@ mod platform {
         assert!(row_bytes <= i32::MAX as usize / GEMM_TILE_ROWS);
         let rows = &mut scratch[..rows_in.len()];
         rows.copy_from_slice(rows_in);
-        // SAFETY: AVX-512F is present (gemm_available) and the sizes were asserted above.
+        // SAFETY: AVX-512F is present (gemm_avx512) and the sizes were asserted above.
         unsafe {
             if block == 144 {
                 unpack_q4_k_avx512(rows, n_rows, row_bytes, n_in, out)
@@ -1125,10 +1135,10 @@ mod platform {
             _ => return false,
         };
         let nb = n_in / elems;
-        assert!(super::gemm_available() && group.len() >= nb * block);
+        assert!(super::gemm_avx512() && group.len() >= nb * block);
         assert!(out.q.len() >= GEMM_TILE_ROWS * n_in && out.scale.len() >= n_sub * 16);
         assert!(!mins || out.min.len() >= n_sub * 16);
-        // SAFETY: AVX-512 F/BW is present (gemm_available); the group holds `nb` blocks and
+        // SAFETY: AVX-512 F/BW is present (gemm_avx512); the group holds `nb` blocks and
         // the tile `n_in` columns of 16 rows (asserted above), which bound every access.
         unsafe {
             match ty {
@@ -1263,7 +1273,7 @@ mod platform {
             let o = &group[b * block..(b + 1) * block];
             // SAFETY: offsets inside the block; sub-block b and tile groups 8b..8b+8 are
             // inside the tile (the caller's contract). `legacy_unit_codes` needs the AVX-512
-            // level's features, which `gemm_available` (the caller's check) means.
+            // level's features, which `gemm_avx512` (the caller's check) means.
             unsafe {
                 store_sub(out.scale, b, ld_f16x16(o, 0));
                 let qh = if Q5 {
@@ -1326,6 +1336,11 @@ mod platform {
         mut out: [&mut [f32]; R],
         next: &[u8],
     ) {
+        if !super::gemm_avx512() {
+            // SAFETY: `gemm_available()` (checked by the caller) without the AVX-512 level
+            // means the AVX2 level: AVX2, FMA and F16C; the sizes were checked by the caller.
+            return unsafe { super::avx2::tiles_times_tokens(l, n_in, w, acts, out, next) };
+        }
         // Passes of up to 8 (one tile) or 4 (two tiles) tokens: every accumulator in registers.
         let full = 8 / R;
         // `next`'s cache lines, spread over the passes, and within a pass over its
@@ -1338,7 +1353,7 @@ mod platform {
             let pf = ahead.next().unwrap_or(&[]);
             let left = acts.n_tok - t;
             let o = out.each_mut().map(|o| &mut o[t * GEMM_TILE_ROWS..]);
-            // SAFETY: `gemm_available()` (checked by the caller) means AVX-512 F/BW/VNNI.
+            // SAFETY: `gemm_avx512()` (checked above) means AVX-512 F/BW/VNNI.
             unsafe {
                 t += if l.sub == 16 {
                     pass::<R, 16>(l, n_in, w, acts, t, o, left, pf)
@@ -1352,7 +1367,7 @@ mod platform {
     /// Asks for the lines of `pf` that sub-block `sb` of `n_sub` takes (`per_sub` lines
     /// each) into L1.
     #[inline(always)]
-    fn prefetch_share(pf: &[u8], sb: usize, per_sub: usize) {
+    pub(super) fn prefetch_share(pf: &[u8], sb: usize, per_sub: usize) {
         let lines = pf.len().div_ceil(64);
         for l in sb * per_sub..((sb + 1) * per_sub).min(lines) {
             // SAFETY: a prefetch never faults; the address is inside `pf`.
@@ -1523,7 +1538,7 @@ mod tests {
     #[test]
     fn interleaved_groups_give_the_same_products() {
         if !gemm_available() {
-            eprintln!("AVX-512 VNNI not available here: skipped");
+            eprintln!("int8 GEMM not available here (needs AVX2): skipped");
             return;
         }
         let mut seed = 5u64;
@@ -1608,7 +1623,7 @@ mod tests {
     /// scales and mins.
     #[test]
     fn group_tile_fills_agree() {
-        if !gemm_available() {
+        if !gemm_avx512() {
             eprintln!("AVX-512 VNNI not available here: skipped");
             return;
         }
@@ -1641,7 +1656,7 @@ mod tests {
     #[test]
     fn gemm_matches_vec_dot() {
         if !gemm_available() {
-            eprintln!("AVX-512 VNNI not available here: skipped");
+            eprintln!("int8 GEMM not available here (needs AVX2): skipped");
             return;
         }
         let mut seed = 7u64;

@@ -83,7 +83,8 @@ pub use dispatch::{
 pub use f16::{bf16_to_f32, f32_to_bf16, f32_to_fp16, fp16_to_f32};
 pub use f32gemm::{gemm_f32_ab, gemm_f32_abt};
 pub use gemm::{
-    gemm_available, gemm_q8, gemm_q8_interleaved, gemm_supports, GemmActs, GemmRows, GEMM_TILE_ROWS,
+    gemm_available, gemm_avx512, gemm_q8, gemm_q8_interleaved, gemm_supports, GemmActs, GemmRows,
+    GEMM_TILE_ROWS,
 };
 #[doc(hidden)]
 pub use gemm::{gemm_decode_tile, DecodedTile};

@@ -246,9 +246,8 @@ type GroupKernel = fn(&[u8], &[u8], &mut [f32; REPACK_ROWS]);
 
 /// The 16 products of one interleaved row group of `ty` (`group`: `n_in` elements' blocks)
 /// with one activation row `act` of its dot partner (Q8_K; Q8_0 for the legacy types), into
-/// `out`: the
-/// AVX-512 VNNI kernel where the CPU has it, else the portable one (the same arithmetic, bit
-/// for bit). Panics for a type without an interleaved layout.
+/// `out`: the AVX-512 VNNI kernel where the CPU has it, else the AVX2 one, else the portable
+/// one (the same arithmetic, bit for bit). Panics for a type without an interleaved layout.
 pub fn gemv(ty: GgmlType, n_in: usize, group: &[u8], act: &[u8], out: &mut [f32; REPACK_ROWS]) {
     // (elements per kernel block, group bytes per block, activation bytes per block, kernel)
     let (elems, group_block, act_block, portable): (usize, usize, usize, GroupKernel) = match ty {
@@ -285,6 +284,22 @@ pub fn gemv(ty: GgmlType, n_in: usize, group: &[u8], act: &[u8], out: &mut [f32;
                 GgmlType::Q4_0 => avx512::gemv_q4_0_r16::<false>(group, act, out),
                 GgmlType::Q5_0 => avx512::gemv_q4_0_r16::<true>(group, act, out),
                 _ => avx512::gemv_q8_0_r16(group, act, out),
+            }
+        }
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd_level() == crate::SimdLevel::Avx2 {
+        // SAFETY: the AVX2 level is only reported after AVX2, FMA and F16C were detected at
+        // run time; the slices hold exactly `nb` blocks (sliced above).
+        unsafe {
+            match ty {
+                GgmlType::Q4_K => avx2::gemv_q4_k_r16::<false>(group, act, out),
+                GgmlType::Q5_K => avx2::gemv_q4_k_r16::<true>(group, act, out),
+                GgmlType::Q6_K => avx2::gemv_q6_k_r16(group, act, out),
+                GgmlType::Q4_0 => avx2::gemv_q4_0_r16::<false>(group, act, out),
+                GgmlType::Q5_0 => avx2::gemv_q4_0_r16::<true>(group, act, out),
+                _ => avx2::gemv_q8_0_r16(group, act, out),
             }
         }
         return;
@@ -472,6 +487,9 @@ pub(crate) fn unpack_scales_mins(u0: u32, u1: u32, u2: u32) -> ([i32; 8], [i32; 
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) use avx512::legacy_unit_codes;
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {

@@ -371,7 +371,7 @@ macro_rules! tile_entry {
             _scratch: &mut [u8],
             out: TileOut,
         ) -> bool {
-            if !crate::gemm::gemm_available() {
+            if !crate::gemm::gemm_avx512() {
                 return false;
             }
             let k: &Kind = &$kind;
@@ -379,7 +379,7 @@ macro_rules! tile_entry {
             assert!(n_in.is_multiple_of(256) && row_bytes == k.row_prefix() + n_in / 256 * k.bytes);
             assert!(out.q.len() == GEMM_TILE_ROWS * n_in);
             assert!(out.scale.len() == n_in / k.group * GEMM_TILE_ROWS);
-            // SAFETY: `gemm_available()` means the AVX-512 level, i.e. AVX-512 F/BW/VL/VNNI,
+            // SAFETY: `gemm_avx512()` means the AVX-512 level, i.e. AVX-512 F/BW/VL/VNNI,
             // AVX2, FMA and F16C were detected (`simd::detect`).
             unsafe { $imp(rows, n_rows, row_bytes, out) };
             true
@@ -469,7 +469,7 @@ pub(crate) fn unpack_tile_q6_0(
     _scratch: &mut [u8],
     out: TileOut,
 ) -> bool {
-    if !crate::gemm::gemm_available() {
+    if !crate::gemm::gemm_avx512() {
         return false;
     }
     assert!(n_rows <= GEMM_TILE_ROWS && rows.len() == n_rows * row_bytes);

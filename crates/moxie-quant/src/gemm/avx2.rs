@@ -1,0 +1,208 @@
+//! The int8 GEMM's products on AVX2, for CPUs without AVX-512 VNNI (AMD Zen 2/3, Intel before
+//! Ice Lake): the same tiles (`[n_in/4][16 rows][4]` unsigned bytes, float scales and mins per
+//! sub-block and row) and activations, and the same float steps per sub-block and activation
+//! block as the AVX-512 kernel, so the results are the same up to nothing: integer sums are
+//! exact on both.
+//!
+//! A tile's 64-byte group is two 256-bit halves (rows 0..8 and 8..16). `vpdpbusd` becomes
+//! `vpmaddubsw` (pairs of unsigned-by-signed byte products, into i16) and `vpmaddwd` with ones
+//! (pairs of pairs, into i32). `vpmaddubsw` saturates above 32767, so:
+//! - layouts whose codes fit in 6 bits (offset 0, 8, 16, 32: Q4_K, Q5_K, Q6_K, Q4_0, Q4_1,
+//!   Q5_0) sum two groups' i16 pairs before widening (2 · 2 · 63 · 127 < 32768);
+//! - layouts of signed bytes stored with offset 128 (Q8_0, the IQ code-book types, ik_llama.cpp's
+//!   types) take the signed value back (`^ 0x80`) and multiply |w| by y with w's sign, as
+//!   ggml's AVX2 kernels do (activations are within ±127), widening every group; they need no
+//!   offset correction.
+
+use core::arch::x86_64::*;
+
+use super::{GemmActs, Layout, WeightTile, GEMM_TILE_ROWS};
+
+/// Rows per 256-bit half of a tile.
+const HALF: usize = GEMM_TILE_ROWS / 2;
+
+/// `R` tiles (1 or 2) times every token of `acts`: `out[r]` receives tile `r`'s `n_tok` runs
+/// of 16 results. Prefetches `next` along the way.
+///
+/// # Safety
+/// AVX2, FMA and F16C are present; the tiles, `acts` and `out` have the sizes
+/// `super::gemm_q8_rows` checked.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn tiles_times_tokens<const R: usize>(
+    l: Layout,
+    n_in: usize,
+    w: [&WeightTile; R],
+    acts: &GemmActs,
+    out: [&mut [f32]; R],
+    next: &[u8],
+) {
+    // Passes of up to 4 tokens per tile: 4 tokens x 2 halves of integer sums stay in
+    // registers (16 on AVX2); the float sums are touched once per sub-block.
+    const FULL: usize = 4;
+    let passes = R * acts.n_tok.div_ceil(FULL);
+    let per_pass = next.len().div_ceil(64 * passes.max(1)) * 64;
+    let mut ahead = next.chunks(per_pass.max(64));
+    for (t, o) in w.into_iter().zip(out) {
+        let mut t0 = 0;
+        while t0 < acts.n_tok {
+            let pf = ahead.next().unwrap_or(&[]);
+            let left = acts.n_tok - t0;
+            let o = &mut o[t0 * GEMM_TILE_ROWS..];
+            // SAFETY: per this function's contract.
+            t0 += unsafe {
+                match (l.sub, l.offset == 128) {
+                    (16, false) => pass::<16, false>(l, n_in, t, acts, t0, o, left, pf),
+                    (16, true) => pass::<16, true>(l, n_in, t, acts, t0, o, left, pf),
+                    (_, false) => pass::<32, false>(l, n_in, t, acts, t0, o, left, pf),
+                    (_, true) => pass::<32, true>(l, n_in, t, acts, t0, o, left, pf),
+                }
+            };
+        }
+    }
+}
+
+/// One pass of up to 4 of the `left` tokens from `t0` against tile `w`; returns the tokens
+/// done.
+///
+/// # Safety
+/// As [`tiles_times_tokens`].
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pass<const S: usize, const SIGNED: bool>(
+    l: Layout,
+    n_in: usize,
+    w: &WeightTile,
+    acts: &GemmActs,
+    t0: usize,
+    out: &mut [f32],
+    left: usize,
+    pf: &[u8],
+) -> usize {
+    // SAFETY: per this function's contract.
+    unsafe {
+        match left {
+            4.. => tokens::<4, S, SIGNED>(l, n_in, w, acts, t0, out, pf),
+            3 => tokens::<3, S, SIGNED>(l, n_in, w, acts, t0, out, pf),
+            2 => tokens::<2, S, SIGNED>(l, n_in, w, acts, t0, out, pf),
+            _ => tokens::<1, S, SIGNED>(l, n_in, w, acts, t0, out, pf),
+        }
+    }
+}
+
+/// Tokens `t0..t0+N` against the 16 rows of tile `w` (sub-blocks of `S` values; `SIGNED`:
+/// codes are signed bytes plus 128); writes `N` runs of 16 results into `out`.
+///
+/// # Safety
+/// As [`tiles_times_tokens`]; `t0 + N <= acts.n_tok` and `out` holds `N` runs of 16.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tokens<const N: usize, const S: usize, const SIGNED: bool>(
+    l: Layout,
+    n_in: usize,
+    w: &WeightTile,
+    acts: &GemmActs,
+    t0: usize,
+    out: &mut [f32],
+    pf: &[u8],
+) -> usize {
+    let ones = _mm256_set1_epi16(1);
+    let flip = _mm256_set1_epi8(-128);
+    let mut facc = [[_mm256_setzero_ps(); 2]; N];
+    let x = &acts.q[t0 * n_in..(t0 + N) * n_in];
+    let act_block = if l.act == crate::GgmlType::Q8_K {
+        256
+    } else {
+        32
+    };
+    let (n_blocks, n_sub) = (n_in / act_block, n_in / S);
+    let dx = &acts.dx[t0 * n_blocks..(t0 + N) * n_blocks];
+    let by = if S == 16 { &acts.by16 } else { &acts.by32 };
+    let sums = &by.sum[t0 * n_sub..(t0 + N) * n_sub];
+    let scaled = &by.scaled[t0 * n_sub..(t0 + N) * n_sub];
+    let per_dx = act_block / S;
+    let per_sub = pf.len().div_ceil(64 * n_sub);
+    // The broadcast activation word of token j at column k.
+    let xw = |j: usize, k: usize| {
+        // SAFETY: k + 4 <= n_in, inside token j's row of `x` (j < N).
+        _mm256_set1_epi32(unsafe { x.as_ptr().add(j * n_in + k).cast::<i32>().read_unaligned() })
+    };
+    // The two halves of the tile's group at column k.
+    let wq = |k: usize| {
+        // SAFETY: the tile holds n_in/4 groups of 64 bytes; k/4 < n_in/4.
+        [0, 1].map(|h| unsafe { _mm256_loadu_si256(w.q.as_ptr().add(k * 16 + 32 * h).cast()) })
+    };
+    for blk in 0..n_blocks {
+        let mut fblk = [[_mm256_setzero_ps(); 2]; N];
+        for sb in blk * per_dx..(blk + 1) * per_dx {
+            super::platform::prefetch_share(pf, sb, per_sub);
+            let mut iacc = [[_mm256_setzero_si256(); 2]; N];
+            if !SIGNED && l.offset != 0 {
+                // Undo the unsigned weight offset: -offset * sum(x).
+                for (j, acc) in iacc.iter_mut().enumerate() {
+                    // SAFETY: j < N and sb < n_sub index inside `sums`.
+                    let b = unsafe { *sums.get_unchecked(j * n_sub + sb) };
+                    *acc = [_mm256_set1_epi32(-l.offset * b); 2];
+                }
+            }
+            if SIGNED {
+                for g in 0..S / 4 {
+                    let k = sb * S + 4 * g;
+                    let ws = wq(k).map(|v| _mm256_xor_si256(v, flip));
+                    let wa = ws.map(|v| _mm256_sign_epi8(v, v));
+                    for (j, acc) in iacc.iter_mut().enumerate() {
+                        let xb = xw(j, k);
+                        for h in 0..2 {
+                            let p = _mm256_maddubs_epi16(wa[h], _mm256_sign_epi8(xb, ws[h]));
+                            acc[h] = _mm256_add_epi32(acc[h], _mm256_madd_epi16(p, ones));
+                        }
+                    }
+                }
+            } else {
+                // Two groups' i16 pair sums, then one widening.
+                for g in (0..S / 4).step_by(2) {
+                    let (k0, k1) = (sb * S + 4 * g, sb * S + 4 * g + 4);
+                    let (w0, w1) = (wq(k0), wq(k1));
+                    for (j, acc) in iacc.iter_mut().enumerate() {
+                        let (x0, x1) = (xw(j, k0), xw(j, k1));
+                        for h in 0..2 {
+                            let p = _mm256_add_epi16(
+                                _mm256_maddubs_epi16(w0[h], x0),
+                                _mm256_maddubs_epi16(w1[h], x1),
+                            );
+                            acc[h] = _mm256_add_epi32(acc[h], _mm256_madd_epi16(p, ones));
+                        }
+                    }
+                }
+            }
+            for h in 0..2 {
+                // SAFETY: the tile holds n_sub * 16 scales (and mins).
+                let sc = unsafe { _mm256_loadu_ps(w.scale.as_ptr().add(sb * 16 + HALF * h)) };
+                for j in 0..N {
+                    fblk[j][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[j][h]), sc, fblk[j][h]);
+                }
+                if l.mins {
+                    // SAFETY: as above.
+                    let mn = unsafe { _mm256_loadu_ps(w.min.as_ptr().add(sb * 16 + HALF * h)) };
+                    for (j, acc) in facc.iter_mut().enumerate() {
+                        // SAFETY: as for `sums`.
+                        let xs = _mm256_set1_ps(unsafe { *scaled.get_unchecked(j * n_sub + sb) });
+                        acc[h] = _mm256_fnmadd_ps(mn, xs, acc[h]);
+                    }
+                }
+            }
+        }
+        for (j, (acc, f)) in facc.iter_mut().zip(fblk).enumerate() {
+            // SAFETY: j < N and blk < n_blocks index inside `dx`.
+            let d = _mm256_set1_ps(unsafe { *dx.get_unchecked(j * n_blocks + blk) });
+            for h in 0..2 {
+                acc[h] = _mm256_fmadd_ps(f[h], d, acc[h]);
+            }
+        }
+    }
+    for (j, acc) in facc.into_iter().enumerate() {
+        for (h, v) in acc.into_iter().enumerate() {
+            // SAFETY: `out` holds at least N runs of 16 floats (sliced at t0).
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(j * GEMM_TILE_ROWS + HALF * h), v) };
+        }
+    }
+    N
+}

@@ -1,0 +1,351 @@
+//! AVX2 kernels of [`super::gemv`], for CPUs without AVX-512 VNNI (AMD Zen 2/3, Intel before
+//! Ice Lake). A 64-byte word of a group (the same four bytes of 16 rows) is two 256-bit halves:
+//! rows 0..8 and 8..16. Without `vpdpbusd`, four unsigned-by-signed byte products are summed
+//! by `vpmaddubsw` (pairs, into i16) and `vpmaddwd` with ones (pairs of pairs, into i32), so
+//! that lane `r` of a half again holds row `r`'s sum. The i16 step saturates above 32767: the
+//! unsigned operand is a code of at most 6 bits here (Q8_0 multiplies |w| by y with w's sign,
+//! as ggml's AVX2 kernels do), so two products stay below 2·63·128 and nothing saturates.
+//! Integer sums are exact and the float steps are the portable kernels' per row, so results
+//! equal them bit for bit.
+
+use core::arch::x86_64::*;
+
+use super::{
+    Q4K_GROUP_BLOCK, Q4_0_GROUP_BLOCK, Q5K_GROUP_BLOCK, Q5_0_GROUP_BLOCK, Q6K_GROUP_BLOCK,
+    Q8K_BLOCK, Q8_0_GROUP_BLOCK, REPACK_ROWS,
+};
+use crate::common::{rd_f16, rd_f32, rd_i16, rd_u32};
+use crate::prefetch::prefetch_ahead;
+use crate::simd::x86_avx2::ld256;
+
+/// Rows per half of a 16-row word.
+const HALF: usize = REPACK_ROWS / 2;
+
+/// 8 f16 at `off` of `s` as f32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn ld_f16(s: &[u8], off: usize) -> __m256 {
+    let s: &[u8; 16] = s[off..off + 16].try_into().unwrap();
+    // SAFETY: `s` is exactly 16 readable bytes; `loadu` has no alignment requirement.
+    _mm256_cvtph_ps(unsafe { _mm_loadu_si128(s.as_ptr().cast()) })
+}
+
+/// The little-endian word at `off` of `s` in every 32-bit lane.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn bcast(s: &[u8], off: usize) -> __m256i {
+    _mm256_set1_epi32(rd_u32(s, off) as i32)
+}
+
+/// Per 32-bit lane, the sum of the four products of unsigned bytes `u` and signed bytes `s`
+/// (`vpdpbusd` without the accumulator; the byte pairs' sums must fit in i16).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot4(u: __m256i, s: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+}
+
+/// Byte `i` of every 32-bit lane of `v`, zero-extended.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn lane_byte(v: __m256i, i: u32) -> __m256i {
+    _mm256_and_si256(
+        _mm256_srl_epi32(v, _mm_cvtsi32_si128(8 * i as i32)),
+        _mm256_set1_epi32(0xFF),
+    )
+}
+
+/// Stores the two halves' 8 results each into `out`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn store(out: &mut [f32; REPACK_ROWS], v: [__m256; 2]) {
+    for (h, v) in v.into_iter().enumerate() {
+        // SAFETY: `out` holds 16 f32; `8 * h + 8 <= 16`; `storeu` has no alignment requirement.
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(HALF * h), v) };
+    }
+}
+
+/// The fifth bits of one chunk (bit `B` of each byte of `h`) at bit 4.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn bit_at_4<const B: i32>(h: __m256i) -> __m256i {
+    // 16-bit shifts by at most 4: bit 4 of each byte comes from its own byte.
+    let moved = if B <= 4 {
+        _mm256_sll_epi16(h, _mm_cvtsi32_si128(4 - B))
+    } else {
+        _mm256_srl_epi16(h, _mm_cvtsi32_si128(B - 4))
+    };
+    _mm256_and_si256(moved, _mm256_set1_epi8(0x10))
+}
+
+/// [`super::gemv`] for Q4_K (`Q5`: Q5_K); `group` and `act` hold the same number of
+/// super-blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn gemv_q4_k_r16<const Q5: bool>(
+    group: &[u8],
+    act: &[u8],
+    out: &mut [f32; REPACK_ROWS],
+) {
+    let (group_block, qs) = if Q5 {
+        (Q5K_GROUP_BLOCK, 768)
+    } else {
+        (Q4K_GROUP_BLOCK, 256)
+    };
+    let m4 = _mm256_set1_epi8(0xF);
+    let (m1, m2, m3) = (
+        _mm256_set1_epi32(0x3f3f_3f3f),
+        _mm256_set1_epi32(0x0f0f_0f0f),
+        _mm256_set1_epi32(0x0303_0303),
+    );
+    let mut acc = [_mm256_setzero_ps(); 2];
+    let mut acc_m = [_mm256_setzero_ps(); 2];
+    for (o, y) in group
+        .chunks_exact(group_block)
+        .zip(act.chunks_exact(Q8K_BLOCK))
+    {
+        prefetch_ahead(o);
+        let yd = _mm256_set1_ps(rd_f32(y, 0));
+        let bsum = |s: usize| rd_i16(y, 260 + 4 * s) as i32 + rd_i16(y, 262 + 4 * s) as i32;
+        for h in 0..2 {
+            let half = 32 * h;
+            let d = _mm256_mul_ps(ld_f16(o, 16 * h), yd);
+            let dmin = _mm256_mul_ps(ld_f16(o, 32 + 16 * h), yd);
+            let (u0, u1, u2) = (
+                ld256(o, 64 + half),
+                ld256(o, 128 + half),
+                ld256(o, 192 + half),
+            );
+            // ggml's utmp words on 8 lanes: scales 0..3, 4..7, mins 0..3, 4..7 (a byte each)
+            let sc_lo = _mm256_and_si256(u0, m1);
+            let sc_hi = _mm256_or_si256(
+                _mm256_and_si256(u2, m2),
+                _mm256_slli_epi32::<4>(_mm256_and_si256(_mm256_srli_epi32::<6>(u0), m3)),
+            );
+            let mn_lo = _mm256_and_si256(u1, m1);
+            let mn_hi = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi32::<4>(u2), m2),
+                _mm256_slli_epi32::<4>(_mm256_and_si256(_mm256_srli_epi32::<6>(u1), m3)),
+            );
+            let mut sumi = _mm256_setzero_si256();
+            let mut summ = _mm256_setzero_si256();
+            for j in 0..4 {
+                let mut lo = _mm256_setzero_si256();
+                let mut hi = _mm256_setzero_si256();
+                for g in 0..8 {
+                    let q = ld256(o, qs + (j * 8 + g) * 64 + half);
+                    let mut ql = _mm256_and_si256(q, m4);
+                    let mut qh = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
+                    if Q5 {
+                        let bits = ld256(o, 256 + 64 * g + half);
+                        let (h0, h1) = match j {
+                            0 => (bit_at_4::<0>(bits), bit_at_4::<1>(bits)),
+                            1 => (bit_at_4::<2>(bits), bit_at_4::<3>(bits)),
+                            2 => (bit_at_4::<4>(bits), bit_at_4::<5>(bits)),
+                            _ => (bit_at_4::<6>(bits), bit_at_4::<7>(bits)),
+                        };
+                        ql = _mm256_or_si256(ql, h0);
+                        qh = _mm256_or_si256(qh, h1);
+                    }
+                    let ya = bcast(y, 4 + 64 * j + 4 * g);
+                    let yb = bcast(y, 4 + 64 * j + 32 + 4 * g);
+                    lo = _mm256_add_epi32(lo, dot4(ql, ya));
+                    hi = _mm256_add_epi32(hi, dot4(qh, yb));
+                }
+                let scales = if j < 2 { sc_lo } else { sc_hi };
+                let mins = if j < 2 { mn_lo } else { mn_hi };
+                let (s0, s1) = ((2 * j % 4) as u32, (2 * j % 4 + 1) as u32);
+                sumi = _mm256_add_epi32(sumi, _mm256_mullo_epi32(lo, lane_byte(scales, s0)));
+                sumi = _mm256_add_epi32(sumi, _mm256_mullo_epi32(hi, lane_byte(scales, s1)));
+                summ = _mm256_add_epi32(
+                    summ,
+                    _mm256_mullo_epi32(lane_byte(mins, s0), _mm256_set1_epi32(bsum(2 * j))),
+                );
+                summ = _mm256_add_epi32(
+                    summ,
+                    _mm256_mullo_epi32(lane_byte(mins, s1), _mm256_set1_epi32(bsum(2 * j + 1))),
+                );
+            }
+            acc[h] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc[h]);
+            acc_m[h] = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(summ), acc_m[h]);
+        }
+    }
+    store(out, [0, 1].map(|h| _mm256_sub_ps(acc[h], acc_m[h])));
+}
+
+/// The four 6-bit code words of one Q6_K step (the low-nibble units `a`, `c` and the high-bit
+/// unit `h`), in the order of [`crate::gemm::q6_k_quads`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q6_k_quads(a: __m256i, c: __m256i, h: __m256i) -> [__m256i; 4] {
+    let lo = |v: __m256i| _mm256_and_si256(v, _mm256_set1_epi32(0x0F0F_0F0F));
+    let hi = |v: __m256i| _mm256_and_si256(v, _mm256_set1_epi32(0x3030_3030));
+    [
+        _mm256_or_si256(lo(a), hi(_mm256_slli_epi32::<4>(h))),
+        _mm256_or_si256(lo(c), hi(_mm256_slli_epi32::<2>(h))),
+        _mm256_or_si256(lo(_mm256_srli_epi32::<4>(a)), hi(h)),
+        _mm256_or_si256(lo(_mm256_srli_epi32::<4>(c)), hi(_mm256_srli_epi32::<2>(h))),
+    ]
+}
+
+/// [`super::gemv`] for Q6_K; `group` and `act` hold the same number of super-blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn gemv_q6_k_r16(group: &[u8], act: &[u8], out: &mut [f32; REPACK_ROWS]) {
+    let mut acc = [_mm256_setzero_ps(); 2];
+    for (o, y) in group
+        .chunks_exact(Q6K_GROUP_BLOCK)
+        .zip(act.chunks_exact(Q8K_BLOCK))
+    {
+        prefetch_ahead(o);
+        let yd = _mm256_set1_ps(rd_f32(y, 0));
+        for h in 0..2 {
+            let half = 32 * h;
+            let d = _mm256_mul_ps(ld_f16(o, 16 * h), yd);
+            let mut sumi = _mm256_setzero_si256();
+            // Sub-block 8n + 2k + gg takes the steps 8n + 4gg .. 8n + 4gg + 4 of chunk k.
+            for n in 0..2 {
+                for gg in 0..2 {
+                    let mut isum = [_mm256_setzero_si256(); 4];
+                    for g in 4 * gg..4 * gg + 4 {
+                        let step = 288 + (8 * n + g) * 192 + half;
+                        let q =
+                            q6_k_quads(ld256(o, step), ld256(o, step + 64), ld256(o, step + 128));
+                        for (k, &q) in q.iter().enumerate() {
+                            let yw = bcast(y, 4 + 128 * n + 32 * k + 4 * g);
+                            isum[k] = _mm256_add_epi32(isum[k], dot4(q, yw));
+                        }
+                    }
+                    for (k, &v) in isum.iter().enumerate() {
+                        let s = 8 * n + 2 * k + gg;
+                        let sc: &[u8; 8] = o[32 + 16 * s + HALF * h..][..8].try_into().unwrap();
+                        // SAFETY: `sc` is exactly 8 readable bytes.
+                        let sc =
+                            _mm256_cvtepi8_epi32(unsafe { _mm_loadl_epi64(sc.as_ptr().cast()) });
+                        let bsum = _mm256_set1_epi32(32 * rd_i16(y, 260 + 2 * s) as i32);
+                        sumi = _mm256_add_epi32(
+                            sumi,
+                            _mm256_mullo_epi32(sc, _mm256_sub_epi32(v, bsum)),
+                        );
+                    }
+                }
+            }
+            acc[h] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc[h]);
+        }
+    }
+    store(out, acc);
+}
+
+/// Σ y of a Q8_0 activation block (`y`: its 34 bytes): the byte sums of y + 128, less 32·128.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q8_0_sum(y: &[u8]) -> i32 {
+    let yu = _mm256_xor_si256(ld256(y, 2), _mm256_set1_epi8(-128));
+    let s4 = _mm256_sad_epu8(yu, _mm256_setzero_si256());
+    let s2 = _mm_add_epi64(
+        _mm256_castsi256_si128(s4),
+        _mm256_extracti128_si256::<1>(s4),
+    );
+    (_mm_cvtsi128_si64(s2) + _mm_extract_epi64::<1>(s2)) as i32 - 32 * 128
+}
+
+/// `vpshufb` indices copying byte `k` of each row's fifth-bit word to the row's four bytes
+/// (within 128-bit lanes, four rows each).
+const SPREAD: [[u8; 32]; 4] = {
+    let mut t = [[0u8; 32]; 4];
+    let mut k = 0;
+    while k < 4 {
+        let mut b = 0;
+        while b < 32 {
+            t[k][b] = (b / 4 % 4 * 4 + k) as u8;
+            b += 1;
+        }
+        k += 1;
+    }
+    t
+};
+
+/// [`super::gemv`] for Q4_0 (`Q5`: Q5_0); `group` and `act` hold the same number of blocks.
+/// The codes of unit `g` of a half are those of `crate::repack::legacy_codes`: elements
+/// 4g..4g+4 (low nibbles) and 16+4g..16+4g+4 (high nibbles), each with its fifth bit (bit e
+/// of the row's word) for Q5_0.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn gemv_q4_0_r16<const Q5: bool>(
+    group: &[u8],
+    act: &[u8],
+    out: &mut [f32; REPACK_ROWS],
+) {
+    let (group_block, offset, qs) = if Q5 {
+        (Q5_0_GROUP_BLOCK, 16, 96)
+    } else {
+        (Q4_0_GROUP_BLOCK, 8, 32)
+    };
+    let m4 = _mm256_set1_epi8(0xF);
+    let b4 = _mm256_set1_epi8(0x10);
+    let mut acc = [_mm256_setzero_ps(); 2];
+    for (o, y) in group.chunks_exact(group_block).zip(act.chunks_exact(34)) {
+        prefetch_ahead(o);
+        let dy = _mm256_set1_ps(rd_f16(y, 0));
+        let ysum = q8_0_sum(y);
+        for h in 0..2 {
+            let half = 32 * h;
+            let d = _mm256_mul_ps(ld_f16(o, 16 * h), dy);
+            let mut isum = _mm256_set1_epi32(-offset * ysum);
+            let qh = if Q5 {
+                ld256(o, 32 + half)
+            } else {
+                _mm256_setzero_si256()
+            };
+            for g in 0..4 {
+                let q = ld256(o, qs + 64 * g + half);
+                let mut lo = _mm256_and_si256(q, m4);
+                let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
+                if Q5 {
+                    // Byte i of a row tests bit i (even g) or bit 4 + i (odd g) of its copy.
+                    let t = _mm256_set1_epi32(if g.is_multiple_of(2) {
+                        0x0804_0201
+                    } else {
+                        0x8040_2010_u32 as i32
+                    });
+                    let set = |k: usize| {
+                        let spread = _mm256_shuffle_epi8(qh, ld256(&SPREAD[k], 0));
+                        let on = _mm256_cmpeq_epi8(_mm256_and_si256(spread, t), t);
+                        _mm256_and_si256(on, b4)
+                    };
+                    // Elements 4g + i (byte g / 2 of the word) and 16 + 4g + i (byte 2 + g / 2).
+                    lo = _mm256_or_si256(lo, set(g / 2));
+                    hi = _mm256_or_si256(hi, set(2 + g / 2));
+                }
+                isum = _mm256_add_epi32(isum, dot4(lo, bcast(y, 2 + 4 * g)));
+                isum = _mm256_add_epi32(isum, dot4(hi, bcast(y, 18 + 4 * g)));
+            }
+            acc[h] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), acc[h]);
+        }
+    }
+    store(out, acc);
+}
+
+/// [`super::gemv`] for Q8_0; `group` and `act` hold the same number of blocks. The weights are
+/// signed: |w| times y with w's sign (ggml's AVX2 trick; y of a Q8_0 block is within ±127, so
+/// a pair of products stays below 2·128·127).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn gemv_q8_0_r16(group: &[u8], act: &[u8], out: &mut [f32; REPACK_ROWS]) {
+    let mut acc = [_mm256_setzero_ps(); 2];
+    for (o, y) in group
+        .chunks_exact(Q8_0_GROUP_BLOCK)
+        .zip(act.chunks_exact(34))
+    {
+        prefetch_ahead(o);
+        let dy = _mm256_set1_ps(rd_f16(y, 0));
+        for h in 0..2 {
+            let d = _mm256_mul_ps(ld_f16(o, 16 * h), dy);
+            let mut isum = _mm256_setzero_si256();
+            for g in 0..8 {
+                let w = ld256(o, 32 + 64 * g + 32 * h);
+                let yw = bcast(y, 2 + 4 * g);
+                isum =
+                    _mm256_add_epi32(isum, dot4(_mm256_sign_epi8(w, w), _mm256_sign_epi8(yw, w)));
+            }
+            acc[h] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), acc[h]);
+        }
+    }
+    store(out, acc);
+}
