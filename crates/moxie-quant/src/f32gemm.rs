@@ -342,24 +342,27 @@ mod avx2 {
     ) {
         // [row][column][half of the 16 lanes]
         let mut acc = [[[_mm256_setzero_ps(); 2]; NR]; MR];
+        // Whole steps of 16 with plain loads, then the tail with masked ones (same lanes).
+        let whole = kd / 16 * 16;
         let mut k = 0;
-        while k < kd {
+        while k < kd.div_ceil(16) * 16 {
             for h in 0..2 {
                 let at = k + 8 * h;
                 let mask = lanes(kd.saturating_sub(at));
-                let mut bv = [_mm256_setzero_ps(); NR];
-                for (jj, v) in bv.iter_mut().enumerate() {
-                    // SAFETY: the lanes the mask loads, at..min(at + 8, kd) of row j0+jj, are
-                    // inside b; with none loaded the address is not read.
-                    *v = unsafe {
-                        _mm256_maskload_ps(b.as_ptr().wrapping_add((j0 + jj) * ldb + at), mask)
-                    };
-                }
+                let load = |p: *const f32| {
+                    if k < whole {
+                        // SAFETY: at + 8 <= whole <= kd: the 8 lanes are inside the row.
+                        unsafe { _mm256_loadu_ps(p) }
+                    } else {
+                        // SAFETY: the lanes the mask loads, at..min(at + 8, kd) of the row,
+                        // are inside it; with none loaded the address is not read.
+                        unsafe { _mm256_maskload_ps(p, mask) }
+                    }
+                };
+                let bv: [__m256; NR] =
+                    core::array::from_fn(|jj| load(b.as_ptr().wrapping_add((j0 + jj) * ldb + at)));
                 for (ii, row) in acc.iter_mut().enumerate() {
-                    // SAFETY: as for b.
-                    let av = unsafe {
-                        _mm256_maskload_ps(a.as_ptr().wrapping_add((i0 + ii) * lda + at), mask)
-                    };
+                    let av = load(a.as_ptr().wrapping_add((i0 + ii) * lda + at));
                     for (jj, r) in row.iter_mut().enumerate() {
                         r[h] = _mm256_fmadd_ps(av, bv[jj], r[h]);
                     }
@@ -425,11 +428,20 @@ mod avx2 {
     ) {
         let mut acc = [[_mm256_setzero_ps(); NV]; MR];
         let masks: [__m256i; NV] = core::array::from_fn(|q| lanes(dv.saturating_sub(d0 + 8 * q)));
+        let whole = d0 + 8 * NV <= dv;
         for j in 0..n {
             let mut vv = [_mm256_setzero_ps(); NV];
             for (q, x) in vv.iter_mut().enumerate() {
-                // SAFETY: masked lanes stay inside row j of v (columns < dv).
-                *x = unsafe { _mm256_maskload_ps(v.as_ptr().add(j * ldv + d0 + 8 * q), masks[q]) };
+                let at = v.as_ptr().wrapping_add(j * ldv + d0 + 8 * q);
+                // SAFETY: with `whole`, columns d0..d0+8*NV of row j are inside v; else the
+                // masked lanes stay inside row j of v (columns < dv).
+                *x = unsafe {
+                    if whole {
+                        _mm256_loadu_ps(at)
+                    } else {
+                        _mm256_maskload_ps(at, masks[q])
+                    }
+                };
             }
             for (ii, row) in acc.iter_mut().enumerate() {
                 let w = _mm256_set1_ps(p[(i0 + ii) * ldp + j]);
@@ -440,13 +452,14 @@ mod avx2 {
         }
         for (ii, row) in acc.iter().enumerate() {
             for (q, r) in row.iter().enumerate() {
-                // SAFETY: masked lanes stay inside row i0+ii of c (columns < dv).
+                let at = c.as_mut_ptr().wrapping_add((i0 + ii) * ldc + d0 + 8 * q);
+                // SAFETY: as for the loads of v, in row i0+ii of c.
                 unsafe {
-                    _mm256_maskstore_ps(
-                        c.as_mut_ptr().add((i0 + ii) * ldc + d0 + 8 * q),
-                        masks[q],
-                        *r,
-                    )
+                    if whole {
+                        _mm256_storeu_ps(at, *r)
+                    } else {
+                        _mm256_maskstore_ps(at, masks[q], *r)
+                    }
                 };
             }
         }

@@ -58,6 +58,9 @@ pub(crate) struct GemmLayout {
     pub mins: bool,
     /// Added to the signed weight values to make them unsigned (a power of two).
     pub offset: i32,
+    /// Bits of the unsigned codes (4, 5, 6; 8 for the signed layouts stored with offset 128):
+    /// how many groups the AVX2 kernel may sum in i16 before widening.
+    pub code_bits: u32,
     /// The portable decoder of one row.
     pub decode: DecodeRowFn,
     /// A faster whole-tile decoder (AVX-512), where there is one.
@@ -71,6 +74,7 @@ struct Layout {
     act: GgmlType,
     mins: bool,
     offset: i32,
+    code_bits: u32,
     decode: DecodeRowFn,
     unpack_tile: Option<UnpackTileFn>,
 }
@@ -83,6 +87,7 @@ fn layout(ty: GgmlType) -> Option<Layout> {
         act: dot.act,
         mins: g.mins,
         offset: g.offset,
+        code_bits: g.code_bits,
         decode: g.decode,
         unpack_tile: g.unpack_tile,
     })

@@ -7,8 +7,9 @@
 //! A tile's 64-byte group is two 256-bit halves (rows 0..8 and 8..16). `vpdpbusd` becomes
 //! `vpmaddubsw` (pairs of unsigned-by-signed byte products, into i16) and `vpmaddwd` with ones
 //! (pairs of pairs, into i32). `vpmaddubsw` saturates above 32767, so:
-//! - layouts whose codes fit in 6 bits (offset 0, 8, 16, 32: Q4_K, Q5_K, Q6_K, Q4_0, Q4_1,
-//!   Q5_0) sum two groups' i16 pairs before widening (2 · 2 · 63 · 127 < 32768);
+//! - layouts whose codes fit in 4, 5 or 6 bits (Q4_K, Q4_0, Q4_1; Q5_K, Q5_0; Q6_K) sum 8, 4
+//!   or 2 groups' i16 pairs before widening (8 · 2 · 15 · 127, 4 · 2 · 31 · 127 and
+//!   2 · 2 · 63 · 127 are below 32768);
 //! - layouts of signed bytes stored with offset 128 (Q8_0, the IQ code-book types, ik_llama.cpp's
 //!   types) take the signed value back (`^ 0x80`) and multiply |w| by y with w's sign, as
 //!   ggml's AVX2 kernels do (activations are within ±127), widening every group; they need no
@@ -49,12 +50,22 @@ pub(super) unsafe fn tiles_times_tokens<const R: usize>(
             let left = acts.n_tok - t0;
             let o = &mut o[t0 * GEMM_TILE_ROWS..];
             // SAFETY: per this function's contract.
+            // Groups summed in i16 per widening; 0: signed bytes (offset 128).
+            let depth = match l.code_bits {
+                _ if l.offset == 128 => 0,
+                4 => 8,
+                5 => 4,
+                _ => 2,
+            };
             t0 += unsafe {
-                match (l.sub, l.offset == 128) {
-                    (16, false) => pass::<16, false>(l, n_in, t, acts, t0, o, left, pf),
-                    (16, true) => pass::<16, true>(l, n_in, t, acts, t0, o, left, pf),
-                    (_, false) => pass::<32, false>(l, n_in, t, acts, t0, o, left, pf),
-                    (_, true) => pass::<32, true>(l, n_in, t, acts, t0, o, left, pf),
+                match (l.sub, depth) {
+                    (16, 0) => pass::<16, 0>(l, n_in, t, acts, t0, o, left, pf),
+                    (16, 2) => pass::<16, 2>(l, n_in, t, acts, t0, o, left, pf),
+                    (16, _) => pass::<16, 4>(l, n_in, t, acts, t0, o, left, pf),
+                    (_, 0) => pass::<32, 0>(l, n_in, t, acts, t0, o, left, pf),
+                    (_, 2) => pass::<32, 2>(l, n_in, t, acts, t0, o, left, pf),
+                    (_, 4) => pass::<32, 4>(l, n_in, t, acts, t0, o, left, pf),
+                    (_, _) => pass::<32, 8>(l, n_in, t, acts, t0, o, left, pf),
                 }
             };
         }
@@ -68,7 +79,7 @@ pub(super) unsafe fn tiles_times_tokens<const R: usize>(
 /// As [`tiles_times_tokens`].
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn pass<const S: usize, const SIGNED: bool>(
+unsafe fn pass<const S: usize, const D: usize>(
     l: Layout,
     n_in: usize,
     w: &WeightTile,
@@ -81,21 +92,22 @@ unsafe fn pass<const S: usize, const SIGNED: bool>(
     // SAFETY: per this function's contract.
     unsafe {
         match left {
-            4.. => tokens::<4, S, SIGNED>(l, n_in, w, acts, t0, out, pf),
-            3 => tokens::<3, S, SIGNED>(l, n_in, w, acts, t0, out, pf),
-            2 => tokens::<2, S, SIGNED>(l, n_in, w, acts, t0, out, pf),
-            _ => tokens::<1, S, SIGNED>(l, n_in, w, acts, t0, out, pf),
+            4.. => tokens::<4, S, D>(l, n_in, w, acts, t0, out, pf),
+            3 => tokens::<3, S, D>(l, n_in, w, acts, t0, out, pf),
+            2 => tokens::<2, S, D>(l, n_in, w, acts, t0, out, pf),
+            _ => tokens::<1, S, D>(l, n_in, w, acts, t0, out, pf),
         }
     }
 }
 
-/// Tokens `t0..t0+N` against the 16 rows of tile `w` (sub-blocks of `S` values; `SIGNED`:
-/// codes are signed bytes plus 128); writes `N` runs of 16 results into `out`.
+/// Tokens `t0..t0+N` against the 16 rows of tile `w` (sub-blocks of `S` values; `D` groups
+/// summed in i16 per widening, or 0: codes are signed bytes plus 128); writes `N` runs of 16
+/// results into `out`.
 ///
 /// # Safety
 /// As [`tiles_times_tokens`]; `t0 + N <= acts.n_tok` and `out` holds `N` runs of 16.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tokens<const N: usize, const S: usize, const SIGNED: bool>(
+unsafe fn tokens<const N: usize, const S: usize, const D: usize>(
     l: Layout,
     n_in: usize,
     w: &WeightTile,
@@ -135,7 +147,7 @@ unsafe fn tokens<const N: usize, const S: usize, const SIGNED: bool>(
         for sb in blk * per_dx..(blk + 1) * per_dx {
             super::platform::prefetch_share(pf, sb, per_sub);
             let mut iacc = [[_mm256_setzero_si256(); 2]; N];
-            if !SIGNED && l.offset != 0 {
+            if D > 0 && l.offset != 0 {
                 // Undo the unsigned weight offset: -offset * sum(x).
                 for (j, acc) in iacc.iter_mut().enumerate() {
                     // SAFETY: j < N and sb < n_sub index inside `sums`.
@@ -143,7 +155,7 @@ unsafe fn tokens<const N: usize, const S: usize, const SIGNED: bool>(
                     *acc = [_mm256_set1_epi32(-l.offset * b); 2];
                 }
             }
-            if SIGNED {
+            if D == 0 {
                 for g in 0..S / 4 {
                     let k = sb * S + 4 * g;
                     let ws = wq(k).map(|v| _mm256_xor_si256(v, flip));
@@ -157,18 +169,20 @@ unsafe fn tokens<const N: usize, const S: usize, const SIGNED: bool>(
                     }
                 }
             } else {
-                // Two groups' i16 pair sums, then one widening.
-                for g in (0..S / 4).step_by(2) {
-                    let (k0, k1) = (sb * S + 4 * g, sb * S + 4 * g + 4);
-                    let (w0, w1) = (wq(k0), wq(k1));
+                // D groups' i16 pair sums, then one widening.
+                for g0 in (0..S / 4).step_by(D) {
+                    let k0 = sb * S + 4 * g0;
+                    let w: [[__m256i; 2]; D] = core::array::from_fn(|g| wq(k0 + 4 * g));
                     for (j, acc) in iacc.iter_mut().enumerate() {
-                        let (x0, x1) = (xw(j, k0), xw(j, k1));
+                        let mut p = [_mm256_setzero_si256(); 2];
+                        for (g, wg) in w.iter().enumerate() {
+                            let xb = xw(j, k0 + 4 * g);
+                            for h in 0..2 {
+                                p[h] = _mm256_add_epi16(p[h], _mm256_maddubs_epi16(wg[h], xb));
+                            }
+                        }
                         for h in 0..2 {
-                            let p = _mm256_add_epi16(
-                                _mm256_maddubs_epi16(w0[h], x0),
-                                _mm256_maddubs_epi16(w1[h], x1),
-                            );
-                            acc[h] = _mm256_add_epi32(acc[h], _mm256_madd_epi16(p, ones));
+                            acc[h] = _mm256_add_epi32(acc[h], _mm256_madd_epi16(p[h], ones));
                         }
                     }
                 }
