@@ -27,9 +27,9 @@
 //!   the weight bytes, read once per iteration, so 32x the figure is the activation-row
 //!   throughput.
 //! * `batch32_gemm_l2` / `batch32_gemm_dram`: the same with `gemm_q8`, the default batched path
-//!   (int8 AVX-512 VNNI) for Q8_0/Q4_0/Q5_0/Q4_K/Q5_K/Q6_K, the IQ1/IQ2/IQ3 types and
-//!   ik_llama.cpp's types; its `GemmActs` are prepared outside the timed loop. Skipped where
-//!   `gemm_available()` is false (no AVX-512, or `MOXIE_QUANT_SIMD` below `avx512`).
+//!   (int8 AVX-512 VNNI, or AVX2 `vpmaddubsw`) for Q8_0/Q4_0/Q5_0/Q4_K/Q5_K/Q6_K, the
+//!   IQ1/IQ2/IQ3 types and ik_llama.cpp's types; its `GemmActs` are prepared outside the timed
+//!   loop. Skipped where `gemm_available()` is false (no AVX2, or `MOXIE_QUANT_SIMD=scalar`).
 //! * `batch64_gemm_interleaved_l2`: `gemm_q8_interleaved` on groups repacked as at load time
 //!   (the default prefill path for Q4_K/Q5_K/Q6_K/Q8_0), 64 tokens, L2-resident.
 //! * `attention_bf16`: one-token attention's two bf16 products (`gemm_bf16_abt` for the

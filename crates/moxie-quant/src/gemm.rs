@@ -1,4 +1,5 @@
-//! Batched quantized matrix products on AVX-512 VNNI: the prompt-processing fast path.
+//! Batched quantized matrix products on AVX-512 VNNI (or AVX2): the prompt-processing fast
+//! path.
 //!
 //! Weights are decoded 16 rows at a time into unsigned bytes (`q + offset`) with one float
 //! scale (and, for K-quants with mins, one float min) per sub-block of `S` elements, and stored
@@ -8,6 +9,9 @@
 //! ggml's (the offset is removed with the activation block sums, in integers); only the float
 //! accumulation order differs from `vec_dot`, so results agree to float rounding, not bit for
 //! bit. moxie's exact mode keeps ggml's order and does not come here.
+//!
+//! CPUs with AVX2 but not AVX-512 multiply the same tiles with `vpmaddubsw` + `vpmaddwd`
+//! (`gemm/avx2.rs`); their tiles come from the portable decoders.
 //!
 //! The decoded tile is reused for every token, so the decode cost is spread over the batch:
 //! this pays from a few tokens on (prefill, experts with several routed tokens).
@@ -24,7 +28,7 @@ use crate::GgmlType;
 /// Weight rows per decoded tile (one i32 lane per row in a 512-bit register).
 pub const GEMM_TILE_ROWS: usize = 16;
 
-/// Whether the int8 batched path can run here (AVX2 or AVX-512 with VNNI, not lowered by
+/// Whether the int8 batched path can run here (AVX2, or AVX-512 with VNNI; not lowered by
 /// `MOXIE_QUANT_SIMD`).
 pub fn gemm_available() -> bool {
     crate::simd_level() >= crate::SimdLevel::Avx2
