@@ -7,9 +7,8 @@
 //! A tile's 64-byte group is two 256-bit halves (rows 0..8 and 8..16). `vpdpbusd` becomes
 //! `vpmaddubsw` (pairs of unsigned-by-signed byte products, into i16) and `vpmaddwd` with ones
 //! (pairs of pairs, into i32). `vpmaddubsw` saturates above 32767, so:
-//! - layouts whose codes fit in 4, 5 or 6 bits (Q4_K, Q4_0, Q4_1; Q5_K, Q5_0; Q6_K) sum 8, 4
-//!   or 2 groups' i16 pairs before widening (8 · 2 · 15 · 127, 4 · 2 · 31 · 127 and
-//!   2 · 2 · 63 · 127 are below 32768);
+//! - layouts whose codes fit in 4 or 5 bits (Q4_K, Q4_0, Q4_1, Q5_K, Q5_0) sum 4 groups' i16
+//!   pairs before widening (4 · 2 · 31 · 127 < 32768), 6-bit Q6_K 2 (2 · 2 · 63 · 127);
 //! - layouts of signed bytes stored with offset 128 (Q8_0, the IQ code-book types, ik_llama.cpp's
 //!   types) take the signed value back (`^ 0x80`) and multiply |w| by y with w's sign, as
 //!   ggml's AVX2 kernels do (activations are within ±127), widening every group; they need no
@@ -49,14 +48,15 @@ pub(super) unsafe fn tiles_times_tokens<const R: usize>(
             let pf = ahead.next().unwrap_or(&[]);
             let left = acts.n_tok - t0;
             let o = &mut o[t0 * GEMM_TILE_ROWS..];
-            // SAFETY: per this function's contract.
-            // Groups summed in i16 per widening; 0: signed bytes (offset 128).
+            // Groups summed in i16 per widening; 0: signed bytes (offset 128). 4-bit codes
+            // could take 8, but 8 groups' weights do not fit in registers beside the sums
+            // (measured slower than 4).
             let depth = match l.code_bits {
                 _ if l.offset == 128 => 0,
-                4 => 8,
-                5 => 4,
+                ..=5 => 4,
                 _ => 2,
             };
+            // SAFETY: per this function's contract.
             t0 += unsafe {
                 match (l.sub, depth) {
                     (16, 0) => pass::<16, 0>(l, n_in, t, acts, t0, o, left, pf),
@@ -64,8 +64,7 @@ pub(super) unsafe fn tiles_times_tokens<const R: usize>(
                     (16, _) => pass::<16, 4>(l, n_in, t, acts, t0, o, left, pf),
                     (_, 0) => pass::<32, 0>(l, n_in, t, acts, t0, o, left, pf),
                     (_, 2) => pass::<32, 2>(l, n_in, t, acts, t0, o, left, pf),
-                    (_, 4) => pass::<32, 4>(l, n_in, t, acts, t0, o, left, pf),
-                    (_, _) => pass::<32, 8>(l, n_in, t, acts, t0, o, left, pf),
+                    (_, _) => pass::<32, 4>(l, n_in, t, acts, t0, o, left, pf),
                 }
             };
         }
