@@ -27,8 +27,8 @@ pub fn gemm_f32_abt(
     }
     #[cfg(target_arch = "x86_64")]
     if crate::simd_level() == crate::SimdLevel::Avx2 {
-        // SAFETY: AVX2 and FMA are present (simd_level) and the slices cover every index
-        // used (checked above).
+        // SAFETY: AVX2, FMA and F16C are present (simd_level) and the slices cover every
+        // index used (checked above).
         unsafe { avx2::abt(m, n, kd, a, lda, b, ldb, c, ldc) };
         return;
     }
@@ -269,9 +269,11 @@ mod avx512 {
 mod avx2 {
     use std::arch::x86_64::*;
 
+    use crate::simd::x86_avx2::hsum_float_8;
+
     /// Load mask of the first `n` (< 8) lanes, or all lanes.
     #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     fn lanes(n: usize) -> __m256i {
         let n = n.min(8) as i32;
         _mm256_cmpgt_epi32(
@@ -280,20 +282,11 @@ mod avx2 {
         )
     }
 
-    /// The sum of the 8 lanes.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    fn hsum(v: __m256) -> f32 {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
-    }
-
     /// [`super::avx512::abt`]'s results bit for bit: each dot product is summed in 16 lanes
     /// (two 8-lane halves, masked past `kd` as AVX-512's loads are) and reduced as
     /// `_mm512_reduce_add_ps` is, so fast numerics do not depend on the CPU's vector width.
     #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn abt(
         m: usize,
         n: usize,
@@ -328,7 +321,7 @@ mod avx2 {
     }
 
     #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn tile_abt<const MR: usize, const NR: usize>(
         kd: usize,
         a: &[f32],
@@ -372,13 +365,13 @@ mod avx2 {
         }
         for (ii, row) in acc.iter().enumerate() {
             for (jj, r) in row.iter().enumerate() {
-                c[(i0 + ii) * ldc + j0 + jj] = hsum(_mm256_add_ps(r[0], r[1]));
+                c[(i0 + ii) * ldc + j0 + jj] = hsum_float_8(_mm256_add_ps(r[0], r[1]));
             }
         }
     }
 
     #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn ab(
         m: usize,
         n: usize,
@@ -413,7 +406,7 @@ mod avx2 {
 
     /// Rows `i0..i0+MR`, columns `d0..d0+8*NV` (clipped to `dv`).
     #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn tile_ab<const MR: usize, const NV: usize>(
         n: usize,
         dv: usize,

@@ -266,6 +266,41 @@ impl GemmActs {
     }
 }
 
+/// What one pass of a GEMM kernel reads of [`GemmActs`]: tokens `t0..t0 + n` with their
+/// per-block scales and per-sub-block sums, for weight sub-blocks of `sub` values.
+struct PassActs<'a> {
+    /// `[token][n_in]` int8.
+    x: &'a [u8],
+    /// `[token][activation block]` scales.
+    dx: &'a [f32],
+    /// `[token][sub-block]` sums and scaled sums.
+    sums: &'a [i32],
+    scaled: &'a [f32],
+    /// Values per activation block (256 for Q8_K, else 32), blocks and sub-blocks per row.
+    act_block: usize,
+    n_blocks: usize,
+    n_sub: usize,
+}
+
+impl GemmActs {
+    /// Tokens `t0..t0 + n` for weight sub-blocks of `sub` (16 or 32) values.
+    fn pass(&self, sub: usize, t0: usize, n: usize) -> PassActs<'_> {
+        let n_in = self.n_in;
+        let act_block = if self.act == GgmlType::Q8_K { 256 } else { 32 };
+        let (n_blocks, n_sub) = (n_in / act_block, n_in / sub);
+        let by = if sub == 16 { &self.by16 } else { &self.by32 };
+        PassActs {
+            x: &self.q[t0 * n_in..(t0 + n) * n_in],
+            dx: &self.dx[t0 * n_blocks..(t0 + n) * n_blocks],
+            sums: &by.sum[t0 * n_sub..(t0 + n) * n_sub],
+            scaled: &by.scaled[t0 * n_sub..(t0 + n) * n_sub],
+            act_block,
+            n_blocks,
+            n_sub,
+        }
+    }
+}
+
 /// Consecutive rows of a [`GemmActs`] being written (see [`GemmActs::parts`]).
 pub struct GemmRows<'a> {
     act: GgmlType,
@@ -1432,18 +1467,15 @@ mod platform {
     ) -> usize {
         let s = S;
         let mut facc = [[_mm512_setzero_ps(); N]; R];
-        let x = &acts.q[t0 * n_in..(t0 + N) * n_in];
-        // Per-token scalars of tokens t0..t0+N.
-        let act_block = if l.act == crate::GgmlType::Q8_K {
-            256
-        } else {
-            32
-        };
-        let (n_blocks, n_sub) = (n_in / act_block, n_in / s);
-        let dx = &acts.dx[t0 * n_blocks..(t0 + N) * n_blocks];
-        let by = if s == 16 { &acts.by16 } else { &acts.by32 };
-        let sums = &by.sum[t0 * n_sub..(t0 + N) * n_sub];
-        let scaled = &by.scaled[t0 * n_sub..(t0 + N) * n_sub];
+        let super::PassActs {
+            x,
+            dx,
+            sums,
+            scaled,
+            act_block,
+            n_blocks,
+            n_sub,
+        } = acts.pass(s, t0, N);
         // Sub-blocks sharing one activation scale (a Q8_K block) are summed with the weight
         // scales first and multiplied by the activation scale once.
         let per_dx = act_block / s;

@@ -272,38 +272,31 @@ pub fn gemv(ty: GgmlType, n_in: usize, group: &[u8], act: &[u8], out: &mut [f32;
     let nb = n_in / elems;
     let group = &group[..nb * group_block];
     let act = &act[..nb * act_block];
+    // The SIMD modules' kernels of `ty` (each module has the same names).
     #[cfg(target_arch = "x86_64")]
-    if crate::simd_level() == crate::SimdLevel::Avx512 {
-        // SAFETY: the AVX-512 level is only reported after AVX-512 F/BW/VL/VNNI, AVX2, FMA and
-        // F16C were detected at run time; the slices hold exactly `nb` blocks (sliced above).
-        unsafe {
+    macro_rules! run_level {
+        ($m:ident) => {
             match ty {
-                GgmlType::Q4_K => avx512::gemv_q4_k_r16::<false>(group, act, out),
-                GgmlType::Q5_K => avx512::gemv_q4_k_r16::<true>(group, act, out),
-                GgmlType::Q6_K => avx512::gemv_q6_k_r16(group, act, out),
-                GgmlType::Q4_0 => avx512::gemv_q4_0_r16::<false>(group, act, out),
-                GgmlType::Q5_0 => avx512::gemv_q4_0_r16::<true>(group, act, out),
-                _ => avx512::gemv_q8_0_r16(group, act, out),
+                GgmlType::Q4_K => $m::gemv_q4_k_r16::<false>(group, act, out),
+                GgmlType::Q5_K => $m::gemv_q4_k_r16::<true>(group, act, out),
+                GgmlType::Q6_K => $m::gemv_q6_k_r16(group, act, out),
+                GgmlType::Q4_0 => $m::gemv_q4_0_r16::<false>(group, act, out),
+                GgmlType::Q5_0 => $m::gemv_q4_0_r16::<true>(group, act, out),
+                _ => $m::gemv_q8_0_r16(group, act, out),
             }
-        }
-        return;
+        };
     }
     #[cfg(target_arch = "x86_64")]
-    if crate::simd_level() == crate::SimdLevel::Avx2 {
-        // SAFETY: the AVX2 level is only reported after AVX2, FMA and F16C were detected at
-        // run time; the slices hold exactly `nb` blocks (sliced above).
-        unsafe {
-            match ty {
-                GgmlType::Q4_K => avx2::gemv_q4_k_r16::<false>(group, act, out),
-                GgmlType::Q5_K => avx2::gemv_q4_k_r16::<true>(group, act, out),
-                GgmlType::Q6_K => avx2::gemv_q6_k_r16(group, act, out),
-                GgmlType::Q4_0 => avx2::gemv_q4_0_r16::<false>(group, act, out),
-                GgmlType::Q5_0 => avx2::gemv_q4_0_r16::<true>(group, act, out),
-                _ => avx2::gemv_q8_0_r16(group, act, out),
-            }
-        }
-        return;
+    match crate::simd_level() {
+        // SAFETY: a level is only reported after its features were detected at run time
+        // (AVX-512: F/BW/VL/VNNI on top of AVX2, FMA and F16C); the slices hold exactly `nb`
+        // blocks (sliced above).
+        crate::SimdLevel::Avx512 => unsafe { run_level!(avx512) },
+        // SAFETY: as above, AVX2, FMA and F16C.
+        crate::SimdLevel::Avx2 => unsafe { run_level!(avx2) },
+        crate::SimdLevel::Scalar => portable(group, act, out),
     }
+    #[cfg(not(target_arch = "x86_64"))]
     portable(group, act, out);
 }
 
@@ -485,6 +478,24 @@ pub(crate) fn unpack_scales_mins(u0: u32, u1: u32, u2: u32) -> ([i32; 8], [i32; 
     (sc, mn)
 }
 
+/// `vpshufb` indices copying byte `k` of each row's fifth-bit word to the row's four bytes
+/// (`vpshufb` indexes within 128-bit lanes, four rows each): 64 bytes for AVX-512, the first
+/// 32 for AVX2.
+#[cfg(target_arch = "x86_64")]
+const SPREAD: [[u8; 64]; 4] = {
+    let mut t = [[0u8; 64]; 4];
+    let mut k = 0;
+    while k < 4 {
+        let mut b = 0;
+        while b < 64 {
+            t[k][b] = (b / 4 % 4 * 4 + k) as u8;
+            b += 1;
+        }
+        k += 1;
+    }
+    t
+};
+
 #[cfg(target_arch = "x86_64")]
 pub(crate) use avx512::legacy_unit_codes;
 
@@ -495,14 +506,14 @@ mod avx2;
 mod avx512 {
     use core::arch::x86_64::*;
 
+    use super::avx2::q8_0_sum;
     use super::{
         Q4K_GROUP_BLOCK, Q4_0_GROUP_BLOCK, Q5K_GROUP_BLOCK, Q5_0_GROUP_BLOCK, Q8K_BLOCK,
-        REPACK_ROWS,
+        REPACK_ROWS, SPREAD,
     };
     use crate::common::{rd_f32, rd_i16, rd_u32};
     use crate::gemm::{lane_byte, q6_k_quads};
     use crate::prefetch::prefetch_ahead;
-    use crate::simd::x86_avx2::ld256;
     use crate::simd::x86_avx512::ld512;
 
     /// 16 f16 at `off` of `s` as f32.
@@ -658,36 +669,6 @@ mod avx512 {
         // SAFETY: `out` is 16 f32 = 64 writable bytes; `storeu` has no alignment requirement.
         unsafe { _mm512_storeu_ps(out.as_mut_ptr(), acc) };
     }
-
-    /// Σ y of a Q8_0 activation block (`y`: its 34 bytes): the byte sums of y + 128, less
-    /// 32·128.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    fn q8_0_sum(y: &[u8]) -> i32 {
-        let yu = _mm256_xor_si256(ld256(y, 2), _mm256_set1_epi8(-128));
-        let s4 = _mm256_sad_epu8(yu, _mm256_setzero_si256());
-        let s2 = _mm_add_epi64(
-            _mm256_castsi256_si128(s4),
-            _mm256_extracti128_si256::<1>(s4),
-        );
-        (_mm_cvtsi128_si64(s2) + _mm_extract_epi64::<1>(s2)) as i32 - 32 * 128
-    }
-
-    /// `vpshufb` indices copying byte `k` of each row's fifth-bit word to the row's four bytes
-    /// (`vpshufb` indexes within 128-bit lanes, four rows each).
-    const SPREAD: [[u8; 64]; 4] = {
-        let mut t = [[0u8; 64]; 4];
-        let mut k = 0;
-        while k < 4 {
-            let mut b = 0;
-            while b < 64 {
-                t[k][b] = (b / 4 % 4 * 4 + k) as u8;
-                b += 1;
-            }
-            k += 1;
-        }
-        t
-    };
 
     /// The codes (value + 8, or + 16 for Q5_0) of quant unit `g` (0..4) of a Q4_0 (`Q5`:
     /// Q5_0) group block `o`, a row per 32-bit lane: elements 4g..4g+4 (the low nibbles) and

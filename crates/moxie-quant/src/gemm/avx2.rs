@@ -42,20 +42,19 @@ pub(super) unsafe fn tiles_times_tokens<const R: usize>(
     let passes = R * acts.n_tok.div_ceil(FULL);
     let per_pass = next.len().div_ceil(64 * passes.max(1)) * 64;
     let mut ahead = next.chunks(per_pass.max(64));
+    // Groups summed in i16 per widening; 0: signed bytes (offset 128). 4-bit codes could take
+    // 8, but 8 groups' weights do not fit in registers beside the sums (measured slower).
+    let depth = match l.code_bits {
+        _ if l.offset == 128 => 0,
+        ..=5 => 4,
+        _ => 2,
+    };
     for (t, o) in w.into_iter().zip(out) {
         let mut t0 = 0;
         while t0 < acts.n_tok {
             let pf = ahead.next().unwrap_or(&[]);
             let left = acts.n_tok - t0;
             let o = &mut o[t0 * GEMM_TILE_ROWS..];
-            // Groups summed in i16 per widening; 0: signed bytes (offset 128). 4-bit codes
-            // could take 8, but 8 groups' weights do not fit in registers beside the sums
-            // (measured slower than 4).
-            let depth = match l.code_bits {
-                _ if l.offset == 128 => 0,
-                ..=5 => 4,
-                _ => 2,
-            };
             // SAFETY: per this function's contract.
             t0 += unsafe {
                 match (l.sub, depth) {
@@ -118,17 +117,15 @@ unsafe fn tokens<const N: usize, const S: usize, const D: usize>(
     let ones = _mm256_set1_epi16(1);
     let flip = _mm256_set1_epi8(-128);
     let mut facc = [[_mm256_setzero_ps(); 2]; N];
-    let x = &acts.q[t0 * n_in..(t0 + N) * n_in];
-    let act_block = if l.act == crate::GgmlType::Q8_K {
-        256
-    } else {
-        32
-    };
-    let (n_blocks, n_sub) = (n_in / act_block, n_in / S);
-    let dx = &acts.dx[t0 * n_blocks..(t0 + N) * n_blocks];
-    let by = if S == 16 { &acts.by16 } else { &acts.by32 };
-    let sums = &by.sum[t0 * n_sub..(t0 + N) * n_sub];
-    let scaled = &by.scaled[t0 * n_sub..(t0 + N) * n_sub];
+    let super::PassActs {
+        x,
+        dx,
+        sums,
+        scaled,
+        act_block,
+        n_blocks,
+        n_sub,
+    } = acts.pass(S, t0, N);
     let per_dx = act_block / S;
     let per_sub = pf.len().div_ceil(64 * n_sub);
     // The broadcast activation word of token j at column k.

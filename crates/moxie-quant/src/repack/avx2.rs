@@ -12,23 +12,14 @@ use core::arch::x86_64::*;
 
 use super::{
     Q4K_GROUP_BLOCK, Q4_0_GROUP_BLOCK, Q5K_GROUP_BLOCK, Q5_0_GROUP_BLOCK, Q6K_GROUP_BLOCK,
-    Q8K_BLOCK, Q8_0_GROUP_BLOCK, REPACK_ROWS,
+    Q8K_BLOCK, Q8_0_GROUP_BLOCK, REPACK_ROWS, SPREAD,
 };
 use crate::common::{rd_f16, rd_f32, rd_i16, rd_u32};
 use crate::prefetch::prefetch_ahead;
-use crate::simd::x86_avx2::ld256;
+use crate::simd::x86_avx2::{ld256, ld_f16x8, mul_add_epi8};
 
 /// Rows per half of a 16-row word.
 const HALF: usize = REPACK_ROWS / 2;
-
-/// 8 f16 at `off` of `s` as f32.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn ld_f16(s: &[u8], off: usize) -> __m256 {
-    let s: &[u8; 16] = s[off..off + 16].try_into().unwrap();
-    // SAFETY: `s` is exactly 16 readable bytes; `loadu` has no alignment requirement.
-    _mm256_cvtph_ps(unsafe { _mm_loadu_si128(s.as_ptr().cast()) })
-}
 
 /// The little-endian word at `off` of `s` in every 32-bit lane.
 #[inline]
@@ -108,8 +99,8 @@ pub(super) fn gemv_q4_k_r16<const Q5: bool>(
         let bsum = |s: usize| rd_i16(y, 260 + 4 * s) as i32 + rd_i16(y, 262 + 4 * s) as i32;
         for h in 0..2 {
             let half = 32 * h;
-            let d = _mm256_mul_ps(ld_f16(o, 16 * h), yd);
-            let dmin = _mm256_mul_ps(ld_f16(o, 32 + 16 * h), yd);
+            let d = _mm256_mul_ps(ld_f16x8(o, 16 * h), yd);
+            let dmin = _mm256_mul_ps(ld_f16x8(o, 32 + 16 * h), yd);
             let (u0, u1, u2) = (
                 ld256(o, 64 + half),
                 ld256(o, 128 + half),
@@ -199,7 +190,7 @@ pub(super) fn gemv_q6_k_r16(group: &[u8], act: &[u8], out: &mut [f32; REPACK_ROW
         let yd = _mm256_set1_ps(rd_f32(y, 0));
         for h in 0..2 {
             let half = 32 * h;
-            let d = _mm256_mul_ps(ld_f16(o, 16 * h), yd);
+            let d = _mm256_mul_ps(ld_f16x8(o, 16 * h), yd);
             let mut sumi = _mm256_setzero_si256();
             // Sub-block 8n + 2k + gg takes the steps 8n + 4gg .. 8n + 4gg + 4 of chunk k.
             for n in 0..2 {
@@ -234,10 +225,11 @@ pub(super) fn gemv_q6_k_r16(group: &[u8], act: &[u8], out: &mut [f32; REPACK_ROW
     store(out, acc);
 }
 
-/// Σ y of a Q8_0 activation block (`y`: its 34 bytes): the byte sums of y + 128, less 32·128.
+/// Σ y of a Q8_0 activation block (`y`: its 34 bytes): the byte sums of y + 128, less 32·128
+/// (the AVX-512 kernels call it too).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn q8_0_sum(y: &[u8]) -> i32 {
+pub(super) fn q8_0_sum(y: &[u8]) -> i32 {
     let yu = _mm256_xor_si256(ld256(y, 2), _mm256_set1_epi8(-128));
     let s4 = _mm256_sad_epu8(yu, _mm256_setzero_si256());
     let s2 = _mm_add_epi64(
@@ -246,22 +238,6 @@ fn q8_0_sum(y: &[u8]) -> i32 {
     );
     (_mm_cvtsi128_si64(s2) + _mm_extract_epi64::<1>(s2)) as i32 - 32 * 128
 }
-
-/// `vpshufb` indices copying byte `k` of each row's fifth-bit word to the row's four bytes
-/// (within 128-bit lanes, four rows each).
-const SPREAD: [[u8; 32]; 4] = {
-    let mut t = [[0u8; 32]; 4];
-    let mut k = 0;
-    while k < 4 {
-        let mut b = 0;
-        while b < 32 {
-            t[k][b] = (b / 4 % 4 * 4 + k) as u8;
-            b += 1;
-        }
-        k += 1;
-    }
-    t
-};
 
 /// [`super::gemv`] for Q4_0 (`Q5`: Q5_0); `group` and `act` hold the same number of blocks.
 /// The codes of unit `g` of a half are those of `crate::repack::legacy_codes`: elements
@@ -287,7 +263,7 @@ pub(super) fn gemv_q4_0_r16<const Q5: bool>(
         let ysum = q8_0_sum(y);
         for h in 0..2 {
             let half = 32 * h;
-            let d = _mm256_mul_ps(ld_f16(o, 16 * h), dy);
+            let d = _mm256_mul_ps(ld_f16x8(o, 16 * h), dy);
             let mut isum = _mm256_set1_epi32(-offset * ysum);
             let qh = if Q5 {
                 ld256(o, 32 + half)
@@ -336,13 +312,13 @@ pub(super) fn gemv_q8_0_r16(group: &[u8], act: &[u8], out: &mut [f32; REPACK_ROW
         prefetch_ahead(o);
         let dy = _mm256_set1_ps(rd_f16(y, 0));
         for h in 0..2 {
-            let d = _mm256_mul_ps(ld_f16(o, 16 * h), dy);
+            let d = _mm256_mul_ps(ld_f16x8(o, 16 * h), dy);
             let mut isum = _mm256_setzero_si256();
             for g in 0..8 {
                 let w = ld256(o, 32 + 64 * g + 32 * h);
                 let yw = bcast(y, 2 + 4 * g);
-                isum =
-                    _mm256_add_epi32(isum, dot4(_mm256_sign_epi8(w, w), _mm256_sign_epi8(yw, w)));
+                let p = mul_add_epi8(w, yw);
+                isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
             }
             acc[h] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), acc[h]);
         }

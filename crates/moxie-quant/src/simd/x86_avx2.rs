@@ -96,7 +96,7 @@ pub(super) fn h2f(s: &[u8], off: usize) -> f32 {
 /// ggml `hsum_float_8`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn hsum_float_8(x: __m256) -> f32 {
+pub(crate) fn hsum_float_8(x: __m256) -> f32 {
     let mut res = _mm256_extractf128_ps::<1>(x);
     res = _mm_add_ps(res, _mm256_castps256_ps128(x));
     res = _mm_add_ps(res, _mm_movehl_ps(res, res));
@@ -149,7 +149,7 @@ pub(super) fn mul_sum_i8_pairs_float(x: __m256i, y: __m256i) -> __m256 {
 /// ggml `mul_add_epi8`: signed x signed bytes, pairs summed to i16.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn mul_add_epi8(x: __m256i, y: __m256i) -> __m256i {
+pub(crate) fn mul_add_epi8(x: __m256i, y: __m256i) -> __m256i {
     let ax = _mm256_sign_epi8(x, x);
     let sy = _mm256_sign_epi8(y, x);
     _mm256_maddubs_epi16(ax, sy)
@@ -942,7 +942,7 @@ fn ld_f32x8(s: &[u8], off: usize) -> __m256 {
 /// 8 f16 at byte offset `off`, widened.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn ld_f16x8(s: &[u8], off: usize) -> __m256 {
+pub(crate) fn ld_f16x8(s: &[u8], off: usize) -> __m256 {
     _mm256_cvtph_ps(ld128(s, off))
 }
 
