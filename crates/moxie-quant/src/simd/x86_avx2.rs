@@ -7,7 +7,8 @@
 //! these where the CPU lacks AVX512_VBMI.)
 //!
 //! Each kernel is a port of the `__AVX2__` branch of the matching function in ggml's
-//! `ggml-cpu/arch/x86/quants.c` (and `vec.cpp` for F32/F16): the same 8 integer lanes per block,
+//! `ggml-cpu/arch/x86/quants.c` (F32/F16: of `vec.cpp`'s AVX-512 branch, on 8-lane halves, see
+//! below): the same 8 integer lanes per block,
 //! the same float operations in the same order (`fmadd` per block, `hsum_float_8` at the end),
 //! so the results are bit-identical to ggml's built by GCC 12 with `-march=native` on an Intel
 //! AVX-512 machine (the golden-logit machine; reproduced with `-march=sapphirerapids`). Scalar
@@ -918,18 +919,25 @@ fn dot_iq3_xxs_imp(w: &[u8], a: &[u8]) -> f32 {
 }
 
 // ---------------------------------------------------------------------------------------------
-// float formats (ggml vec.cpp with the AVX mappings: 4 accumulators of 8 lanes)
+// float formats: ggml vec.cpp's AVX-512 mappings (4 accumulators of 16 lanes), each 16-lane
+// register as two 8-lane halves. ggml's AVX2 build sums in 4 x 8 lanes instead; moxie follows
+// the AVX-512 build on every x86 level, so that exact numerics give the same bits on any host
+// (the golden logits come from the AVX-512 build).
 
-/// `GGML_F32x8_REDUCE` of 4 accumulators.
+/// `GGML_F32x16_REDUCE` of 4 accumulators (`lo`/`hi`: lanes 0..8 and 8..16 of each), ending in
+/// GCC's `_mm512_reduce_add_ps` order: halves, then quarters, then pairs.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn reduce_f32x8(s: [__m256; 4]) -> f32 {
-    let x0 = _mm256_add_ps(s[0], s[2]);
-    let x1 = _mm256_add_ps(s[1], s[3]);
-    let x0 = _mm256_add_ps(x0, x1);
-    let t0 = _mm_add_ps(_mm256_castps256_ps128(x0), _mm256_extractf128_ps::<1>(x0));
-    let t1 = _mm_hadd_ps(t0, t0);
-    _mm_cvtss_f32(_mm_hadd_ps(t1, t1))
+fn reduce_f32x16(lo: [__m256; 4], hi: [__m256; 4]) -> f32 {
+    let half = |s: [__m256; 4]| {
+        let x0 = _mm256_add_ps(s[0], s[2]);
+        let x1 = _mm256_add_ps(s[1], s[3]);
+        _mm256_add_ps(x0, x1)
+    };
+    let t3 = _mm256_add_ps(half(hi), half(lo));
+    let t6 = _mm_add_ps(_mm256_extractf128_ps::<1>(t3), _mm256_castps256_ps128(t3));
+    let t8 = _mm_add_ps(t6, _mm_movehl_ps(t6, t6));
+    _mm_cvtss_f32(_mm_add_ss(t8, _mm_movehdup_ps(t8)))
 }
 
 /// 8 f32 at byte offset `off`.
@@ -949,18 +957,20 @@ pub(crate) fn ld_f16x8(s: &[u8], off: usize) -> __m256 {
 #[target_feature(enable = "avx2,fma,f16c")]
 fn dot_f32_imp(w: &[u8], a: &[u8]) -> f32 {
     let n = w.len() / 4;
-    let np = n & !31;
-    let mut sum = [_mm256_setzero_ps(); 4];
-    for i in (0..np).step_by(32) {
-        for (j, s) in sum.iter_mut().enumerate() {
-            let o = 4 * (i + 8 * j);
-            *s = _mm256_fmadd_ps(ld_f32x8(w, o), ld_f32x8(a, o), *s);
+    let np = n & !63;
+    let mut lo = [_mm256_setzero_ps(); 4];
+    let mut hi = [_mm256_setzero_ps(); 4];
+    for i in (0..np).step_by(64) {
+        for j in 0..4 {
+            let o = 4 * (i + 16 * j);
+            lo[j] = _mm256_fmadd_ps(ld_f32x8(w, o), ld_f32x8(a, o), lo[j]);
+            hi[j] = _mm256_fmadd_ps(ld_f32x8(w, o + 32), ld_f32x8(a, o + 32), hi[j]);
         }
     }
-    let mut sumf = reduce_f32x8(sum);
-    // ggml's leftover loop `sumf += x[i]*y[i]` as GCC 12 compiles it for AVX2 (-march=haswell):
-    // products of whole groups of 4 are rounded and then added in order, the last `n % 4` are
-    // FMAs
+    let mut sumf = reduce_f32x16(lo, hi);
+    // ggml's leftover loop `sumf += x[i]*y[i]` as GCC 12 compiles it for Intel AVX-512
+    // (-march=sapphirerapids, 256-bit preference): products of whole groups of 4 are rounded
+    // and then added in order, the last `n % 4` are FMAs.
     let nv = np + ((n - np) & !3);
     for i in np..nv {
         sumf += rd_f32(w, 4 * i) * rd_f32(a, 4 * i);
@@ -974,16 +984,18 @@ fn dot_f32_imp(w: &[u8], a: &[u8]) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 fn dot_f16_imp(w: &[u8], a: &[u8]) -> f32 {
     let n = w.len() / 2;
-    let np = n & !31;
-    let mut sum = [_mm256_setzero_ps(); 4];
-    for i in (0..np).step_by(32) {
-        for (j, s) in sum.iter_mut().enumerate() {
-            let o = 2 * (i + 8 * j);
-            *s = _mm256_fmadd_ps(ld_f16x8(w, o), ld_f16x8(a, o), *s);
+    let np = n & !63;
+    let mut lo = [_mm256_setzero_ps(); 4];
+    let mut hi = [_mm256_setzero_ps(); 4];
+    for i in (0..np).step_by(64) {
+        for j in 0..4 {
+            let o = 2 * (i + 16 * j);
+            lo[j] = _mm256_fmadd_ps(ld_f16x8(w, o), ld_f16x8(a, o), lo[j]);
+            hi[j] = _mm256_fmadd_ps(ld_f16x8(w, o + 16), ld_f16x8(a, o + 16), hi[j]);
         }
     }
     // ggml accumulates this one in double (ggml_float)
-    let mut sumf = reduce_f32x8(sum) as f64;
+    let mut sumf = reduce_f32x16(lo, hi) as f64;
     for i in np..n {
         sumf += (h2f(w, 2 * i) * h2f(a, 2 * i)) as f64;
     }
