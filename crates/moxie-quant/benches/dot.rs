@@ -51,10 +51,10 @@ use divan::counter::BytesCount;
 use divan::{black_box, Bencher};
 use moxie_quant::iq1::set_iq1m_scale;
 use moxie_quant::{
-    f32_to_fp16, gemm_available, gemm_bf16_ab, gemm_bf16_abt, gemm_q8, gemm_q8_interleaved,
-    gemm_supports, hardware_simd_level, quantize_fn, quantize_weights_fn, simd_level,
-    tiled_dot_many_fn, tinyblas_dot_fn, tinyblas_dot_many_fn, vec_dot_fn, vec_dot_type, DotManyFn,
-    GemmActs, GgmlType, VecDotFn, GEMM_TILE_ROWS,
+    f32_to_fp16, gemm_available, gemm_bf16_ab, gemm_bf16_abt, gemm_f32_ab, gemm_f32_abt, gemm_q8,
+    gemm_q8_interleaved, gemm_supports, hardware_simd_level, quantize_fn, quantize_weights_fn,
+    simd_level, tiled_dot_many_fn, tinyblas_dot_fn, tinyblas_dot_many_fn, vec_dot_fn, vec_dot_type,
+    DotManyFn, GemmActs, GgmlType, VecDotFn, GEMM_TILE_ROWS,
 };
 use GgmlType::*;
 
@@ -455,6 +455,58 @@ fn attention_bf16(bencher: Bencher, product: &str) {
             .counter(divan::counter::ItemsCount::new(heads * positions * dv))
             .bench_local(|| {
                 gemm_bf16_ab(
+                    heads,
+                    positions,
+                    dv,
+                    black_box(&p),
+                    positions,
+                    black_box(&k),
+                    dk,
+                    &mut out,
+                    dv,
+                );
+                black_box(&out);
+            }),
+    }
+}
+
+/// [`attention_bf16`]'s products in f32 (`gemm_f32_abt`, `gemm_f32_ab`): what one-token
+/// attention takes where the CPU lacks `VDPBF16PS` (and below 512 positions everywhere).
+/// Counted in multiply-adds, against the CPU's FMA rate (16 per cycle on AVX2 with two FMA
+/// units, 32 on AVX-512).
+#[divan::bench(args = ["scores", "values"], min_time = 0.5, max_time = 1)]
+fn attention_f32(bencher: Bencher, product: &str) {
+    let (heads, positions, dk, dv) = (16, 64, 576, 512);
+    let mut rng = Rng(11);
+    let mut f32s = |n: usize| -> Vec<f32> { (0..n).map(|_| rng.f32()).collect() };
+    let (q, k, p) = (
+        f32s(heads * dk),
+        f32s(positions * dk),
+        f32s(heads * positions),
+    );
+    let mut out = vec![0f32; heads * dv.max(positions)];
+    match product {
+        "scores" => bencher
+            .counter(divan::counter::ItemsCount::new(heads * positions * dk))
+            .bench_local(|| {
+                gemm_f32_abt(
+                    heads,
+                    positions,
+                    dk,
+                    black_box(&q),
+                    dk,
+                    black_box(&k),
+                    dk,
+                    &mut out,
+                    positions,
+                    &[],
+                );
+                black_box(&out);
+            }),
+        _ => bencher
+            .counter(divan::counter::ItemsCount::new(heads * positions * dv))
+            .bench_local(|| {
+                gemm_f32_ab(
                     heads,
                     positions,
                     dv,

@@ -3,6 +3,9 @@
 //! (moxie's fast numerics); the exact path keeps ggml's order elsewhere.
 
 /// `c[i*ldc + j] = Σ_k a[i*lda + k] · b[j*ldb + k]` for `i < m`, `j < n`, `k < kd`.
+/// `prefetch`: bytes to bring into L2 while the products run, a few lines per output tile
+/// (one-token attention passes the next block of the cache, so that its conversion finds it
+/// there; the hardware prefetcher alone does not run ahead of a conversion pass).
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_f32_abt(
     m: usize,
@@ -14,24 +17,27 @@ pub fn gemm_f32_abt(
     ldb: usize,
     c: &mut [f32],
     ldc: usize,
+    prefetch: &[u8],
 ) {
     check(m, kd, a.len(), lda, "a");
     check(n, kd, b.len(), ldb, "b");
     check(m, n, c.len(), ldc, "c");
+    let mut lines = Lines::new(prefetch, m.div_ceil(3) * n.div_ceil(2));
     #[cfg(target_arch = "x86_64")]
     if crate::simd_level() == crate::SimdLevel::Avx512 {
         // SAFETY: AVX-512F is present (simd_level) and the slices cover every index used
         // (checked above).
-        unsafe { avx512::abt(m, n, kd, a, lda, b, ldb, c, ldc) };
+        unsafe { avx512::abt(m, n, kd, a, lda, b, ldb, c, ldc, &mut lines) };
         return;
     }
     #[cfg(target_arch = "x86_64")]
     if crate::simd_level() == crate::SimdLevel::Avx2 {
         // SAFETY: AVX2, FMA and F16C are present (simd_level) and the slices cover every
         // index used (checked above).
-        unsafe { avx2::abt(m, n, kd, a, lda, b, ldb, c, ldc) };
+        unsafe { avx2::abt(m, n, kd, a, lda, b, ldb, c, ldc, &mut lines) };
         return;
     }
+    crate::prefetch::prefetch_l2(prefetch);
     for i in 0..m {
         for j in 0..n {
             let (x, y) = (&a[i * lda..i * lda + kd], &b[j * ldb..j * ldb + kd]);
@@ -80,6 +86,30 @@ pub fn gemm_f32_ab(
     }
 }
 
+/// The lines of a prefetch spread over a product's output tiles: `per_tile` lines at each.
+struct Lines<'a> {
+    lines: core::slice::Chunks<'a, u8>,
+    per_tile: usize,
+}
+
+impl<'a> Lines<'a> {
+    /// `bytes` over about `tiles` tiles.
+    fn new(bytes: &'a [u8], tiles: usize) -> Lines<'a> {
+        Lines {
+            lines: bytes.chunks(64),
+            per_tile: bytes.len().div_ceil(64).div_ceil(tiles.max(1)),
+        }
+    }
+
+    /// Prefetch the next tile's share (none once all lines were asked for).
+    #[inline]
+    fn tile(&mut self) {
+        for line in self.lines.by_ref().take(self.per_tile) {
+            crate::prefetch::prefetch_l2(line);
+        }
+    }
+}
+
 /// A `rows x cols` matrix with leading dimension `ld` must fit in `len` elements.
 pub(crate) fn check(rows: usize, cols: usize, len: usize, ld: usize, what: &str) {
     assert!(
@@ -119,12 +149,14 @@ mod avx512 {
         ldb: usize,
         c: &mut [f32],
         ldc: usize,
+        lines: &mut super::Lines,
     ) {
         let mut i = 0;
         while i < m {
             let mr = if m - i >= 4 { 4 } else { 1 };
             let mut j = 0;
             while j < n {
+                lines.tile();
                 let nr = if n - j >= 4 { 4 } else { 1 };
                 // SAFETY: rows i..i+mr of a, j..j+nr of b and the c block are in bounds
                 // (the caller checked the shapes).
@@ -297,12 +329,14 @@ mod avx2 {
         ldb: usize,
         c: &mut [f32],
         ldc: usize,
+        lines: &mut super::Lines,
     ) {
         let mut i = 0;
         while i < m {
             let mr = if m - i >= 3 { 3 } else { 1 };
             let mut j = 0;
             while j < n {
+                lines.tile();
                 let nr = if n - j >= 2 { 2 } else { 1 };
                 // SAFETY: rows i..i+mr of a, j..j+nr of b and the c block are in bounds
                 // (the caller checked the shapes).
@@ -335,33 +369,43 @@ mod avx2 {
     ) {
         // [row][column][half of the 16 lanes]
         let mut acc = [[[_mm256_setzero_ps(); 2]; NR]; MR];
-        // Whole steps of 16 with plain loads, then the tail with masked ones (same lanes).
+        let a_row = |ii: usize| a.as_ptr().wrapping_add((i0 + ii) * lda);
+        let b_row = |jj: usize| b.as_ptr().wrapping_add((j0 + jj) * ldb);
+        // Whole steps of 16 with plain loads, in a loop of their own: the tail's masks would
+        // take registers the accumulators need (one spilled accumulator put a store and a
+        // reload on every step's dependency chain).
         let whole = kd / 16 * 16;
-        let mut k = 0;
-        while k < kd.div_ceil(16) * 16 {
+        for k in (0..whole).step_by(16) {
             for h in 0..2 {
                 let at = k + 8 * h;
-                let mask = lanes(kd.saturating_sub(at));
-                let load = |p: *const f32| {
-                    if k < whole {
-                        // SAFETY: at + 8 <= whole <= kd: the 8 lanes are inside the row.
-                        unsafe { _mm256_loadu_ps(p) }
-                    } else {
-                        // SAFETY: the lanes the mask loads, at..min(at + 8, kd) of the row,
-                        // are inside it; with none loaded the address is not read.
-                        unsafe { _mm256_maskload_ps(p, mask) }
-                    }
-                };
+                // SAFETY: at + 8 <= whole <= kd: the 8 lanes are inside each row.
                 let bv: [__m256; NR] =
-                    core::array::from_fn(|jj| load(b.as_ptr().wrapping_add((j0 + jj) * ldb + at)));
+                    core::array::from_fn(|jj| unsafe { _mm256_loadu_ps(b_row(jj).add(at)) });
                 for (ii, row) in acc.iter_mut().enumerate() {
-                    let av = load(a.as_ptr().wrapping_add((i0 + ii) * lda + at));
+                    // SAFETY: as for `bv`.
+                    let av = unsafe { _mm256_loadu_ps(a_row(ii).add(at)) };
                     for (jj, r) in row.iter_mut().enumerate() {
                         r[h] = _mm256_fmadd_ps(av, bv[jj], r[h]);
                     }
                 }
             }
-            k += 16;
+        }
+        if whole < kd {
+            // The tail: masked loads, lanes past kd read as zero (AVX-512's masked loads).
+            for h in 0..2 {
+                let at = whole + 8 * h;
+                let mask = lanes(kd.saturating_sub(at));
+                // SAFETY: the lanes the mask loads, at..min(at + 8, kd) of the row, are
+                // inside it; with none loaded the address is not read.
+                let load = |p: *const f32| unsafe { _mm256_maskload_ps(p.wrapping_add(at), mask) };
+                let bv: [__m256; NR] = core::array::from_fn(|jj| load(b_row(jj)));
+                for (ii, row) in acc.iter_mut().enumerate() {
+                    let av = load(a_row(ii));
+                    for (jj, r) in row.iter_mut().enumerate() {
+                        r[h] = _mm256_fmadd_ps(av, bv[jj], r[h]);
+                    }
+                }
+            }
         }
         for (ii, row) in acc.iter().enumerate() {
             for (jj, r) in row.iter().enumerate() {
@@ -481,7 +525,7 @@ mod tests {
             let a = data(m * lda, 5);
             let b = data(n * ldb, 6);
             let mut c = vec![f32::NAN; m * n];
-            gemm_f32_abt(m, n, k, &a, lda, &b, ldb, &mut c, n);
+            gemm_f32_abt(m, n, k, &a, lda, &b, ldb, &mut c, n, &[]);
             for i in 0..m {
                 for j in 0..n {
                     let mut lanes = [0f32; 16];
@@ -512,7 +556,7 @@ mod tests {
             let a = data(m * lda, 1);
             let b = data(n * ldb, 2);
             let mut c = vec![f32::NAN; m * ldc];
-            gemm_f32_abt(m, n, k, &a, lda, &b, ldb, &mut c, ldc);
+            gemm_f32_abt(m, n, k, &a, lda, &b, ldb, &mut c, ldc, &[]);
             for i in 0..m {
                 for j in 0..n {
                     let want: f64 = (0..k)

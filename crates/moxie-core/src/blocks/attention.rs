@@ -369,7 +369,7 @@ fn attend_run(g: AttnGeom, q: &[f32], run: KvRun, s: &mut RunScratch, state: &mu
             }
             None => (&s.k, kw),
         };
-        // bf16: the next block's rows (contiguous positions) stream in during the first score
+        // The next block's rows (contiguous positions) stream in during the first score
         // product.
         let next = (j0 + b).min(run.span.end)..(j0 + b + run.block).min(run.span.end);
         let (rb, data) = (run.keys.row_bytes, run.keys.data);
@@ -816,7 +816,7 @@ impl Converted {
 
     /// `scores` (`m` rows of `n`) = the `m` query rows of `kd` of `q` from element `q_at`
     /// against `n` of these rows (stride `ld`), `kd` elements from element `at`. `prefetch`:
-    /// bytes the bf16 product brings into L2 meanwhile.
+    /// bytes the product brings into L2 meanwhile.
     #[allow(clippy::too_many_arguments)]
     fn scores(
         &self,
@@ -842,6 +842,7 @@ impl Converted {
                 ld,
                 scores,
                 n,
+                prefetch,
             ),
             (Converted::Bf16(k), Converted::Bf16(q)) => moxie_quant::gemm_bf16_abt(
                 m,

@@ -475,7 +475,7 @@ impl Indexer {
                     if fast {
                         // All heads against the tile's positions as one blocked f32 product.
                         let qk = &mut qk[..nh * b];
-                        moxie_quant::gemm_f32_abt(nh, b, d, qt, d, keys, d, qk, b);
+                        moxie_quant::gemm_f32_abt(nh, b, d, qt, d, keys, d, qk, b, &[]);
                         for (j, score) in tile_scores.iter_mut().enumerate() {
                             *score = wt.iter().enumerate().fold(0f32, |score, (h, &wh)| {
                                 qk[h * b + j].max(0.0).mul_add(wh, score)
