@@ -22,19 +22,18 @@ pub fn gemm_f32_abt(
     check(m, kd, a.len(), lda, "a");
     check(n, kd, b.len(), ldb, "b");
     check(m, n, c.len(), ldc, "c");
-    let mut lines = Lines::new(prefetch, m.div_ceil(3) * n.div_ceil(2));
     #[cfg(target_arch = "x86_64")]
     if crate::simd_level() == crate::SimdLevel::Avx512 {
         // SAFETY: AVX-512F is present (simd_level) and the slices cover every index used
         // (checked above).
-        unsafe { avx512::abt(m, n, kd, a, lda, b, ldb, c, ldc, &mut lines) };
+        unsafe { avx512::abt(m, n, kd, a, lda, b, ldb, c, ldc, prefetch) };
         return;
     }
     #[cfg(target_arch = "x86_64")]
     if crate::simd_level() == crate::SimdLevel::Avx2 {
         // SAFETY: AVX2, FMA and F16C are present (simd_level) and the slices cover every
         // index used (checked above).
-        unsafe { avx2::abt(m, n, kd, a, lda, b, ldb, c, ldc, &mut lines) };
+        unsafe { avx2::abt(m, n, kd, a, lda, b, ldb, c, ldc, prefetch) };
         return;
     }
     crate::prefetch::prefetch_l2(prefetch);
@@ -86,27 +85,38 @@ pub fn gemm_f32_ab(
     }
 }
 
-/// The lines of a prefetch spread over a product's output tiles: `per_tile` lines at each.
-struct Lines<'a> {
-    lines: core::slice::Chunks<'a, u8>,
-    per_tile: usize,
-}
-
-impl<'a> Lines<'a> {
-    /// `bytes` over about `tiles` tiles.
-    fn new(bytes: &'a [u8], tiles: usize) -> Lines<'a> {
-        Lines {
-            lines: bytes.chunks(64),
-            per_tile: bytes.len().div_ceil(64).div_ceil(tiles.max(1)),
+/// The output tiles of an `m`-row, `n`-column product, in the order the kernels run them:
+/// row tiles of `rows` (single rows where fewer are left), within each, column tiles of
+/// `cols.0` (`cols.1` where fewer are left; the last may reach past `n`, the kernels mask it).
+/// Calls `tile(i, j, full_rows, full_cols)` for each, and asks for `prefetch`'s lines into L2
+/// spread evenly over them.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn walk_tiles(
+    m: usize,
+    rows: usize,
+    n: usize,
+    cols: (usize, usize),
+    prefetch: &[u8],
+    mut tile: impl FnMut(usize, usize, bool, bool),
+) {
+    let steps = |len: usize, big: usize, small: usize| len / big + (len % big).div_ceil(small);
+    let tiles = steps(m, rows, 1) * steps(n, cols.0, cols.1);
+    let mut lines = prefetch.chunks(64);
+    let per_tile = prefetch.len().div_ceil(64).div_ceil(tiles.max(1));
+    let mut i = 0;
+    while i < m {
+        let full_rows = m - i >= rows;
+        let mut j = 0;
+        while j < n {
+            for line in lines.by_ref().take(per_tile) {
+                crate::prefetch::prefetch_l2(line);
+            }
+            let full_cols = n - j >= cols.0;
+            tile(i, j, full_rows, full_cols);
+            j += if full_cols { cols.0 } else { cols.1 };
         }
-    }
-
-    /// Prefetch the next tile's share (none once all lines were asked for).
-    #[inline]
-    fn tile(&mut self) {
-        for line in self.lines.by_ref().take(self.per_tile) {
-            crate::prefetch::prefetch_l2(line);
-        }
+        i += if full_rows { rows } else { 1 };
     }
 }
 
@@ -149,29 +159,20 @@ mod avx512 {
         ldb: usize,
         c: &mut [f32],
         ldc: usize,
-        lines: &mut super::Lines,
+        prefetch: &[u8],
     ) {
-        let mut i = 0;
-        while i < m {
-            let mr = if m - i >= 4 { 4 } else { 1 };
-            let mut j = 0;
-            while j < n {
-                lines.tile();
-                let nr = if n - j >= 4 { 4 } else { 1 };
-                // SAFETY: rows i..i+mr of a, j..j+nr of b and the c block are in bounds
-                // (the caller checked the shapes).
-                unsafe {
-                    match (mr, nr) {
-                        (4, 4) => tile_abt::<4, 4>(kd, a, lda, b, ldb, c, ldc, i, j),
-                        (4, _) => tile_abt::<4, 1>(kd, a, lda, b, ldb, c, ldc, i, j),
-                        (_, 4) => tile_abt::<1, 4>(kd, a, lda, b, ldb, c, ldc, i, j),
-                        _ => tile_abt::<1, 1>(kd, a, lda, b, ldb, c, ldc, i, j),
-                    }
+        super::walk_tiles(m, 4, n, (4, 1), prefetch, |i, j, full_rows, full_cols| {
+            // SAFETY: rows i..i+4 (or i) of a, j..j+4 (or j) of b and the c block are in
+            // bounds (the caller checked the shapes).
+            unsafe {
+                match (full_rows, full_cols) {
+                    (true, true) => tile_abt::<4, 4>(kd, a, lda, b, ldb, c, ldc, i, j),
+                    (true, false) => tile_abt::<4, 1>(kd, a, lda, b, ldb, c, ldc, i, j),
+                    (false, true) => tile_abt::<1, 4>(kd, a, lda, b, ldb, c, ldc, i, j),
+                    (false, false) => tile_abt::<1, 1>(kd, a, lda, b, ldb, c, ldc, i, j),
                 }
-                j += nr;
             }
-            i += mr;
-        }
+        });
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -226,25 +227,17 @@ mod avx512 {
         c: &mut [f32],
         ldc: usize,
     ) {
-        let mut i = 0;
-        while i < m {
-            let mr = if m - i >= 4 { 4 } else { 1 };
-            let mut d = 0;
-            while d < dv {
-                let w = if dv - d >= 64 { 64 } else { 16 };
-                // SAFETY: as in abt.
-                unsafe {
-                    match (mr, w) {
-                        (4, 64) => tile_ab::<4, 4>(n, dv, p, ldp, v, ldv, c, ldc, i, d),
-                        (4, _) => tile_ab::<4, 1>(n, dv, p, ldp, v, ldv, c, ldc, i, d),
-                        (_, 64) => tile_ab::<1, 4>(n, dv, p, ldp, v, ldv, c, ldc, i, d),
-                        _ => tile_ab::<1, 1>(n, dv, p, ldp, v, ldv, c, ldc, i, d),
-                    }
+        super::walk_tiles(m, 4, dv, (64, 16), &[], |i, d, full_rows, full_cols| {
+            // SAFETY: as in abt (the tiles mask columns past dv).
+            unsafe {
+                match (full_rows, full_cols) {
+                    (true, true) => tile_ab::<4, 4>(n, dv, p, ldp, v, ldv, c, ldc, i, d),
+                    (true, false) => tile_ab::<4, 1>(n, dv, p, ldp, v, ldv, c, ldc, i, d),
+                    (false, true) => tile_ab::<1, 4>(n, dv, p, ldp, v, ldv, c, ldc, i, d),
+                    (false, false) => tile_ab::<1, 1>(n, dv, p, ldp, v, ldv, c, ldc, i, d),
                 }
-                d += w;
             }
-            i += mr;
-        }
+        });
     }
 
     /// Rows `i0..i0+MR`, columns `d0..d0+16*NV` (clipped to `dv`).
@@ -329,29 +322,20 @@ mod avx2 {
         ldb: usize,
         c: &mut [f32],
         ldc: usize,
-        lines: &mut super::Lines,
+        prefetch: &[u8],
     ) {
-        let mut i = 0;
-        while i < m {
-            let mr = if m - i >= 3 { 3 } else { 1 };
-            let mut j = 0;
-            while j < n {
-                lines.tile();
-                let nr = if n - j >= 2 { 2 } else { 1 };
-                // SAFETY: rows i..i+mr of a, j..j+nr of b and the c block are in bounds
-                // (the caller checked the shapes).
-                unsafe {
-                    match (mr, nr) {
-                        (3, 2) => tile_abt::<3, 2>(kd, a, lda, b, ldb, c, ldc, i, j),
-                        (3, _) => tile_abt::<3, 1>(kd, a, lda, b, ldb, c, ldc, i, j),
-                        (_, 2) => tile_abt::<1, 2>(kd, a, lda, b, ldb, c, ldc, i, j),
-                        _ => tile_abt::<1, 1>(kd, a, lda, b, ldb, c, ldc, i, j),
-                    }
+        super::walk_tiles(m, 3, n, (2, 1), prefetch, |i, j, full_rows, full_cols| {
+            // SAFETY: rows i..i+3 (or i) of a, j..j+2 (or j) of b and the c block are in
+            // bounds (the caller checked the shapes).
+            unsafe {
+                match (full_rows, full_cols) {
+                    (true, true) => tile_abt::<3, 2>(kd, a, lda, b, ldb, c, ldc, i, j),
+                    (true, false) => tile_abt::<3, 1>(kd, a, lda, b, ldb, c, ldc, i, j),
+                    (false, true) => tile_abt::<1, 2>(kd, a, lda, b, ldb, c, ldc, i, j),
+                    (false, false) => tile_abt::<1, 1>(kd, a, lda, b, ldb, c, ldc, i, j),
                 }
-                j += nr;
             }
-            i += mr;
-        }
+        });
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -427,25 +411,17 @@ mod avx2 {
         c: &mut [f32],
         ldc: usize,
     ) {
-        let mut i = 0;
-        while i < m {
-            let mr = if m - i >= 4 { 4 } else { 1 };
-            let mut d = 0;
-            while d < dv {
-                let w = if dv - d >= 24 { 24 } else { 8 };
-                // SAFETY: as in abt.
-                unsafe {
-                    match (mr, w) {
-                        (4, 24) => tile_ab::<4, 3>(n, dv, p, ldp, v, ldv, c, ldc, i, d),
-                        (4, _) => tile_ab::<4, 1>(n, dv, p, ldp, v, ldv, c, ldc, i, d),
-                        (_, 24) => tile_ab::<1, 3>(n, dv, p, ldp, v, ldv, c, ldc, i, d),
-                        _ => tile_ab::<1, 1>(n, dv, p, ldp, v, ldv, c, ldc, i, d),
-                    }
+        super::walk_tiles(m, 4, dv, (24, 8), &[], |i, d, full_rows, full_cols| {
+            // SAFETY: as in abt (the tiles mask columns past dv).
+            unsafe {
+                match (full_rows, full_cols) {
+                    (true, true) => tile_ab::<4, 3>(n, dv, p, ldp, v, ldv, c, ldc, i, d),
+                    (true, false) => tile_ab::<4, 1>(n, dv, p, ldp, v, ldv, c, ldc, i, d),
+                    (false, true) => tile_ab::<1, 3>(n, dv, p, ldp, v, ldv, c, ldc, i, d),
+                    (false, false) => tile_ab::<1, 1>(n, dv, p, ldp, v, ldv, c, ldc, i, d),
                 }
-                d += w;
             }
-            i += mr;
-        }
+        });
     }
 
     /// Rows `i0..i0+MR`, columns `d0..d0+8*NV` (clipped to `dv`).
