@@ -954,20 +954,29 @@ pub(crate) fn ld_f16x8(s: &[u8], off: usize) -> __m256 {
     _mm256_cvtph_ps(ld128(s, off))
 }
 
+/// vec.cpp's AVX-512 main loop over the first `np` (a multiple of 64) elements, reduced:
+/// `fma` into 4 accumulators of 16 lanes (here two halves each), 64 elements a step. `ld(s, i)`
+/// gives the 8 values of `s` from element `i` as f32.
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn dot_f32_imp(w: &[u8], a: &[u8]) -> f32 {
-    let n = w.len() / 4;
-    let np = n & !63;
+fn sum_f32x16(w: &[u8], a: &[u8], np: usize, ld: impl Fn(&[u8], usize) -> __m256) -> f32 {
     let mut lo = [_mm256_setzero_ps(); 4];
     let mut hi = [_mm256_setzero_ps(); 4];
     for i in (0..np).step_by(64) {
         for j in 0..4 {
-            let o = 4 * (i + 16 * j);
-            lo[j] = _mm256_fmadd_ps(ld_f32x8(w, o), ld_f32x8(a, o), lo[j]);
-            hi[j] = _mm256_fmadd_ps(ld_f32x8(w, o + 32), ld_f32x8(a, o + 32), hi[j]);
+            let e = i + 16 * j;
+            lo[j] = _mm256_fmadd_ps(ld(w, e), ld(a, e), lo[j]);
+            hi[j] = _mm256_fmadd_ps(ld(w, e + 8), ld(a, e + 8), hi[j]);
         }
     }
-    let mut sumf = reduce_f32x16(lo, hi);
+    reduce_f32x16(lo, hi)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_f32_imp(w: &[u8], a: &[u8]) -> f32 {
+    let n = w.len() / 4;
+    let np = n & !63;
+    let mut sumf = sum_f32x16(w, a, np, |s, i| ld_f32x8(s, 4 * i));
     // ggml's leftover loop `sumf += x[i]*y[i]` as GCC 12 compiles it for Intel AVX-512
     // (-march=sapphirerapids, 256-bit preference): products of whole groups of 4 are rounded
     // and then added in order, the last `n % 4` are FMAs.
@@ -985,17 +994,8 @@ fn dot_f32_imp(w: &[u8], a: &[u8]) -> f32 {
 fn dot_f16_imp(w: &[u8], a: &[u8]) -> f32 {
     let n = w.len() / 2;
     let np = n & !63;
-    let mut lo = [_mm256_setzero_ps(); 4];
-    let mut hi = [_mm256_setzero_ps(); 4];
-    for i in (0..np).step_by(64) {
-        for j in 0..4 {
-            let o = 2 * (i + 16 * j);
-            lo[j] = _mm256_fmadd_ps(ld_f16x8(w, o), ld_f16x8(a, o), lo[j]);
-            hi[j] = _mm256_fmadd_ps(ld_f16x8(w, o + 16), ld_f16x8(a, o + 16), hi[j]);
-        }
-    }
     // ggml accumulates this one in double (ggml_float)
-    let mut sumf = reduce_f32x16(lo, hi) as f64;
+    let mut sumf = sum_f32x16(w, a, np, |s, i| ld_f16x8(s, 2 * i)) as f64;
     for i in np..n {
         sumf += (h2f(w, 2 * i) * h2f(a, 2 * i)) as f64;
     }
