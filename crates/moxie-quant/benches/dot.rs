@@ -422,52 +422,7 @@ fn batch32_gemm_dram(bencher: Bencher, ty: GgmlType) {
 /// instruction) says how close decode at depth runs to the instruction's peak.
 #[divan::bench(args = ["scores", "values"], min_time = 0.5, max_time = 1)]
 fn attention_bf16(bencher: Bencher, product: &str) {
-    let (heads, positions, dk, dv) = (16, 64, 576, 512);
-    let mut rng = Rng(11);
-    let mut bf16 = |n: usize| -> Vec<u16> {
-        let x: Vec<f32> = (0..n).map(|_| rng.f32()).collect();
-        let mut out = vec![0u16; n];
-        moxie_quant::bf16gemm::f32_to_bf16(&x, &mut out);
-        out
-    };
-    let (q, k) = (bf16(heads * dk), bf16(positions * dk));
-    let p = bf16(heads * positions);
-    let mut out = vec![0f32; heads * dv.max(positions)];
-    match product {
-        "scores" => bencher
-            .counter(divan::counter::ItemsCount::new(heads * positions * dk))
-            .bench_local(|| {
-                gemm_bf16_abt(
-                    heads,
-                    positions,
-                    dk,
-                    black_box(&q),
-                    dk,
-                    black_box(&k),
-                    dk,
-                    &mut out,
-                    positions,
-                    &[],
-                );
-                black_box(&out);
-            }),
-        _ => bencher
-            .counter(divan::counter::ItemsCount::new(heads * positions * dv))
-            .bench_local(|| {
-                gemm_bf16_ab(
-                    heads,
-                    positions,
-                    dv,
-                    black_box(&p),
-                    positions,
-                    black_box(&k),
-                    dk,
-                    &mut out,
-                    dv,
-                );
-                black_box(&out);
-            }),
-    }
+    attention(bencher, product, true);
 }
 
 /// [`attention_bf16`]'s products in f32 (`gemm_f32_abt`, `gemm_f32_ab`): what one-token
@@ -476,6 +431,11 @@ fn attention_bf16(bencher: Bencher, product: &str) {
 /// units, 32 on AVX-512).
 #[divan::bench(args = ["scores", "values"], min_time = 0.5, max_time = 1)]
 fn attention_f32(bencher: Bencher, product: &str) {
+    attention(bencher, product, false);
+}
+
+/// One of [`attention_bf16`]'s products (`bf16`) or [`attention_f32`]'s, on the same values.
+fn attention(bencher: Bencher, product: &str, bf16: bool) {
     let (heads, positions, dk, dv) = (16, 64, 576, 512);
     let mut rng = Rng(11);
     let mut f32s = |n: usize| -> Vec<f32> { (0..n).map(|_| rng.f32()).collect() };
@@ -484,12 +444,32 @@ fn attention_f32(bencher: Bencher, product: &str) {
         f32s(positions * dk),
         f32s(heads * positions),
     );
+    let to_bf16 = |x: &[f32]| {
+        let mut out = vec![0u16; x.len()];
+        moxie_quant::bf16gemm::f32_to_bf16(x, &mut out);
+        out
+    };
+    let (q16, k16, p16) = (to_bf16(&q), to_bf16(&k), to_bf16(&p));
     let mut out = vec![0f32; heads * dv.max(positions)];
-    match product {
-        "scores" => bencher
-            .counter(divan::counter::ItemsCount::new(heads * positions * dk))
-            .bench_local(|| {
-                gemm_f32_abt(
+    let scores = product == "scores";
+    let macs = heads * positions * if scores { dk } else { dv };
+    bencher
+        .counter(divan::counter::ItemsCount::new(macs))
+        .bench_local(|| {
+            match (scores, bf16) {
+                (true, true) => gemm_bf16_abt(
+                    heads,
+                    positions,
+                    dk,
+                    black_box(&q16),
+                    dk,
+                    black_box(&k16),
+                    dk,
+                    &mut out,
+                    positions,
+                    &[],
+                ),
+                (true, false) => gemm_f32_abt(
                     heads,
                     positions,
                     dk,
@@ -500,13 +480,19 @@ fn attention_f32(bencher: Bencher, product: &str) {
                     &mut out,
                     positions,
                     &[],
-                );
-                black_box(&out);
-            }),
-        _ => bencher
-            .counter(divan::counter::ItemsCount::new(heads * positions * dv))
-            .bench_local(|| {
-                gemm_f32_ab(
+                ),
+                (false, true) => gemm_bf16_ab(
+                    heads,
+                    positions,
+                    dv,
+                    black_box(&p16),
+                    positions,
+                    black_box(&k16),
+                    dk,
+                    &mut out,
+                    dv,
+                ),
+                (false, false) => gemm_f32_ab(
                     heads,
                     positions,
                     dv,
@@ -516,8 +502,8 @@ fn attention_f32(bencher: Bencher, product: &str) {
                     dk,
                     &mut out,
                     dv,
-                );
-                black_box(&out);
-            }),
-    }
+                ),
+            }
+            black_box(&out);
+        });
 }
