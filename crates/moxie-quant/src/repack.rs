@@ -833,6 +833,49 @@ mod tests {
         }
     }
 
+    /// The largest codes against activations of -128 everywhere: the SIMD kernels' i16 sums
+    /// (of up to 8 code pairs before widening) must not saturate, so they still equal the
+    /// portable kernels bit for bit.
+    #[test]
+    fn gemv_extreme_codes_match_the_portable_kernels() {
+        let n_in = 512;
+        let mut act = Vec::new();
+        for _ in 0..n_in / 256 {
+            act.extend_from_slice(&0.5f32.to_le_bytes());
+            act.extend_from_slice(&[0x80; 256]);
+            for _ in 0..16 {
+                act.extend_from_slice(&(-16 * 128i16).to_le_bytes());
+            }
+        }
+        for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
+            let n_rows = REPACK_ROWS;
+            let mut w = vec![0xFFu8; ty.row_bytes(n_in as u64).unwrap() as usize * n_rows];
+            let d = crate::f32_to_fp16(1.0 / 64.0).to_le_bytes();
+            for blk in w.chunks_exact_mut(ty.type_size()) {
+                for &off in ty.f16_scale_offsets() {
+                    blk[off..off + 2].copy_from_slice(&d);
+                }
+            }
+            let mut r = vec![0u8; w.len()];
+            repack(ty, &w, n_rows, n_in, &mut r);
+            let mut got = [0f32; REPACK_ROWS];
+            gemv(ty, n_in, &r, &act, &mut got);
+            let mut scalar = [0f32; REPACK_ROWS];
+            match ty {
+                GgmlType::Q4_K => gemv_q4_k_r16_scalar::<false>(&r, &act, &mut scalar),
+                GgmlType::Q5_K => gemv_q4_k_r16_scalar::<true>(&r, &act, &mut scalar),
+                _ => gemv_q6_k_r16_scalar(&r, &act, &mut scalar),
+            }
+            assert_eq!(got.map(f32::to_bits), scalar.map(f32::to_bits), "{ty}");
+            let want = crate::vec_dot_fn(ty).unwrap()(n_in, &w[..w.len() / n_rows], &act);
+            assert!(
+                (got[0] - want).abs() <= 1e-5 * want.abs(),
+                "{ty}: {} vs {want}",
+                got[0]
+            );
+        }
+    }
+
     /// The interleaved kernels equal `vec_dot` to float rounding, and the SIMD kernels equal
     /// the portable ones bit for bit.
     #[test]

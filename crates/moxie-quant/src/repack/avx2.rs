@@ -36,16 +36,6 @@ fn dot4(u: __m256i, s: __m256i) -> __m256i {
     _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
 }
 
-/// Byte `i` of every 32-bit lane of `v`, zero-extended.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn lane_byte(v: __m256i, i: u32) -> __m256i {
-    _mm256_and_si256(
-        _mm256_srl_epi32(v, _mm_cvtsi32_si128(8 * i as i32)),
-        _mm256_set1_epi32(0xFF),
-    )
-}
-
 /// Stores the two halves' 8 results each into `out`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -69,20 +59,33 @@ fn bit_at_4<const B: i32>(h: __m256i) -> __m256i {
     _mm256_and_si256(moved, _mm256_set1_epi8(0x10))
 }
 
+/// Per 32-bit lane of `v`, its bytes `a` and `b` zero-extended into the lane's two i16
+/// halves (`vpmaddwd`'s operand: `b` multiplies the odd i16 of the other operand).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn byte_pair(v: __m256i, a: i32, b: i32) -> __m256i {
+    let c = |p: i32| (4 * p + a) | 0x80 << 8 | (4 * p + b) << 16 | (0x80 << 24);
+    _mm256_shuffle_epi8(
+        v,
+        _mm256_setr_epi32(c(0), c(1), c(2), c(3), c(0), c(1), c(2), c(3)),
+    )
+}
+
 /// [`super::gemv`] for Q4_K (`Q5`: Q5_K); `group` and `act` hold the same number of
 /// super-blocks.
+///
+/// ggml's AVX2 form: a sub-block's `vpmaddubsw` pairs are summed in i16 and widened once, by
+/// `vpmaddwd` with the row's 6-bit scale in both halves of its lane, so that no product is
+/// widened by ones and no integer is multiplied per lane (`vpmulld`). The pairs of 4-bit codes
+/// stay within 2·15·128, 8 of them below 32768; 5-bit codes within 2·31·128, 4 of them. The
+/// mins meet the activation sums the same way, two sub-blocks per `vpmaddwd`.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn gemv_q4_k_r16<const Q5: bool>(
     group: &[u8],
     act: &[u8],
     out: &mut [f32; REPACK_ROWS],
 ) {
-    let (group_block, qs) = if Q5 {
-        (Q5K_GROUP_BLOCK, 768)
-    } else {
-        (Q4K_GROUP_BLOCK, 256)
-    };
-    let m4 = _mm256_set1_epi8(0xF);
+    let group_block = if Q5 { Q5K_GROUP_BLOCK } else { Q4K_GROUP_BLOCK };
     let (m1, m2, m3) = (
         _mm256_set1_epi32(0x3f3f_3f3f),
         _mm256_set1_epi32(0x0f0f_0f0f),
@@ -96,71 +99,101 @@ pub(super) fn gemv_q4_k_r16<const Q5: bool>(
     {
         prefetch_ahead(o);
         let yd = _mm256_set1_ps(rd_f32(y, 0));
+        // Sub-block s's activation sum (|sum| <= 32·128, an i16).
         let bsum = |s: usize| rd_i16(y, 260 + 4 * s) as i32 + rd_i16(y, 262 + 4 * s) as i32;
-        for h in 0..2 {
+        let mut sc = [[_mm256_setzero_si256(); 2]; 2];
+        for (h, sc) in sc.iter_mut().enumerate() {
             let half = 32 * h;
-            let d = _mm256_mul_ps(ld_f16x8(o, 16 * h), yd);
-            let dmin = _mm256_mul_ps(ld_f16x8(o, 32 + 16 * h), yd);
             let (u0, u1, u2) = (
                 ld256(o, 64 + half),
                 ld256(o, 128 + half),
                 ld256(o, 192 + half),
             );
             // ggml's utmp words on 8 lanes: scales 0..3, 4..7, mins 0..3, 4..7 (a byte each)
-            let sc_lo = _mm256_and_si256(u0, m1);
-            let sc_hi = _mm256_or_si256(
-                _mm256_and_si256(u2, m2),
-                _mm256_slli_epi32::<4>(_mm256_and_si256(_mm256_srli_epi32::<6>(u0), m3)),
-            );
-            let mn_lo = _mm256_and_si256(u1, m1);
-            let mn_hi = _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi32::<4>(u2), m2),
-                _mm256_slli_epi32::<4>(_mm256_and_si256(_mm256_srli_epi32::<6>(u1), m3)),
-            );
-            let mut sumi = _mm256_setzero_si256();
+            *sc = [
+                _mm256_and_si256(u0, m1),
+                _mm256_or_si256(
+                    _mm256_and_si256(u2, m2),
+                    _mm256_slli_epi32::<4>(_mm256_and_si256(_mm256_srli_epi32::<6>(u0), m3)),
+                ),
+            ];
+            let mn = [
+                _mm256_and_si256(u1, m1),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi32::<4>(u2), m2),
+                    _mm256_slli_epi32::<4>(_mm256_and_si256(_mm256_srli_epi32::<6>(u1), m3)),
+                ),
+            ];
             let mut summ = _mm256_setzero_si256();
             for j in 0..4 {
-                let mut lo = _mm256_setzero_si256();
-                let mut hi = _mm256_setzero_si256();
-                for g in 0..8 {
-                    let q = ld256(o, qs + (j * 8 + g) * 64 + half);
-                    let mut ql = _mm256_and_si256(q, m4);
-                    let mut qh = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
-                    if Q5 {
-                        let bits = ld256(o, 256 + 64 * g + half);
-                        let (h0, h1) = match j {
-                            0 => (bit_at_4::<0>(bits), bit_at_4::<1>(bits)),
-                            1 => (bit_at_4::<2>(bits), bit_at_4::<3>(bits)),
-                            2 => (bit_at_4::<4>(bits), bit_at_4::<5>(bits)),
-                            _ => (bit_at_4::<6>(bits), bit_at_4::<7>(bits)),
-                        };
-                        ql = _mm256_or_si256(ql, h0);
-                        qh = _mm256_or_si256(qh, h1);
-                    }
-                    let ya = bcast(y, 4 + 64 * j + 4 * g);
-                    let yb = bcast(y, 4 + 64 * j + 32 + 4 * g);
-                    lo = _mm256_add_epi32(lo, dot4(ql, ya));
-                    hi = _mm256_add_epi32(hi, dot4(qh, yb));
-                }
-                let scales = if j < 2 { sc_lo } else { sc_hi };
-                let mins = if j < 2 { mn_lo } else { mn_hi };
-                let (s0, s1) = ((2 * j % 4) as u32, (2 * j % 4 + 1) as u32);
-                sumi = _mm256_add_epi32(sumi, _mm256_mullo_epi32(lo, lane_byte(scales, s0)));
-                sumi = _mm256_add_epi32(sumi, _mm256_mullo_epi32(hi, lane_byte(scales, s1)));
-                summ = _mm256_add_epi32(
-                    summ,
-                    _mm256_mullo_epi32(lane_byte(mins, s0), _mm256_set1_epi32(bsum(2 * j))),
-                );
-                summ = _mm256_add_epi32(
-                    summ,
-                    _mm256_mullo_epi32(lane_byte(mins, s1), _mm256_set1_epi32(bsum(2 * j + 1))),
-                );
+                let s0 = (2 * j % 4) as i32;
+                let pair = (bsum(2 * j) & 0xFFFF) | bsum(2 * j + 1) << 16;
+                let m = byte_pair(mn[j / 2], s0, s0 + 1);
+                summ = _mm256_add_epi32(summ, _mm256_madd_epi16(m, _mm256_set1_epi32(pair)));
             }
-            acc[h] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc[h]);
+            let dmin = _mm256_mul_ps(ld_f16x8(o, 32 + 16 * h), yd);
             acc_m[h] = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(summ), acc_m[h]);
+        }
+        let mut sumi = [_mm256_setzero_si256(); 2];
+        q4_k_chunk::<Q5, 0>(o, y, &sc, &mut sumi);
+        q4_k_chunk::<Q5, 1>(o, y, &sc, &mut sumi);
+        q4_k_chunk::<Q5, 2>(o, y, &sc, &mut sumi);
+        q4_k_chunk::<Q5, 3>(o, y, &sc, &mut sumi);
+        for h in 0..2 {
+            let d = _mm256_mul_ps(ld_f16x8(o, 16 * h), yd);
+            acc[h] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi[h]), acc[h]);
         }
     }
     store(out, [0, 1].map(|h| _mm256_sub_ps(acc[h], acc_m[h])));
+}
+
+/// Chunk `J` of a Q4_K (`Q5`: Q5_K) super-block of group block `o` (64 elements of every
+/// row: sub-blocks 2J and 2J + 1) against Q8_K block `y`, added to `sumi` (per half) with the
+/// scales `sc` (per half, ggml's two scale words).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q4_k_chunk<const Q5: bool, const J: usize>(
+    o: &[u8],
+    y: &[u8],
+    sc: &[[__m256i; 2]; 2],
+    sumi: &mut [__m256i; 2],
+) {
+    let (qs, depth) = if Q5 { (768, 4) } else { (256, 8) };
+    let m4 = _mm256_set1_epi8(0xF);
+    let s0 = (2 * J % 4) as i32;
+    for g0 in (0..8).step_by(depth) {
+        let mut lo = [_mm256_setzero_si256(); 2];
+        let mut hi = [_mm256_setzero_si256(); 2];
+        for g in g0..g0 + depth {
+            let ya = bcast(y, 4 + 64 * J + 4 * g);
+            let yb = bcast(y, 4 + 64 * J + 32 + 4 * g);
+            for h in 0..2 {
+                let half = 32 * h;
+                let q = ld256(o, qs + (J * 8 + g) * 64 + half);
+                let mut ql = _mm256_and_si256(q, m4);
+                let mut qh = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
+                if Q5 {
+                    let bits = ld256(o, 256 + 64 * g + half);
+                    let (h0, h1) = match J {
+                        0 => (bit_at_4::<0>(bits), bit_at_4::<1>(bits)),
+                        1 => (bit_at_4::<2>(bits), bit_at_4::<3>(bits)),
+                        2 => (bit_at_4::<4>(bits), bit_at_4::<5>(bits)),
+                        _ => (bit_at_4::<6>(bits), bit_at_4::<7>(bits)),
+                    };
+                    ql = _mm256_or_si256(ql, h0);
+                    qh = _mm256_or_si256(qh, h1);
+                }
+                lo[h] = _mm256_add_epi16(lo[h], _mm256_maddubs_epi16(ql, ya));
+                hi[h] = _mm256_add_epi16(hi[h], _mm256_maddubs_epi16(qh, yb));
+            }
+        }
+        for h in 0..2 {
+            let scales = sc[h][J / 2];
+            let (a, b) = (byte_pair(scales, s0, s0), byte_pair(scales, s0 + 1, s0 + 1));
+            sumi[h] = _mm256_add_epi32(sumi[h], _mm256_madd_epi16(lo[h], a));
+            sumi[h] = _mm256_add_epi32(sumi[h], _mm256_madd_epi16(hi[h], b));
+        }
+    }
 }
 
 /// The four 6-bit code words of one Q6_K step (the low-nibble units `a`, `c` and the high-bit
