@@ -216,3 +216,60 @@ unsafe fn tokens<const N: usize, const S: usize, const D: usize>(
     }
     N
 }
+
+/// The float scales and mins of one Q4_K or Q5_K group block `o` (16 rows, 8 sub-blocks of
+/// 32) into `scale` and `min` (`[sub-block][16 rows]`, 128 each), as the portable tile fill
+/// makes them: ggml's scale and min words for 8 rows a register, each 6-bit value times the
+/// row's `d` (or `dmin`), rounded once.
+///
+/// # Safety
+/// AVX2, FMA and F16C are present.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q4_k_scales(o: &[u8], scale: &mut [f32], min: &mut [f32]) {
+    use crate::simd::x86_avx2::{ld256, ld_f16x8};
+    assert!(o.len() >= 256 && scale.len() >= 128 && min.len() >= 128);
+    let (m1, m2, m3) = (
+        _mm256_set1_epi32(0x3f3f_3f3f),
+        _mm256_set1_epi32(0x0f0f_0f0f),
+        _mm256_set1_epi32(0x0303_0303),
+    );
+    for h in 0..2 {
+        let half = 32 * h;
+        let d = ld_f16x8(o, 16 * h);
+        let dmin = ld_f16x8(o, 32 + 16 * h);
+        let (u0, u1, u2) = (
+            ld256(o, 64 + half),
+            ld256(o, 128 + half),
+            ld256(o, 192 + half),
+        );
+        let high =
+            |u: __m256i| _mm256_slli_epi32::<4>(_mm256_and_si256(_mm256_srli_epi32::<6>(u), m3));
+        let sc = [
+            _mm256_and_si256(u0, m1),
+            _mm256_or_si256(_mm256_and_si256(u2, m2), high(u0)),
+        ];
+        let mn = [
+            _mm256_and_si256(u1, m1),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32::<4>(u2), m2), high(u1)),
+        ];
+        for s in 0..8 {
+            let shift = _mm_cvtsi32_si128(8 * (s % 4) as i32);
+            let byte = |w: __m256i| {
+                let b = _mm256_and_si256(_mm256_srl_epi32(w, shift), _mm256_set1_epi32(0xFF));
+                _mm256_cvtepi32_ps(b)
+            };
+            let at = 16 * s + HALF * h;
+            // SAFETY: `at + 8 <= 128`, inside both outputs (asserted).
+            unsafe {
+                _mm256_storeu_ps(
+                    scale.as_mut_ptr().add(at),
+                    _mm256_mul_ps(d, byte(sc[s / 4])),
+                );
+                _mm256_storeu_ps(
+                    min.as_mut_ptr().add(at),
+                    _mm256_mul_ps(dmin, byte(mn[s / 4])),
+                );
+            }
+        }
+    }
+}
