@@ -1829,4 +1829,48 @@ mod tests {
             }
         }
     }
+
+    /// The largest codes against the most negative activations: the AVX2 kernel's i16 sums
+    /// (a whole sub-block of 4-bit codes before widening) must not saturate.
+    #[test]
+    fn gemm_extreme_codes_match_vec_dot() {
+        if !gemm_available() {
+            eprintln!("int8 GEMM not available here (needs AVX2): skipped");
+            return;
+        }
+        let (n_in, n_rows, n_tok) = (512, GEMM_TILE_ROWS, 5);
+        for ty in [
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
+            GgmlType::Q4_0,
+        ] {
+            let mut wq = vec![0xFFu8; ty.row_bytes(n_in as u64).unwrap() as usize * n_rows];
+            let d = crate::f32_to_fp16(1.0 / 64.0).to_le_bytes();
+            for blk in wq.chunks_exact_mut(ty.type_size()) {
+                for &off in ty.f16_scale_offsets() {
+                    blk[off..off + 2].copy_from_slice(&d);
+                }
+            }
+            // Every activation value at the type's most negative (Q8_K: -128; Q8_0: -127).
+            let act = crate::vec_dot_type(ty).unwrap();
+            let x = vec![-1.0f32; n_in * n_tok];
+            let arb = act.row_bytes(n_in as u64).unwrap() as usize;
+            let mut xq = vec![0u8; arb * n_tok];
+            for (row, xr) in xq.chunks_exact_mut(arb).zip(x.chunks_exact(n_in)) {
+                crate::quantize_fn(act).unwrap()(xr, row);
+            }
+            let acts = GemmActs::new(act, n_in, &xq, arb).unwrap();
+            let mut out = vec![f32::NAN; n_tok * GEMM_TILE_ROWS];
+            assert!(gemm_q8(ty, n_in, &wq, &acts, &mut out, &[]));
+            let rb = wq.len() / n_rows;
+            let want = crate::vec_dot_fn(ty).unwrap()(n_in, &wq[..rb], &xq[..arb]);
+            for (i, &got) in out.iter().enumerate() {
+                assert!(
+                    (got - want).abs() <= 1e-4 * want.abs(),
+                    "{ty} output {i}: int8 gemm {got}, vec_dot {want}"
+                );
+            }
+        }
+    }
 }

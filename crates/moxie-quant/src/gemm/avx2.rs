@@ -7,8 +7,9 @@
 //! A tile's 64-byte group is two 256-bit halves (rows 0..8 and 8..16). `vpdpbusd` becomes
 //! `vpmaddubsw` (pairs of unsigned-by-signed byte products, into i16) and `vpmaddwd` with ones
 //! (pairs of pairs, into i32). `vpmaddubsw` saturates above 32767, so:
-//! - layouts whose codes fit in 4 or 5 bits (Q4_K, Q4_0, Q4_1, Q5_K, Q5_0) sum 4 groups' i16
-//!   pairs before widening (4 · 2 · 31 · 127 < 32768), 6-bit Q6_K 2 (2 · 2 · 63 · 127);
+//! - layouts whose codes fit in 4 bits (Q4_K, Q4_0, Q4_1) sum a whole sub-block's i16 pairs
+//!   before widening (8 · 2 · 15 · 128 < 32768), 5 bits (Q5_K, Q5_0) 4 groups' (4 · 2 · 31 ·
+//!   128), 6-bit Q6_K 2 (2 · 2 · 63 · 128);
 //! - layouts of signed bytes stored with offset 128 (Q8_0, the IQ code-book types, ik_llama.cpp's
 //!   types) take the signed value back (`^ 0x80`) and multiply |w| by y with w's sign, as
 //!   ggml's AVX2 kernels do (activations are within ±127), widening every group; they need no
@@ -42,11 +43,13 @@ pub(super) unsafe fn tiles_times_tokens<const R: usize>(
     let passes = R * acts.n_tok.div_ceil(FULL);
     let per_pass = next.len().div_ceil(64 * passes.max(1)) * 64;
     let mut ahead = next.chunks(per_pass.max(64));
-    // Groups summed in i16 per widening; 0: signed bytes (offset 128). 4-bit codes could take
-    // 8, but 8 groups' weights do not fit in registers beside the sums (measured slower).
+    // Groups summed in i16 per widening; 0: signed bytes (offset 128). 4-bit codes take a
+    // whole sub-block (8), one group's weights at a time; 5- and 6-bit codes hold 4 or 2
+    // groups' weights in registers per widening.
     let depth = match l.code_bits {
         _ if l.offset == 128 => 0,
-        ..=5 => 4,
+        ..=4 => 8,
+        5 => 4,
         _ => 2,
     };
     for (t, o) in w.into_iter().zip(out) {
@@ -60,10 +63,12 @@ pub(super) unsafe fn tiles_times_tokens<const R: usize>(
                 match (l.sub, depth) {
                     (16, 0) => pass::<16, 0>(l, n_in, t, acts, t0, o, left, pf),
                     (16, 2) => pass::<16, 2>(l, n_in, t, acts, t0, o, left, pf),
-                    (16, _) => pass::<16, 4>(l, n_in, t, acts, t0, o, left, pf),
+                    (16, 4) => pass::<16, 4>(l, n_in, t, acts, t0, o, left, pf),
+                    (16, _) => pass::<16, 8>(l, n_in, t, acts, t0, o, left, pf),
                     (_, 0) => pass::<32, 0>(l, n_in, t, acts, t0, o, left, pf),
                     (_, 2) => pass::<32, 2>(l, n_in, t, acts, t0, o, left, pf),
-                    (_, _) => pass::<32, 4>(l, n_in, t, acts, t0, o, left, pf),
+                    (_, 4) => pass::<32, 4>(l, n_in, t, acts, t0, o, left, pf),
+                    (_, _) => pass::<32, 8>(l, n_in, t, acts, t0, o, left, pf),
                 }
             };
         }
@@ -143,7 +148,7 @@ unsafe fn tokens<const N: usize, const S: usize, const D: usize>(
         for sb in blk * per_dx..(blk + 1) * per_dx {
             super::platform::prefetch_share(pf, sb, per_sub);
             let mut iacc = [[_mm256_setzero_si256(); 2]; N];
-            if D > 0 && l.offset != 0 {
+            if D > 0 && D != 8 && l.offset != 0 {
                 // Undo the unsigned weight offset: -offset * sum(x).
                 for (j, acc) in iacc.iter_mut().enumerate() {
                     // SAFETY: j < N and sb < n_sub index inside `sums`.
@@ -151,7 +156,31 @@ unsafe fn tokens<const N: usize, const S: usize, const D: usize>(
                     *acc = [_mm256_set1_epi32(-l.offset * b); 2];
                 }
             }
-            if D == 0 {
+            if D == 8 {
+                // 4-bit codes: every group of the sub-block summed in i16 (8 · 2 · 15 · 128 <
+                // 32768), one group's weights at a time against every token, so that the
+                // N x 2 sums are all that stays live (no i32 sums beside them to spill).
+                let mut p = [[_mm256_setzero_si256(); 2]; N];
+                for g in 0..S / 4 {
+                    let k = sb * S + 4 * g;
+                    let w = wq(k);
+                    for (j, pj) in p.iter_mut().enumerate() {
+                        let xb = xw(j, k);
+                        for h in 0..2 {
+                            pj[h] = _mm256_add_epi16(pj[h], _mm256_maddubs_epi16(w[h], xb));
+                        }
+                    }
+                }
+                for (j, (acc, pj)) in iacc.iter_mut().zip(p).enumerate() {
+                    // Undo the unsigned weight offset: -offset * sum(x).
+                    // SAFETY: j < N and sb < n_sub index inside `sums`.
+                    let b = unsafe { *sums.get_unchecked(j * n_sub + sb) };
+                    let off = _mm256_set1_epi32(-l.offset * b);
+                    for h in 0..2 {
+                        acc[h] = _mm256_add_epi32(_mm256_madd_epi16(pj[h], ones), off);
+                    }
+                }
+            } else if D == 0 {
                 for g in 0..S / 4 {
                     let k = sb * S + 4 * g;
                     let ws = wq(k).map(|v| _mm256_xor_si256(v, flip));
