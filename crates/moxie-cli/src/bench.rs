@@ -70,6 +70,11 @@ pub struct Args {
     /// llama.cpp's summation order everywhere (bit-identical logits, slower prompt processing).
     #[arg(long)]
     pub(crate) exact: bool,
+    /// How MLA models attend over a prompt batch (also `-mla`): 3 expands keys and values
+    /// from the latents first, as ik_llama.cpp's `-mla 3`; 1 or 2, the default, attends over
+    /// the latents as llama.cpp does (see `moxie run --help`).
+    #[arg(long = "mla-use", value_name = "1|2|3", value_parser = crate::run::mla_use)]
+    pub(crate) mla_use: Option<moxie_core::MlaPrompts>,
     /// Output format: md, json, jsonl or csv.
     #[arg(short = 'o', long = "output", default_value = "md")]
     pub(crate) output: String,
@@ -295,7 +300,9 @@ pub fn main(a: Args, matches: &clap::ArgMatches) -> Result<()> {
             ftype_name(ftype)
         );
         for &t in &threads {
-            let par = Parallel::new(t).with_numerics(crate::run::numerics(a.exact));
+            let par = Parallel::new(t)
+                .with_numerics(crate::run::numerics(a.exact))
+                .with_mla_prompts(a.mla_use.unwrap_or_default());
             for &b in &a.batch {
                 for (&ub, kv) in a
                     .ubatch

@@ -76,7 +76,8 @@ const IGNORED: &[Ignored] = &[
     Ignored {
         flag: "--mla-use",
         value: Value::Required,
-        instead: "moxie's MLA always attends over the compressed latent cache (-mla 3)",
+        instead: "this command has no MLA setting (run, logits, serve, profile and bench take \
+                  --mla-use: 3 expands prompt batches' keys and values as ik_llama.cpp does)",
     },
     Ignored {
         flag: "--merge-qkv",
@@ -265,6 +266,10 @@ mod tests {
     fn a_flag_the_subcommand_has_is_kept() {
         let (out, notes) = run("moxie sweep-bench -m M -wb", &["--warmup-batch"]).unwrap();
         assert_eq!(out, ["moxie", "sweep-bench", "-m", "M", "--warmup-batch"]);
+        assert!(notes.is_empty());
+        // ik's `-mla 3` reaches the commands that take it.
+        let (out, notes) = run("moxie serve -m M -mla 3", &["--mla-use"]).unwrap();
+        assert_eq!(out, ["moxie", "serve", "-m", "M", "--mla-use", "3"]);
         assert!(notes.is_empty());
     }
 

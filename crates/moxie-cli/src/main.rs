@@ -211,7 +211,14 @@ mod tests {
                 .to_str(),
             Some("M")
         );
-        assert_eq!(notes.len(), 3, "{notes:?}");
+        // -muge and -amb go with a note; serve takes ik's -mla 3 itself.
+        assert_eq!(notes.len(), 2, "{notes:?}");
+        assert_eq!(
+            serve.get_one::<moxie_core::MlaPrompts>("mla_use"),
+            Some(&moxie_core::MlaPrompts::Expanded)
+        );
+        let e = parse_launch_line(argv("serve -m M -mla 0")).unwrap_err();
+        assert!(e.contains("is not supported"), "{e}");
         let e = parse_launch_line(argv("serve -m M --frobnicate")).unwrap_err();
         assert!(e.contains("--frobnicate"), "{e}");
         let e = parse_launch_line(argv("serve -m M -xyz 3")).unwrap_err();

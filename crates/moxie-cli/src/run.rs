@@ -8,7 +8,7 @@ use clap::ArgMatches;
 use moxie_core::generate::{generate, GenParams};
 use moxie_core::model::Placement;
 use moxie_core::placement::{plan_for_file, RunShape};
-use moxie_core::{Logits, Model, Numerics, Parallel, Sampler, SamplerConfig};
+use moxie_core::{Logits, MlaPrompts, Model, Numerics, Parallel, Sampler, SamplerConfig};
 use moxie_quant::GgmlType;
 
 use crate::placement_args::PlacementArgs;
@@ -36,6 +36,13 @@ pub struct ModelArgs {
     /// instead of the fast batched kernels.
     #[arg(long)]
     pub exact: bool,
+    /// How MLA models attend over a prompt batch (also `-mla`, ik_llama.cpp's flag): 3
+    /// expands each head's keys and values from the cached latents first, as ik_llama.cpp's
+    /// `-mla 3` does (faster prompts from a few hundred positions on; ik's rounding, not
+    /// llama.cpp's); 1 or 2, the default, attends over the latents as llama.cpp does. Decode
+    /// always attends over the latents.
+    #[arg(long = "mla-use", value_name = "1|2|3", value_parser = mla_use)]
+    pub mla_use: Option<MlaPrompts>,
     /// Read the weights into memory instead of mapping the file: nothing is paged in from
     /// the file later (weights repacked at load are copies either way).
     #[arg(long = "no-mmap")]
@@ -72,6 +79,24 @@ impl CacheTypeArgs {
 }
 
 /// A `--numa` value.
+/// `--mla-use`: ik_llama.cpp's MLA modes. 0 (no MLA: a full key and value cache) is refused:
+/// moxie always caches the compressed latents.
+pub fn mla_use(s: &str) -> std::result::Result<MlaPrompts, String> {
+    match s {
+        "1" | "2" => Ok(MlaPrompts::Absorbed),
+        "3" => Ok(MlaPrompts::Expanded),
+        "0" => Err(
+            "0 (attention without MLA's compressed cache) is not supported: moxie \
+                    always caches MLA's latents; use 1, 2 or 3"
+                .into(),
+        ),
+        _ => Err(format!(
+            "'{s}' is not an MLA mode: 1 or 2 (the default: attend over the \
+                          latents) or 3 (prompt batches expand keys and values)"
+        )),
+    }
+}
+
 pub fn numa_mode(s: &str) -> std::result::Result<moxie_core::numa::NumaMode, String> {
     moxie_core::numa::NumaMode::parse(s).map_err(|e| e.to_string())
 }
@@ -108,6 +133,7 @@ impl ModelArgs {
             }
         };
         par.with_numerics(numerics(self.exact))
+            .with_mla_prompts(self.mla_use.unwrap_or_default())
     }
 
     /// The context a generation uses: -c, or 4096, within the model's training context.

@@ -31,7 +31,7 @@ pub mod tensor;
 pub use blocks::attention::batch_scratch_bytes;
 pub use config::{Arch, Config};
 pub use model::{interleave_candidate, LayoutChange, Logits, Model};
-pub use parallel::{Numerics, Parallel};
+pub use parallel::{MlaPrompts, Numerics, Parallel};
 pub use sampling::{Sampler, SamplerConfig};
 pub use state::{KvTypes, SeqState};
 

@@ -20,6 +20,7 @@ pub struct Parallel {
     n_threads_batch: usize,
     pool: Option<Arc<SpinPool>>,
     numerics: Numerics,
+    mla_prompts: MlaPrompts,
 }
 
 /// Whether batched matrix products must sum exactly as llama.cpp does.
@@ -32,6 +33,19 @@ pub enum Numerics {
     Fast,
     /// llama.cpp's summation order everywhere (bit-identical logits; slower prompt processing).
     Exact,
+}
+
+/// How MLA attends over a prompt batch in fast numerics (`--mla-use`). Decode always attends
+/// over the compressed latents.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MlaPrompts {
+    /// Over the compressed latents, as llama.cpp does (its rounding: the fixtures' bounds).
+    #[default]
+    Absorbed,
+    /// Each head's keys and values expanded from the latents first, as ik_llama.cpp's
+    /// `-mla 3` does: fewer multiply-adds per (query, position) where a batch attends to
+    /// enough positions, and ik's rounding rather than llama.cpp's.
+    Expanded,
 }
 
 impl std::fmt::Debug for Parallel {
@@ -74,6 +88,7 @@ impl Parallel {
             n_threads_batch,
             pool,
             numerics: Numerics::default(),
+            mla_prompts: MlaPrompts::default(),
         }
     }
 
@@ -98,6 +113,7 @@ impl Parallel {
             n_threads_batch: 1,
             pool: None,
             numerics: Numerics::default(),
+            mla_prompts: MlaPrompts::default(),
         }
     }
 
@@ -109,6 +125,15 @@ impl Parallel {
 
     pub fn numerics(&self) -> Numerics {
         self.numerics
+    }
+
+    pub fn with_mla_prompts(mut self, mla_prompts: MlaPrompts) -> Self {
+        self.mla_prompts = mla_prompts;
+        self
+    }
+
+    pub fn mla_prompts(&self) -> MlaPrompts {
+        self.mla_prompts
     }
 
     /// All cores the process may use.

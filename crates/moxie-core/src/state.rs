@@ -236,7 +236,19 @@ pub struct CacheRows<'a> {
     dequantize: DequantizeFn,
 }
 
-impl CacheRows<'_> {
+impl<'a> CacheRows<'a> {
+    /// Rows of `width` f32 values (`data` holds whole rows): attention over values computed
+    /// for one batch rather than cached (MLA's expanded keys and values).
+    pub fn f32(data: &'a [f32], width: usize) -> CacheRows<'a> {
+        CacheRows {
+            ty: GgmlType::F32,
+            width,
+            row_bytes: 4 * width,
+            data: bytemuck::cast_slice(data),
+            dequantize: moxie_quant::dequantize_fn(GgmlType::F32).expect("F32 converts"),
+        }
+    }
+
     /// Bytes of `n` elements starting `first` elements into position `pos`'s row (`first`
     /// and `n` are whole blocks: the state checked head widths when it was made).
     pub fn span(&self, pos: usize, first: usize, n: usize) -> &[u8] {

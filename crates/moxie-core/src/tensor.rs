@@ -252,6 +252,21 @@ impl Tensor {
         Ok(out)
     }
 
+    /// Every value as f32 into `out` (`n_elements` long), in GGUF row order: one conversion
+    /// of the whole tensor (an interleaved one is put back in order first).
+    pub fn to_f32_into(&self, out: &mut [f32]) -> Result<()> {
+        if out.len() != self.n_elements() {
+            return Err(Error::Model(format!(
+                "tensor '{}': {} values into {}",
+                self.name,
+                self.n_elements(),
+                out.len()
+            )));
+        }
+        moxie_quant::dequantize_row(self.ty, &self.gguf_order_bytes(), out)
+            .map_err(|e| Error::Model(format!("tensor '{}': {e}", self.name)))
+    }
+
     /// Dequantize row `r` (counting rows over all of ne[1..]) into `out` (`ne[0]` long).
     pub fn row_to_f32(&self, r: usize, out: &mut [f32]) -> Result<()> {
         let rb = self.row_bytes();

@@ -29,7 +29,7 @@
 
 use std::sync::Arc;
 
-use moxie_core::{Logits, Model, Numerics, Parallel};
+use moxie_core::{Logits, MlaPrompts, Model, Numerics, Parallel};
 use moxie_gguf::GgufFile;
 use serde_json::Value;
 
@@ -119,6 +119,52 @@ fn logits_match_ik_llama_cpp_exact() {
 #[test]
 fn logits_match_ik_llama_cpp_fast() {
     check_all_fixtures(Numerics::Fast, true);
+}
+
+/// `--mla-use 3` ([`MlaPrompts::Expanded`]): with deepseek2's prompt batches expanding every
+/// head's keys and values, its F32 file stays inside the F32 bound of llama.cpp's goldens
+/// (the quantized files amplify the roundings the expansion does not repeat past theirs, which
+/// is why it is not the default), and the longest sequence's logits differ from the absorbed
+/// run's: the expanded path ran.
+#[test]
+fn expanded_mla_prompts_stay_inside_the_f32_bound() {
+    let fx = fixtures();
+    let index = golden_index();
+    let case = supported_models(&index)
+        .into_iter()
+        .find(|c| c.stem == "deepseek2-tiny-F32")
+        .expect("the deepseek2 F32 fixture");
+    let model = load_model(&case, Numerics::Fast);
+    let n_vocab = model.config.n_vocab;
+    let absorbed = Parallel::new(2);
+    let expanded = Parallel::new(2).with_mla_prompts(MlaPrompts::Expanded);
+    let mut longest = (0, false);
+    for (seq, s) in case.entry["sequences"].as_object().unwrap() {
+        let tokens = token_ids(s);
+        let (_, golden) =
+            moxie_core::npy::read_f32(&fx.join(s["logits_file"].as_str().unwrap())).unwrap();
+        let run = |par: &Parallel| {
+            let mut cache = model.new_state(Some(512)).unwrap();
+            model
+                .forward(&tokens, &mut cache, par, Logits::All)
+                .unwrap()
+        };
+        let (a, e) = (run(&absorbed), run(&expanded));
+        let kld = mean_kld(&golden, &e, n_vocab);
+        let top1 = top1_agreement(&golden, &e, n_vocab);
+        println!("{seq}: expanded vs llama.cpp mean KLD {kld:.3e}, top-1 {top1:.3}");
+        assert!(
+            kld <= 1e-5 && top1 >= 0.99,
+            "{seq}: KLD {kld:e}, top-1 {top1}"
+        );
+        if tokens.len() > longest.0 {
+            longest = (tokens.len(), a != e);
+        }
+    }
+    assert!(
+        longest.1,
+        "the longest sequence did not take the expanded path"
+    );
 }
 
 /// Every supported fixture whose goldens come from ik_llama.cpp (`ik`) or from llama.cpp.

@@ -3,10 +3,13 @@
 //! `attn_k_b` folds into the queries and `attn_v_b` expands the attended latent per head, so
 //! attention is MQA over one latent "head" whose values are its first `kv_lora_rank` values.
 //! With DeepSeek sparse attention (glm-dsa) a lightning indexer ([`crate::blocks::dsa`])
-//! picks the positions each query attends to.
+//! picks the positions each query attends to. With `--mla-use 3` ([`MlaPrompts::Expanded`])
+//! prompt batches expand the cached latents into each head's keys and values instead, as
+//! ik_llama.cpp does.
 
 use moxie_gpu::ops::{AttnShape, KvView};
 use moxie_gpu::DevPtr;
+use moxie_quant::f32gemm::gemm_f32_abt;
 
 use crate::blocks::attention::{attend, AttnGeom};
 use crate::blocks::dsa::{gpu_selection, host_selection, Indexer, Selected};
@@ -16,9 +19,9 @@ use crate::forward::{Block, Pass};
 use crate::gpu_pass::weight;
 use crate::loader::Vector;
 use crate::ops::{self, Rope, RopeKind};
-use crate::parallel::Numerics;
+use crate::parallel::{MlaPrompts, Numerics, Parallel};
 use crate::scratch;
-use crate::state::{LayerState, LayerStateSpec, RowSpec};
+use crate::state::{CacheRows, LayerState, LayerStateSpec, RowSpec};
 use crate::tensor::{gemv_many, QuantizedActs, Tensor};
 use crate::{Error, Result};
 
@@ -128,6 +131,133 @@ impl Mla {
     }
 }
 
+/// Whether a prompt batch of `n` tokens after `pos0` costs fewer multiply-adds per head with
+/// the cached latents expanded into keys and values ([`Mla::attend_expanded`]) than in the
+/// absorbed layout. Absorbed attention multiplies `rank + n_rot` key and `rank` value
+/// elements per (query, position) and projects each query into the latent and each output
+/// out of it (int8 products, counted at half an f32 one); expanded attention multiplies
+/// `head_k` and `head_v` elements but first expands every cached position (f32 products).
+fn expanded_is_cheaper(s: MlaShape, pos0: usize, n: usize) -> bool {
+    let (rank, nope, dv) = (
+        s.kv_lora_rank as f64,
+        (s.head_k - s.n_rot) as f64,
+        s.head_v as f64,
+    );
+    let n_f = n as f64;
+    // Query-position pairs under the causal mask.
+    let pairs = n_f * (pos0 as f64 + (n_f + 1.0) / 2.0);
+    let absorbed = pairs * (2.0 * rank + s.n_rot as f64) + 0.5 * n_f * rank * (nope + dv);
+    let expanded = pairs * (s.head_k as f64 + dv) + (pos0 + n) as f64 * rank * (nope + dv);
+    n > 1 && s.head_k > s.n_rot && expanded < absorbed
+}
+
+/// Bytes of expanded keys and values one group of heads may hold at once
+/// ([`Mla::attend_expanded`]): DeepSeek-V3's 128 heads at 32k positions would take 5 GB.
+const EXPANDED_BYTES: usize = 256 << 20;
+
+impl Mla {
+    /// Attention of a prompt batch with every cached latent expanded into the heads' keys
+    /// (`attn_k_b` per head, transposed, then the rotary key) and values (`attn_v_b`), as
+    /// ik_llama.cpp's `-mla 3` runs prompt batches ([`MlaPrompts::Expanded`]): per (query,
+    /// position) it multiplies `head_k + head_v` elements instead of the absorbed
+    /// `2 * rank + n_rot`, at the cost of expanding all `pos0 + n` positions. The expansion is
+    /// f32 (the weights dequantized, the latents as cached); the absorbed path's roundings of
+    /// the projected query (to the cache type's dot partner) and of the attended latent (to
+    /// `attn_v_b`'s) have no counterpart here, which the small fixtures amplify past
+    /// llama.cpp's bounds on quantized files, so this is not the default. `q`: the batch's
+    /// roped queries `[token][head][nope | rope]`; writes `[token][head][dv]` into `heads`.
+    /// Heads go in groups whose expanded rows fit [`EXPANDED_BYTES`].
+    fn attend_expanded(
+        &self,
+        par: &Parallel,
+        q: &[f32],
+        latent: CacheRows,
+        pos0: usize,
+        heads: &mut [f32],
+    ) -> Result<()> {
+        let s = self.shape;
+        let (n_head, rank, n_rot, dk, dv) = (s.n_head, s.kv_lora_rank, s.n_rot, s.head_k, s.head_v);
+        let nope = dk - n_rot;
+        let n = q.len() / (n_head * dk);
+        let n_pos = pos0 + n;
+        let mut k_b = scratch::take(n_head * rank * nope);
+        self.wk_b.to_f32_into(&mut k_b)?;
+        let mut wk = scratch::take(n_head * nope * rank);
+        par.for_each_range(n_head * nope, rank, &mut wk[..], rank, |rows, out| {
+            for (i, row) in rows.zip(out.chunks_exact_mut(rank)) {
+                let (h, j) = (i / nope, i % nope);
+                for (r, v) in row.iter_mut().enumerate() {
+                    *v = k_b[(h * rank + r) * nope + j];
+                }
+            }
+        });
+        drop(k_b);
+        let mut wv = scratch::take(n_head * dv * rank);
+        self.wv_b.to_f32_into(&mut wv)?;
+        let mut lat = scratch::take(n_pos * rank);
+        latent.block_to_f32(0, n_pos, 0, rank, &mut lat);
+        let mut rope = scratch::take(n_pos * n_rot);
+        latent.block_to_f32(0, n_pos, rank, n_rot, &mut rope);
+        let per_head = n_pos * (dk + dv) * 4;
+        let group = (EXPANDED_BYTES / per_head.max(1)).clamp(1, n_head);
+        for h0 in (0..n_head).step_by(group) {
+            let g = group.min(n_head - h0);
+            let mut keys = scratch::take(n_pos * g * dk);
+            let mut values = scratch::take(n_pos * g * dv);
+            let expand = |w: &[f32], width: usize, stride: usize, out: &mut [f32]| {
+                par.for_each_range(n_pos, g * width * rank, out, g * stride, |ps, o| {
+                    let a = &lat[ps.start * rank..ps.end * rank];
+                    for h in 0..g {
+                        let b = &w[(h0 + h) * width * rank..][..width * rank];
+                        let c = &mut o[h * stride..];
+                        gemm_f32_abt(ps.len(), width, rank, a, rank, b, rank, c, g * stride, &[]);
+                    }
+                });
+            };
+            expand(&wk, nope, dk, &mut keys);
+            expand(&wv, dv, dv, &mut values);
+            par.for_each_range(n_pos, g * n_rot, &mut keys[..], g * dk, |ps, o| {
+                for (p, row) in ps.zip(o.chunks_exact_mut(g * dk)) {
+                    for k in row.chunks_exact_mut(dk) {
+                        k[nope..].copy_from_slice(&rope[p * n_rot..][..n_rot]);
+                    }
+                }
+            });
+            let whole = g == n_head;
+            let mut qg = scratch::take(if whole { 0 } else { n * g * dk });
+            if !whole {
+                for (t, out) in qg.chunks_exact_mut(g * dk).enumerate() {
+                    out.copy_from_slice(&q[(t * n_head + h0) * dk..][..g * dk]);
+                }
+            }
+            let mut og = scratch::take(if whole { 0 } else { n * g * dv });
+            attend(
+                AttnGeom {
+                    n_head: g,
+                    n_head_kv: g,
+                    dk,
+                    dv,
+                    kq_scale: self.kq_scale,
+                    pos0,
+                    n_kv_batch: n_pos,
+                },
+                if whole { q } else { &qg },
+                CacheRows::f32(&keys, g * dk),
+                Some(CacheRows::f32(&values, g * dv)),
+                None,
+                if whole { &mut heads[..] } else { &mut og[..] },
+                par,
+            );
+            if !whole {
+                for (t, o) in og.chunks_exact(g * dv).enumerate() {
+                    heads[(t * n_head + h0) * dv..][..g * dv].copy_from_slice(o);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Tokens per chunk of a prompt batch's absorbed attention ([`Mla`]'s CPU side): a multiple
 /// of 16 (the products' tiles), large enough that the products keep their batch kernels.
 const ATTEND_CHUNK: usize = 128;
@@ -220,54 +350,73 @@ impl Block for Mla {
         latent.append(kv);
         drop(qa_kv);
 
-        // Absorbed queries, attention over the latent and the heads' values, in chunks of
-        // tokens: the absorbed queries and the attended latents are the largest buffers of a
-        // prompt batch (n_head x (rank + n_rot) and n_head x rank per token). Chunks of a
-        // multiple of 16 tokens keep every product's tiles where the whole batch has them;
-        // the exact path and DSA's selection (rows by batch token) take the batch whole.
-        let chunk = match par.numerics() {
-            Numerics::Fast if sel.is_none() => ATTEND_CHUNK,
-            _ => n,
-        };
-        let qw = rank + n_rot;
         let mut heads = scratch::take(n * n_head * dv);
-        for t0 in (0..n).step_by(chunk) {
-            let t1 = (t0 + chunk).min(n);
-            let m = t1 - t0;
-            // Absorbed queries [latent (rank) | rope (n_rot)] per head.
-            let q = &mut q[t0 * n_head * dk..t1 * n_head * dk];
-            let mut qfull = scratch::take(m * n_head * qw);
-            per_head_products(par, &self.wk_b, q, dk, true, &mut qfull, qw)?;
-            ops::for_each_row(par, q, n_head * dk, 4 * n_head * n_rot, |t, row| {
-                c.rope.apply(row, dk, nope, &p.rope[t0 + t]);
-            });
-            for (qh, fh) in q.chunks_exact(dk).zip(qfull.chunks_exact_mut(qw)) {
-                fh[rank..].copy_from_slice(&qh[nope..]);
-            }
-            // MQA over the latent: one kv "head" of width rank + n_rot, values = its first
-            // `rank`.
-            let mut latent_out = scratch::take(m * n_head * rank);
-            attend(
-                AttnGeom {
-                    n_head,
-                    n_head_kv: 1,
-                    dk: qw,
-                    dv: rank,
-                    kq_scale: self.kq_scale,
-                    pos0: p.pos0 + t0,
-                    n_kv_batch: p.pos0 + n,
-                },
-                &qfull,
-                latent.view(),
-                None,
-                sel,
-                &mut latent_out,
+        // DSA's selection and the exact path keep the absorbed layout.
+        let expand = par.mla_prompts() == MlaPrompts::Expanded
+            && par.numerics() == Numerics::Fast
+            && sel.is_none()
+            && expanded_is_cheaper(s, p.pos0, n);
+        if expand {
+            // Queries [nope | rope] per head as they are: the keys come expanded.
+            ops::for_each_row(
                 par,
+                &mut q[..],
+                n_head * dk,
+                4 * n_head * n_rot,
+                |t, row| {
+                    c.rope.apply(row, dk, nope, &p.rope[t]);
+                },
             );
-            drop(qfull);
-            // Per head: expand the attended latent with attn_v_b.
-            let heads = &mut heads[t0 * n_head * dv..t1 * n_head * dv];
-            per_head_products(par, &self.wv_b, &latent_out, rank, false, heads, dv)?;
+            self.attend_expanded(par, &q, latent.view(), p.pos0, &mut heads)?;
+        } else {
+            // Absorbed queries, attention over the latent and the heads' values, in chunks of
+            // tokens: the absorbed queries and the attended latents are the largest buffers of a
+            // prompt batch (n_head x (rank + n_rot) and n_head x rank per token). Chunks of a
+            // multiple of 16 tokens keep every product's tiles where the whole batch has them;
+            // the exact path and DSA's selection (rows by batch token) take the batch whole.
+            let chunk = match par.numerics() {
+                Numerics::Fast if sel.is_none() => ATTEND_CHUNK,
+                _ => n,
+            };
+            let qw = rank + n_rot;
+            for t0 in (0..n).step_by(chunk) {
+                let t1 = (t0 + chunk).min(n);
+                let m = t1 - t0;
+                // Absorbed queries [latent (rank) | rope (n_rot)] per head.
+                let q = &mut q[t0 * n_head * dk..t1 * n_head * dk];
+                let mut qfull = scratch::take(m * n_head * qw);
+                per_head_products(par, &self.wk_b, q, dk, true, &mut qfull, qw)?;
+                ops::for_each_row(par, q, n_head * dk, 4 * n_head * n_rot, |t, row| {
+                    c.rope.apply(row, dk, nope, &p.rope[t0 + t]);
+                });
+                for (qh, fh) in q.chunks_exact(dk).zip(qfull.chunks_exact_mut(qw)) {
+                    fh[rank..].copy_from_slice(&qh[nope..]);
+                }
+                // MQA over the latent: one kv "head" of width rank + n_rot, values = its first
+                // `rank`.
+                let mut latent_out = scratch::take(m * n_head * rank);
+                attend(
+                    AttnGeom {
+                        n_head,
+                        n_head_kv: 1,
+                        dk: qw,
+                        dv: rank,
+                        kq_scale: self.kq_scale,
+                        pos0: p.pos0 + t0,
+                        n_kv_batch: p.pos0 + n,
+                    },
+                    &qfull,
+                    latent.view(),
+                    None,
+                    sel,
+                    &mut latent_out,
+                    par,
+                );
+                drop(qfull);
+                // Per head: expand the attended latent with attn_v_b.
+                let heads = &mut heads[t0 * n_head * dv..t1 * n_head * dv];
+                per_head_products(par, &self.wv_b, &latent_out, rank, false, heads, dv)?;
+            }
         }
         drop(q);
         if selected.is_some() {
