@@ -249,6 +249,13 @@ impl<'a> CacheRows<'a> {
         }
     }
 
+    /// The rows as f32 values, when they are f32 (and aligned as such).
+    pub fn as_f32(&self) -> Option<&'a [f32]> {
+        (self.ty == GgmlType::F32)
+            .then(|| bytemuck::try_cast_slice(self.data).ok())
+            .flatten()
+    }
+
     /// Bytes of `n` elements starting `first` elements into position `pos`'s row (`first`
     /// and `n` are whole blocks: the state checked head widths when it was made).
     pub fn span(&self, pos: usize, first: usize, n: usize) -> &[u8] {

@@ -517,8 +517,13 @@ pub const BATCH_KV_TILE: usize = 512;
 
 /// Query tokens per block of batched attention: their query heads of one kv head share each
 /// tile's keys and values, up to 256 query rows (16 tokens of MLA's 16-head bench model, 2 of
-/// DeepSeek-V3's 128 heads).
+/// DeepSeek-V3's 128 heads). One query head per kv head (MLA's expanded prompt attention)
+/// takes 64 tokens: 16 rows a tile left each tile's fixed costs (softmax state, the products'
+/// edges) on too few rows.
 fn batch_block_tokens(group: usize) -> usize {
+    if group == 1 {
+        return 64;
+    }
     (256 / group.max(1)).clamp(1, 16)
 }
 
@@ -575,6 +580,13 @@ fn attend_batch(
     let head_work = g.n_head * (g.dk + g.dv);
     let out_row = g.n_head * g.dv;
     let cost = |t: usize| (g.pos0 + t + 1 + block) * head_work;
+    // f32 keys and values (MLA's expanded ones, an f32 cache) are multiplied where they are:
+    // (keys, their row width, values, theirs, the values' offset per kv head).
+    let direct = match (bf16, keys.as_f32(), values.map(|v| v.as_f32())) {
+        (false, Some(k), None) => Some((k, keys.width, k, keys.width, g.dk)),
+        (false, Some(k), Some(Some(v))) => Some((k, keys.width, v, values.unwrap().width, g.dv)),
+        _ => None,
+    };
     par.for_each_run(
         n,
         cost,
@@ -615,17 +627,48 @@ fn attend_batch(
                     for j0 in (0..kv_len).step_by(BATCH_KV_TILE) {
                         let b = BATCH_KV_TILE.min(kv_len - j0);
                         let r = &mut s.run;
-                        r.k.put_rows(0, keys, j0, b, None, kvh * g.dk, g.dk);
+                        // Tiles of f32 rows are read where they are (the same values the copy
+                        // would hold); others are converted into the run's buffers.
+                        let tile = match direct {
+                            Some((k, kw, v, vw, v0)) => Tile::Direct {
+                                k: &k[j0 * kw + kvh * g.dk..][..(b - 1) * kw + g.dk],
+                                kw,
+                                v: &v[j0 * vw + v0 * kvh..][..(b - 1) * vw + g.dv],
+                                vw,
+                            },
+                            None => {
+                                r.k.put_rows(0, keys, j0, b, None, kvh * g.dk, g.dk);
+                                if let Some(values) = values {
+                                    r.v.put_rows(0, values, j0, b, None, kvh * g.dv, g.dv);
+                                }
+                                Tile::Converted
+                            }
+                        };
                         // MLA's values are the first `dv` elements of its (single) key rows.
                         let (v, ldv) = match values {
-                            Some(values) => {
-                                r.v.put_rows(0, values, j0, b, None, kvh * g.dv, g.dv);
-                                (&r.v, g.dv)
-                            }
+                            Some(_) => (&r.v, g.dv),
                             None => (&r.k, g.dk),
                         };
                         r.scores.resize(rows * b, 0.0);
-                        r.k.scores(&r.q, 0, rows, b, g.dk, 0, g.dk, &mut r.scores, &[]);
+                        match (&tile, &r.q) {
+                            (Tile::Direct { k, kw, .. }, Converted::F32(q)) => {
+                                moxie_quant::gemm_f32_abt(
+                                    rows,
+                                    b,
+                                    g.dk,
+                                    &q[..rows * g.dk],
+                                    g.dk,
+                                    k,
+                                    *kw,
+                                    &mut r.scores,
+                                    b,
+                                    &[],
+                                )
+                            }
+                            _ => {
+                                r.k.scores(&r.q, 0, rows, b, g.dk, 0, g.dk, &mut r.scores, &[])
+                            }
+                        }
                         let rows_state = r
                             .scores
                             .chunks_exact_mut(b)
@@ -652,7 +695,22 @@ fn attend_batch(
                             }
                         }
                         r.part.resize(rows * g.dv, 0.0);
-                        v.values(rows, b, g.dv, &r.scores, 0, ldv, &mut r.p16, &mut r.part);
+                        match tile {
+                            Tile::Direct { v, vw, .. } => moxie_quant::gemm_f32_ab(
+                                rows,
+                                b,
+                                g.dv,
+                                &r.scores,
+                                b,
+                                v,
+                                vw,
+                                &mut r.part,
+                                g.dv,
+                            ),
+                            Tile::Converted => {
+                                v.values(rows, b, g.dv, &r.scores, 0, ldv, &mut r.p16, &mut r.part)
+                            }
+                        }
                         add_weighted(g, &r.part, &mut s.state);
                     }
                     for (i, st) in s.state.chunks_exact(g.dv + 2).enumerate() {
@@ -674,6 +732,19 @@ fn attend_batch(
             BATCH_SCRATCH.set(Some(s));
         },
     );
+}
+
+/// Where one tile's keys and values are for [`attend_batch`]'s products.
+enum Tile<'a> {
+    /// f32 rows in place: `b` rows of stride `kw` (`vw`) from the tile's first.
+    Direct {
+        k: &'a [f32],
+        kw: usize,
+        v: &'a [f32],
+        vw: usize,
+    },
+    /// Converted into the run's buffers (`put_rows`).
+    Converted,
 }
 
 thread_local! {
