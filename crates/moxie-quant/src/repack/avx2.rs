@@ -212,6 +212,11 @@ fn q6_k_quads(a: __m256i, c: __m256i, h: __m256i) -> [__m256i; 4] {
 }
 
 /// [`super::gemv`] for Q6_K; `group` and `act` hold the same number of super-blocks.
+///
+/// As Q4_K's: two groups' `vpmaddubsw` pairs summed in i16 (6-bit codes: 2 · 2 · 63 · 128 <
+/// 32768), widened by `vpmaddwd` with the row's (signed) scale in both halves of its lane.
+/// The codes' offset of 32 comes off once per super-block: Σ scale · 32 · Σy, the activation
+/// sums of the sub-blocks meeting the scales in `vpmaddwd` too.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn gemv_q6_k_r16(group: &[u8], act: &[u8], out: &mut [f32; REPACK_ROWS]) {
     let mut acc = [_mm256_setzero_ps(); 2];
@@ -224,34 +229,46 @@ pub(super) fn gemv_q6_k_r16(group: &[u8], act: &[u8], out: &mut [f32; REPACK_ROW
         for h in 0..2 {
             let half = 32 * h;
             let d = _mm256_mul_ps(ld_f16x8(o, 16 * h), yd);
+            // Sub-block s's scale of each of the half's 8 rows, in both i16 halves of its lane.
+            let scale = |s: usize| {
+                let sc: &[u8; 8] = o[32 + 16 * s + HALF * h..][..8].try_into().unwrap();
+                // SAFETY: `sc` is exactly 8 readable bytes.
+                let x = unsafe { _mm_loadl_epi64(sc.as_ptr().cast()) };
+                _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(x, x))
+            };
             let mut sumi = _mm256_setzero_si256();
+            let mut offset = _mm256_setzero_si256();
             // Sub-block 8n + 2k + gg takes the steps 8n + 4gg .. 8n + 4gg + 4 of chunk k.
             for n in 0..2 {
                 for gg in 0..2 {
-                    let mut isum = [_mm256_setzero_si256(); 4];
-                    for g in 4 * gg..4 * gg + 4 {
-                        let step = 288 + (8 * n + g) * 192 + half;
-                        let q =
-                            q6_k_quads(ld256(o, step), ld256(o, step + 64), ld256(o, step + 128));
-                        for (k, &q) in q.iter().enumerate() {
-                            let yw = bcast(y, 4 + 128 * n + 32 * k + 4 * g);
-                            isum[k] = _mm256_add_epi32(isum[k], dot4(q, yw));
+                    let sc: [__m256i; 4] = core::array::from_fn(|k| scale(8 * n + 2 * k + gg));
+                    for pair in 0..2 {
+                        let mut isum = [_mm256_setzero_si256(); 4];
+                        for g in 4 * gg + 2 * pair..4 * gg + 2 * pair + 2 {
+                            let step = 288 + (8 * n + g) * 192 + half;
+                            let q = q6_k_quads(
+                                ld256(o, step),
+                                ld256(o, step + 64),
+                                ld256(o, step + 128),
+                            );
+                            for (k, &q) in q.iter().enumerate() {
+                                let yw = bcast(y, 4 + 128 * n + 32 * k + 4 * g);
+                                isum[k] = _mm256_add_epi16(isum[k], _mm256_maddubs_epi16(q, yw));
+                            }
+                        }
+                        for (k, &v) in isum.iter().enumerate() {
+                            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(v, sc[k]));
                         }
                     }
-                    for (k, &v) in isum.iter().enumerate() {
-                        let s = 8 * n + 2 * k + gg;
-                        let sc: &[u8; 8] = o[32 + 16 * s + HALF * h..][..8].try_into().unwrap();
-                        // SAFETY: `sc` is exactly 8 readable bytes.
-                        let sc =
-                            _mm256_cvtepi8_epi32(unsafe { _mm_loadl_epi64(sc.as_ptr().cast()) });
-                        let bsum = _mm256_set1_epi32(32 * rd_i16(y, 260 + 2 * s) as i32);
-                        sumi = _mm256_add_epi32(
-                            sumi,
-                            _mm256_mullo_epi32(sc, _mm256_sub_epi32(v, bsum)),
-                        );
+                    for (k, &sc) in sc.iter().enumerate() {
+                        let b = rd_i16(y, 260 + 2 * (8 * n + 2 * k + gg)) as i32;
+                        let pair = _mm256_set1_epi32((b & 0xFFFF) | b << 16);
+                        offset = _mm256_add_epi32(offset, _mm256_madd_epi16(sc, pair));
                     }
                 }
             }
+            // offset holds 2 · Σ scale · Σy; the codes' 32 makes it 16 times that.
+            let sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32::<4>(offset));
             acc[h] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc[h]);
         }
     }
