@@ -130,10 +130,7 @@ fn logits_match_ik_llama_cpp_fast() {
 fn expanded_mla_prompts_stay_inside_the_f32_bound() {
     let fx = fixtures();
     let index = golden_index();
-    let case = supported_models(&index)
-        .into_iter()
-        .find(|c| c.stem == "deepseek2-tiny-F32")
-        .expect("the deepseek2 F32 fixture");
+    let case = fixture_case(&index, "deepseek2-tiny-F32");
     let model = load_model(&case, Numerics::Fast);
     let n_vocab = model.config.n_vocab;
     let absorbed = Parallel::new(2);
@@ -165,6 +162,14 @@ fn expanded_mla_prompts_stay_inside_the_f32_bound() {
         longest.1,
         "the longest sequence did not take the expanded path"
     );
+}
+
+/// The supported fixture named `stem`.
+fn fixture_case(index: &Value, stem: &str) -> Case {
+    supported_models(index)
+        .into_iter()
+        .find(|c| c.stem == stem)
+        .unwrap_or_else(|| panic!("the fixture {stem}"))
 }
 
 /// Every supported fixture whose goldens come from ik_llama.cpp (`ik`) or from llama.cpp.
@@ -482,10 +487,7 @@ fn fast_decode_matches_exact_decode() {
 fn ignoring_the_dsa_indexer_fails_the_glm_dsa_goldens() {
     let fx = fixtures();
     let index = golden_index();
-    let case = supported_models(&index)
-        .into_iter()
-        .find(|c| c.stem == "glm-dsa-tiny-F32")
-        .expect("the glm-dsa F32 fixture");
+    let case = fixture_case(&index, "glm-dsa-tiny-F32");
     let mut model = load_model(&case, Numerics::Exact);
     let top_k = 32;
     for layer in &mut model.layers {

@@ -1637,7 +1637,7 @@ mod platform {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_data::{act_rows, weight_rows};
+    use crate::test_data::{act_rows, weight_rows, INTERLEAVED_TYPES};
 
     /// Interleaved groups give the int8 GEMM the tiles of their rows in GGUF order: the same
     /// results bit for bit.
@@ -1724,9 +1724,24 @@ mod tests {
         }
     }
 
+    /// Random 16-row weights of `ty` (`n_in` values a row) and the same rows interleaved.
+    fn rows_and_group(ty: GgmlType, n_in: usize, seed: &mut u64) -> (Vec<u8>, Vec<u8>) {
+        let wq = weight_rows(ty, GEMM_TILE_ROWS, n_in, seed);
+        let mut packed = vec![0u8; wq.len()];
+        crate::repack::repack(ty, &wq, GEMM_TILE_ROWS, n_in, &mut packed);
+        (wq, packed)
+    }
+
+    /// Two tiles hold the same quants, and scales and mins to the bit.
+    fn assert_same_tile(a: &WeightTile, b: &WeightTile, ty: GgmlType) {
+        assert_eq!(a.q, b.q, "{ty}: quants");
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&a.scale), bits(&b.scale), "{ty}: scales");
+        assert_eq!(bits(&a.min), bits(&b.min), "{ty}: mins");
+    }
+
     /// The AVX-512 tile fill from K-quant, Q8_0, Q4_0 and Q5_0 groups writes the portable
-    /// fill's quants,
-    /// scales and mins.
+    /// fill's quants, scales and mins.
     #[test]
     fn group_tile_fills_agree() {
         if !gemm_avx512() {
@@ -1734,26 +1749,14 @@ mod tests {
             return;
         }
         let mut seed = 9u64;
-        for ty in [
-            GgmlType::Q4_K,
-            GgmlType::Q5_K,
-            GgmlType::Q6_K,
-            GgmlType::Q8_0,
-            GgmlType::Q4_0,
-            GgmlType::Q5_0,
-        ] {
+        for ty in INTERLEAVED_TYPES {
             let n_in = 768;
             let l = layout(ty).unwrap();
-            let wq = weight_rows(ty, GEMM_TILE_ROWS, n_in, &mut seed);
-            let mut packed = vec![0u8; wq.len()];
-            crate::repack::repack(ty, &wq, GEMM_TILE_ROWS, n_in, &mut packed);
+            let (_, packed) = rows_and_group(ty, n_in, &mut seed);
             let (mut fast, mut portable) = (WeightTile::new(l, n_in), WeightTile::new(l, n_in));
             fast.fill_from_group(ty, n_in, &packed);
             portable.fill_from_group_portable(ty, n_in, &packed);
-            assert_eq!(fast.q, portable.q, "{ty}: quants");
-            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&fast.scale), bits(&portable.scale), "{ty}: scales");
-            assert_eq!(bits(&fast.min), bits(&portable.min), "{ty}: mins");
+            assert_same_tile(&fast, &portable, ty);
         }
     }
 
@@ -1762,26 +1765,14 @@ mod tests {
     #[test]
     fn group_tile_fill_matches_the_row_fill() {
         let mut seed = 19u64;
-        for ty in [
-            GgmlType::Q4_K,
-            GgmlType::Q5_K,
-            GgmlType::Q6_K,
-            GgmlType::Q8_0,
-            GgmlType::Q4_0,
-            GgmlType::Q5_0,
-        ] {
+        for ty in INTERLEAVED_TYPES {
             let n_in = 512;
             let l = layout(ty).unwrap();
-            let wq = weight_rows(ty, GEMM_TILE_ROWS, n_in, &mut seed);
-            let mut packed = vec![0u8; wq.len()];
-            crate::repack::repack(ty, &wq, GEMM_TILE_ROWS, n_in, &mut packed);
+            let (wq, packed) = rows_and_group(ty, n_in, &mut seed);
             let (mut rows, mut group) = (WeightTile::new(l, n_in), WeightTile::new(l, n_in));
             rows.fill(l, n_in, &wq, wq.len() / GEMM_TILE_ROWS);
             group.fill_from_group(ty, n_in, &packed);
-            assert_eq!(rows.q, group.q, "{ty}: quants");
-            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&rows.scale), bits(&group.scale), "{ty}: scales");
-            assert_eq!(bits(&rows.min), bits(&group.min), "{ty}: mins");
+            assert_same_tile(&rows, &group, ty);
         }
     }
 

@@ -774,16 +774,7 @@ mod avx512 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_data::{act_rows, weight_rows};
-
-    const TYPES: [GgmlType; 6] = [
-        GgmlType::Q4_K,
-        GgmlType::Q5_K,
-        GgmlType::Q6_K,
-        GgmlType::Q8_0,
-        GgmlType::Q4_0,
-        GgmlType::Q5_0,
-    ];
+    use crate::test_data::{act_rows, weight_rows, INTERLEAVED_TYPES as TYPES};
 
     #[test]
     fn interleaved_type_ids_round_trip_and_stay_clear_of_ggml_ids() {

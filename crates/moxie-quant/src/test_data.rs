@@ -2,6 +2,16 @@
 
 use crate::GgmlType;
 
+/// The types with an interleaved 16-row layout (`repack`), which the group tile fill reads.
+pub(crate) const INTERLEAVED_TYPES: [GgmlType; 6] = [
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q5_0,
+];
+
 /// The next value in [-1, 1) of a 64-bit LCG.
 pub(crate) fn lcg(seed: &mut u64) -> f32 {
     *seed = seed
