@@ -597,6 +597,22 @@ impl WeightTile {
         self.fill_from_group_with::<false>(ty, n_in, group);
     }
 
+    /// The float scales and mins of Q4_K/Q5_K super-block `b` of a group (its bytes `o`), row
+    /// by row as ggml unpacks them.
+    fn q4_k_scales_portable(&mut self, b: usize, o: &[u8]) {
+        let r16 = GEMM_TILE_ROWS;
+        for r in 0..r16 {
+            let d = rd_f16(o, 2 * r);
+            let dmin = rd_f16(o, 32 + 2 * r);
+            let w = |i: usize| rd_u32(o, 64 + 64 * i + 4 * r);
+            let (sc, mn) = crate::repack::unpack_scales_mins(w(0), w(1), w(2));
+            for s in 0..8 {
+                self.scale[(8 * b + s) * r16 + r] = d * sc[s] as f32;
+                self.min[(8 * b + s) * r16 + r] = dmin * mn[s] as f32;
+            }
+        }
+    }
+
     /// The portable fill, and with `AVX2` (only where AVX2, FMA and F16C are present) the
     /// same bytes with Q4_K's and Q5_K's scales and mins from [`avx2::q4_k_scales`].
     #[inline(always)]
@@ -614,38 +630,11 @@ impl WeightTile {
                         let (scale, min) = (&mut self.scale[at.clone()], &mut self.min[at]);
                         // SAFETY: AVX2, FMA and F16C are present (this function's `AVX2`).
                         unsafe { avx2::q4_k_scales(o, scale, min) };
+                    } else {
+                        self.q4_k_scales_portable(b, o);
                     }
-                    #[cfg(target_arch = "x86_64")]
-                    let portable_scales = !AVX2;
                     #[cfg(not(target_arch = "x86_64"))]
-                    let portable_scales = true;
-                    // Row-major loops over the 16 rows (each step the same for every row), so
-                    // that they vectorize: ggml's four scale and min words of each row.
-                    let d: [f32; 16] = core::array::from_fn(|r| rd_f16(o, 2 * r));
-                    let dmin: [f32; 16] = core::array::from_fn(|r| rd_f16(o, 32 + 2 * r));
-                    let w = |i: usize| -> [u32; 16] {
-                        core::array::from_fn(|r| rd_u32(o, 64 + 64 * i + 4 * r))
-                    };
-                    let (u0, u1, u2) = (w(0), w(1), w(2));
-                    let words: [[u32; 16]; 4] = [
-                        core::array::from_fn(|r| u0[r] & 0x3f3f_3f3f),
-                        core::array::from_fn(|r| {
-                            (u2[r] & 0x0f0f_0f0f) | (((u0[r] >> 6) & 0x0303_0303) << 4)
-                        }),
-                        core::array::from_fn(|r| u1[r] & 0x3f3f_3f3f),
-                        core::array::from_fn(|r| {
-                            ((u2[r] >> 4) & 0x0f0f_0f0f) | (((u1[r] >> 6) & 0x0303_0303) << 4)
-                        }),
-                    ];
-                    for s in (0..8).filter(|_| portable_scales) {
-                        let at = (8 * b + s) * r16..(8 * b + s + 1) * r16;
-                        let (sc, mn) = (&words[s / 4], &words[2 + s / 4]);
-                        let byte = |w: u32| ((w >> (8 * (s % 4))) & 0xFF) as i32 as f32;
-                        let out = self.scale[at.clone()].iter_mut().zip(&d).zip(sc);
-                        out.for_each(|((o, &d), &w)| *o = d * byte(w));
-                        let out = self.min[at].iter_mut().zip(&dmin).zip(mn);
-                        out.for_each(|((o, &d), &w)| *o = d * byte(w));
-                    }
+                    self.q4_k_scales_portable(b, o);
                     for j in 0..4 {
                         for g in 0..8 {
                             let src: &[u8; 64] =

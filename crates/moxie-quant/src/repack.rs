@@ -500,7 +500,7 @@ const SPREAD: [[u8; 64]; 4] = {
 pub(crate) use avx512::legacy_unit_codes;
 
 #[cfg(target_arch = "x86_64")]
-mod avx2;
+pub(crate) mod avx2;
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {

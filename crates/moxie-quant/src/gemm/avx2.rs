@@ -172,12 +172,13 @@ unsafe fn tokens<const N: usize, const S: usize, const D: usize>(
                     }
                 }
                 for (j, (acc, pj)) in iacc.iter_mut().zip(p).enumerate() {
-                    // Undo the unsigned weight offset: -offset * sum(x).
-                    // SAFETY: j < N and sb < n_sub index inside `sums`.
-                    let b = unsafe { *sums.get_unchecked(j * n_sub + sb) };
-                    let off = _mm256_set1_epi32(-l.offset * b);
-                    for h in 0..2 {
-                        acc[h] = _mm256_add_epi32(_mm256_madd_epi16(pj[h], ones), off);
+                    *acc = pj.map(|v| _mm256_madd_epi16(v, ones));
+                    if l.offset != 0 {
+                        // Undo the unsigned weight offset: -offset * sum(x).
+                        // SAFETY: j < N and sb < n_sub index inside `sums`.
+                        let b = unsafe { *sums.get_unchecked(j * n_sub + sb) };
+                        let off = _mm256_set1_epi32(-l.offset * b);
+                        *acc = acc.map(|v| _mm256_add_epi32(v, off));
                     }
                 }
             } else if D == 0 {
@@ -255,32 +256,13 @@ unsafe fn tokens<const N: usize, const S: usize, const D: usize>(
 /// AVX2, FMA and F16C are present.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q4_k_scales(o: &[u8], scale: &mut [f32], min: &mut [f32]) {
-    use crate::simd::x86_avx2::{ld256, ld_f16x8};
+    use crate::repack::avx2::q4_k_scale_words;
+    use crate::simd::x86_avx2::ld_f16x8;
     assert!(o.len() >= 256 && scale.len() >= 128 && min.len() >= 128);
-    let (m1, m2, m3) = (
-        _mm256_set1_epi32(0x3f3f_3f3f),
-        _mm256_set1_epi32(0x0f0f_0f0f),
-        _mm256_set1_epi32(0x0303_0303),
-    );
     for h in 0..2 {
-        let half = 32 * h;
         let d = ld_f16x8(o, 16 * h);
         let dmin = ld_f16x8(o, 32 + 16 * h);
-        let (u0, u1, u2) = (
-            ld256(o, 64 + half),
-            ld256(o, 128 + half),
-            ld256(o, 192 + half),
-        );
-        let high =
-            |u: __m256i| _mm256_slli_epi32::<4>(_mm256_and_si256(_mm256_srli_epi32::<6>(u), m3));
-        let sc = [
-            _mm256_and_si256(u0, m1),
-            _mm256_or_si256(_mm256_and_si256(u2, m2), high(u0)),
-        ];
-        let mn = [
-            _mm256_and_si256(u1, m1),
-            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32::<4>(u2), m2), high(u1)),
-        ];
+        let (sc, mn) = q4_k_scale_words(o, h);
         for s in 0..8 {
             let shift = _mm_cvtsi32_si128(8 * (s % 4) as i32);
             let byte = |w: __m256i| {

@@ -71,6 +71,35 @@ fn byte_pair(v: __m256i, a: i32, b: i32) -> __m256i {
     )
 }
 
+/// ggml's scale and min words (its `utmp`) of half `h` (rows 8h..8h+8) of a Q4_K/Q5_K group
+/// block `o`, a row per lane: `[scales 0..3, scales 4..7]` and `[mins 0..3, mins 4..7]`, a
+/// 6-bit value per byte.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn q4_k_scale_words(o: &[u8], h: usize) -> ([__m256i; 2], [__m256i; 2]) {
+    let (m1, m2, m3) = (
+        _mm256_set1_epi32(0x3f3f_3f3f),
+        _mm256_set1_epi32(0x0f0f_0f0f),
+        _mm256_set1_epi32(0x0303_0303),
+    );
+    let half = 32 * h;
+    let (u0, u1, u2) = (
+        ld256(o, 64 + half),
+        ld256(o, 128 + half),
+        ld256(o, 192 + half),
+    );
+    let high = |u: __m256i| _mm256_slli_epi32::<4>(_mm256_and_si256(_mm256_srli_epi32::<6>(u), m3));
+    let sc = [
+        _mm256_and_si256(u0, m1),
+        _mm256_or_si256(_mm256_and_si256(u2, m2), high(u0)),
+    ];
+    let mn = [
+        _mm256_and_si256(u1, m1),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32::<4>(u2), m2), high(u1)),
+    ];
+    (sc, mn)
+}
+
 /// [`super::gemv`] for Q4_K (`Q5`: Q5_K); `group` and `act` hold the same number of
 /// super-blocks.
 ///
@@ -86,11 +115,6 @@ pub(super) fn gemv_q4_k_r16<const Q5: bool>(
     out: &mut [f32; REPACK_ROWS],
 ) {
     let group_block = if Q5 { Q5K_GROUP_BLOCK } else { Q4K_GROUP_BLOCK };
-    let (m1, m2, m3) = (
-        _mm256_set1_epi32(0x3f3f_3f3f),
-        _mm256_set1_epi32(0x0f0f_0f0f),
-        _mm256_set1_epi32(0x0303_0303),
-    );
     let mut acc = [_mm256_setzero_ps(); 2];
     let mut acc_m = [_mm256_setzero_ps(); 2];
     for (o, y) in group
@@ -99,37 +123,21 @@ pub(super) fn gemv_q4_k_r16<const Q5: bool>(
     {
         prefetch_ahead(o);
         let yd = _mm256_set1_ps(rd_f32(y, 0));
-        // Sub-block s's activation sum (|sum| <= 32·128, an i16).
+        // Sub-blocks 2j and 2j + 1's activation sums (|sum| <= 32·128, an i16 each) as one
+        // word: the pair `vpmaddwd` meets with the two mins.
         let bsum = |s: usize| rd_i16(y, 260 + 4 * s) as i32 + rd_i16(y, 262 + 4 * s) as i32;
+        let pairs: [__m256i; 4] = core::array::from_fn(|j| {
+            _mm256_set1_epi32((bsum(2 * j) & 0xFFFF) | bsum(2 * j + 1) << 16)
+        });
         let mut sc = [[_mm256_setzero_si256(); 2]; 2];
         for (h, sc) in sc.iter_mut().enumerate() {
-            let half = 32 * h;
-            let (u0, u1, u2) = (
-                ld256(o, 64 + half),
-                ld256(o, 128 + half),
-                ld256(o, 192 + half),
-            );
-            // ggml's utmp words on 8 lanes: scales 0..3, 4..7, mins 0..3, 4..7 (a byte each)
-            *sc = [
-                _mm256_and_si256(u0, m1),
-                _mm256_or_si256(
-                    _mm256_and_si256(u2, m2),
-                    _mm256_slli_epi32::<4>(_mm256_and_si256(_mm256_srli_epi32::<6>(u0), m3)),
-                ),
-            ];
-            let mn = [
-                _mm256_and_si256(u1, m1),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi32::<4>(u2), m2),
-                    _mm256_slli_epi32::<4>(_mm256_and_si256(_mm256_srli_epi32::<6>(u1), m3)),
-                ),
-            ];
+            let mn;
+            (*sc, mn) = q4_k_scale_words(o, h);
             let mut summ = _mm256_setzero_si256();
-            for j in 0..4 {
+            for (j, &pair) in pairs.iter().enumerate() {
                 let s0 = (2 * j % 4) as i32;
-                let pair = (bsum(2 * j) & 0xFFFF) | bsum(2 * j + 1) << 16;
                 let m = byte_pair(mn[j / 2], s0, s0 + 1);
-                summ = _mm256_add_epi32(summ, _mm256_madd_epi16(m, _mm256_set1_epi32(pair)));
+                summ = _mm256_add_epi32(summ, _mm256_madd_epi16(m, pair));
             }
             let dmin = _mm256_mul_ps(ld_f16x8(o, 32 + 16 * h), yd);
             acc_m[h] = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(summ), acc_m[h]);
