@@ -239,16 +239,10 @@ impl Tensor {
         self.ty.row_bytes(self.ne[0] as u64).unwrap_or(0) as usize
     }
 
-    /// The whole tensor as f32 (for small tensors: norms, biases), row by row (a row may
-    /// start with its own scale).
+    /// The whole tensor as f32 (for small tensors: norms, biases).
     pub fn to_f32(&self) -> Result<Vec<f32>> {
         let mut out = vec![0f32; self.n_elements()];
-        if self.ne[0] == 0 {
-            return Ok(out);
-        }
-        for (r, row) in out.chunks_exact_mut(self.ne[0]).enumerate() {
-            self.row_to_f32(r, row)?;
-        }
+        self.to_f32_into(&mut out)?;
         Ok(out)
     }
 

@@ -582,9 +582,9 @@ fn attend_batch(
     let cost = |t: usize| (g.pos0 + t + 1 + block) * head_work;
     // f32 keys and values (MLA's expanded ones, an f32 cache) are multiplied where they are:
     // (keys, their row width, values, theirs, the values' offset per kv head).
-    let direct = match (bf16, keys.as_f32(), values.map(|v| v.as_f32())) {
+    let direct = match (bf16, keys.as_f32(), values) {
         (false, Some(k), None) => Some((k, keys.width, k, keys.width, g.dk)),
-        (false, Some(k), Some(Some(v))) => Some((k, keys.width, v, values.unwrap().width, g.dv)),
+        (false, Some(k), Some(v)) => v.as_f32().map(|vf| (k, keys.width, vf, v.width, g.dv)),
         _ => None,
     };
     par.for_each_run(
