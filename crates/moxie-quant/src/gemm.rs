@@ -1667,6 +1667,68 @@ mod tests {
         }
     }
 
+    /// The int8 GEMM (VNNI or AVX2, whichever runs here) against f64 sums of the dequantized
+    /// weights and activations, for passes of 1 to 8 tokens and a partial last pass: within
+    /// 2^-16 of the sum of the terms' magnitudes (the integer sums are exact; what is left is
+    /// f32 rounding of the scales, a few ulps), 2^-10 for Q4_1, whose mins term takes Q8_1's
+    /// f16 `d * sum` as ggml does. A bf16 operand (8 bits) would miss this by two orders of
+    /// magnitude (tried in session 17 with AMX-BF16 tiles: ~1e-4).
+    #[test]
+    fn gemm_products_match_the_dequantized_sums() {
+        if !gemm_available() {
+            eprintln!("int8 GEMM not available here (needs AVX2): skipped");
+            return;
+        }
+        let mut seed = 11u64;
+        for (ty, n_in) in [
+            (GgmlType::Q4_K, 512),
+            (GgmlType::Q5_K, 256),
+            (GgmlType::Q6_K, 512),
+            (GgmlType::Q8_0, 160),
+            (GgmlType::Q4_0, 128),
+            (GgmlType::Q4_1, 64),
+            (GgmlType::Q5_0, 160),
+        ] {
+            for n_tok in [1, 7, 37] {
+                let n_rows = 48;
+                let wq = weight_rows(ty, n_rows, n_in, &mut seed);
+                let xq = act_rows(ty, n_in, n_tok, &mut seed);
+                let act = crate::vec_dot_type(ty).unwrap();
+                let (wrb, arb) = (wq.len() / n_rows, xq.len() / n_tok);
+                let acts = GemmActs::new(act, n_in, &xq, arb).unwrap();
+                let mut got = vec![0f32; n_rows * n_tok];
+                assert!(gemm_q8(ty, n_in, &wq, &acts, &mut got, &[]));
+                let deq = |t: GgmlType, row: &[u8]| {
+                    let mut v = vec![0f32; n_in];
+                    crate::dequantize_row(t, row, &mut v).unwrap();
+                    v
+                };
+                for r in 0..n_rows {
+                    let w = deq(ty, &wq[r * wrb..(r + 1) * wrb]);
+                    for t in 0..n_tok {
+                        let x = deq(act, &xq[t * arb..(t + 1) * arb]);
+                        let want: f64 = w.iter().zip(&x).map(|(&a, &b)| a as f64 * b as f64).sum();
+                        let mag: f64 = w
+                            .iter()
+                            .zip(&x)
+                            .map(|(&a, &b)| (a as f64 * b as f64).abs())
+                            .sum();
+                        let v = got[(r / 16 * n_tok + t) * 16 + r % 16] as f64;
+                        let tol = if ty == GgmlType::Q4_1 {
+                            1024.0
+                        } else {
+                            65536.0
+                        };
+                        assert!(
+                            (v - want).abs() <= mag / tol + 1e-9,
+                            "{ty} n_in {n_in}, {n_tok} tokens: row {r} token {t}: {v} against {want} (terms {mag})"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     /// Activations prepared in parts (any thread each) or copied row by row from prepared
     /// ones hold what preparing those rows at once gives, for each activation type.
     #[test]
