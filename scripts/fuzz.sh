@@ -10,8 +10,10 @@
 # its metadata), tokenize (any text through each architecture's tokenizer and back),
 # chat_request (any request body through the server's parsers and chat templates), grammar
 # (constrained decoding: grammars and bytes from the input), tool_calls (every family's parser).
-# A crash leaves its input in fuzz/artifacts/TARGET/; `cargo +nightly fuzz run TARGET FILE`
-# replays it. MOXIE_FIXTURES names the fixtures (default ../shared/fixtures).
+# fuzz/dicts/TARGET.dict, where there is one, is passed as libFuzzer's dictionary (JSON syntax
+# and request fields for chat_request). A crash leaves its input in fuzz/artifacts/TARGET/;
+# `cargo +nightly fuzz run TARGET FILE` (from fuzz/, with MOXIE_FIXTURES set) replays it.
+# MOXIE_FIXTURES names the fixtures (default ../shared/fixtures).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -89,11 +91,12 @@ run() {
     for t in "${targets[@]}"; do
         mkdir -p "corpus/$t" "artifacts/$t"
         local log="artifacts/$t/last-run.log"
-        local max_len=4096
+        local max_len=4096 dict=()
         [ "$t" = gguf ] && max_len=131072
+        [ -f "dicts/$t.dict" ] && dict=(-dict="dicts/$t.dict")
         # libFuzzer's own limits: 2 GiB of RSS and 10 s per input count as crashes.
         if cargo +nightly fuzz run -O "$t" "corpus/$t" -- -max_total_time="$secs" \
-            -max_len="$max_len" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 \
+            -max_len="$max_len" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 "${dict[@]}" \
             >"$log" 2>&1; then
             echo "$t: no crash in ${secs}s: $(grep -E '^#[0-9]+' "$log" | tail -1)"
         else
