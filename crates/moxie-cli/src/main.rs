@@ -80,6 +80,7 @@ fn main() -> ExitCode {
     };
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     moxie_core::keep_freed_memory();
+    moxie_core::explain_bus_errors();
     let res = match cli.cmd {
         Cmd::Inspect(a) => inspect::main(a),
         Cmd::Run(a) => run::run(a, subcommand(&matches, "run")),

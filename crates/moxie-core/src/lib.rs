@@ -78,6 +78,42 @@ pub fn keep_freed_memory() {
     }
 }
 
+/// Exit status after a bus error: what a shell reports for a process killed by SIGBUS
+/// (128 + 7).
+pub const BUS_ERROR_EXIT: i32 = 135;
+
+/// Say why, when a read of a mapped model file fails. The weights moxie does not copy are read
+/// from the file's mapping on demand; if the file is truncated (or rewritten in place) while
+/// moxie runs, the next read of a page past its new end raises SIGBUS, whose default action
+/// ends the process without a word. This installs a handler that writes what happened and what
+/// avoids it (`--no-mmap`: weights read into memory, immune) to stderr, then exits with
+/// [`BUS_ERROR_EXIT`]. Called once by the CLI at start.
+pub fn explain_bus_errors() {
+    #[cfg(unix)]
+    {
+        extern "C" fn on_bus_error(_: libc::c_int) {
+            const MSG: &[u8] =
+                b"\nmoxie: bus error (SIGBUS) reading memory, most likely a mapped model \
+file that was truncated or rewritten while moxie had it open: a mapping reads the file on \
+demand. Restart moxie on an intact file; --no-mmap reads the weights into memory and is \
+immune to later changes of the file.\n";
+            // SAFETY: write(2) and _exit(2) are async-signal-safe; MSG is a static buffer.
+            unsafe {
+                libc::write(2, MSG.as_ptr().cast(), MSG.len());
+                libc::_exit(BUS_ERROR_EXIT);
+            }
+        }
+        // SAFETY: sigaction with a zero-initialised struct whose handler has the signature
+        // sa_handler expects (no SA_SIGINFO) and an empty mask; no memory is shared with it.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_bus_error as extern "C" fn(libc::c_int) as libc::sighandler_t;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut());
+        }
+    }
+}
+
 /// `--mlock`: keep every page of this process in RAM, those mapped now (the model file's
 /// included, which this reads in) and those to come, as llama.cpp's `--mlock` keeps the
 /// model's. Fails when the system refuses (typically `ulimit -l`, RLIMIT_MEMLOCK, below the
