@@ -265,11 +265,24 @@ fn check_auth(s: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
-    if given == Some(key.as_str()) {
+    if given.is_some_and(|g| same_secret(g.as_bytes(), key.as_bytes())) {
         Ok(())
     } else {
         Err(ApiError::unauthorized())
     }
+}
+
+/// `given == key` in a time that depends on `given`'s length alone, not on where the two first
+/// differ nor on the key's length: a client timing its refusals learns nothing about the key.
+fn same_secret(given: &[u8], key: &[u8]) -> bool {
+    if key.is_empty() {
+        return given.is_empty();
+    }
+    let mut diff = u8::from(given.len() != key.len());
+    for (i, &g) in given.iter().enumerate() {
+        diff |= g ^ key[i % key.len()];
+    }
+    std::hint::black_box(diff) == 0
 }
 
 /// The body, at most `limit` bytes (413 past it).
@@ -666,4 +679,32 @@ fn completion_stream(
             Event::Error(e) => (vec![e.body()], true),
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same_secret;
+
+    #[test]
+    fn api_keys_compare_equal_only_when_equal() {
+        let key = b"sk-0123456789";
+        assert!(same_secret(key, key));
+        for other in [
+            &b"sk-0123456788"[..],
+            b"xk-0123456789",
+            b"sk-012345678",
+            b"sk-01234567890",
+            b"sk-0123456789sk-0123456789",
+            b"",
+            b"s",
+        ] {
+            assert!(
+                !same_secret(other, key),
+                "{:?}",
+                String::from_utf8_lossy(other)
+            );
+        }
+        assert!(same_secret(b"", b""));
+        assert!(!same_secret(b"a", b""));
+    }
 }
