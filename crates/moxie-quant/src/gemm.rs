@@ -1698,27 +1698,30 @@ mod tests {
                 let acts = GemmActs::new(act, n_in, &xq, arb).unwrap();
                 let mut got = vec![0f32; n_rows * n_tok];
                 assert!(gemm_q8(ty, n_in, &wq, &acts, &mut got, &[]));
-                let deq = |t: GgmlType, row: &[u8]| {
-                    let mut v = vec![0f32; n_in];
-                    crate::dequantize_row(t, row, &mut v).unwrap();
-                    v
+                let deq = |t: GgmlType, rows: &[u8], rb: usize| -> Vec<Vec<f32>> {
+                    rows.chunks_exact(rb)
+                        .map(|row| {
+                            let mut v = vec![0f32; n_in];
+                            crate::dequantize_row(t, row, &mut v).unwrap();
+                            v
+                        })
+                        .collect()
                 };
-                for r in 0..n_rows {
-                    let w = deq(ty, &wq[r * wrb..(r + 1) * wrb]);
-                    for t in 0..n_tok {
-                        let x = deq(act, &xq[t * arb..(t + 1) * arb]);
-                        let want: f64 = w.iter().zip(&x).map(|(&a, &b)| a as f64 * b as f64).sum();
+                let (ws, xs) = (deq(ty, &wq, wrb), deq(act, &xq, arb));
+                let tol = if ty == GgmlType::Q4_1 {
+                    1024.0
+                } else {
+                    65536.0
+                };
+                for (r, w) in ws.iter().enumerate() {
+                    for (t, x) in xs.iter().enumerate() {
+                        let want: f64 = w.iter().zip(x).map(|(&a, &b)| a as f64 * b as f64).sum();
                         let mag: f64 = w
                             .iter()
-                            .zip(&x)
+                            .zip(x)
                             .map(|(&a, &b)| (a as f64 * b as f64).abs())
                             .sum();
                         let v = got[(r / 16 * n_tok + t) * 16 + r % 16] as f64;
-                        let tol = if ty == GgmlType::Q4_1 {
-                            1024.0
-                        } else {
-                            65536.0
-                        };
                         assert!(
                             (v - want).abs() <= mag / tol + 1e-9,
                             "{ty} n_in {n_in}, {n_tok} tokens: row {r} token {t}: {v} against {want} (terms {mag})"
