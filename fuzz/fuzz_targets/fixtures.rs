@@ -5,7 +5,6 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use moxie_gguf::GgufFile;
 use moxie_tokenizer::{ChatTemplate, Tokenizer, VocabData};
 
 pub fn dir() -> PathBuf {
@@ -27,10 +26,8 @@ pub fn tokenizers() -> Vec<Arc<Tokenizer>> {
     let toks: Vec<Arc<Tokenizer>> = MODELS
         .iter()
         .filter_map(|m| {
-            let f = GgufFile::open_header_only(&dir().join("models").join(m)).ok()?;
-            Tokenizer::new(VocabData::from_gguf(f.metadata()).ok()?)
-                .ok()
-                .map(Arc::new)
+            let vocab = VocabData::from_gguf_file(&dir().join("models").join(m)).ok()?;
+            Tokenizer::new(vocab).ok().map(Arc::new)
         })
         .collect();
     assert!(
