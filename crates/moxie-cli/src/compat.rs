@@ -24,6 +24,7 @@ const SPELLINGS: &[(&str, &str)] = &[
     ("-ts", "--tensor-split"),
     ("-mg", "--main-gpu"),
     ("-np", "--parallel"),
+    ("-to", "--timeout"),
     ("-fa", "--flash-attn"),
     ("-fit", "--fit"),
     ("-tb", "--threads-batch"),
@@ -226,10 +227,10 @@ mod tests {
 
     #[test]
     fn one_dash_spellings_get_long_forms() {
-        let (out, notes) = run("moxie serve -ngl 99 -ub 512 -ctk=q8_0 -np 2", &[]).unwrap();
+        let (out, notes) = run("moxie serve -ngl 99 -ub 512 -ctk=q8_0 -np 2 -to 30", &[]).unwrap();
         assert_eq!(
             out,
-            "moxie serve --n-gpu-layers 99 --ubatch-size 512 --cache-type-k=q8_0 --parallel 2"
+            "moxie serve --n-gpu-layers 99 --ubatch-size 512 --cache-type-k=q8_0 --parallel 2 --timeout 30"
                 .split(' ')
                 .collect::<Vec<_>>()
         );

@@ -58,6 +58,12 @@ pub struct Args {
     n_predict: i64,
     #[command(flatten)]
     sampling: SamplingDefaults,
+    /// Read and write timeout, seconds (also `-to`, as llama-server): a request's head, and
+    /// its whole body, must arrive within it (an unfinished head: the connection is closed; a
+    /// body: 408), and a client that reads nothing of its answer for that long is
+    /// disconnected (its request stops, freeing the slot).
+    #[arg(long = "timeout", value_name = "SECS", default_value_t = 600)]
+    timeout: u64,
     /// Largest request body accepted, in bytes (larger: 413).
     #[arg(long = "max-body-bytes", default_value_t = 16 << 20)]
     max_body_bytes: usize,
@@ -136,6 +142,9 @@ pub fn main(a: Args, matches: &ArgMatches) -> Result<()> {
     if a.ubatch_size == 0 || a.batch_size == 0 {
         bail!("-b and -ub must be positive");
     }
+    if a.timeout == 0 {
+        bail!("--timeout must be at least 1 second");
+    }
     let ubatch = a.ubatch_size.min(a.batch_size);
     let defaults = a.sampling.defaults(a.n_predict)?;
     if a.reasoning_budget < -1 {
@@ -211,7 +220,10 @@ pub fn main(a: Args, matches: &ArgMatches) -> Result<()> {
         n_vocab,
         n_ctx_train,
     )
-    .with_defaults(defaults);
+    .with_defaults(defaults)
+    .with_timeouts(moxie_server::Timeouts::both(
+        std::time::Duration::from_secs(a.timeout),
+    ));
     if let Some(path) = &a.profile_out {
         if a.profile_interval == 0 {
             bail!("--profile-interval must be at least 1 second");

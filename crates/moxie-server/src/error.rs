@@ -76,6 +76,18 @@ impl ApiError {
         }
     }
 
+    /// 408: the request did not arrive in time (`--timeout`); the connection is closed after
+    /// the answer, since the rest of the body may still be on its way.
+    pub fn request_timeout(message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::REQUEST_TIMEOUT,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("request_timeout"),
+        }
+    }
+
     /// 500: the model failed while generating (the request's slot is freed).
     pub fn internal(message: impl Into<String>) -> ApiError {
         ApiError {
@@ -108,6 +120,14 @@ impl std::fmt::Display for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, axum::Json(self.body())).into_response()
+        let close = self.status == StatusCode::REQUEST_TIMEOUT;
+        let mut r = (self.status, axum::Json(self.body())).into_response();
+        if close {
+            r.headers_mut().insert(
+                axum::http::header::CONNECTION,
+                axum::http::HeaderValue::from_static("close"),
+            );
+        }
+        r
     }
 }

@@ -30,6 +30,8 @@ pub struct AppState {
     pub api_key: Option<String>,
     /// Request bodies larger than this get 413.
     pub max_body_bytes: usize,
+    /// `--timeout`: a body not whole within `timeouts.read` gets 408.
+    pub timeouts: crate::Timeouts,
     pub n_vocab: usize,
     pub n_ctx_train: usize,
     /// What requests get for the settings they leave out.
@@ -88,6 +90,7 @@ impl AppState {
             model_name,
             api_key,
             max_body_bytes,
+            timeouts: crate::Timeouts::default(),
             n_vocab,
             n_ctx_train,
             defaults: GenDefaults::default(),
@@ -100,6 +103,12 @@ impl AppState {
     /// With `defaults` for what requests leave out (the server's sampling flags).
     pub fn with_defaults(mut self, defaults: GenDefaults) -> AppState {
         self.defaults = defaults;
+        self
+    }
+
+    /// With these read and write limits (`--timeout`).
+    pub fn with_timeouts(mut self, timeouts: crate::Timeouts) -> AppState {
+        self.timeouts = timeouts;
         self
     }
 
@@ -285,8 +294,14 @@ fn same_secret(given: &[u8], key: &[u8]) -> bool {
     std::hint::black_box(diff) == 0
 }
 
-/// The body, at most `limit` bytes (413 past it).
-async fn read_body(body: Body, headers: &HeaderMap, limit: usize) -> Result<Vec<u8>, ApiError> {
+/// The body, at most `limit` bytes (413 past it), whole within `deadline` (408 past it: a
+/// client trickling its body would otherwise hold the connection as long as it liked).
+async fn read_body(
+    body: Body,
+    headers: &HeaderMap,
+    limit: usize,
+    deadline: std::time::Duration,
+) -> Result<Vec<u8>, ApiError> {
     let too_big = || ApiError {
         status: StatusCode::PAYLOAD_TOO_LARGE,
         message: format!("the request body is larger than {limit} bytes"),
@@ -301,7 +316,13 @@ async fn read_body(body: Body, headers: &HeaderMap, limit: usize) -> Result<Vec<
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(too_big());
     }
-    match axum::body::to_bytes(body, limit).await {
+    let Ok(read) = tokio::time::timeout(deadline, axum::body::to_bytes(body, limit)).await else {
+        return Err(ApiError::request_timeout(format!(
+            "the request body did not arrive within {} s (--timeout)",
+            deadline.as_secs_f64()
+        )));
+    };
+    match read {
         Ok(b) => Ok(b.to_vec()),
         Err(e) => {
             let mut text = e.to_string();
@@ -328,7 +349,7 @@ async fn json_body(
     body: Body,
 ) -> Result<serde_json::Map<String, Value>, ApiError> {
     check_auth(s, headers)?;
-    parse_body(&read_body(body, headers, s.max_body_bytes).await?)
+    parse_body(&read_body(body, headers, s.max_body_bytes, s.timeouts.read).await?)
 }
 
 /// Count the answer in the metrics and turn it into a response.

@@ -8,8 +8,10 @@
 //! * [`output`] splits the generated text into reasoning, content and tool calls
 //!   ([`tool_calls`]: per-family syntaxes), [`grammar`] constrains forced tool calls and JSON
 //!   output;
-//! * [`http`] has the routes and the OpenAI / llama-server response shapes.
+//! * [`http`] has the routes and the OpenAI / llama-server response shapes;
+//! * [`conn`] accepts connections and holds slow and hostile clients to `--timeout`.
 
+pub mod conn;
 pub mod engine;
 pub mod error;
 pub mod grammar;
@@ -20,6 +22,7 @@ pub mod prompt;
 pub mod request;
 pub mod tool_calls;
 
+pub use conn::Timeouts;
 pub use engine::{Engine, EngineConfig};
 pub use error::ApiError;
 pub use http::{router, AppState, ProfileOut};
@@ -46,17 +49,16 @@ pub async fn serve(
             }
         })
     });
+    let timeouts = state.timeouts;
     let app = router(state);
-    let res = axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
-        .await;
+    conn::serve_connections(listener, app, timeouts, shutdown_signal()).await;
     engine.shutdown();
     if let Some(w) = writer {
         w.abort();
     }
     // And once more with everything the engine counted.
     write_profile(&profile_state);
-    res
+    Ok(())
 }
 
 /// Write the routing profile if `--profile-out` asked for one; a failure is reported, not
