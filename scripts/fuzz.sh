@@ -7,7 +7,8 @@
 #                                        # after another; prints libFuzzer's last status line
 #
 # Targets (fuzz/fuzz_targets): gguf (a GGUF image of any bytes, and the tokenizer built from
-# its metadata), tokenize (any text through each architecture's tokenizer and back),
+# its metadata), gguf_split (a split set of any bytes: parts written to files and opened as a
+# set), tokenize (any text through each architecture's tokenizer and back),
 # chat_request (any request body through the server's parsers and chat templates), grammar
 # (constrained decoding: grammars and bytes from the input), tool_calls (every family's parser).
 # fuzz/dicts/TARGET.dict, where there is one, is passed as libFuzzer's dictionary (JSON syntax
@@ -18,18 +19,38 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 FIX="${MOXIE_FIXTURES:-$ROOT/../shared/fixtures}"
-TARGETS=(gguf tokenize chat_request grammar tool_calls)
+TARGETS=(gguf gguf_split tokenize chat_request grammar tool_calls)
 export MOXIE_FIXTURES="$FIX"
 
 seed() {
     local c="$ROOT/fuzz/corpus"
-    mkdir -p "$c"/{gguf,tokenize,chat_request,grammar,tool_calls}
+    mkdir -p "$c"/{gguf,gguf_split,tokenize,chat_request,grammar,tool_calls}
     # GGUF: the header-only big models, and the first 64 KiB of each small model (header,
     # metadata and tensor index; its tensors then run past the end).
     cp "$FIX"/headers/*.gguf "$c/gguf/" 2>/dev/null || true
     for m in "$FIX"/models/*-tiny-Q4_0.gguf "$FIX"/models/*-tiny-Q4_K_M.gguf; do
         head -c 65536 "$m" > "$c/gguf/$(basename "$m").head"
     done
+    # Split sets: two tiny models copied into 2 to 7 parts by `moxie quantize`, each part's
+    # first 16 KiB (header, metadata and index), joined with gguf_split's separator after a
+    # first byte that opens part 1 or part 2.
+    local moxie="$ROOT/target/release/moxie" tmp
+    [ -x "$moxie" ] || (cd "$ROOT" && cargo build --release -p moxie-cli)
+    tmp="$(mktemp -d)"
+    for m in qwen3moe-tiny-Q4_0 deepseek2-tiny-Q4_K_M; do
+        for n in 8 16; do
+            "$moxie" quantize -q --split-max-tensors "$n" "$FIX/models/$m.gguf" "$tmp/$m-$n" COPY
+            for pick in 0 1; do
+                python3 -c '
+import sys
+out, pick, parts = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+sep = b"\xf0GGUF-PART\xf0"
+open(out, "wb").write(bytes([pick]) + sep.join(open(p, "rb").read(16384) for p in sorted(parts)))
+' "$c/gguf_split/$m-$n-$pick" "$pick" "$tmp/$m-$n"-*.gguf
+            done
+        done
+    done
+    rm -rf "$tmp"
     python3 - "$FIX" "$c" <<'EOF'
 import json, os, sys, hashlib
 fix, c = sys.argv[1], sys.argv[2]
@@ -93,6 +114,7 @@ run() {
         local log="artifacts/$t/last-run.log"
         local max_len=4096 dict=()
         [ "$t" = gguf ] && max_len=131072
+        [ "$t" = gguf_split ] && max_len=131072
         [ -f "dicts/$t.dict" ] && dict=(-dict="dicts/$t.dict")
         # libFuzzer's own limits: 2 GiB of RSS and 10 s per input count as crashes.
         if cargo +nightly fuzz run -O "$t" "corpus/$t" -- -max_total_time="$secs" \
