@@ -405,6 +405,41 @@ fn batch64_gemm_interleaved_l2(bencher: Bencher, ty: GgmlType) {
         });
 }
 
+/// [`batch64_gemm_interleaved_l2`] on matrices in DRAM (copies over 1 GiB, see `dram`),
+/// walked as moxie-core's MoE does: 32-row chunks, each with the next chunk as the bytes to
+/// prefetch. Against the L2 figure: what the weights' first reads cost.
+#[divan::bench(args = [Q4_K, Q8_0], max_time = 2)]
+fn batch64_gemm_interleaved_dram(bencher: Bencher, ty: GgmlType) {
+    const TOKENS: usize = 64;
+    const CHUNK: usize = 2 * GEMM_TILE_ROWS;
+    if !gemm_available() || !moxie_quant::repack::repack_supports(ty, GEMM_TILE_ROWS, COLS) {
+        return;
+    }
+    let mut w = Weights::dram(ty);
+    let b = w.mat_bytes();
+    let mut packed = vec![0u8; b];
+    for m in w.data.chunks_exact_mut(b) {
+        moxie_quant::repack::repack(ty, m, w.rows, COLS, &mut packed);
+        m.copy_from_slice(&packed);
+    }
+    let (acts, stride) = activations(ty, TOKENS);
+    let g = GemmActs::new(vec_dot_type(ty).unwrap(), COLS, &acts, stride).unwrap();
+    let mut out = vec![0f32; CHUNK * TOKENS];
+    let chunk_bytes = CHUNK * w.row_bytes;
+    let mut i = 0;
+    bencher.counter(BytesCount::new(b)).bench_local(|| {
+        let m = black_box(w.matrix(i));
+        i += 1;
+        for (k, c) in m.chunks(chunk_bytes).enumerate() {
+            let next = m
+                .get((k + 1) * chunk_bytes..)
+                .map_or(&[][..], |r| &r[..r.len().min(chunk_bytes)]);
+            assert!(gemm_q8_interleaved(ty, COLS, c, &g, &mut out, next));
+        }
+        black_box(&out);
+    });
+}
+
 #[divan::bench(args = GEMM_TYPES, min_time = 0.5, max_time = 1)]
 fn batch32_gemm_l2(bencher: Bencher, ty: GgmlType) {
     batch_gemm(bencher, ty, Weights::l2);
