@@ -126,6 +126,9 @@ impl SamplingDefaults {
     }
 }
 
+/// `--timeout`'s largest value: a year.
+const MAX_TIMEOUT_SECS: u64 = 365 * 24 * 3600;
+
 fn reasoning_mode(s: &str) -> std::result::Result<ReasoningMode, String> {
     match s {
         "on" => Ok(ReasoningMode::On),
@@ -142,8 +145,12 @@ pub fn main(a: Args, matches: &ArgMatches) -> Result<()> {
     if a.ubatch_size == 0 || a.batch_size == 0 {
         bail!("-b and -ub must be positive");
     }
-    if a.timeout == 0 {
-        bail!("--timeout must be at least 1 second");
+    // A year at most: the deadlines are instants, and one past the clock's range would panic.
+    if !(1..=MAX_TIMEOUT_SECS).contains(&a.timeout) {
+        bail!(
+            "--timeout takes 1 to {MAX_TIMEOUT_SECS} seconds, not {}",
+            a.timeout
+        );
     }
     let ubatch = a.ubatch_size.min(a.batch_size);
     let defaults = a.sampling.defaults(a.n_predict)?;

@@ -559,6 +559,29 @@ fn request_timeouts_answer_408_or_close() {
     assert_eq!(in_time.json()["usage"]["completion_tokens"], 2);
 }
 
+/// `--timeout` outside 1 s to a year is refused at start, naming the flag (0 would cut every
+/// client at once; a huge one would overflow the clock).
+#[test]
+fn out_of_range_timeouts_are_refused() {
+    for bad in ["0", "99999999999"] {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_moxie"))
+            .args([
+                "serve",
+                "-m",
+                &fixture_model(MODEL),
+                "--port",
+                "0",
+                "--timeout",
+                bad,
+            ])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "--timeout {bad} was accepted");
+        assert!(err.contains("--timeout takes 1 to"), "{err}");
+    }
+}
+
 #[test]
 #[ignore = "stress: minutes; see the file's header for the command"]
 fn five_thousand_sequential_requests_keep_memory_flat() {
