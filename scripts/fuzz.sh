@@ -9,7 +9,9 @@
 # Targets (fuzz/fuzz_targets): gguf (a GGUF image of any bytes, and the tokenizer built from
 # its metadata), gguf_split (a split set of any bytes: parts written to files and opened as a
 # set), tokenize (any text through each architecture's tokenizer and back),
-# chat_request (any request body through the server's parsers and chat templates), grammar
+# chat_request (any request body through the server's parsers and chat templates),
+# chat_request_json (the same for JSON requests built from the input: most get past parsing;
+# its corpus starts empty), grammar
 # (constrained decoding: grammars and bytes from the input), tool_calls (every family's parser).
 # fuzz/dicts/TARGET.dict, where there is one, is passed as libFuzzer's dictionary (JSON syntax
 # and request fields for chat_request). A crash leaves its input in fuzz/artifacts/TARGET/;
@@ -19,12 +21,12 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 FIX="${MOXIE_FIXTURES:-$ROOT/../shared/fixtures}"
-TARGETS=(gguf gguf_split tokenize chat_request grammar tool_calls)
+TARGETS=(gguf gguf_split tokenize chat_request chat_request_json grammar tool_calls)
 export MOXIE_FIXTURES="$FIX"
 
 seed() {
     local c="$ROOT/fuzz/corpus"
-    mkdir -p "$c"/{gguf,gguf_split,tokenize,chat_request,grammar,tool_calls}
+    mkdir -p "$c"/{gguf,gguf_split,tokenize,chat_request,chat_request_json,grammar,tool_calls}
     # GGUF: the header-only big models, and the first 64 KiB of each small model (header,
     # metadata and tensor index; its tensors then run past the end).
     cp "$FIX"/headers/*.gguf "$c/gguf/" 2>/dev/null || true
