@@ -605,14 +605,7 @@ fn metrics_report_the_expert_cache() {
     let body = json!({"messages": user("Count to three."), "max_tokens": 6, "temperature": 0});
     let r = s.post("/v1/chat/completions", &body);
     assert_eq!(r.status, 200, "{}", r.text());
-    let value = |metrics: &str, name: &str| -> u64 {
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("moxie_{name} ")))
-            .unwrap_or_else(|| panic!("{name} missing from:\n{metrics}"))
-            .parse()
-            .unwrap()
-    };
+    let value = |metrics: &str, name: &str| metric_value(metrics, name) as u64;
     // qwen3moe tiny: 2 MoE layers, top-2; every generated token but the last is a decode step.
     let decoded = r.json()["usage"]["completion_tokens"].as_u64().unwrap() - 1;
     let want = 2 * 2 * decoded;
@@ -721,18 +714,7 @@ fn routing_profile_accumulates_across_restarts() {
     let mut other = second.clone();
     other["n_expert"] = json!(3);
     std::fs::write(&path, other.to_string()).unwrap();
-    let o = std::process::Command::new(env!("CARGO_BIN_EXE_moxie"))
-        .args([
-            "serve",
-            "-m",
-            &fixture_model(MODEL),
-            "--port",
-            "0",
-            "--profile-out",
-            p,
-        ])
-        .output()
-        .unwrap();
+    let o = serve_output(MODEL, &["--profile-out", p]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success());
     assert!(

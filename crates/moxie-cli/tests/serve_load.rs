@@ -107,13 +107,7 @@ fn sixty_four_streams_on_four_slots() {
     rss.push(s.rss_kib());
 
     let metrics = s.get("/metrics").text();
-    let value = |name: &str| -> f64 {
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("moxie_{name} ")))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("{name} in {metrics}"))
-    };
+    let value = |name: &str| metric_value(&metrics, name);
     let answered: usize = waves.iter().map(|w| w.answered).sum::<usize>() + small.answered;
     let rejected: usize = waves.iter().map(|w| w.rejected).sum();
     assert_eq!(value("requests_success_total") as usize, answered);

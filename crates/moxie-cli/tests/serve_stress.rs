@@ -52,13 +52,9 @@ fn chat_body(i: usize, max_tokens: usize) -> Value {
     })
 }
 
+/// A POST of `body` to `addr`'s `path`, as bytes.
 fn request_bytes(addr: SocketAddr, path: &str, body: &Value) -> Vec<u8> {
-    let body = body.to_string();
-    format!(
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .into_bytes()
+    json_request(addr, "POST", path, &[], body.to_string().as_bytes())
 }
 
 /// Whether `line` (one line of the SSE stream) is a chunk carrying generated text.
@@ -152,25 +148,6 @@ fn pct(v: &[Duration], p: f64) -> f64 {
     s[rank - 1]
 }
 
-/// A field of `/proc/PID/status` in KiB (`VmRSS`, `VmHWM`: the peak).
-fn status_kib(s: &Server, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{}/status", s.pid())).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(&format!("{field}:")))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("{field} in /proc/{}/status", s.pid()))
-}
-
-fn metric(s: &Server, name: &str) -> f64 {
-    let text = s.get("/metrics").text();
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("moxie_{name} ")))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("{name} in {text}"))
-}
-
 /// `n` streaming clients released at once; their outcomes.
 fn burst(addr: SocketAddr, n: usize, max_tokens: usize) -> (Vec<Outcome>, Duration) {
     let gate = Arc::new(Barrier::new(n));
@@ -239,7 +216,7 @@ fn many_streams_on_four_slots() {
             pct(&firsts, 50.0),
             pct(&firsts, 99.0),
             wall.as_secs_f64(),
-            status_kib(&s, "VmHWM") as f64 / 1024.0
+            s.status_kib("VmHWM") as f64 / 1024.0
         );
         assert_eq!(failed, 0);
         assert_eq!(ok + busy, N);
@@ -249,8 +226,8 @@ fn many_streams_on_four_slots() {
             // 4 running and `queue` waiting at least; later ones as slots free up.
             assert!(ok >= 4 + queue && busy > 0, "{ok} answered, {busy} refused");
         }
-        assert_eq!(metric(&s, "requests_success_total") as usize, ok);
-        assert_eq!(metric(&s, "requests_rejected_total") as usize, busy);
+        assert_eq!(s.metric("requests_success_total") as usize, ok);
+        assert_eq!(s.metric("requests_rejected_total") as usize, busy);
     }
 }
 
@@ -382,13 +359,13 @@ fn slow_readers_do_not_stall_the_engine() {
     }
     println!(
         "{SLOW} readers of 1 byte/s for {SLOW_SECS} s, one answer each: answers whole {slow:?}; {STALLED} of {PIPELINED} pipelined answers: whole before the write timeout ({TIMEOUT} s) cut them {stalled:?}; requests cancelled {}",
-        metric(&s, "requests_cancelled_total")
+        s.metric("requests_cancelled_total")
     );
     println!(
         "RSS KiB: before {rss0}, during {:?}, after {}; peak {}",
         rss_during,
         s.rss_kib(),
-        status_kib(&s, "VmHWM")
+        s.status_kib("VmHWM")
     );
     assert!(
         during.iter().all(|o| o.done && o.error.is_none()),
@@ -577,18 +554,7 @@ fn request_timeouts_answer_408_or_close() {
 #[test]
 fn out_of_range_timeouts_are_refused() {
     for bad in ["0", "99999999999"] {
-        let o = std::process::Command::new(env!("CARGO_BIN_EXE_moxie"))
-            .args([
-                "serve",
-                "-m",
-                &fixture_model(MODEL),
-                "--port",
-                "0",
-                "--timeout",
-                bad,
-            ])
-            .output()
-            .unwrap();
+        let o = serve_output(MODEL, &["--timeout", bad]);
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(!o.status.success(), "--timeout {bad} was accepted");
         assert!(err.contains("--timeout takes 1 to"), "{err}");
@@ -631,10 +597,10 @@ fn five_thousand_sequential_requests_keep_memory_flat() {
         wall.as_secs_f64(),
         pct(&lat, 50.0),
         pct(&lat, 99.0),
-        status_kib(&s, "VmHWM")
+        s.status_kib("VmHWM")
     );
     println!("RSS KiB after each {EVERY}: {samples:?}");
-    assert_eq!(metric(&s, "requests_success_total") as usize, N);
+    assert_eq!(s.metric("requests_success_total") as usize, N);
     // Flat after warm-up: from the 1000th request on, within 4 MiB.
     let warm: Vec<u64> = samples
         .iter()
@@ -699,8 +665,8 @@ fn clients_disconnecting_mid_stream_free_their_slots() {
     let t0 = Instant::now();
     wait_idle(&s, Duration::from_secs(120));
     let idle_after = t0.elapsed();
-    let cancelled = metric(&s, "requests_cancelled_total");
-    let success = metric(&s, "requests_success_total");
+    let cancelled = s.metric("requests_cancelled_total");
+    let success = s.metric("requests_success_total");
     let failed = outs.iter().filter(|o| o.error.is_some()).count();
     // Then normal service.
     let after: Vec<Outcome> = (0..4).map(|i| stream(addr, &chat_body(i, 8))).collect();
@@ -709,7 +675,7 @@ fn clients_disconnecting_mid_stream_free_their_slots() {
         outs.iter().filter(|o| o.first_token.is_some()).count(),
         (0..N).filter(|&i| i % 4 == 3 || cut(i) == 0).count(),
         idle_after.as_secs_f64(),
-        status_kib(&s, "VmHWM")
+        s.status_kib("VmHWM")
     );
     assert_eq!(failed, 0, "{outs:?}");
     assert!(cancelled >= (N / 2) as f64, "only {cancelled} cancelled");

@@ -99,13 +99,23 @@ impl Server {
 
     /// Resident memory of the server process, in KiB.
     pub fn rss_kib(&self) -> u64 {
+        self.status_kib("VmRSS")
+    }
+
+    /// A field of the server's `/proc/PID/status` in KiB (`VmRSS`; `VmHWM`, the peak).
+    pub fn status_kib(&self, field: &str) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
         status
             .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
             .and_then(|v| v.split_whitespace().next())
             .and_then(|v| v.parse().ok())
-            .expect("VmRSS")
+            .unwrap_or_else(|| panic!("{field} in /proc/{}/status", self.pid()))
+    }
+
+    /// The value of `moxie_NAME` in `/metrics` now.
+    pub fn metric(&self, name: &str) -> f64 {
+        metric_value(&self.get("/metrics").text(), name)
     }
 
     pub fn post(&self, path: &str, body: &Value) -> Response {
@@ -135,21 +145,9 @@ impl Server {
             .then(|| Response::parse(&out))
     }
 
-    /// The bytes of a request with `Content-Length`; `headers` as "Name: value".
+    /// The bytes of a request to this server ([`json_request`]).
     fn json_request(&self, method: &str, path: &str, headers: &[&str], body: &[u8]) -> Vec<u8> {
-        let mut req = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
-            self.addr,
-            body.len()
-        )
-        .into_bytes();
-        for h in headers {
-            req.extend_from_slice(h.as_bytes());
-            req.extend_from_slice(b"\r\n");
-        }
-        req.extend_from_slice(b"\r\n");
-        req.extend_from_slice(body);
-        req
+        json_request(self.addr, method, path, headers, body)
     }
 
     /// Send `bytes` as they are and read the whole answer.
@@ -166,6 +164,47 @@ impl Server {
         }
         Response::parse(&out)
     }
+}
+
+/// The bytes of a request to `addr` with `Content-Length` and `Connection: close`; `headers`
+/// as "Name: value".
+pub fn json_request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[&str],
+    body: &[u8],
+) -> Vec<u8> {
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
+        body.len()
+    )
+    .into_bytes();
+    for h in headers {
+        req.extend_from_slice(h.as_bytes());
+        req.extend_from_slice(b"\r\n");
+    }
+    req.extend_from_slice(b"\r\n");
+    req.extend_from_slice(body);
+    req
+}
+
+/// The value of `moxie_NAME` in a `/metrics` text (panics, showing the text, without it).
+pub fn metric_value(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("moxie_{name} ")))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{name} missing from:\n{metrics}"))
+}
+
+/// `moxie serve -m MODEL --port 0 ARGS...` run to its end: for launch lines it must refuse.
+pub fn serve_output(model: &str, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_moxie"))
+        .args(["serve", "-m", &fixture_model(model), "--port", "0"])
+        .args(args)
+        .output()
+        .expect("running moxie serve")
 }
 
 impl Drop for Server {
