@@ -62,7 +62,7 @@ pub struct Args {
     /// its whole body, must arrive within it (an unfinished head: the connection is closed; a
     /// body: 408), and a client that reads nothing of its answer for that long is
     /// disconnected (its request stops, freeing the slot).
-    #[arg(long = "timeout", value_name = "SECS", default_value_t = 600)]
+    #[arg(long = "timeout", value_name = "SECS", default_value_t = moxie_server::DEFAULT_TIMEOUT.as_secs())]
     timeout: u64,
     /// Largest request body accepted, in bytes (larger: 413).
     #[arg(long = "max-body-bytes", default_value_t = 16 << 20)]
@@ -228,9 +228,7 @@ pub fn main(a: Args, matches: &ArgMatches) -> Result<()> {
         n_ctx_train,
     )
     .with_defaults(defaults)
-    .with_timeouts(moxie_server::Timeouts::both(
-        std::time::Duration::from_secs(a.timeout),
-    ));
+    .with_timeout(std::time::Duration::from_secs(a.timeout));
     if let Some(path) = &a.profile_out {
         if a.profile_interval == 0 {
             bail!("--profile-interval must be at least 1 second");

@@ -25,40 +25,20 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Sleep;
 
-/// How long a client may take (`--timeout`, as llama-server's read/write timeout).
-#[derive(Clone, Copy, Debug)]
-pub struct Timeouts {
-    /// For a request's head, and for its whole body.
-    pub read: Duration,
-    /// For a write that makes no progress.
-    pub write: Duration,
-}
-
-impl Timeouts {
-    /// The same limit for reads and writes.
-    pub fn both(d: Duration) -> Timeouts {
-        Timeouts { read: d, write: d }
-    }
-}
-
-impl Default for Timeouts {
-    /// llama-server's default: 600 seconds.
-    fn default() -> Timeouts {
-        Timeouts::both(Duration::from_secs(600))
-    }
-}
+/// `--timeout`'s default, as llama-server's: 600 seconds.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// Serve `app` on `listener` until `stop` completes; then stop accepting and wait for the open
-/// connections to finish their requests.
+/// connections to finish their requests. `timeout` (`--timeout`) bounds a request head's
+/// arrival and a write's stall.
 pub async fn serve_connections(
     listener: TcpListener,
     app: Router,
-    timeouts: Timeouts,
+    timeout: Duration,
     stop: impl Future<Output = ()>,
 ) {
     let mut http = hyper::server::conn::http1::Builder::new();
-    http.timer(TokioTimer::new())
-        .header_read_timeout(timeouts.read);
+    http.timer(TokioTimer::new()).header_read_timeout(timeout);
     let http = Arc::new(http);
     let graceful = GracefulShutdown::new();
     let mut stop = std::pin::pin!(stop);
@@ -75,7 +55,7 @@ pub async fn serve_connections(
         };
         // Tokens are small writes that should leave at once.
         let _ = stream.set_nodelay(true);
-        let io = TokioIo::new(WriteDeadline::new(stream, timeouts.write));
+        let io = TokioIo::new(WriteDeadline::new(stream, timeout));
         let service = TowerToHyperService::new(app.clone());
         let conn = graceful.watch(http.serve_connection(io, service));
         tokio::spawn(async move {
@@ -107,8 +87,10 @@ async fn accept_failed(e: io::Error) {
 struct WriteDeadline {
     io: TcpStream,
     limit: Duration,
-    /// Set while a write (or flush) is waiting on the client.
-    stalled: Option<Pin<Box<Sleep>>>,
+    /// The stall's deadline: one timer per connection, re-armed at each stall.
+    deadline: Pin<Box<Sleep>>,
+    /// Whether a write (or flush) is waiting on the client now.
+    stalled: bool,
 }
 
 impl WriteDeadline {
@@ -116,7 +98,8 @@ impl WriteDeadline {
         WriteDeadline {
             io,
             limit,
-            stalled: None,
+            deadline: Box::pin(tokio::time::sleep(limit)),
+            stalled: false,
         }
     }
 
@@ -124,19 +107,21 @@ impl WriteDeadline {
     /// once the stall has lasted `limit`.
     fn watch<T>(&mut self, cx: &mut Context<'_>, r: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
         if r.is_ready() {
-            self.stalled = None;
+            self.stalled = false;
             return r;
         }
-        let limit = self.limit;
-        let stall = self
-            .stalled
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
-        match stall.as_mut().poll(cx) {
+        if !self.stalled {
+            self.stalled = true;
+            self.deadline
+                .as_mut()
+                .reset(tokio::time::Instant::now() + self.limit);
+        }
+        match self.deadline.as_mut().poll(cx) {
             Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::TimedOut,
                 format!(
                     "the client read nothing for {} s (--timeout)",
-                    limit.as_secs_f64()
+                    self.limit.as_secs_f64()
                 ),
             ))),
             Poll::Pending => Poll::Pending,

@@ -30,8 +30,8 @@ pub struct AppState {
     pub api_key: Option<String>,
     /// Request bodies larger than this get 413.
     pub max_body_bytes: usize,
-    /// `--timeout`: a body not whole within `timeouts.read` gets 408.
-    pub timeouts: crate::Timeouts,
+    /// `--timeout`: a body not whole within it gets 408.
+    pub timeout: std::time::Duration,
     pub n_vocab: usize,
     pub n_ctx_train: usize,
     /// What requests get for the settings they leave out.
@@ -90,7 +90,7 @@ impl AppState {
             model_name,
             api_key,
             max_body_bytes,
-            timeouts: crate::Timeouts::default(),
+            timeout: crate::DEFAULT_TIMEOUT,
             n_vocab,
             n_ctx_train,
             defaults: GenDefaults::default(),
@@ -106,9 +106,9 @@ impl AppState {
         self
     }
 
-    /// With these read and write limits (`--timeout`).
-    pub fn with_timeouts(mut self, timeouts: crate::Timeouts) -> AppState {
-        self.timeouts = timeouts;
+    /// With this read and write limit (`--timeout`).
+    pub fn with_timeout(mut self, timeout: std::time::Duration) -> AppState {
+        self.timeout = timeout;
         self
     }
 
@@ -349,7 +349,7 @@ async fn json_body(
     body: Body,
 ) -> Result<serde_json::Map<String, Value>, ApiError> {
     check_auth(s, headers)?;
-    parse_body(&read_body(body, headers, s.max_body_bytes, s.timeouts.read).await?)
+    parse_body(&read_body(body, headers, s.max_body_bytes, s.timeout).await?)
 }
 
 /// Count the answer in the metrics and turn it into a response.

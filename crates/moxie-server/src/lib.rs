@@ -22,7 +22,7 @@ pub mod prompt;
 pub mod request;
 pub mod tool_calls;
 
-pub use conn::Timeouts;
+pub use conn::DEFAULT_TIMEOUT;
 pub use engine::{Engine, EngineConfig};
 pub use error::ApiError;
 pub use http::{router, AppState, ProfileOut};
@@ -49,9 +49,9 @@ pub async fn serve(
             }
         })
     });
-    let timeouts = state.timeouts;
+    let timeout = state.timeout;
     let app = router(state);
-    conn::serve_connections(listener, app, timeouts, shutdown_signal()).await;
+    conn::serve_connections(listener, app, timeout, shutdown_signal()).await;
     engine.shutdown();
     if let Some(w) = writer {
         w.abort();
