@@ -874,7 +874,11 @@ fn gemm_q8_rows(
             .zip(out.chunks_mut(2 * per_tile))
             .enumerate()
         {
-            let ahead = rows.get((i + 1) * pair_bytes..).filter(|r| !r.is_empty());
+            // The next pair's bytes (not the whole rest of the matrix).
+            let ahead = rows
+                .get((i + 1) * pair_bytes..)
+                .map(|r| &r[..r.len().min(pair_bytes)])
+                .filter(|r| !r.is_empty());
             let next = ahead.unwrap_or(next);
             let (wa, wb) = w.split_at(w.len().min(GEMM_TILE_ROWS * row_bytes));
             let fill = |t: &mut WeightTile, w: &[u8]| {
@@ -1439,8 +1443,10 @@ mod platform {
             // means the AVX2 level: AVX2, FMA and F16C; the sizes were checked by the caller.
             return unsafe { super::avx2::tiles_times_tokens(l, n_in, w, acts, out, next) };
         }
-        // Passes of up to 8 (one tile) or 4 (two tiles) tokens: every accumulator in registers.
-        let full = 8 / R;
+        // Passes of up to 8 (one tile) or 6 (two tiles) tokens: 8 or 12 independent chains of
+        // `vpdpbusd`, whose latency (5 cycles) 8 chains cannot hide where the CPU issues two a
+        // cycle (Sapphire Rapids and later).
+        let full = if R == 2 { 6 } else { 8 };
         // `next`'s cache lines, spread over the passes, and within a pass over its
         // sub-blocks: a burst of prefetches to DRAM at the start of a pass stalls once the
         // core's line fill buffers are all taken.
@@ -1473,7 +1479,7 @@ mod platform {
         }
     }
 
-    /// One pass of up to 8 (one tile) or 4 (two tiles) of the `left` tokens from `t0`, with
+    /// One pass of up to 8 (one tile) or 6 (two tiles) of the `left` tokens from `t0`, with
     /// sub-blocks of `S` values (a constant, so the group loop unrolls), prefetching `pf`;
     /// returns the tokens done.
     ///
@@ -1496,6 +1502,8 @@ mod platform {
         unsafe {
             if R == 1 && left >= 8 {
                 tokens::<R, 8, S>(l, n_in, w, acts, t0, out, pf)
+            } else if R == 2 && left >= 6 {
+                tokens::<R, 6, S>(l, n_in, w, acts, t0, out, pf)
             } else if left >= 4 {
                 tokens::<R, 4, S>(l, n_in, w, acts, t0, out, pf)
             } else if left >= 2 {
