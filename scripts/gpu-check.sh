@@ -10,7 +10,8 @@
 #                                           # (default DIR/report.md)
 #
 # `run` does, each step under its own time limit (the whole under 10 minutes on an H100):
-#   1. the ignored CUDA tests of moxie-gpu (device, copies, every kernel launch);
+#   1. the ignored CUDA tests of moxie-gpu (device, copies, every kernel launch), and its
+#      weight-product tests of every type (f32 and int8 activations) on the device;
 #   2. the every-fixture sweep on the real GPU: all-GPU, `-ngl 999 --cpu-moe` and a mixed
 #      split, each against the CPU logits, then q8_0 KV caches on GPU layers and the routing
 #      telemetry of GPU-routed layers (moxie-core's gpu_emu tests, the ignored `cuda_` cases);
@@ -20,7 +21,8 @@
 #      staged (LLAMA_SRC at `stage`, e.g. the llama-cpp-python 0.3.36 sdist's vendor/llama.cpp:
 #      built there with -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 while steps 1-2 run, about
 #      5 minutes on 16 cores). llama.cpp's `-ngl 0` still runs prompt batches' matrix products
-#      on the GPU; moxie's `-ngl 0` is CPU only.
+#      on the GPU; moxie's `-ngl 0` is CPU only. Then moxie's hybrid and all-GPU again with
+#      MOXIE_GPU_INT8=1 (the products over int8 activations, off by default).
 #   4. placement on a model whose routing reuses recent experts (`moxie gen --routing recency`),
 #      CUDA0 budgeted at 2 GiB: `moxie bench --ab` of five whole expert layers (`-ot`, 442 MiB)
 #      against an expert cache of the same bytes, a cache of all the room left, and hot experts
@@ -44,14 +46,14 @@ stage() {
     cargo build --release -p moxie-cli --features cuda || exit 1
     # The test binaries' paths, from cargo's JSON messages.
     local tests
-    tests=$(cargo test --release --features cuda -p moxie-gpu --test cuda -p moxie-core --test gpu_emu \
-        --no-run --message-format=json 2>/dev/null |
+    tests=$(cargo test --release --features cuda -p moxie-gpu --test cuda --test matmul \
+        -p moxie-core --test gpu_emu --no-run --message-format=json 2>/dev/null |
         python3 -c 'import json,sys
 for l in sys.stdin:
     m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("cuda", "gpu_emu"):
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("cuda", "matmul", "gpu_emu"):
         print(m["target"]["name"], m["executable"])') || exit 1
-    [ "$(echo "$tests" | wc -l)" = 2 ] || { echo "gpu-check: test binaries not found: $tests" >&2; exit 1; }
+    [ "$(echo "$tests" | wc -l)" = 3 ] || { echo "gpu-check: test binaries not found: $tests" >&2; exit 1; }
     mkdir -p "$dir/bin" "$dir/fixtures/golden" "$dir/fixtures/models"
     cp target/release/moxie "$dir/bin/moxie"
     while read -r name path; do cp "$path" "$dir/bin/test-$name"; done <<<"$tests"
@@ -120,6 +122,8 @@ run() {
         build=$!
     fi
     step "CUDA tests (moxie-gpu, ignored)" 120 "$bin/test-cuda" --include-ignored --test-threads=1
+    step "Weight products of every type on the GPU, f32 and int8 activations (moxie-gpu matmul)" 120 \
+        env MOXIE_TEST_CUDA=1 "$bin/test-matmul" --test-threads=4 --skip products_without_room
     step "Every fixture on the GPU against the CPU, q8_0 caches, routing telemetry (moxie-core gpu_emu, ignored)" 240 \
         "$bin/test-gpu_emu" cuda_ --ignored --nocapture --test-threads=1
     if [ "${GPU_CHECK_BENCH:-1}" != 0 ]; then
@@ -139,6 +143,13 @@ run() {
             # shellcheck disable=SC2086
             [ -x "$llama" ] && step "bench ${pattern%%:*} ($flags): llama.cpp" 90 "$llama" -m "$model" \
                 -p 512 -n 128 -r "$reps" -t "$threads" $flags
+        done
+        # The GPU products over int8 activations (dp4a; off by default until measured here).
+        for pattern in "hybrid:-ngl 999 -ot exps=CPU" "all-GPU:-ngl 999"; do
+            local flags=${pattern#*:}
+            # shellcheck disable=SC2086
+            step "bench ${pattern%%:*} ($flags), MOXIE_GPU_INT8=1: moxie" 90 env MOXIE_GPU_INT8=1 \
+                "$bin/moxie" bench -m "$model" -p 512 -n 128 -r "$reps" -t "$threads" $flags
         done
     fi
     if [ "${GPU_CHECK_BENCH:-1}" != 0 ] && [ "${GPU_CHECK_PLACEMENT:-1}" != 0 ]; then

@@ -4,7 +4,8 @@
 //! decode allocates neither. Nothing is done for a pass that touches no GPU.
 //!
 //! GPU numerics are f32 activations against the weights' exact dequantized values, not
-//! ggml's CPU conversions of activations to q8: results match the CPU backend within the
+//! ggml's CPU conversions of activations to q8 (unless `MOXIE_GPU_INT8=1`:
+//! `moxie_gpu::Gpu::with_int8_activations`): results match the CPU backend within the
 //! tolerance llama.cpp's own CUDA and CPU backends differ by, not bit for bit.
 
 use std::collections::HashMap;

@@ -698,6 +698,7 @@ static int launch(const char* name, void (*fn)(P...), const Request& r, std::str
 #include "../kernels/iqk_values.cuh"
 #include "../kernels/quant.cuh"
 #include "../kernels/matmul.cu"
+#include "../kernels/matmul_q8.cu"
 #include "../kernels/ops.cu"
 #include "test_kernels.cu"
 

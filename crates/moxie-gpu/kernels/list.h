@@ -3,6 +3,8 @@
 // Files: common.cuh (helpers, no kernels), iq_grids.cuh (IQ code books, generated),
 // iqk_values.cuh (ik_llama.cpp's code books),
 // quant.cuh (per-type 32-value dequantization),
-// matmul.cu (mul_mat / mul_mat_id / get_rows per type), ops.cu (everything else).
+// matmul.cu (mul_mat / mul_mat_id / get_rows per type), matmul_q8.cu (the same products over
+// int8 activations), ops.cu (everything else).
 #include "list_matmul.h"
+#include "list_matmul_q8.h"
 #include "list_ops.h"

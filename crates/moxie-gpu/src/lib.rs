@@ -21,7 +21,7 @@ pub mod ops;
 pub mod cuda;
 
 pub use matmul::Weight;
-pub use ops::Gpu;
+pub use ops::{Gpu, INT8_ACTIVATIONS_ENV};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -260,6 +260,7 @@ pub fn kernel_source() -> String {
         include_str!("../kernels/iqk_values.cuh"),
         include_str!("../kernels/quant.cuh"),
         include_str!("../kernels/matmul.cu"),
+        include_str!("../kernels/matmul_q8.cu"),
         include_str!("../kernels/ops.cu"),
     ]
     .iter()

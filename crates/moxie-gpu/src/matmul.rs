@@ -2,13 +2,18 @@
 //! batched per head), `mul_mat_id` (routed experts picked per token) and `get_rows`
 //! (embedding rows), launching the per-type kernels of `kernels/matmul.cu`.
 //!
-//! The kernels dequantize 32-value chunks exactly as moxie-quant does (`kernels/quant.cuh`)
-//! and accumulate the products in f32: one warp per output row, lanes over the row's chunks,
-//! up to eight tokens per pass over the row.
+//! Weights whose values are integer codes times a scale plus an offset (the legacy types,
+//! the K-quants, IQ4_NL and IQ4_XS) multiply int8 activations (`kernels/matmul_q8.cu`, as
+//! llama.cpp's CUDA backend does): the activations are quantized into a work buffer the
+//! [`Gpu`] keeps, to the integers the CPU path's Q8_0 / Q8_1 / Q8_K blocks hold, then `dp4a`
+//! sums the integer codes. The other types dequantize
+//! 32-value chunks exactly as moxie-quant does (`kernels/quant.cuh`) and accumulate the
+//! products in f32 (`kernels/matmul.cu`). Both: one warp per output row, lanes over the
+//! row's chunks, up to eight tokens per pass over the row.
 
 use moxie_quant::GgmlType;
 
-use crate::{Arg, DevPtr, Error, Gpu, LaunchConfig, Result};
+use crate::{Arg, Buffer, DevPtr, Error, Gpu, LaunchConfig, Result};
 
 /// A weight tensor in device memory: `n_mat` matrices (ggml ne\[2\]) of `n_out` rows (ne\[1\])
 /// of `n_in` values (ne\[0\]) of type `ty`, rows contiguous, matrices contiguous.
@@ -44,6 +49,8 @@ struct Kernels {
     mul_mat_id: &'static str,
     get_rows: &'static str,
     align: u64,
+    /// `mul_mat` and `mul_mat_id` over int8 activations, for types with integer codes.
+    q8: Option<(&'static str, &'static str)>,
 }
 
 fn kernels(ty: GgmlType) -> Option<&'static Kernels> {
@@ -54,6 +61,19 @@ fn kernels(ty: GgmlType) -> Option<&'static Kernels> {
                 mul_mat_id: concat!("mul_mat_id_", $name),
                 get_rows: concat!("get_rows_", $name),
                 align: $align,
+                q8: None,
+            }
+        };
+        ($name:literal, $align:expr, q8) => {
+            &Kernels {
+                mul_mat: concat!("mul_mat_", $name),
+                mul_mat_id: concat!("mul_mat_id_", $name),
+                get_rows: concat!("get_rows_", $name),
+                align: $align,
+                q8: Some((
+                    concat!("mul_mat_q8_", $name),
+                    concat!("mul_mat_id_q8_", $name),
+                )),
             }
         };
     }
@@ -62,18 +82,18 @@ fn kernels(ty: GgmlType) -> Option<&'static Kernels> {
         F32 => k!("f32", 16),
         F16 => k!("f16", 16),
         BF16 => k!("bf16", 16),
-        Q4_0 => k!("q4_0", 2),
-        Q4_1 => k!("q4_1", 4),
-        Q5_0 => k!("q5_0", 2),
-        Q5_1 => k!("q5_1", 8),
-        Q8_0 => k!("q8_0", 2),
-        Q2_K => k!("q2_k", 4),
-        Q3_K => k!("q3_k", 2),
-        Q4_K => k!("q4_k", 16),
-        Q5_K => k!("q5_k", 16),
-        Q6_K => k!("q6_k", 2),
-        IQ4_NL => k!("iq4_nl", 2),
-        IQ4_XS => k!("iq4_xs", 8),
+        Q4_0 => k!("q4_0", 2, q8),
+        Q4_1 => k!("q4_1", 4, q8),
+        Q5_0 => k!("q5_0", 2, q8),
+        Q5_1 => k!("q5_1", 8, q8),
+        Q8_0 => k!("q8_0", 2, q8),
+        Q2_K => k!("q2_k", 4, q8),
+        Q3_K => k!("q3_k", 2, q8),
+        Q4_K => k!("q4_k", 16, q8),
+        Q5_K => k!("q5_k", 16, q8),
+        Q6_K => k!("q6_k", 2, q8),
+        IQ4_NL => k!("iq4_nl", 2, q8),
+        IQ4_XS => k!("iq4_xs", 8, q8),
         IQ2_XXS => k!("iq2_xxs", 2),
         IQ2_XS => k!("iq2_xs", 2),
         IQ2_S => k!("iq2_s", 2),
@@ -94,6 +114,13 @@ fn kernels(ty: GgmlType) -> Option<&'static Kernels> {
         _ => return None,
     })
 }
+
+/// The most device memory the int8 activations of one product take (the work buffer [`Gpu`]
+/// keeps, within the planner's per-GPU headroom); a product whose activations need more runs
+/// the f32 kernel. 64 MiB holds a 512-token batch of rows of 80k values.
+pub(crate) const Q8X_MAX_BYTES: usize = 64 << 20;
+/// Warps per block of `quantize_q8x` (one activation block of 32 or 256 values each).
+const Q8X_WARPS_PER_BLOCK: usize = 8;
 
 /// Output rows per block of `mul_mat` / `mul_mat_id` (one warp each).
 const ROWS_PER_BLOCK: usize = 4;
@@ -192,7 +219,94 @@ fn check_ldy(name: &str, n_rows: usize, ldy: usize, n_out: usize) -> Result<()> 
     Ok(())
 }
 
+/// Device bytes of `rows` rows of q8x activations of `n_in` values (`kernels/matmul_q8.cu`):
+/// the int8 codes, padded to 256 bytes, then 16 bytes per 32 values; and where the second part
+/// starts. `None` past [`Q8X_MAX_BYTES`].
+/// Values per activation scale where products with `ty` take int8 activations: 256 where
+/// moxie's CPU path multiplies it with Q8_K blocks, else 32 (Q8_0 / Q8_1).
+fn q8x_block(ty: GgmlType) -> usize {
+    if moxie_quant::vec_dot_type(ty) == Some(GgmlType::Q8_K) {
+        256
+    } else {
+        32
+    }
+}
+
+fn q8x_layout(rows: usize, n_in: usize) -> Option<(usize, usize)> {
+    let codes = rows.checked_mul(n_in)?.checked_next_multiple_of(256)?;
+    let total = codes.checked_add(rows * (n_in / 32) * 16)?;
+    (total <= Q8X_MAX_BYTES).then_some((codes, total))
+}
+
 impl Gpu {
+    /// Whether products with weights of type `ty` can multiply int8 activations (quantized
+    /// as moxie's CPU path quantizes them for that type: Q8_0 / Q8_1 / Q8_K blocks) rather
+    /// than f32 ones: they do where [`Gpu::int8_activations`] is on and their work buffer
+    /// fits ([`Q8X_MAX_BYTES`]).
+    pub fn has_int8_kernels(ty: GgmlType) -> bool {
+        kernels(ty).is_some_and(|k| k.q8.is_some())
+    }
+
+    /// Quantizes `n_rows * n_batch` rows of `x` (row `t * n_batch + b` at
+    /// `x[t*ldx + b*x_batch]`, `n_in` values) into the q8x work buffer, as the CPU path
+    /// quantizes activations for weights of type `ty`, and queues `product`
+    /// (given the codes and their scales) after it, with the buffer held. `false` (nothing
+    /// queued) where the buffer would exceed [`Q8X_MAX_BYTES`] or cannot be allocated: the
+    /// caller runs the f32 kernel instead.
+    #[allow(clippy::too_many_arguments)]
+    fn with_q8x(
+        &self,
+        ty: GgmlType,
+        x: DevPtr,
+        n_in: usize,
+        n_batch: usize,
+        ldx: usize,
+        x_batch: usize,
+        n_rows: usize,
+        product: impl FnOnce(DevPtr, DevPtr) -> Result<()>,
+    ) -> Result<bool> {
+        const NAME: &str = "quantize_q8x";
+        let Some(all) = n_rows.checked_mul(n_batch) else {
+            return Ok(false);
+        };
+        let Some((codes, total)) = q8x_layout(all, n_in) else {
+            return Ok(false);
+        };
+        let mut held = self.q8x.lock().unwrap_or_else(|p| p.into_inner());
+        if held.as_ref().is_none_or(|b| b.len() < total) {
+            // Give the old buffer back before asking for the larger one.
+            *held = None;
+            match Buffer::new(self.backend(), total) {
+                Ok(b) => *held = Some(b),
+                // Out of device memory for it: the f32 kernel needs none.
+                Err(_) => return Ok(false),
+            }
+        }
+        let buf = held.as_ref().expect("set above").ptr();
+        let (qs, meta) = (buf, buf.byte_add(codes));
+        let per = q8x_block(ty);
+        let [gy, gz] = grid_yz(all);
+        let cfg = LaunchConfig {
+            grid: [(n_in / per).div_ceil(Q8X_WARPS_PER_BLOCK) as u32, gy, gz],
+            block: [32, Q8X_WARPS_PER_BLOCK as u32, 1],
+            shared_bytes: 0,
+        };
+        let args = [
+            Arg::Ptr(x),
+            Arg::I32(int(NAME, "n_in", n_in)?),
+            Arg::I32(int(NAME, "n_batch", n_batch)?),
+            Arg::I32(int(NAME, "ldx", ldx)?),
+            Arg::I32(int(NAME, "x_batch", x_batch)?),
+            Arg::I32(int(NAME, "n_rows", n_rows)?),
+            Arg::I32(per as i32),
+            Arg::Ptr(qs),
+            Arg::Ptr(meta),
+        ];
+        self.backend().launch(NAME, cfg, &args)?;
+        product(qs, meta)?;
+        Ok(true)
+    }
+
     /// Whether the GPU kernels handle weights of type `ty`.
     pub fn supports(ty: GgmlType) -> bool {
         kernels(ty).is_some()
@@ -229,6 +343,29 @@ impl Gpu {
         check_align4(name, "y", y)?;
         if n_batch == 0 || n_tok == 0 || w.n_out == 0 {
             return Ok(());
+        }
+        if let Some((q8_name, _)) = kernels(w.ty).and_then(|k| k.q8).filter(|_| self.int8) {
+            let product = |qs: DevPtr, meta: DevPtr| {
+                let args = [
+                    Arg::Ptr(w.ptr),
+                    Arg::U64(w.row_bytes() as u64),
+                    Arg::U64(w.mat_bytes() as u64),
+                    Arg::I32(int(q8_name, "n_in", w.n_in)?),
+                    Arg::I32(int(q8_name, "n_out", w.n_out)?),
+                    Arg::I32(int(q8_name, "n_batch", n_batch)?),
+                    Arg::Ptr(qs),
+                    Arg::Ptr(meta),
+                    Arg::Ptr(y),
+                    Arg::I32(int(q8_name, "ldy", ldy)?),
+                    Arg::I32(int(q8_name, "y_batch", y_batch)?),
+                    Arg::I32(int(q8_name, "n_tok", n_tok)?),
+                ];
+                self.backend()
+                    .launch(q8_name, warp_per_row(w.n_out, n_batch), &args)
+            };
+            if self.with_q8x(w.ty, x, w.n_in, n_batch, ldx, x_batch, n_tok, product)? {
+                return Ok(());
+            }
         }
         let args = [
             Arg::Ptr(w.ptr),
@@ -275,6 +412,32 @@ impl Gpu {
         check_align4(name, "ids", ids)?;
         if n_ids == 0 || w.n_out == 0 {
             return Ok(());
+        }
+        if let Some((_, q8_name)) = kernels(w.ty).and_then(|k| k.q8).filter(|_| self.int8) {
+            let product = |qs: DevPtr, meta: DevPtr| {
+                let args = [
+                    Arg::Ptr(w.ptr),
+                    Arg::U64(w.row_bytes() as u64),
+                    Arg::U64(w.mat_bytes() as u64),
+                    Arg::I32(int(q8_name, "n_in", w.n_in)?),
+                    Arg::I32(int(q8_name, "n_out", w.n_out)?),
+                    Arg::I32(int(q8_name, "n_mat", w.n_mat)?),
+                    Arg::Ptr(ids),
+                    Arg::I32(int(q8_name, "n_ids", n_ids)?),
+                    Arg::Ptr(qs),
+                    Arg::Ptr(meta),
+                    Arg::I32(int(q8_name, "x_div", x_div)?),
+                    Arg::Ptr(y),
+                    Arg::I32(int(q8_name, "ldy", ldy)?),
+                ];
+                self.backend()
+                    .launch(q8_name, warp_per_row(w.n_out, n_ids), &args)
+            };
+            // The rows the routed rows read: one per x_div of them.
+            let n_x = n_ids.div_ceil(x_div);
+            if self.with_q8x(w.ty, x, w.n_in, 1, ldx, 0, n_x, product)? {
+                return Ok(());
+            }
         }
         let args = [
             Arg::Ptr(w.ptr),

@@ -2,17 +2,28 @@
 //! routing, KV-cache stores). The products with quantized weights are in `matmul.rs`.
 //! Every op takes device addresses and sizes in elements; it only queues work.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use moxie_quant::GgmlType;
 
-use crate::{Arg, DevPtr, Error, GpuBackend, LaunchConfig, Result};
+use crate::{Arg, Buffer, DevPtr, Error, GpuBackend, LaunchConfig, Result};
 
 /// A GPU with typed kernel launches.
 #[derive(Clone, Debug)]
 pub struct Gpu {
     backend: Arc<dyn GpuBackend>,
+    /// The int8 activations of the product being queued (`matmul.rs`), shared by the clones:
+    /// grown on demand up to [`crate::matmul::Q8X_MAX_BYTES`], held while a product's two
+    /// launches are queued (one stream runs them in order, so the next product's quantizer
+    /// cannot overwrite activations a queued product still reads).
+    pub(crate) q8x: Arc<Mutex<Option<Buffer>>>,
+    /// Whether products with weight types that have int8 kernels use them
+    /// ([`Gpu::int8_activations`]).
+    pub(crate) int8: bool,
 }
+
+/// The environment variable that turns int8 activations on for every GPU (`1`).
+pub const INT8_ACTIVATIONS_ENV: &str = "MOXIE_GPU_INT8";
 
 /// Threads per block of the elementwise kernels, and the most blocks they launch (they loop).
 const EW_THREADS: u32 = 256;
@@ -155,8 +166,32 @@ pub struct RouteSpec {
 }
 
 impl Gpu {
+    /// A GPU on `backend`; int8 activations as [`INT8_ACTIVATIONS_ENV`] says (off by
+    /// default).
     pub fn new(backend: Arc<dyn GpuBackend>) -> Gpu {
-        Gpu { backend }
+        let int8 = std::env::var(INT8_ACTIVATIONS_ENV).is_ok_and(|v| v == "1");
+        Gpu {
+            backend,
+            q8x: Arc::default(),
+            int8,
+        }
+    }
+
+    /// This GPU with products over int8 activations on or off: on, weights of the types with
+    /// int8 kernels ([`Gpu::has_int8_kernels`]: the legacy types, the K-quants, IQ4_NL,
+    /// IQ4_XS) multiply activations quantized as the CPU path quantizes them, with `dp4a`
+    /// (`kernels/matmul_q8.cu`); off, every product dequantizes its weights to f32 and
+    /// multiplies f32 activations (`kernels/matmul.cu`). Off by default: on the emulator the
+    /// int8 path's logits sit further from the CPU's on some fixtures (docs/performance.md,
+    /// issue 20), and its speed on a real GPU has not been measured yet.
+    pub fn with_int8_activations(mut self, on: bool) -> Gpu {
+        self.int8 = on;
+        self
+    }
+
+    /// Whether products use int8 activations where the weight type has int8 kernels.
+    pub fn int8_activations(&self) -> bool {
+        self.int8
     }
 
     pub fn backend(&self) -> &Arc<dyn GpuBackend> {

@@ -145,6 +145,16 @@ fn kernel_source_compiles_for_sm90() {
         }
     );
 
+    // The int8 products are there and multiply with dp4a.
+    let text = String::from_utf8_lossy(&alone.code);
+    for k in ["quantize_q8x", "mul_mat_q8_q4_k", "mul_mat_id_q8_iq4_xs"] {
+        assert!(
+            text.contains(&format!(".entry {k}(")),
+            "no kernel {k} in the PTX"
+        );
+    }
+    assert!(text.contains("dp4a.s32.s32"), "no dp4a in the PTX");
+
     // With the test kernels: PTX for compute_90 ...
     let src = test_source();
     let ptx = cuda::compile_ptx(&src, Some((9, 0))).unwrap();

@@ -1,6 +1,15 @@
-//! The weight kernels of `kernels/matmul.cu` on the emulated GPU, for every weight type:
-//! `mul_mat` (dense and batched per head), `mul_mat_id` (routed experts) and `get_rows`,
-//! against moxie-quant's dequantization (`dequantize_fn`) with f64 dot products.
+//! The weight kernels of `kernels/matmul.cu` and `kernels/matmul_q8.cu` on the emulated GPU,
+//! for every weight type: `mul_mat` (dense and batched per head), `mul_mat_id` (routed
+//! experts) and `get_rows`, against moxie-quant's dequantization (`dequantize_fn`) with f64
+//! dot products. Where products take int8 activations (`Gpu::with_int8_activations`, for
+//! the types `Gpu::has_int8_kernels`) the reference multiplies the activations as moxie-quant's
+//! CPU path quantizes them for the type (Q8_0, Q8_1 or Q8_K), which the GPU must reproduce: a
+//! kernel that skipped the quantization, or quantized differently, misses the bound by orders
+//! of magnitude.
+//!
+//! With the `cuda` feature and `MOXIE_TEST_CUDA=1` the same tests run on the real CUDA0 (all
+//! but the one that needs the emulator's small memory):
+//! `MOXIE_TEST_CUDA=1 cargo test --release -p moxie-gpu --features cuda --test matmul`.
 
 use std::sync::Arc;
 
@@ -29,7 +38,15 @@ impl Rng {
     }
 }
 
+/// The emulated GPU, or with the `cuda` feature and `MOXIE_TEST_CUDA=1` the real CUDA0
+/// (`scripts/gpu-check.sh` runs these tests there).
 fn gpu() -> Gpu {
+    #[cfg(feature = "cuda")]
+    if std::env::var("MOXIE_TEST_CUDA").is_ok_and(|v| v == "1") {
+        let backend: Arc<dyn GpuBackend> =
+            moxie_gpu::cuda::CudaGpu::open(0).expect("CUDA0 (MOXIE_TEST_CUDA=1)");
+        return Gpu::new(backend);
+    }
     let backend: Arc<dyn GpuBackend> = EmuGpu::new("EMU0", 256 << 20);
     Gpu::new(backend)
 }
@@ -117,8 +134,33 @@ fn dot(w: &[f32], x: &[f32]) -> (f64, f64) {
     })
 }
 
-fn assert_close(got: f32, w: &[f32], x: &[f32], what: &dyn Fn() -> String) {
-    let (want, mag) = dot(w, x);
+/// `x` as products with weights of type `ty` see it: where the GPU quantizes activations,
+/// quantized to the CPU path's blocks for `ty` (Q8_0, Q8_1 (the same integers and scales) or
+/// Q8_K) and back, else as it is.
+fn seen(gpu: &Gpu, ty: GgmlType, x: &[f32]) -> Vec<f32> {
+    if !(gpu.int8_activations() && Gpu::has_int8_kernels(ty)) {
+        return x.to_vec();
+    }
+    let act = match moxie_quant::vec_dot_type(ty).unwrap() {
+        GgmlType::Q8_1 => GgmlType::Q8_0,
+        a => a,
+    };
+    let mut q = vec![0u8; act.row_bytes(x.len() as u64).unwrap() as usize];
+    moxie_quant::quantize_fn(act).unwrap()(x, &mut q);
+    let mut back = vec![0f32; x.len()];
+    moxie_quant::dequantize_fn(act).unwrap()(&q, &mut back);
+    back
+}
+
+/// `got` against the f64 product of `w` with `x` as `gpu` sees it for weights of type `ty`.
+fn assert_close(
+    got: f32,
+    w: &[f32],
+    x: &[f32],
+    (gpu, ty): (&Gpu, GgmlType),
+    what: &dyn Fn() -> String,
+) {
+    let (want, mag) = dot(w, &seen(gpu, ty, x));
     let err = (got as f64 - want).abs();
     assert!(
         err <= 1e-5 * mag + 1e-30,
@@ -158,7 +200,7 @@ fn dense(gpu: &Gpu, ty: GgmlType, rng: &mut Rng) {
                             continue;
                         }
                         let xt = &x[tok * ldx..tok * ldx + n_in];
-                        assert_close(got, t.row(0, r), xt, &|| {
+                        assert_close(got, t.row(0, r), xt, (gpu, ty), &|| {
                             format!(
                                 "{ty} n_in {n_in} n_out {n_out} n_tok {n_tok}: tok {tok} row {r}"
                             )
@@ -202,6 +244,7 @@ fn batched(gpu: &Gpu, ty: GgmlType, rng: &mut Rng) {
                     y[tok * ldy + b * y_batch + r],
                     t.row(b, r),
                     &x[xo..xo + n_in],
+                    (gpu, ty),
                     &|| format!("{ty} batched: tok {tok} batch {b} row {r}"),
                 );
             }
@@ -253,9 +296,13 @@ fn routed(gpu: &Gpu, ty: GgmlType, rng: &mut Rng) {
                     continue;
                 }
                 let xo = (j / x_div) * ldx;
-                assert_close(got, t.row(e as usize, r), &x[xo..xo + n_in], &|| {
-                    format!("{ty} routed x_div {x_div}: j {j} expert {e} row {r}")
-                });
+                assert_close(
+                    got,
+                    t.row(e as usize, r),
+                    &x[xo..xo + n_in],
+                    (gpu, ty),
+                    &|| format!("{ty} routed x_div {x_div}: j {j} expert {e} row {r}"),
+                );
             }
             assert_eq!(y[j * ldy + n_out], SENTINEL, "{ty} routed wrote padding");
         }
@@ -297,12 +344,20 @@ fn get_rows(gpu: &Gpu, ty: GgmlType, rng: &mut Rng) {
 
 fn check_type(ty: GgmlType) {
     assert!(Gpu::supports(ty));
-    let gpu = gpu();
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ ty.id() as u64);
-    dense(&gpu, ty, &mut rng);
-    batched(&gpu, ty, &mut rng);
-    routed(&gpu, ty, &mut rng);
-    get_rows(&gpu, ty, &mut rng);
+    // The f32 products, and the int8 ones where the type has them.
+    let int8 = if Gpu::has_int8_kernels(ty) {
+        &[false, true][..]
+    } else {
+        &[false]
+    };
+    for &on in int8 {
+        let gpu = gpu().with_int8_activations(on);
+        dense(&gpu, ty, &mut rng);
+        batched(&gpu, ty, &mut rng);
+        routed(&gpu, ty, &mut rng);
+    }
+    get_rows(&gpu(), ty, &mut rng);
 }
 
 macro_rules! type_tests {
@@ -419,16 +474,16 @@ fn bad_arguments_are_errors() {
 }
 
 /// More routed rows and looked-up rows than CUDA allows in grid y: the launches spread them
-/// over grid y and z.
+/// over grid y and z (Q8_0's products also quantize that many activation rows).
 #[test]
 fn counts_past_the_grid_y_limit() {
-    let gpu = gpu();
+    let gpu = gpu().with_int8_activations(true);
     let mut rng = Rng(7);
     let t = Tensor::new(&gpu, GgmlType::Q8_0, 32, 1, 3, &mut rng);
     let n: usize = 70_000;
     let ids: Vec<i32> = (0..n as i32).map(|j| j % 4).collect();
     let idb = Buffer::from_bytes(gpu.backend(), bytemuck::cast_slice(&ids)).unwrap();
-    let x_div = 3;
+    let x_div = 1;
     let x = rng.vec(32 * n.div_ceil(x_div));
     let xb = Buffer::from_f32(gpu.backend(), &x).unwrap();
     let yb = Buffer::from_f32(gpu.backend(), &vec![SENTINEL; n]).unwrap();
@@ -440,9 +495,13 @@ fn counts_past_the_grid_y_limit() {
             assert_eq!(y[j].to_bits(), 0, "row {j}");
         } else {
             let xo = (j / x_div) * 32;
-            assert_close(y[j], t.row(e as usize, 0), &x[xo..xo + 32], &|| {
-                format!("row {j}")
-            });
+            assert_close(
+                y[j],
+                t.row(e as usize, 0),
+                &x[xo..xo + 32],
+                (&gpu, t.w.ty),
+                &|| format!("row {j}"),
+            );
         }
     }
     let out = Buffer::from_f32(gpu.backend(), &vec![SENTINEL; 32 * n]).unwrap();
@@ -483,5 +542,46 @@ fn ik_code_books_equal_moxie_quants() {
         ("mx_iq5nl_values", &iqk::IQ5NL[..]),
     ] {
         assert_eq!(table(name), want, "{name}");
+    }
+}
+
+/// Where the device has no room for the int8 activations' work buffer, the product runs the
+/// f32 kernel instead: the results are the unquantized activations' (the bound `seen` would
+/// give quantized ones misses by orders of magnitude), and nothing fails.
+#[test]
+fn products_without_room_for_int8_activations_take_f32_ones() {
+    let ty = GgmlType::Q4_K;
+    assert!(Gpu::has_int8_kernels(ty));
+    let (n_in, n_out, n_tok) = (2304, 5, 17);
+    let w_bytes = ty.row_bytes(n_in as u64).unwrap() as usize * n_out;
+    // Weights, activations and results (each allocation rounded up to 256 bytes), and less
+    // than the 58 KiB the int8 activations would take.
+    let room = [w_bytes, 4 * n_in * n_tok, 4 * n_out * n_tok]
+        .iter()
+        .map(|b| b.next_multiple_of(256))
+        .sum::<usize>()
+        + 1024;
+    let backend: Arc<dyn GpuBackend> = EmuGpu::new("EMU0", room as u64);
+    let gpu = Gpu::new(backend).with_int8_activations(true);
+    let mut rng = Rng(23);
+    let t = Tensor::new(&gpu, ty, n_in, n_out, 1, &mut rng);
+    let x = rng.vec(n_in * n_tok);
+    let xb = Buffer::from_f32(gpu.backend(), &x).unwrap();
+    let yb = Buffer::from_f32(gpu.backend(), &vec![SENTINEL; n_out * n_tok]).unwrap();
+    gpu.mul_mat(&t.w, 1, xb.ptr(), n_in, 0, yb.ptr(), n_out, 0, n_tok)
+        .unwrap();
+    let y = download(&yb, n_out * n_tok);
+    for tok in 0..n_tok {
+        for r in 0..n_out {
+            let xt = &x[tok * n_in..(tok + 1) * n_in];
+            // F32 is never quantized: the reference is the activations as they are.
+            assert_close(
+                y[tok * n_out + r],
+                t.row(0, r),
+                xt,
+                (&gpu, GgmlType::F32),
+                &|| format!("tok {tok} row {r}"),
+            );
+        }
     }
 }
