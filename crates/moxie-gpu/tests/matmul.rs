@@ -585,3 +585,81 @@ fn products_without_room_for_int8_activations_take_f32_ones() {
         }
     }
 }
+
+/// `quantize_q8x` gives exactly the bytes of moxie-quant's activation blocks (the CPU path's):
+/// the same int8 codes, the same scale (Q8_0's f16 d, Q8_K's f32 d), and sums of each 16 that
+/// match the codes. Rows of varied magnitude, with zero blocks, ties of magnitude of both
+/// signs, and values on rounding boundaries.
+#[test]
+fn int8_activations_are_the_cpu_blocks() {
+    let gpu = gpu();
+    let mut rng = Rng(31);
+    for (act, per) in [(GgmlType::Q8_0, 32usize), (GgmlType::Q8_K, 256)] {
+        let (n_in, n_rows) = (1024usize, 6usize);
+        let mut x: Vec<f32> = (0..n_in * n_rows)
+            .map(|i| rng.unit() * [1e-3, 0.5, 7.0, 300.0][i / n_in % 4])
+            .collect();
+        // A zero block, a tie of magnitudes with opposite signs (the first one sets Q8_K's
+        // sign), and values that land on .5 after scaling.
+        x[n_in..n_in + per].fill(0.0);
+        x[2 * n_in + 3] = 9.0;
+        x[2 * n_in + 5] = -9.0;
+        for j in 0..per {
+            x[3 * n_in + j] = (j as f32 - 16.0) * 0.5;
+        }
+        let xb = Buffer::from_f32(gpu.backend(), &x).unwrap();
+        let codes = Buffer::new(gpu.backend(), n_in * n_rows).unwrap();
+        let meta = Buffer::new(gpu.backend(), n_in * n_rows / 32 * 16).unwrap();
+        let cfg = moxie_gpu::LaunchConfig {
+            grid: [(n_in / per).div_ceil(8) as u32, n_rows as u32, 1],
+            block: [32, 8, 1],
+            shared_bytes: 0,
+        };
+        let args = [
+            moxie_gpu::Arg::Ptr(xb.ptr()),
+            moxie_gpu::Arg::I32(n_in as i32),
+            moxie_gpu::Arg::I32(1),
+            moxie_gpu::Arg::I32(n_in as i32),
+            moxie_gpu::Arg::I32(0),
+            moxie_gpu::Arg::I32(n_rows as i32),
+            moxie_gpu::Arg::I32(per as i32),
+            moxie_gpu::Arg::Ptr(codes.ptr()),
+            moxie_gpu::Arg::Ptr(meta.ptr()),
+        ];
+        gpu.backend().launch("quantize_q8x", cfg, &args).unwrap();
+        let mut got_q = vec![0u8; n_in * n_rows];
+        codes.read(0, &mut got_q).unwrap();
+        let got_m = download(&meta, n_in * n_rows / 32 * 4);
+        let quantize = moxie_quant::quantize_fn(act).unwrap();
+        let block_bytes = act.type_size();
+        for r in 0..n_rows {
+            let mut want = vec![0u8; act.row_bytes(n_in as u64).unwrap() as usize];
+            quantize(&x[r * n_in..(r + 1) * n_in], &mut want);
+            for (b, blk) in want.chunks_exact(block_bytes).enumerate() {
+                let (d, qs) = match act {
+                    GgmlType::Q8_0 => (
+                        moxie_quant::fp16_to_f32(u16::from_le_bytes([blk[0], blk[1]])),
+                        &blk[2..34],
+                    ),
+                    _ => (
+                        f32::from_le_bytes(blk[..4].try_into().unwrap()),
+                        &blk[4..260],
+                    ),
+                };
+                let at = r * n_in + b * per;
+                assert_eq!(&got_q[at..at + per], qs, "{act} row {r} block {b}: codes");
+                for c in 0..per / 32 {
+                    let m = &got_m[(at / 32 + c) * 4..(at / 32 + c) * 4 + 4];
+                    assert_eq!(m[0].to_bits(), d.to_bits(), "{act} row {r} block {b}: d");
+                    for h in 0..2 {
+                        let s: i32 = qs[32 * c + 16 * h..32 * c + 16 * h + 16]
+                            .iter()
+                            .map(|&v| v as i8 as i32)
+                            .sum();
+                        assert_eq!(m[1 + h], d * s as f32, "{act} row {r} chunk {c}: sum {h}");
+                    }
+                }
+            }
+        }
+    }
+}
