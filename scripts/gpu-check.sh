@@ -22,7 +22,7 @@
 #      built there with -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 while steps 1-2 run, about
 #      5 minutes on 16 cores). llama.cpp's `-ngl 0` still runs prompt batches' matrix products
 #      on the GPU; moxie's `-ngl 0` is CPU only. Then moxie's hybrid and all-GPU again with
-#      MOXIE_GPU_INT8=1 (the products over int8 activations, off by default).
+#      MOXIE_GPU_INT8=0 (products over f32 activations instead of the default int8 ones).
 #   4. placement on a model whose routing reuses recent experts (`moxie gen --routing recency`),
 #      CUDA0 budgeted at 2 GiB: `moxie bench --ab` of five whole expert layers (`-ot`, 442 MiB)
 #      against an expert cache of the same bytes, a cache of all the room left, and hot experts
@@ -144,11 +144,11 @@ run() {
             [ -x "$llama" ] && step "bench ${pattern%%:*} ($flags): llama.cpp" 90 "$llama" -m "$model" \
                 -p 512 -n 128 -r "$reps" -t "$threads" $flags
         done
-        # The GPU products over int8 activations (dp4a; off by default until measured here).
+        # The GPU products over f32 activations instead of int8 ones (dp4a, the default).
         for pattern in "hybrid:-ngl 999 -ot exps=CPU" "all-GPU:-ngl 999"; do
             local flags=${pattern#*:}
             # shellcheck disable=SC2086
-            step "bench ${pattern%%:*} ($flags), MOXIE_GPU_INT8=1: moxie" 90 env MOXIE_GPU_INT8=1 \
+            step "bench ${pattern%%:*} ($flags), MOXIE_GPU_INT8=0: moxie" 90 env MOXIE_GPU_INT8=0 \
                 "$bin/moxie" bench -m "$model" -p 512 -n 128 -r "$reps" -t "$threads" $flags
         done
     fi

@@ -3,10 +3,11 @@
 //! between passes (held against the device's budget), and host buffers for transfers, so
 //! decode allocates neither. Nothing is done for a pass that touches no GPU.
 //!
-//! GPU numerics are f32 activations against the weights' exact dequantized values, not
-//! ggml's CPU conversions of activations to q8 (unless `MOXIE_GPU_INT8=1`:
-//! `moxie_gpu::Gpu::with_int8_activations`): results match the CPU backend within the
-//! tolerance llama.cpp's own CUDA and CPU backends differ by, not bit for bit.
+//! GPU numerics round where the CPU's do (activations to the CPU's q8 blocks for the weight
+//! types with int8 kernels, attention queries and a prompt batch's probabilities as the CPU's
+//! attention does; docs/architecture.md, "GPUs"): results match the CPU backend to float
+//! rounding where every weight type has int8 kernels, else within the tolerance llama.cpp's
+//! own CUDA and CPU backends differ by.
 
 use std::collections::HashMap;
 use std::sync::Mutex;

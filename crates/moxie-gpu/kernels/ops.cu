@@ -126,12 +126,21 @@ struct MxRowsF32 {
     __device__ __forceinline__ float at(int64_t row, int n, int c) const {
         return p[row * n + c];
     }
+    // Keys of this type multiply f32 queries as they are.
+    __device__ __forceinline__ static void round_query(float* q, int n) {}
 };
 
 struct MxRowsF16 {
     const uint16_t* p;
     __device__ __forceinline__ float at(int64_t row, int n, int c) const {
         return mx_f16_to_f32(p[row * n + c]);
+    }
+    // The CPU (as ggml) converts queries to f16, the keys' dot partner: the same rounding.
+    // Threads of the block take elements threadIdx.x, + blockDim.x, ...
+    __device__ __forceinline__ static void round_query(float* q, int n) {
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+            q[i] = mx_f16_to_f32(mx_f32_to_f16(q[i]));
+        }
     }
 };
 
@@ -141,6 +150,25 @@ struct MxRowsQ8 {
         const uint8_t* b = p + (row * (n / 32) + c / 32) * 34;
         float d = mx_f16_to_f32((uint16_t)(b[0] | (b[1] << 8)));
         return d * (float)(int8_t)b[2 + (c & 31)];
+    }
+    // The CPU converts queries to q8_0, the keys' dot partner (its AVX2 quantize_q8_0, as
+    // kv_store_q8_0): each block of 32 becomes d * q with d = amax / 127 in f16 and q the value
+    // times 127 / amax rounded to nearest even. A thread per block.
+    __device__ __forceinline__ static void round_query(float* q, int n) {
+        for (int b = threadIdx.x; b < n / 32; b += blockDim.x) {
+            float* x = q + 32 * b;
+            float amax = 0.0f;
+            for (int i = 0; i < 32; i++) {
+                amax = fmaxf(amax, fabsf(x[i]));
+            }
+            float d = mx_f16_to_f32(mx_f32_to_f16(amax / 127.0f));
+            float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+            for (int i = 0; i < 32; i++) {
+                int v = (int)rintf(x[i] * id);
+                v = v > 127 ? 127 : v < -128 ? -128 : v;
+                x[i] = d * (float)v;
+            }
+        }
     }
 };
 
@@ -155,11 +183,13 @@ struct MxRowsQ8 {
 // Keys of kv head h / (n_head / n_head_kv) start at kvh * dk in each cache row of `k_row`
 // elements; values at kvh * dv in rows of `v_row` (MLA: v is the key cache itself, values its
 // first dv elements). Online softmax over tiles of MX_ATTN_THREADS positions, so no score
-// buffer grows with the context.
+// buffer grows with the context. The query takes the rounding of the keys' dot partner first,
+// as on the CPU (K::round_query).
 template <typename K, typename V>
 __device__ void attention_impl(const float* q, K k, V v, float* out, int n_head,
                                int n_head_kv, int dk, int dv, int k_row, int v_row, int pos0,
-                               float scale, const int* sel, const int* sel_n, int sel_stride) {
+                               float scale, const int* sel, const int* sel_n, int sel_stride,
+                               int round_p) {
     __shared__ float qs[MX_ATTN_MAX_DK];
     __shared__ float probs[MX_ATTN_THREADS];
     __shared__ int rows[MX_ATTN_THREADS];
@@ -171,6 +201,8 @@ __device__ void attention_impl(const float* q, K k, V v, float* out, int n_head,
     for (int i = threadIdx.x; i < dk; i += blockDim.x) {
         qs[i] = qr[i];
     }
+    __syncthreads();
+    K::round_query(qs, dk);
     __syncthreads();
     float acc[MX_ATTN_MAX_DV_PER_THREAD];
     for (int j = 0; j < MX_ATTN_MAX_DV_PER_THREAD; j++) {
@@ -184,6 +216,30 @@ __device__ void attention_impl(const float* q, K k, V v, float* out, int n_head,
         list = sel + (int64_t)t * sel_stride;
         n_pos = sel_n[t];
     }
+    // round_p: the probabilities are normalised and rounded to f16 before they weight the
+    // values, as the CPU does for prompt batches over f16 values (ggml converts them to the
+    // values' type): a first pass over the keys for the softmax's max and sum, then the
+    // weighted values with the rounded probabilities.
+    float inv = 0.0f;
+    if (round_p) {
+        for (int p0 = 0; p0 < n_pos; p0 += blockDim.x) {
+            int i = p0 + threadIdx.x;
+            float s = MX_NEG_INF;
+            if (i < n_pos) {
+                int p = list ? list[i] : i;
+                float dot = 0.0f;
+                for (int c = 0; c < dk; c++) {
+                    dot += qs[c] * k.at(p, k_row, kvh * dk + c);
+                }
+                s = dot * scale;
+            }
+            float m_new = fmaxf(m, mx_block_max(s, scratch));
+            float e = i < n_pos ? expf(s - m_new) : 0.0f;
+            l = l * expf(m - m_new) + mx_block_sum(e, scratch);
+            m = m_new;
+        }
+        inv = 1.0f / l;
+    }
     for (int p0 = 0; p0 < n_pos; p0 += blockDim.x) {
         int i = p0 + threadIdx.x;
         float s = MX_NEG_INF;
@@ -196,14 +252,22 @@ __device__ void attention_impl(const float* q, K k, V v, float* out, int n_head,
             }
             s = dot * scale;
         }
-        float tile_max = mx_block_max(s, scratch);
-        float m_new = fmaxf(m, tile_max);
-        float correction = expf(m - m_new);
-        float e = i < n_pos ? expf(s - m_new) : 0.0f;
-        probs[threadIdx.x] = e;
-        float tile_sum = mx_block_sum(e, scratch);
-        l = l * correction + tile_sum;
-        m = m_new;
+        float correction = 1.0f;
+        if (round_p) {
+            float e = i < n_pos ? mx_f16_to_f32(mx_f32_to_f16(expf(s - m) * inv)) : 0.0f;
+            probs[threadIdx.x] = e;
+            // The probs of the tile are written before any thread reads them.
+            __syncthreads();
+        } else {
+            float tile_max = mx_block_max(s, scratch);
+            float m_new = fmaxf(m, tile_max);
+            correction = expf(m - m_new);
+            float e = i < n_pos ? expf(s - m_new) : 0.0f;
+            probs[threadIdx.x] = e;
+            float tile_sum = mx_block_sum(e, scratch);
+            l = l * correction + tile_sum;
+            m = m_new;
+        }
         int n_tile = min(n_pos - p0, (int)blockDim.x);
         for (int j = 0; j < MX_ATTN_MAX_DV_PER_THREAD; j++) {
             int d = threadIdx.x + j * blockDim.x;
@@ -222,7 +286,7 @@ __device__ void attention_impl(const float* q, K k, V v, float* out, int n_head,
     for (int j = 0; j < MX_ATTN_MAX_DV_PER_THREAD; j++) {
         int d = threadIdx.x + j * blockDim.x;
         if (d < dv) {
-            o[d] = acc[j] / l;
+            o[d] = round_p ? acc[j] : acc[j] / l;
         }
     }
 }
@@ -232,9 +296,9 @@ __device__ void attention_impl(const float* q, K k, V v, float* out, int n_head,
     extern "C" __global__ void NAME(const float* q, const KT* k, const VT* v, float* out,       \
                                     int n_head, int n_head_kv, int dk, int dv, int k_row,       \
                                     int v_row, int pos0, float scale, const int* sel,           \
-                                    const int* sel_n, int sel_stride) {                         \
+                                    const int* sel_n, int sel_stride, int round_p) {            \
         attention_impl(q, KR{k}, VR{v}, out, n_head, n_head_kv, dk, dv, k_row, v_row, pos0,     \
-                       scale, sel, sel_n, sel_stride);                                          \
+                       scale, sel, sel_n, sel_stride, round_p);                                 \
     }
 
 MX_ATTENTION(attention_f16, uint16_t, MxRowsF16, uint16_t, MxRowsF16)

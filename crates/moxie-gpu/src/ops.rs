@@ -22,7 +22,7 @@ pub struct Gpu {
     pub(crate) int8: bool,
 }
 
-/// The environment variable that turns int8 activations on for every GPU (`1`).
+/// The environment variable that turns int8 activations off for every GPU (`0`).
 pub const INT8_ACTIVATIONS_ENV: &str = "MOXIE_GPU_INT8";
 
 /// Threads per block of the elementwise kernels, and the most blocks they launch (they loop).
@@ -34,6 +34,11 @@ const ATTN_THREADS: u32 = 128;
 pub const ATTN_MAX_DK: usize = 1152;
 pub const ATTN_MAX_DV: usize = 8 * ATTN_THREADS as usize;
 const ROUTE_MAX_EXPERTS: usize = 1024;
+/// Prompt batches whose context stays under this many positions round their attention
+/// probabilities to f16 before the weighted f16 values, as the CPU's batched attention does
+/// where the whole context is one tile of its (`BATCH_KV_TILE` in moxie-core) and its bf16
+/// products, from that many positions on, are not taken.
+pub const ATTN_ROUND_PROBS_BELOW: usize = 512;
 const ROUTE_MAX_GROUPS: usize = 64;
 /// CUDA's limit on gridDim.y and gridDim.z.
 const MAX_GRID_YZ: usize = 65535;
@@ -166,10 +171,9 @@ pub struct RouteSpec {
 }
 
 impl Gpu {
-    /// A GPU on `backend`; int8 activations as [`INT8_ACTIVATIONS_ENV`] says (off by
-    /// default).
+    /// A GPU on `backend`; int8 activations on unless [`INT8_ACTIVATIONS_ENV`] is `0`.
     pub fn new(backend: Arc<dyn GpuBackend>) -> Gpu {
-        let int8 = std::env::var(INT8_ACTIVATIONS_ENV).is_ok_and(|v| v == "1");
+        let int8 = std::env::var(INT8_ACTIVATIONS_ENV).map_or(true, |v| v != "0");
         Gpu {
             backend,
             q8x: Arc::default(),
@@ -177,13 +181,12 @@ impl Gpu {
         }
     }
 
-    /// This GPU with products over int8 activations on or off: on, weights of the types with
-    /// int8 kernels ([`Gpu::has_int8_kernels`]: the legacy types, the K-quants, IQ4_NL,
-    /// IQ4_XS) multiply activations quantized as the CPU path quantizes them, with `dp4a`
-    /// (`kernels/matmul_q8.cu`); off, every product dequantizes its weights to f32 and
-    /// multiplies f32 activations (`kernels/matmul.cu`). Off by default: on the emulator the
-    /// int8 path's logits sit further from the CPU's on some fixtures (docs/performance.md,
-    /// issue 20), and its speed on a real GPU has not been measured yet.
+    /// This GPU with products over int8 activations on (the default) or off: on, weights of
+    /// the types with int8 kernels ([`Gpu::has_int8_kernels`]: the legacy types, the
+    /// K-quants, IQ4_NL, IQ4_XS) multiply activations quantized as the CPU path quantizes
+    /// them, with `dp4a` (`kernels/matmul_q8.cu`), so the products equal the CPU's to float
+    /// rounding; off, every product dequantizes its weights to f32 and multiplies f32
+    /// activations (`kernels/matmul.cu`).
     pub fn with_int8_activations(mut self, on: bool) -> Gpu {
         self.int8 = on;
         self
@@ -371,7 +374,10 @@ impl Gpu {
 
     /// Causal attention of `n_tok` query tokens (`q`: token-major, `n_head × dk` each) over
     /// the cache, which already holds their own positions (or only the selected ones, with
-    /// `sel`); `out` gets `n_head × dv` per token.
+    /// `sel`); `out` gets `n_head × dv` per token. As the CPU does, the queries take the
+    /// rounding of the keys' dot partner (f16, q8_0), and a prompt batch over f16 values whose
+    /// context stays under [`ATTN_ROUND_PROBS_BELOW`] positions weights them with its
+    /// probabilities normalised and rounded to f16.
     pub fn attention(
         &self,
         s: AttnShape,
@@ -404,6 +410,8 @@ impl Gpu {
                 kv.k_type, kv.v_type
             ))
         })?;
+        let round_p =
+            n_tok > 1 && kv.v_type == GgmlType::F16 && s.pos0 + n_tok < ATTN_ROUND_PROBS_BELOW;
         for t0 in (0..n_tok).step_by(MAX_GRID_YZ) {
             let nt = (n_tok - t0).min(MAX_GRID_YZ);
             let (list, counts, stride) = match sel {
@@ -437,6 +445,7 @@ impl Gpu {
                     Arg::Ptr(list),
                     Arg::Ptr(counts),
                     int("sel_stride", stride)?,
+                    Arg::I32(round_p as i32),
                 ],
             )?;
         }

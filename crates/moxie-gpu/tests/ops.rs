@@ -181,7 +181,9 @@ fn kv_store_rounds_to_f16_like_half() {
 }
 
 /// Causal attention reference: query t (at position pos0 + t) over positions 0..=pos0 + t, or
-/// over the positions `sel[t]` lists.
+/// over the positions `sel[t]` lists; caches of types `(kt, vt)` round as the CPU does: each
+/// query row through the keys' dot partner (f16, q8_0), and for a prompt batch over f16 values
+/// whose context stays under `ATTN_ROUND_PROBS_BELOW`, the normalised probabilities to f16.
 #[allow(clippy::too_many_arguments)]
 fn attention_ref(
     q: &[f32],
@@ -192,7 +194,16 @@ fn attention_ref(
     v_row: usize,
     n_tok: usize,
     sel: Option<&[Option<Vec<usize>>]>,
+    (kt, vt): (GgmlType, GgmlType),
 ) -> Vec<f32> {
+    let mut q = q.to_vec();
+    let partner = moxie_quant::vec_dot_type(kt).unwrap();
+    for row in q.chunks_exact_mut(s.dk) {
+        round_trip(row, partner);
+    }
+    let q = &q[..];
+    let round_p =
+        n_tok > 1 && vt == GgmlType::F16 && s.pos0 + n_tok < moxie_gpu::ops::ATTN_ROUND_PROBS_BELOW;
     let group = s.n_head / s.n_head_kv;
     let mut out = vec![0f32; n_tok * s.n_head * s.dv];
     for t in 0..n_tok {
@@ -211,8 +222,14 @@ fn attention_ref(
                 })
                 .collect();
             let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            let e: Vec<f64> = scores.iter().map(|x| (x - m).exp()).collect();
-            let l: f64 = e.iter().sum();
+            let mut e: Vec<f64> = scores.iter().map(|x| (x - m).exp()).collect();
+            let mut l: f64 = e.iter().sum();
+            if round_p {
+                for p in e.iter_mut() {
+                    *p = half::f16::from_f32((*p / l) as f32).to_f64();
+                }
+                l = 1.0;
+            }
             for d in 0..s.dv {
                 let acc: f64 = positions
                     .iter()
@@ -297,7 +314,7 @@ fn attention_gqa_and_mla_shapes_over_several_tiles() {
             };
             g.attention(s, qb.ptr(), view, None, ob.ptr(), n_tok)
                 .unwrap();
-            let want = attention_ref(&q, &k, &v, s, k_row, v_row, n_tok, None);
+            let want = attention_ref(&q, &k, &v, s, k_row, v_row, n_tok, None, (kt, vt));
             close(
                 &read(&ob, want.len()),
                 &want,
@@ -710,7 +727,17 @@ fn attention_over_selected_positions() {
     };
     g.attention(s, qb.ptr(), view, Some(sel), ob.ptr(), n_tok)
         .unwrap();
-    let want = attention_ref(&q, &k, &k, s, k_row, k_row, n_tok, Some(&lists));
+    let want = attention_ref(
+        &q,
+        &k,
+        &k,
+        s,
+        k_row,
+        k_row,
+        n_tok,
+        Some(&lists),
+        (GgmlType::F32, GgmlType::F32),
+    );
     close(&read(&ob, want.len()), &want, 2e-5, "selected attention");
 }
 

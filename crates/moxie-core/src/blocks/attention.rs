@@ -994,6 +994,14 @@ mod tests {
     use super::*;
     use crate::state::Rows;
 
+    /// The GPU's attention rounds a prompt batch's probabilities to f16 exactly where this
+    /// path does (the whole context in one tile, so no bf16 products either): one limit.
+    #[test]
+    fn the_gpu_rounds_probabilities_where_the_cpu_does() {
+        assert_eq!(moxie_gpu::ops::ATTN_ROUND_PROBS_BELOW, BATCH_KV_TILE);
+        assert_eq!(BF16_FROM_POSITIONS, BATCH_KV_TILE);
+    }
+
     fn random(s: &mut u64, n: usize) -> Vec<f32> {
         (0..n)
             .map(|_| {
