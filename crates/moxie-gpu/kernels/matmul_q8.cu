@@ -14,9 +14,10 @@
 // offsets change every 16.
 //
 // Weights: value i of chunk c = d[h] * q[i] + o[h], h = i / 16, q[i] the signed bytes of
-// MxQ8Chunk::q. The codes are the types' own integers (Q4_K's 0..15, Q6_K's 0..63, Q8_0's
-// -127..127, the IQ4 code book's -127..113), so the integer sums are exact; the scale and
-// offset are the float terms the type's dequantization multiplies and adds.
+// MxQ8Chunk::q. The codes are the integers the CPU's dot products sum (Q4_0's q - 8, Q6_K's
+// q - 32, Q8_0's -127..127, the IQ4 code book's -127..113, Q4_K's 0..15 with its min as the
+// offset), so the integer sums are the CPU's; the scale and offset are the float terms the
+// type's dequantization multiplies and adds.
 #pragma once
 
 // a·b over the four signed bytes of each word, plus c.
@@ -58,6 +59,19 @@ __device__ __forceinline__ uint32_t mx_iq4nl_word(uint32_t codes) {
     return r;
 }
 
+// Codes of BITS bits with the offset 2^(BITS-1) taken off, as signed bytes: per byte,
+// (v ^ 2^(BITS-1)) sign-extended from BITS bits. The integer sums then equal the CPU's, which
+// sums the signed values (q - 8, q - 16, q - 4, q - 32); an offset taken off in floats after
+// the sum would cancel most of it.
+template <int BITS>
+__device__ __forceinline__ uint32_t mx_signed_codes(uint32_t w) {
+    const uint32_t top = 0x01010101u << (BITS - 1);
+    uint32_t t = w ^ top;
+    // Where a byte's sign bit (top) is set, the bits above it too: top * (2^(9-BITS) - 2) is
+    // those bits within the byte, so nothing carries into the next.
+    return t | ((t & top) * ((0x100u >> (BITS - 1)) - 2u));
+}
+
 // Byte j of each word: the fifth bits of a Q5_0 / Q5_1 half (qh bits `base + 4w .. +4`) moved
 // to bit 4 of each byte.
 __device__ __forceinline__ uint32_t mx_q5_high(uint32_t qh, int base, int w) {
@@ -83,10 +97,17 @@ __device__ __forceinline__ void mx_q8_chunk(const uint8_t* row, int c, MxQ8Chunk
         for (int w = 0; w < 4; ++w) {
             uint32_t lo = mx_nibbles(qs, w, false);
             uint32_t hi = mx_nibbles(qs, w, true);
-            k.q[w] = TY == MX_T_IQ4_NL ? mx_iq4nl_word(lo) : lo;
-            k.q[4 + w] = TY == MX_T_IQ4_NL ? mx_iq4nl_word(hi) : hi;
+            if (TY == MX_T_IQ4_NL) {
+                lo = mx_iq4nl_word(lo);
+                hi = mx_iq4nl_word(hi);
+            } else if (TY == MX_T_Q4_0) {
+                lo = mx_signed_codes<4>(lo);
+                hi = mx_signed_codes<4>(hi);
+            }
+            k.q[w] = lo;
+            k.q[4 + w] = hi;
         }
-        float o = TY == MX_T_Q4_0 ? MX_FMUL(-8.0f, d) : TY == MX_T_Q4_1 ? mx_ld_f16(b + 2) : 0.0f;
+        float o = TY == MX_T_Q4_1 ? mx_ld_f16(b + 2) : 0.0f;
         k.d[0] = k.d[1] = d;
         k.o[0] = k.o[1] = o;
     } else if (TY == MX_T_Q5_0 || TY == MX_T_Q5_1) {
@@ -104,10 +125,12 @@ __device__ __forceinline__ void mx_q8_chunk(const uint8_t* row, int c, MxQ8Chunk
         }
         MX_UNROLL
         for (int w = 0; w < 4; ++w) {
-            k.q[w] = mx_nibbles(qs, w, false) | mx_q5_high(qh, 0, w);
-            k.q[4 + w] = mx_nibbles(qs, w, true) | mx_q5_high(qh, 16, w);
+            uint32_t lo = mx_nibbles(qs, w, false) | mx_q5_high(qh, 0, w);
+            uint32_t hi = mx_nibbles(qs, w, true) | mx_q5_high(qh, 16, w);
+            k.q[w] = TY == MX_T_Q5_0 ? mx_signed_codes<5>(lo) : lo;
+            k.q[4 + w] = TY == MX_T_Q5_0 ? mx_signed_codes<5>(hi) : hi;
         }
-        float o = TY == MX_T_Q5_0 ? MX_FMUL(-16.0f, d) : mx_ld_f16(b + 2);
+        float o = TY == MX_T_Q5_0 ? 0.0f : mx_ld_f16(b + 2);
         k.d[0] = k.d[1] = d;
         k.o[0] = k.o[1] = o;
     } else if (TY == MX_T_Q8_0) {
@@ -136,8 +159,7 @@ __device__ __forceinline__ void mx_q8_chunk(const uint8_t* row, int c, MxQ8Chunk
             k.o[h] = -MX_FMUL(dmin, (float)(scp >> 4));
         }
     } else if (TY == MX_T_Q3_K) {
-        // As mx_deq_q3_k, with the codes 0..7 (the 2-bit field plus 4 where the hmask bit is
-        // set) and the -4 in the offset.
+        // As mx_deq_q3_k: the 2-bit field plus 4 where the hmask bit is set, less 4.
         const uint8_t* b = row + (uint64_t)(c >> 3) * 110u;
         int s = c & 7;
         uint32_t hm[8];
@@ -148,13 +170,13 @@ __device__ __forceinline__ void mx_q8_chunk(const uint8_t* row, int c, MxQ8Chunk
         int shift = 2 * (s & 3);
         MX_UNROLL
         for (int w = 0; w < 8; ++w) {
-            k.q[w] = ((q[w] >> shift) & 0x03030303u) | (((hm[w] >> s) & 0x01010101u) << 2);
+            k.q[w] = mx_signed_codes<3>(((q[w] >> shift) & 0x03030303u) |
+                                        (((hm[w] >> s) & 0x01010101u) << 2));
         }
         MX_UNROLL
         for (int h = 0; h < 2; ++h) {
-            float dl = MX_FMUL(d_all, (float)mx_q3_k_scale(b + 96, 2 * s + h));
-            k.d[h] = dl;
-            k.o[h] = MX_FMUL(-4.0f, dl);
+            k.d[h] = MX_FMUL(d_all, (float)mx_q3_k_scale(b + 96, 2 * s + h));
+            k.o[h] = 0.0f;
         }
     } else if (TY == MX_T_Q4_K || TY == MX_T_Q5_K) {
         const bool q5 = TY == MX_T_Q5_K;
@@ -182,7 +204,7 @@ __device__ __forceinline__ void mx_q8_chunk(const uint8_t* row, int c, MxQ8Chunk
         k.d[0] = k.d[1] = MX_FMUL(d, (float)sc);
         k.o[0] = k.o[1] = -MX_FMUL(dmin, (float)mn);
     } else if (TY == MX_T_Q6_K) {
-        // As mx_deq_q6_k: codes 0..63, the -32 in the offset.
+        // As mx_deq_q6_k: codes 0..63, less 32.
         const uint8_t* b = row + (uint64_t)(c >> 3) * 210u;
         int s = c & 7;
         int h = s >> 2;
@@ -197,13 +219,13 @@ __device__ __forceinline__ void mx_q8_chunk(const uint8_t* row, int c, MxQ8Chunk
         int hshift = 2 * kk;
         MX_UNROLL
         for (int w = 0; w < 8; ++w) {
-            k.q[w] = ((ql[w] >> lshift) & 0x0f0f0f0fu) | (((qh[w] >> hshift) & 0x03030303u) << 4);
+            k.q[w] = mx_signed_codes<6>(((ql[w] >> lshift) & 0x0f0f0f0fu) |
+                                        (((qh[w] >> hshift) & 0x03030303u) << 4));
         }
         MX_UNROLL
         for (int p = 0; p < 2; ++p) {
-            float dl = MX_FMUL(d, (float)(int8_t)(uint8_t)((sc >> (8 * p)) & 0xffu));
-            k.d[p] = dl;
-            k.o[p] = MX_FMUL(-32.0f, dl);
+            k.d[p] = MX_FMUL(d, (float)(int8_t)(uint8_t)((sc >> (8 * p)) & 0xffu));
+            k.o[p] = 0.0f;
         }
     } else if (TY == MX_T_IQ4_XS) {
         const uint8_t* b = row + (uint64_t)(c >> 3) * 136u;
