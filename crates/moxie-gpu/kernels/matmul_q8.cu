@@ -15,8 +15,8 @@
 //
 // Weights: value i of chunk c = d[h] * q[i] + o[h], h = i / 16, q[i] the signed bytes of
 // MxQ8Chunk::q. The codes are the integers the CPU's dot products sum (Q4_0's q - 8, Q6_K's
-// q - 32, Q8_0's -127..127, the IQ4 code book's -127..113, Q4_K's 0..15 with its min as the
-// offset), so the integer sums are the CPU's; the scale and offset are the float terms the
+// q - 32, Q8_0's -127..127, the IQ4 code book's -127..113, the IQ2/IQ3 grids' signed
+// magnitudes, Q4_K's 0..15 with its min as the offset), so the integer sums are the CPU's; the scale and offset are the float terms the
 // type's dequantization multiplies and adds.
 #pragma once
 
@@ -77,6 +77,19 @@ __device__ __forceinline__ uint32_t mx_signed_codes(uint32_t w) {
 __device__ __forceinline__ uint32_t mx_q5_high(uint32_t qh, int base, int w) {
     uint32_t bits = (qh >> (base + 4 * w)) & 0xfu;
     return ((bits & 1u) << 4) | ((bits & 2u) << 11) | ((bits & 4u) << 18) | ((bits & 8u) << 25);
+}
+
+// The 8 values of grid entry g (byte j = magnitude j) with the signs of `signs` (bit j negates
+// value j) as signed bytes, into two words.
+__device__ __forceinline__ void mx_grid8_codes(uint64_t g, uint32_t signs, uint32_t* w) {
+    w[0] = 0;
+    w[1] = 0;
+    MX_UNROLL
+    for (int j = 0; j < 8; ++j) {
+        int v = (int)((g >> (8 * j)) & 0xffu);
+        v = (signs >> j) & 1u ? -v : v;
+        w[j >> 2] |= (uint32_t)(uint8_t)(int8_t)v << (8 * (j & 3));
+    }
 }
 
 template <int TY>
@@ -226,6 +239,82 @@ __device__ __forceinline__ void mx_q8_chunk(const uint8_t* row, int c, MxQ8Chunk
         for (int p = 0; p < 2; ++p) {
             k.d[p] = MX_FMUL(d, (float)(int8_t)(uint8_t)((sc >> (8 * p)) & 0xffu));
             k.o[p] = 0.0f;
+        }
+    } else if (TY == MX_T_IQ2_XXS) {
+        // As mx_deq_iq2_xxs: the grid magnitudes with their signs, db per 32.
+        const uint8_t* b = row + (uint64_t)(c >> 3) * 66u;
+        int ib = c & 7;
+        uint32_t w[2];
+        mx_load_words<2, 2>(b + 2 + 8 * ib, w);
+        k.d[0] = k.d[1] = mx_grid_db(mx_ld_f16(b), w[1] >> 28, 0.25f);
+        k.o[0] = k.o[1] = 0.0f;
+        MX_UNROLL
+        for (int l = 0; l < 4; ++l) {
+            mx_grid8_codes(mx_iq2xxs_grid[mx_byte(w, l)],
+                           mx_ksigns_iq2xs[(w[1] >> (7 * l)) & 127u], k.q + 2 * l);
+        }
+    } else if (TY == MX_T_IQ2_XS) {
+        const uint8_t* b = row + (uint64_t)(c >> 3) * 74u;
+        int ib = c & 7;
+        float d = mx_ld_f16(b);
+        uint32_t w[2];
+        mx_load_words<2, 2>(b + 2 + 8 * ib, w);
+        uint32_t sc = b[66 + ib];
+        k.d[0] = mx_grid_db(d, sc & 15u, 0.25f);
+        k.d[1] = mx_grid_db(d, sc >> 4, 0.25f);
+        k.o[0] = k.o[1] = 0.0f;
+        MX_UNROLL
+        for (int l = 0; l < 4; ++l) {
+            uint32_t q = (w[l >> 1] >> (16 * (l & 1))) & 0xffffu;
+            mx_grid8_codes(mx_iq2xs_grid[q & 511u], mx_ksigns_iq2xs[q >> 9], k.q + 2 * l);
+        }
+    } else if (TY == MX_T_IQ2_S) {
+        const uint8_t* b = row + (uint64_t)(c >> 3) * 82u;
+        int ib = c & 7;
+        float d = mx_ld_f16(b);
+        uint32_t qs[1], sg[1];
+        mx_load_words<2, 1>(b + 2 + 4 * ib, qs);
+        mx_load_words<2, 1>(b + 34 + 4 * ib, sg);
+        uint32_t qh = b[66 + ib];
+        uint32_t sc = b[74 + ib];
+        k.d[0] = mx_grid_db(d, sc & 15u, 0.25f);
+        k.d[1] = mx_grid_db(d, sc >> 4, 0.25f);
+        k.o[0] = k.o[1] = 0.0f;
+        MX_UNROLL
+        for (int l = 0; l < 4; ++l) {
+            uint32_t idx = mx_byte(qs, l) | ((qh << (8 - 2 * l)) & 0x300u);
+            mx_grid8_codes(mx_iq2s_grid[idx], mx_byte(sg, l), k.q + 2 * l);
+        }
+    } else if (TY == MX_T_IQ3_XXS) {
+        const uint8_t* b = row + (uint64_t)(c >> 3) * 98u;
+        int ib = c & 7;
+        uint32_t qs[2], aux[1];
+        mx_load_words<2, 2>(b + 2 + 8 * ib, qs);
+        mx_load_words<2, 1>(b + 66 + 4 * ib, aux);
+        k.d[0] = k.d[1] = mx_grid_db(mx_ld_f16(b), aux[0] >> 28, 0.5f);
+        k.o[0] = k.o[1] = 0.0f;
+        MX_UNROLL
+        for (int l = 0; l < 4; ++l) {
+            uint64_t g = (uint64_t)mx_iq3xxs_grid[mx_byte(qs, 2 * l)] |
+                         ((uint64_t)mx_iq3xxs_grid[mx_byte(qs, 2 * l + 1)] << 32);
+            mx_grid8_codes(g, mx_ksigns_iq2xs[(aux[0] >> (7 * l)) & 127u], k.q + 2 * l);
+        }
+    } else if (TY == MX_T_IQ3_S) {
+        const uint8_t* b = row + (uint64_t)(c >> 3) * 110u;
+        int ib = c & 7;
+        uint32_t qs[2], sg[1];
+        mx_load_words<2, 2>(b + 2 + 8 * ib, qs);
+        mx_load_words<2, 1>(b + 74 + 4 * ib, sg);
+        uint32_t qh = b[66 + ib];
+        uint32_t ls = ((uint32_t)b[106 + (ib >> 1)] >> (4 * (ib & 1))) & 0xfu;
+        k.d[0] = k.d[1] = MX_FMUL(mx_ld_f16(b), (float)(int)(1 + 2 * ls));
+        k.o[0] = k.o[1] = 0.0f;
+        MX_UNROLL
+        for (int l = 0; l < 4; ++l) {
+            uint32_t i1 = mx_byte(qs, 2 * l) | ((qh << (8 - 2 * l)) & 256u);
+            uint32_t i2 = mx_byte(qs, 2 * l + 1) | ((qh << (7 - 2 * l)) & 256u);
+            uint64_t g = (uint64_t)mx_iq3s_grid[i1] | ((uint64_t)mx_iq3s_grid[i2] << 32);
+            mx_grid8_codes(g, mx_byte(sg, l), k.q + 2 * l);
         }
     } else if (TY == MX_T_IQ4_XS) {
         const uint8_t* b = row + (uint64_t)(c >> 3) * 136u;
@@ -478,3 +567,8 @@ MX_MATMUL_Q8_KERNELS(q5_k, MX_T_Q5_K)
 MX_MATMUL_Q8_KERNELS(q6_k, MX_T_Q6_K)
 MX_MATMUL_Q8_KERNELS(iq4_nl, MX_T_IQ4_NL)
 MX_MATMUL_Q8_KERNELS(iq4_xs, MX_T_IQ4_XS)
+MX_MATMUL_Q8_KERNELS(iq2_xxs, MX_T_IQ2_XXS)
+MX_MATMUL_Q8_KERNELS(iq2_xs, MX_T_IQ2_XS)
+MX_MATMUL_Q8_KERNELS(iq2_s, MX_T_IQ2_S)
+MX_MATMUL_Q8_KERNELS(iq3_xxs, MX_T_IQ3_XXS)
+MX_MATMUL_Q8_KERNELS(iq3_s, MX_T_IQ3_S)

@@ -3,7 +3,7 @@
 //! (embedding rows), launching the per-type kernels of `kernels/matmul.cu`.
 //!
 //! Weights whose values are integer codes times a scale plus an offset (the legacy types,
-//! the K-quants, IQ4_NL and IQ4_XS) multiply int8 activations (`kernels/matmul_q8.cu`, as
+//! the K-quants, IQ4_NL, IQ4_XS and the IQ2/IQ3 grid types) multiply int8 activations (`kernels/matmul_q8.cu`, as
 //! llama.cpp's CUDA backend does): the activations are quantized into a work buffer the
 //! [`Gpu`] keeps, to the integers the CPU path's Q8_0 / Q8_1 / Q8_K blocks hold, then `dp4a`
 //! sums the integer codes. The other types dequantize
@@ -94,11 +94,11 @@ fn kernels(ty: GgmlType) -> Option<&'static Kernels> {
         Q6_K => k!("q6_k", 2, q8),
         IQ4_NL => k!("iq4_nl", 2, q8),
         IQ4_XS => k!("iq4_xs", 8, q8),
-        IQ2_XXS => k!("iq2_xxs", 2),
-        IQ2_XS => k!("iq2_xs", 2),
-        IQ2_S => k!("iq2_s", 2),
-        IQ3_XXS => k!("iq3_xxs", 2),
-        IQ3_S => k!("iq3_s", 2),
+        IQ2_XXS => k!("iq2_xxs", 2, q8),
+        IQ2_XS => k!("iq2_xs", 2, q8),
+        IQ2_S => k!("iq2_s", 2, q8),
+        IQ3_XXS => k!("iq3_xxs", 2, q8),
+        IQ3_S => k!("iq3_s", 2, q8),
         IQ1_S => k!("iq1_s", 2),
         IQ1_M => k!("iq1_m", 8),
         IQ2_K => k!("iq2_k", 4),
