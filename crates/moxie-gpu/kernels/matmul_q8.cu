@@ -16,7 +16,7 @@
 // Weights: value i of chunk c = d[h] * q[i] + o[h], h = i / 16, q[i] the signed bytes of
 // MxQ8Chunk::q. The codes are the integers the CPU's dot products sum (Q4_0's q - 8, Q6_K's
 // q - 32, Q8_0's -127..127, the IQ4 code book's -127..113, the IQ2/IQ3 grids' signed
-// magnitudes, Q4_K's 0..15 with its min as the offset), so the integer sums are the CPU's; the scale and offset are the float terms the
+// magnitudes, IQ1's 8 x (grid + delta), Q4_K's 0..15 with its min as the offset), so the integer sums are the CPU's; the scale and offset are the float terms the
 // type's dequantization multiplies and adds.
 #pragma once
 
@@ -88,6 +88,18 @@ __device__ __forceinline__ void mx_grid8_codes(uint64_t g, uint32_t signs, uint3
     for (int j = 0; j < 8; ++j) {
         int v = (int)((g >> (8 * j)) & 0xffu);
         v = (signs >> j) & 1u ? -v : v;
+        w[j >> 2] |= (uint32_t)(uint8_t)(int8_t)v << (8 * (j & 3));
+    }
+}
+
+// The 8 values of IQ1 grid entry g (bytes -1, 0, 1) plus delta (±1/8), times 8: 8 g ± 1 as
+// signed bytes, into two words (the scale takes the 1/8, exactly).
+__device__ __forceinline__ void mx_iq1_codes(uint64_t g, bool neg, uint32_t* w) {
+    w[0] = 0;
+    w[1] = 0;
+    MX_UNROLL
+    for (int j = 0; j < 8; ++j) {
+        int v = 8 * (int)(int8_t)(uint8_t)((g >> (8 * j)) & 0xffu) + (neg ? -1 : 1);
         w[j >> 2] |= (uint32_t)(uint8_t)(int8_t)v << (8 * (j & 3));
     }
 }
@@ -315,6 +327,48 @@ __device__ __forceinline__ void mx_q8_chunk(const uint8_t* row, int c, MxQ8Chunk
             uint32_t i2 = mx_byte(qs, 2 * l + 1) | ((qh << (7 - 2 * l)) & 256u);
             uint64_t g = (uint64_t)mx_iq3s_grid[i1] | ((uint64_t)mx_iq3s_grid[i2] << 32);
             mx_grid8_codes(g, mx_byte(sg, l), k.q + 2 * l);
+        }
+    } else if (TY == MX_T_IQ1_S) {
+        // As mx_deq_iq1_s: dl * (g + delta) = (dl / 8) * (8 g ± 1).
+        const uint8_t* b = row + (uint64_t)(c >> 3) * 50u;
+        int ib = c & 7;
+        uint32_t qs[1];
+        mx_load_words<2, 1>(b + 2 + 4 * ib, qs);
+        uint32_t qh = mx_ld_u16(b + 34 + 2 * ib);
+        float dl = MX_FMUL(mx_ld_f16(b), (float)(int)(2 * ((qh >> 12) & 7u) + 1));
+        k.d[0] = k.d[1] = MX_FMUL(dl, 0.125f);
+        k.o[0] = k.o[1] = 0.0f;
+        MX_UNROLL
+        for (int l = 0; l < 4; ++l) {
+            uint32_t idx = mx_byte(qs, l) | (((qh >> (3 * l)) & 7u) << 8);
+            mx_iq1_codes(mx_iq1s_grid[idx], (qh & 0x8000u) != 0, k.q + 2 * l);
+        }
+    } else if (TY == MX_T_IQ1_M) {
+        // As mx_deq_iq1_m: a scale per 16, the delta's sign per 8.
+        const uint8_t* b = row + (uint64_t)(c >> 3) * 56u;
+        int ib = c & 7;
+        uint32_t sc0 = mx_ld_u16(b + 48), sc1 = mx_ld_u16(b + 50);
+        uint32_t sc2 = mx_ld_u16(b + 52), sc3 = mx_ld_u16(b + 54);
+        uint32_t dbits =
+            (sc0 >> 12) | ((sc1 >> 8) & 0x00f0u) | ((sc2 >> 4) & 0x0f00u) | (sc3 & 0xf000u);
+        float d = mx_f16_to_f32((uint16_t)dbits);
+        uint32_t sc = mx_ld_u16(b + 48 + 2 * (ib >> 1));
+        float dl1 = MX_FMUL(d, (float)(int)(2 * ((sc >> (6 * (ib & 1))) & 7u) + 1));
+        float dl2 = MX_FMUL(d, (float)(int)(2 * ((sc >> (6 * (ib & 1) + 3)) & 7u) + 1));
+        k.d[0] = MX_FMUL(dl1, 0.125f);
+        k.d[1] = MX_FMUL(dl2, 0.125f);
+        k.o[0] = k.o[1] = 0.0f;
+        uint32_t qs[1];
+        mx_load_words<4, 1>(b + 4 * ib, qs);
+        uint32_t qh0 = b[32 + 2 * ib], qh1 = b[33 + 2 * ib];
+        uint32_t idx[4] = {mx_byte(qs, 0) | ((qh0 << 8) & 0x700u),
+                           mx_byte(qs, 1) | ((qh0 << 4) & 0x700u),
+                           mx_byte(qs, 2) | ((qh1 << 8) & 0x700u),
+                           mx_byte(qs, 3) | ((qh1 << 4) & 0x700u)};
+        uint32_t neg[4] = {qh0 & 0x08u, qh0 & 0x80u, qh1 & 0x08u, qh1 & 0x80u};
+        MX_UNROLL
+        for (int l = 0; l < 4; ++l) {
+            mx_iq1_codes(mx_iq1s_grid[idx[l]], neg[l] != 0, k.q + 2 * l);
         }
     } else if (TY == MX_T_IQ4_XS) {
         const uint8_t* b = row + (uint64_t)(c >> 3) * 136u;
@@ -572,3 +626,5 @@ MX_MATMUL_Q8_KERNELS(iq2_xs, MX_T_IQ2_XS)
 MX_MATMUL_Q8_KERNELS(iq2_s, MX_T_IQ2_S)
 MX_MATMUL_Q8_KERNELS(iq3_xxs, MX_T_IQ3_XXS)
 MX_MATMUL_Q8_KERNELS(iq3_s, MX_T_IQ3_S)
+MX_MATMUL_Q8_KERNELS(iq1_s, MX_T_IQ1_S)
+MX_MATMUL_Q8_KERNELS(iq1_m, MX_T_IQ1_M)

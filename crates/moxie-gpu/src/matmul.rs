@@ -3,7 +3,7 @@
 //! (embedding rows), launching the per-type kernels of `kernels/matmul.cu`.
 //!
 //! Weights whose values are integer codes times a scale plus an offset (the legacy types,
-//! the K-quants, IQ4_NL, IQ4_XS and the IQ2/IQ3 grid types) multiply int8 activations (`kernels/matmul_q8.cu`, as
+//! the K-quants, IQ4_NL, IQ4_XS and the IQ1/IQ2/IQ3 grid types) multiply int8 activations (`kernels/matmul_q8.cu`, as
 //! llama.cpp's CUDA backend does): the activations are quantized into a work buffer the
 //! [`Gpu`] keeps, to the integers the CPU path's Q8_0 / Q8_1 / Q8_K blocks hold, then `dp4a`
 //! sums the integer codes. The other types dequantize
@@ -99,8 +99,8 @@ fn kernels(ty: GgmlType) -> Option<&'static Kernels> {
         IQ2_S => k!("iq2_s", 2, q8),
         IQ3_XXS => k!("iq3_xxs", 2, q8),
         IQ3_S => k!("iq3_s", 2, q8),
-        IQ1_S => k!("iq1_s", 2),
-        IQ1_M => k!("iq1_m", 8),
+        IQ1_S => k!("iq1_s", 2, q8),
+        IQ1_M => k!("iq1_m", 8, q8),
         IQ2_K => k!("iq2_k", 4),
         IQ3_K => k!("iq3_k", 2),
         IQ4_K => k!("iq4_k", 16),

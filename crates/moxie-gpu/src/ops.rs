@@ -183,7 +183,7 @@ impl Gpu {
 
     /// This GPU with products over int8 activations on (the default) or off: on, weights of
     /// the types with int8 kernels ([`Gpu::has_int8_kernels`]: the legacy types, the
-    /// K-quants, IQ4_NL, IQ4_XS, IQ2_XXS..IQ3_S) multiply activations quantized as the CPU path quantizes
+    /// K-quants, IQ4_NL, IQ4_XS, IQ1_S..IQ3_S) multiply activations quantized as the CPU path quantizes
     /// them, with `dp4a` (`kernels/matmul_q8.cu`), so the products equal the CPU's to float
     /// rounding; off, every product dequantizes its weights to f32 and multiplies f32
     /// activations (`kernels/matmul.cu`).
