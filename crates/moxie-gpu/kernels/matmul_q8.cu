@@ -593,6 +593,114 @@ __device__ __forceinline__ void mx_mul_mat_id_q8(const uint8_t* w, unsigned long
     }
 }
 
+// Routed rows grouped by expert, for batches where experts see several rows each: `group_rows`
+// (one block) sorts the row indices by expert into `order` (within an expert in any order:
+// every row's result depends on its own row only), with each expert's first index in
+// `offsets` (n_mat + 1) and its first chunk of up to MX_MM_TOK rows in `chunk_start`
+// (n_mat + 1); `cursor` (n_mat) is scratch. Rows whose id is outside 0..n_mat get zeros here.
+extern "C" __global__ void group_rows(const int* ids, int n_ids, int n_mat, int n_out,
+                                      float* y, int ldy, int* offsets, int* cursor,
+                                      int* chunk_start, int* order) {
+    for (int e = threadIdx.x; e < n_mat; e += blockDim.x) {
+        cursor[e] = 0;
+    }
+    __syncthreads();
+    for (int j = threadIdx.x; j < n_ids; j += blockDim.x) {
+        int e = ids[j];
+        if (e >= 0 && e < n_mat) {
+            atomicAdd(&cursor[e], 1);
+        } else {
+            for (int r = 0; r < n_out; ++r) {
+                y[(long long)j * ldy + r] = 0.0f;
+            }
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int at = 0;
+        int chunks = 0;
+        for (int e = 0; e < n_mat; ++e) {
+            offsets[e] = at;
+            chunk_start[e] = chunks;
+            at += cursor[e];
+            chunks += (cursor[e] + MX_MM_TOK - 1) / MX_MM_TOK;
+            cursor[e] = 0;
+        }
+        offsets[n_mat] = at;
+        chunk_start[n_mat] = chunks;
+    }
+    __syncthreads();
+    for (int j = threadIdx.x; j < n_ids; j += blockDim.x) {
+        int e = ids[j];
+        if (e >= 0 && e < n_mat) {
+            order[offsets[e] + atomicAdd(&cursor[e], 1)] = j;
+        }
+    }
+}
+
+// As mx_mul_mat_id_q8 over rows grouped by `group_rows`: grid y and z index chunks of up to
+// MX_MM_TOK rows of one expert (past the last chunk a block computes nothing), so each weight
+// chunk is unpacked once for all of them and the expert's weights are read once per chunk
+// rather than once per routed row.
+template <int TY>
+__device__ __forceinline__ void mx_mul_mat_id_grouped_q8(
+    const uint8_t* w, unsigned long long row_bytes, unsigned long long mat_bytes, int n_in,
+    int n_out, int n_mat, const int* order, const int* offsets, const int* chunk_start,
+    const int8_t* qs, const float4* meta, int x_div, float* y, int ldy) {
+    int lane = threadIdx.x;
+    int r = blockIdx.x * blockDim.y + threadIdx.y;
+    long long chunk = (long long)blockIdx.z * gridDim.y + blockIdx.y;
+    // The expert whose chunks hold this one: the last e with chunk_start[e] <= chunk.
+    int lo = 0;
+    int hi = n_mat;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (chunk_start[mid] <= chunk) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    int e = lo;
+    bool live = r < n_out && chunk < chunk_start[n_mat];
+    int first = live ? offsets[e] + (int)(chunk - chunk_start[e]) * MX_MM_TOK : 0;
+    int nt = live ? min(MX_MM_TOK, offsets[e + 1] - first) : 0;
+    int n_chunks = live ? n_in / 32 : 0;
+    const uint8_t* wr =
+        w + (live ? (unsigned long long)e * mat_bytes + (unsigned long long)r * row_bytes : 0ull);
+    int rows[MX_MM_TOK];
+    MX_UNROLL
+    for (int k = 0; k < MX_MM_TOK; ++k) {
+        rows[k] = k < nt ? order[first + k] : 0;
+    }
+    float acc[MX_MM_TOK];
+    MX_UNROLL
+    for (int k = 0; k < MX_MM_TOK; ++k) {
+        acc[k] = 0.0f;
+    }
+    for (int c = lane; c < n_chunks; c += MX_WARP) {
+        MxQ8Chunk ch;
+        mx_q8_chunk<TY>(wr, c, ch);
+        MX_UNROLL
+        for (int k = 0; k < MX_MM_TOK; ++k) {
+            if (k < nt) {
+                long long xr = rows[k] / x_div;
+                uint32_t xw[8];
+                mx_q8x_words(qs, xr, n_in, c, xw);
+                acc[k] += mx_q8_chunk_dot(ch, xw, meta[xr * (n_in / 32) + c]);
+            }
+        }
+    }
+    // Every lane of a warp has the same nt (the chunk is the block's): converged shuffles.
+    MX_UNROLL
+    for (int k = 0; k < MX_MM_TOK; ++k) {
+        float s = mx_warp_sum(acc[k]);
+        if (k < nt && lane == 0) {
+            y[(long long)rows[k] * ldy + r] = s;
+        }
+    }
+}
+
 #define MX_MATMUL_Q8_KERNELS(name, TY)                                                         \
     extern "C" __global__ void mul_mat_q8_##name(                                              \
         const uint8_t* w, unsigned long long row_bytes, unsigned long long mat_bytes, int n_in, \
@@ -607,6 +715,13 @@ __device__ __forceinline__ void mx_mul_mat_id_q8(const uint8_t* w, unsigned long
         int x_div, float* y, int ldy) {                                                        \
         mx_mul_mat_id_q8<TY>(w, row_bytes, mat_bytes, n_in, n_out, n_mat, ids, n_ids, qs,      \
                              meta, x_div, y, ldy);                                             \
+    }                                                                                          \
+    extern "C" __global__ void mul_mat_id_grouped_q8_##name(                                   \
+        const uint8_t* w, unsigned long long row_bytes, unsigned long long mat_bytes, int n_in, \
+        int n_out, int n_mat, const int* order, const int* offsets, const int* chunk_start,     \
+        const int8_t* qs, const float4* meta, int x_div, float* y, int ldy) {                  \
+        mx_mul_mat_id_grouped_q8<TY>(w, row_bytes, mat_bytes, n_in, n_out, n_mat, order,       \
+                                     offsets, chunk_start, qs, meta, x_div, y, ldy);           \
     }
 
 MX_MATMUL_Q8_KERNELS(q4_0, MX_T_Q4_0)

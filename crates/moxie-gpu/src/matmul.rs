@@ -49,8 +49,9 @@ struct Kernels {
     mul_mat_id: &'static str,
     get_rows: &'static str,
     align: u64,
-    /// `mul_mat` and `mul_mat_id` over int8 activations, for types with integer codes.
-    q8: Option<(&'static str, &'static str)>,
+    /// `mul_mat`, `mul_mat_id` and `mul_mat_id` over rows grouped by expert, over int8
+    /// activations, for types with integer codes.
+    q8: Option<(&'static str, &'static str, &'static str)>,
 }
 
 fn kernels(ty: GgmlType) -> Option<&'static Kernels> {
@@ -73,6 +74,7 @@ fn kernels(ty: GgmlType) -> Option<&'static Kernels> {
                 q8: Some((
                     concat!("mul_mat_q8_", $name),
                     concat!("mul_mat_id_q8_", $name),
+                    concat!("mul_mat_id_grouped_q8_", $name),
                 )),
             }
         };
@@ -119,6 +121,22 @@ fn kernels(ty: GgmlType) -> Option<&'static Kernels> {
 /// keeps, within the planner's per-GPU headroom); a product whose activations need more runs
 /// the f32 kernel. 64 MiB holds a 512-token batch of rows of 80k values.
 pub(crate) const Q8X_MAX_BYTES: usize = 64 << 20;
+/// Routed rows per expert (on average) from which `mul_mat_id` groups them by expert
+/// (`group_rows`, then one pass of up to 8 rows per weight row), so that each expert's weights
+/// are read once per 8 rows rather than once per row. Decode's few rows per expert take the
+/// kernel that reads each routed row's weights on its own.
+const GROUP_ROWS_PER_EXPERT: usize = 4;
+/// Routed rows per pass of the grouped kernel (`MX_MM_TOK`).
+const GROUP_CHUNK: usize = 8;
+/// Threads of `group_rows` (one block).
+const GROUP_THREADS: u32 = 256;
+
+/// Bytes of `group_rows`' outputs and scratch: offsets and chunk starts (n_mat + 1 each),
+/// cursors (n_mat), the sorted row indices (n_ids); i32s.
+fn group_bytes(n_mat: usize, n_ids: usize) -> usize {
+    4 * (3 * n_mat + 2 + n_ids)
+}
+
 /// Warps per block of `quantize_q8x` (one activation block of 32 or 256 values each).
 const Q8X_WARPS_PER_BLOCK: usize = 8;
 
@@ -220,8 +238,9 @@ fn check_ldy(name: &str, n_rows: usize, ldy: usize, n_out: usize) -> Result<()> 
 }
 
 /// Device bytes of `rows` rows of q8x activations of `n_in` values (`kernels/matmul_q8.cu`):
-/// the int8 codes, padded to 256 bytes, then 16 bytes per 32 values; and where the second part
-/// starts. `None` past [`Q8X_MAX_BYTES`].
+/// the int8 codes, padded to 256 bytes, then 16 bytes per 32 values, then `extra` bytes of
+/// the product's own (16-aligned); where the second and third parts start, and the total.
+/// `None` past [`Q8X_MAX_BYTES`].
 /// Values per activation scale where products with `ty` take int8 activations: 256 where
 /// moxie's CPU path multiplies it with Q8_K blocks, else 32 (Q8_0 / Q8_1).
 fn q8x_block(ty: GgmlType) -> usize {
@@ -232,10 +251,11 @@ fn q8x_block(ty: GgmlType) -> usize {
     }
 }
 
-fn q8x_layout(rows: usize, n_in: usize) -> Option<(usize, usize)> {
+fn q8x_layout(rows: usize, n_in: usize, extra: usize) -> Option<(usize, usize, usize)> {
     let codes = rows.checked_mul(n_in)?.checked_next_multiple_of(256)?;
-    let total = codes.checked_add(rows * (n_in / 32) * 16)?;
-    (total <= Q8X_MAX_BYTES).then_some((codes, total))
+    let meta_end = codes.checked_add(rows.checked_mul(n_in / 32 * 16)?)?;
+    let total = meta_end.checked_add(extra)?;
+    (total <= Q8X_MAX_BYTES).then_some((codes, meta_end, total))
 }
 
 impl Gpu {
@@ -250,7 +270,8 @@ impl Gpu {
     /// Quantizes `n_rows * n_batch` rows of `x` (row `t * n_batch + b` at
     /// `x[t*ldx + b*x_batch]`, `n_in` values) into the q8x work buffer, as the CPU path
     /// quantizes activations for weights of type `ty`, and queues `product`
-    /// (given the codes and their scales) after it, with the buffer held. `false` (nothing
+    /// (given the codes, their scales and `extra` bytes of scratch) after it, with the buffer
+    /// held. `false` (nothing
     /// queued) where the buffer would exceed [`Q8X_MAX_BYTES`] or cannot be allocated: the
     /// caller runs the f32 kernel instead.
     #[allow(clippy::too_many_arguments)]
@@ -263,13 +284,14 @@ impl Gpu {
         ldx: usize,
         x_batch: usize,
         n_rows: usize,
-        product: impl FnOnce(DevPtr, DevPtr) -> Result<()>,
+        extra: usize,
+        product: impl FnOnce(DevPtr, DevPtr, DevPtr) -> Result<()>,
     ) -> Result<bool> {
         const NAME: &str = "quantize_q8x";
         let Some(all) = n_rows.checked_mul(n_batch) else {
             return Ok(false);
         };
-        let Some((codes, total)) = q8x_layout(all, n_in) else {
+        let Some((codes, meta_end, total)) = q8x_layout(all, n_in, extra) else {
             return Ok(false);
         };
         let mut held = self.q8x.lock().unwrap_or_else(|p| p.into_inner());
@@ -283,7 +305,7 @@ impl Gpu {
             }
         }
         let buf = held.as_ref().expect("set above").ptr();
-        let (qs, meta) = (buf, buf.byte_add(codes));
+        let (qs, meta, aux) = (buf, buf.byte_add(codes), buf.byte_add(meta_end));
         let per = q8x_block(ty);
         let [gy, gz] = grid_yz(all);
         let cfg = LaunchConfig {
@@ -303,8 +325,69 @@ impl Gpu {
             Arg::Ptr(meta),
         ];
         self.backend().launch(NAME, cfg, &args)?;
-        product(qs, meta)?;
+        product(qs, meta, aux)?;
         Ok(true)
+    }
+
+    /// `mul_mat_id` over rows grouped by expert: `group_rows` sorts the routed rows into `aux`
+    /// (offsets, cursors, chunk starts, order), then `kernel` runs one block row per chunk of
+    /// up to [`GROUP_CHUNK`] rows of one expert.
+    #[allow(clippy::too_many_arguments)]
+    fn mul_mat_id_grouped(
+        &self,
+        w: &Weight,
+        kernel: &'static str,
+        ids: DevPtr,
+        n_ids: usize,
+        qs: DevPtr,
+        meta: DevPtr,
+        aux: DevPtr,
+        x_div: usize,
+        y: DevPtr,
+        ldy: usize,
+    ) -> Result<()> {
+        let offsets = aux;
+        let cursor = offsets.offset::<i32>(w.n_mat + 1);
+        let chunk_start = cursor.offset::<i32>(w.n_mat);
+        let order = chunk_start.offset::<i32>(w.n_mat + 1);
+        let n_mat = int("group_rows", "n_mat", w.n_mat)?;
+        let ldy = Arg::I32(int(kernel, "ldy", ldy)?);
+        self.backend().launch(
+            "group_rows",
+            LaunchConfig::linear(1, GROUP_THREADS),
+            &[
+                Arg::Ptr(ids),
+                Arg::I32(int("group_rows", "n_ids", n_ids)?),
+                Arg::I32(n_mat),
+                Arg::I32(int("group_rows", "n_out", w.n_out)?),
+                Arg::Ptr(y),
+                ldy,
+                Arg::Ptr(offsets),
+                Arg::Ptr(cursor),
+                Arg::Ptr(chunk_start),
+                Arg::Ptr(order),
+            ],
+        )?;
+        // At most this many chunks: each expert's last one may be partial.
+        let chunks = n_ids.div_ceil(GROUP_CHUNK) + w.n_mat;
+        let args = [
+            Arg::Ptr(w.ptr),
+            Arg::U64(w.row_bytes() as u64),
+            Arg::U64(w.mat_bytes() as u64),
+            Arg::I32(int(kernel, "n_in", w.n_in)?),
+            Arg::I32(int(kernel, "n_out", w.n_out)?),
+            Arg::I32(n_mat),
+            Arg::Ptr(order),
+            Arg::Ptr(offsets),
+            Arg::Ptr(chunk_start),
+            Arg::Ptr(qs),
+            Arg::Ptr(meta),
+            Arg::I32(int(kernel, "x_div", x_div)?),
+            Arg::Ptr(y),
+            ldy,
+        ];
+        self.backend()
+            .launch(kernel, warp_per_row(w.n_out, chunks), &args)
     }
 
     /// Whether the GPU kernels handle weights of type `ty`.
@@ -344,8 +427,8 @@ impl Gpu {
         if n_batch == 0 || n_tok == 0 || w.n_out == 0 {
             return Ok(());
         }
-        if let Some((q8_name, _)) = kernels(w.ty).and_then(|k| k.q8).filter(|_| self.int8) {
-            let product = |qs: DevPtr, meta: DevPtr| {
+        if let Some((q8_name, _, _)) = kernels(w.ty).and_then(|k| k.q8).filter(|_| self.int8) {
+            let product = |qs: DevPtr, meta: DevPtr, _: DevPtr| {
                 let args = [
                     Arg::Ptr(w.ptr),
                     Arg::U64(w.row_bytes() as u64),
@@ -363,7 +446,7 @@ impl Gpu {
                 self.backend()
                     .launch(q8_name, warp_per_row(w.n_out, n_batch), &args)
             };
-            if self.with_q8x(w.ty, x, w.n_in, n_batch, ldx, x_batch, n_tok, product)? {
+            if self.with_q8x(w.ty, x, w.n_in, n_batch, ldx, x_batch, n_tok, 0, product)? {
                 return Ok(());
             }
         }
@@ -413,15 +496,23 @@ impl Gpu {
         if n_ids == 0 || w.n_out == 0 {
             return Ok(());
         }
-        if let Some((_, q8_name)) = kernels(w.ty).and_then(|k| k.q8).filter(|_| self.int8) {
-            let product = |qs: DevPtr, meta: DevPtr| {
+        if let Some((_, q8_name, grouped)) = kernels(w.ty).and_then(|k| k.q8).filter(|_| self.int8)
+        {
+            let n_mat = int(q8_name, "n_mat", w.n_mat)?;
+            // Grouped by expert where experts see several rows each (prompt batches).
+            let group = n_ids >= GROUP_ROWS_PER_EXPERT * w.n_mat;
+            let product = |qs: DevPtr, meta: DevPtr, aux: DevPtr| {
+                if group {
+                    return self
+                        .mul_mat_id_grouped(w, grouped, ids, n_ids, qs, meta, aux, x_div, y, ldy);
+                }
                 let args = [
                     Arg::Ptr(w.ptr),
                     Arg::U64(w.row_bytes() as u64),
                     Arg::U64(w.mat_bytes() as u64),
                     Arg::I32(int(q8_name, "n_in", w.n_in)?),
                     Arg::I32(int(q8_name, "n_out", w.n_out)?),
-                    Arg::I32(int(q8_name, "n_mat", w.n_mat)?),
+                    Arg::I32(n_mat),
                     Arg::Ptr(ids),
                     Arg::I32(int(q8_name, "n_ids", n_ids)?),
                     Arg::Ptr(qs),
@@ -435,7 +526,12 @@ impl Gpu {
             };
             // The rows the routed rows read: one per x_div of them.
             let n_x = n_ids.div_ceil(x_div);
-            if self.with_q8x(w.ty, x, w.n_in, 1, ldx, 0, n_x, product)? {
+            let extra = if group {
+                group_bytes(w.n_mat, n_ids)
+            } else {
+                0
+            };
+            if self.with_q8x(w.ty, x, w.n_in, 1, ldx, 0, n_x, extra, product)? {
                 return Ok(());
             }
         }

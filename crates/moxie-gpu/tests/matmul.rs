@@ -663,3 +663,70 @@ fn int8_activations_are_the_cpu_blocks() {
         }
     }
 }
+
+/// A prompt batch's routed rows (many per expert) go through `group_rows` and the grouped
+/// kernel: every row against the reference, experts with no rows, with a number of rows that
+/// is not a multiple of the 8 per pass, and ids out of range (zeros).
+#[test]
+fn routed_batches_grouped_by_expert() {
+    let mut rng = Rng(41);
+    for ty in [GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::IQ2_XS] {
+        let gpu = gpu().with_int8_activations(true);
+        let block = ty.block_size().max(32);
+        let (n_in, n_out, n_mat) = (2 * block, 9, 6);
+        let t = Tensor::new(&gpu, ty, n_in, n_out, n_mat, &mut rng);
+        // Expert 4 gets no rows; 5 gets 3; -1 and 6 are out of range.
+        let ids: Vec<i32> = (0..203)
+            .map(|j| match j % 29 {
+                0 => -1,
+                1 => 6,
+                2 | 3 if j < 40 => 5,
+                2 => 5,
+                _ => [0, 1, 2, 3, 0, 1, 2][j % 7],
+            })
+            .collect();
+        assert!(
+            ids.len() >= 4 * n_mat,
+            "enough rows to take the grouped kernel"
+        );
+        let idb = Buffer::from_bytes(gpu.backend(), bytemuck::cast_slice(&ids)).unwrap();
+        for x_div in [1, 3] {
+            let n_x = ids.len().div_ceil(x_div);
+            let ldx = n_in + 3;
+            let ldy = n_out + 2;
+            let x = rng.vec(ldx * n_x);
+            let xb = Buffer::from_f32(gpu.backend(), &x).unwrap();
+            let yb = Buffer::from_f32(gpu.backend(), &vec![SENTINEL; ldy * ids.len()]).unwrap();
+            gpu.mul_mat_id(
+                &t.w,
+                idb.ptr(),
+                ids.len(),
+                xb.ptr(),
+                ldx,
+                x_div,
+                yb.ptr(),
+                ldy,
+            )
+            .unwrap();
+            let y = download(&yb, ldy * ids.len());
+            for (j, &e) in ids.iter().enumerate() {
+                for r in 0..n_out {
+                    let got = y[j * ldy + r];
+                    if !(0..n_mat as i32).contains(&e) {
+                        assert_eq!(got.to_bits(), 0, "{ty} id {e}: row {r} = {got}");
+                        continue;
+                    }
+                    let xo = (j / x_div) * ldx;
+                    assert_close(
+                        got,
+                        t.row(e as usize, r),
+                        &x[xo..xo + n_in],
+                        (&gpu, ty),
+                        &|| format!("{ty} grouped x_div {x_div}: j {j} expert {e} row {r}"),
+                    );
+                }
+                assert_eq!(y[j * ldy + n_out], SENTINEL, "{ty} grouped wrote padding");
+            }
+        }
+    }
+}
