@@ -415,6 +415,19 @@ fn emulated_gpu_matches_cpu_on_ik_fixtures() {
 /// cache.
 #[test]
 fn int8_gpu_products_agree_with_the_cpu_to_float_rounding() {
+    check_float_rounding_agreement(two_gpus);
+}
+
+/// The same on a real GPU (CUDA0), where NVRTC may fuse the products' float terms: `cargo
+/// test -p moxie-core --features cuda --test gpu_emu -- --ignored cuda_int8`.
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn cuda_int8_gpu_products_agree_with_the_cpu_to_float_rounding() {
+    check_float_rounding_agreement(cuda_gpus);
+}
+
+fn check_float_rounding_agreement(devices: fn() -> Devices) {
     let par = Parallel::new(2);
     let models = fixture_models(false);
     for stem in [
@@ -430,7 +443,7 @@ fn int8_gpu_products_agree_with_the_cpu_to_float_rounding() {
         let file = open(&fx.path);
         let cpu = Model::load(Arc::clone(&file)).unwrap();
         let want = run(&cpu, &par);
-        let gpu = Model::load_placed(Arc::clone(&file), &all_gpu(&file, two_gpus())).unwrap();
+        let gpu = Model::load_placed(Arc::clone(&file), &all_gpu(&file, devices())).unwrap();
         let got = run(&gpu, &par);
         let mut klds = kld_per_row(&want, &got, cpu.config.n_vocab);
         klds.sort_by(f64::total_cmp);
