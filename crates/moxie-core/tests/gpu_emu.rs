@@ -567,7 +567,8 @@ fn check_q8_0_kv_cache(devices: fn() -> Devices) {
 }
 
 /// The GPU's routing kernel picks the experts and weights `route_top_k` does: softmax and
-/// sigmoid gating, selection bias, group-limited selection, normalisation and scale.
+/// sigmoid gating, selection bias, group-limited selection, normalisation and scale; with
+/// logits on a coarse grid, ties broken to the lower index as the CPU breaks them.
 #[test]
 fn gpu_routing_matches_route_top_k() {
     use moxie_core::blocks::moe::Routing;
@@ -584,11 +585,13 @@ fn gpu_routing_matches_route_top_k() {
         seed ^= seed << 17;
         (seed >> 40) as f32 / (1u64 << 24) as f32 * 4.0 - 2.0
     };
-    for (gating, groups, used, norm, scale, with_bias) in [
-        (Gating::Sigmoid, 1, 1, true, 2.5, true),
-        (Gating::Softmax, 1, 1, true, 1.0, false),
-        (Gating::Softmax, 1, 1, false, 1.0, false),
-        (Gating::Sigmoid, 4, 2, true, 2.5, true),
+    for (gating, groups, used, norm, scale, with_bias, tied) in [
+        (Gating::Sigmoid, 1, 1, true, 2.5, true, false),
+        (Gating::Softmax, 1, 1, true, 1.0, false, false),
+        (Gating::Softmax, 1, 1, false, 1.0, false, false),
+        (Gating::Sigmoid, 4, 2, true, 2.5, true, false),
+        (Gating::Softmax, 1, 1, true, 1.0, false, true),
+        (Gating::Sigmoid, 4, 2, true, 1.0, false, true),
     ] {
         let mut r = base;
         r.gating = gating;
@@ -597,7 +600,10 @@ fn gpu_routing_matches_route_top_k() {
         r.norm = norm;
         r.scale = scale;
         let (n_tok, ne, k) = (7, r.n_expert, r.n_expert_used);
-        let logits: Vec<f32> = (0..n_tok * ne).map(|_| next()).collect();
+        let logits: Vec<f32> = (0..n_tok * ne)
+            .map(|_| next())
+            .map(|x| if tied { (x * 2.0).round() / 2.0 } else { x })
+            .collect();
         let bias: Vec<f32> = (0..ne).map(|_| next() * 0.05).collect();
         let lb = Buffer::from_f32(gpu.backend(), &logits).unwrap();
         let bb = Buffer::from_f32(gpu.backend(), &bias).unwrap();

@@ -332,46 +332,62 @@ extern "C" __global__ void route_tally(const int* ids, const float* weights, int
 #define MX_ROUTE_MAX_EXPERTS 1024
 #define MX_ROUTE_MAX_GROUPS 64
 
-// Expert choice per token (one thread per token), as moxie's CPU `route_top_k`: gating
-// (softmax or sigmoid), top-k on probability + selection bias within the best groups (group
-// score = its two best), ties to the lower index; weights = unbiased probabilities,
-// normalised and scaled as configured.
+// Expert choice per token (one warp per token: the block), as moxie's CPU `route_top_k`:
+// gating (softmax or sigmoid), top-k on probability + selection bias within the best groups
+// (group score = its two best), ties to the lower index; weights = unbiased probabilities,
+// normalised and scaled as configured. The lanes share the elementwise work and each of the k
+// picks (a warp argmax, ties to the lower index); the sums the CPU takes in order (softmax's,
+// the weights') are taken in the same order by lane 0, so the results are the one-thread
+// version's bit for bit.
 extern "C" __global__ void route_f32(const float* logits, const float* bias, int has_bias,
                                      int* ids, float* weights, int n_tok, int n_expert, int k,
                                      int sigmoid, int n_groups, int n_group_used, int norm,
                                      float w_scale) {
-    int t = blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= n_tok) {
-        return;
-    }
-    float probs[MX_ROUTE_MAX_EXPERTS];
-    float sel[MX_ROUTE_MAX_EXPERTS];
+    __shared__ float probs[MX_ROUTE_MAX_EXPERTS];
+    __shared__ float sel[MX_ROUTE_MAX_EXPERTS];
+    __shared__ unsigned char taken[MX_ROUTE_MAX_EXPERTS];
+    __shared__ float gscore[MX_ROUTE_MAX_GROUPS];
+    __shared__ float shared_sum;
+    __shared__ unsigned long long shared_keep;
+    int lane = threadIdx.x;
+    // One block per token: t < n_tok for every block, so every lane reaches every barrier.
+    int t = blockIdx.x;
     const float* lg = logits + (int64_t)t * n_expert;
     if (sigmoid) {
-        for (int e = 0; e < n_expert; e++) {
+        for (int e = lane; e < n_expert; e += MX_WARP) {
             probs[e] = 1.0f / (1.0f + expf(-lg[e]));
         }
     } else {
         float mx = MX_NEG_INF;
-        for (int e = 0; e < n_expert; e++) {
+        for (int e = lane; e < n_expert; e += MX_WARP) {
             mx = fmaxf(mx, lg[e]);
         }
-        float sum = 0.0f;
-        for (int e = 0; e < n_expert; e++) {
+        mx = mx_warp_max(mx);
+        for (int e = lane; e < n_expert; e += MX_WARP) {
             probs[e] = expf(lg[e] - mx);
-            sum += probs[e];
         }
-        for (int e = 0; e < n_expert; e++) {
+        __syncthreads();
+        if (lane == 0) {
+            float sum = 0.0f;
+            for (int e = 0; e < n_expert; e++) {
+                sum += probs[e];
+            }
+            shared_sum = sum;
+        }
+        __syncthreads();
+        float sum = shared_sum;
+        for (int e = lane; e < n_expert; e += MX_WARP) {
             probs[e] /= sum;
         }
     }
-    for (int e = 0; e < n_expert; e++) {
+    for (int e = lane; e < n_expert; e += MX_WARP) {
         sel[e] = probs[e] + (has_bias ? bias[e] : 0.0f);
+        taken[e] = 0;
     }
+    __syncthreads();
     if (n_groups > 1) {
         int per = n_expert / n_groups;
-        float gscore[MX_ROUTE_MAX_GROUPS];
-        for (int g = 0; g < n_groups; g++) {
+        for (int g = lane; g < n_groups; g += MX_WARP) {
             float b0 = MX_NEG_INF;
             float b1 = MX_NEG_INF;
             for (int e = g * per; e < (g + 1) * per; e++) {
@@ -385,51 +401,73 @@ extern "C" __global__ void route_f32(const float* logits, const float* bias, int
             }
             gscore[g] = b0 + (per > 1 ? b1 : 0.0f);
         }
-        unsigned long long keep = 0;
-        for (int r = 0; r < n_group_used && r < n_groups; r++) {
-            int best = -1;
-            for (int g = 0; g < n_groups; g++) {
-                if (!((keep >> g) & 1ull) && (best < 0 || gscore[g] > gscore[best])) {
-                    best = g;
+        __syncthreads();
+        if (lane == 0) {
+            unsigned long long keep = 0;
+            for (int r = 0; r < n_group_used && r < n_groups; r++) {
+                int best = -1;
+                for (int g = 0; g < n_groups; g++) {
+                    if (!((keep >> g) & 1ull) && (best < 0 || gscore[g] > gscore[best])) {
+                        best = g;
+                    }
                 }
+                keep |= 1ull << best;
             }
-            keep |= 1ull << best;
+            shared_keep = keep;
         }
-        for (int g = 0; g < n_groups; g++) {
-            if (!((keep >> g) & 1ull)) {
-                for (int e = g * per; e < (g + 1) * per; e++) {
-                    sel[e] = MX_NEG_INF;
-                }
+        __syncthreads();
+        unsigned long long keep = shared_keep;
+        for (int e = lane; e < n_expert; e += MX_WARP) {
+            if (!((keep >> (e / per)) & 1ull)) {
+                sel[e] = MX_NEG_INF;
             }
         }
+        __syncthreads();
     }
     int* out_ids = ids + (int64_t)t * k;
     float* out_w = weights + (int64_t)t * k;
     float sum = 0.0f;
     for (int j = 0; j < k; j++) {
-        int best = -1;
-        for (int e = 0; e < n_expert; e++) {
-            bool taken = false;
-            for (int i = 0; i < j; i++) {
-                taken = taken || out_ids[i] == e;
-            }
-            if (!taken && (best < 0 || sel[e] > sel[best])) {
-                best = e;
+        // This lane's first best among the experts not yet taken, then the warp's.
+        int have = 0;
+        float bv = MX_NEG_INF;
+        int bi = 0;
+        for (int e = lane; e < n_expert; e += MX_WARP) {
+            if (!taken[e] && (!have || sel[e] > bv)) {
+                have = 1;
+                bv = sel[e];
+                bi = e;
             }
         }
-        out_ids[j] = best;
-        out_w[j] = probs[best];
-        sum += probs[best];
-    }
-    if (norm) {
-        sum = fmaxf(sum, 6.103515625e-5f);
-        for (int j = 0; j < k; j++) {
-            out_w[j] /= sum;
+        for (int m = MX_WARP / 2; m > 0; m >>= 1) {
+            int oh = __shfl_xor_sync(0xffffffffu, have, m, MX_WARP);
+            float ov = __shfl_xor_sync(0xffffffffu, bv, m, MX_WARP);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, m, MX_WARP);
+            if (oh && (!have || ov > bv || (ov == bv && oi < bi))) {
+                have = 1;
+                bv = ov;
+                bi = oi;
+            }
         }
+        if (lane == 0) {
+            out_ids[j] = bi;
+            out_w[j] = probs[bi];
+            sum += probs[bi];
+            taken[bi] = 1;
+        }
+        __syncthreads();
     }
-    if (w_scale != 0.0f && w_scale != 1.0f) {
-        for (int j = 0; j < k; j++) {
-            out_w[j] *= w_scale;
+    if (lane == 0) {
+        if (norm) {
+            sum = fmaxf(sum, 6.103515625e-5f);
+            for (int j = 0; j < k; j++) {
+                out_w[j] /= sum;
+            }
+        }
+        if (w_scale != 0.0f && w_scale != 1.0f) {
+            for (int j = 0; j < k; j++) {
+                out_w[j] *= w_scale;
+            }
         }
     }
 }

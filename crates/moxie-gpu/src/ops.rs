@@ -511,10 +511,12 @@ impl Gpu {
                 r.k, r.n_expert, r.n_groups
             )));
         }
-        let threads = 64u32;
+        // One warp per token.
+        let blocks = u32::try_from(n_tok)
+            .map_err(|_| Error::Unsupported(format!("routing {n_tok} tokens at once")))?;
         self.backend.launch(
             "route_f32",
-            LaunchConfig::linear(n_tok.div_ceil(threads as usize) as u32, threads),
+            LaunchConfig::linear(blocks, 32),
             &[
                 Arg::Ptr(logits),
                 Arg::Ptr(bias.unwrap_or(logits)),
