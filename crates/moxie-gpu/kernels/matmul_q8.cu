@@ -516,6 +516,31 @@ extern "C" __global__ void quantize_q8x(const float* x, int n_in, int n_batch, i
     }
 }
 
+// One warp's pass over weight row `wr` (`n_chunks` chunks, 0 for a warp without a row): the
+// lanes take its chunks lane-strided, unpack each once and multiply it with the first `nt`
+// (at most N) of the q8x rows `xr`; acc[k] gets row k's sum over the lane's chunks.
+template <int TY, int N>
+__device__ __forceinline__ void mx_q8_row_pass(const uint8_t* wr, int n_chunks, const int8_t* qs,
+                                               const float4* meta, int n_in, const long long* xr,
+                                               int nt, float* acc) {
+    MX_UNROLL
+    for (int k = 0; k < N; ++k) {
+        acc[k] = 0.0f;
+    }
+    for (int c = threadIdx.x; c < n_chunks; c += MX_WARP) {
+        MxQ8Chunk ch;
+        mx_q8_chunk<TY>(wr, c, ch);
+        MX_UNROLL
+        for (int k = 0; k < N; ++k) {
+            if (k < nt) {
+                uint32_t xw[8];
+                mx_q8x_words(qs, xr[k], n_in, c, xw);
+                acc[k] += mx_q8_chunk_dot(ch, xw, meta[xr[k] * (n_in / 32) + c]);
+            }
+        }
+    }
+}
+
 // As mx_mul_mat (matmul.cu) over q8x activations: row t*n_batch + b of qs / meta is token t's
 // head b.
 template <int TY>
@@ -531,24 +556,13 @@ __device__ __forceinline__ void mx_mul_mat_q8(const uint8_t* w, unsigned long lo
     const uint8_t* wr = w + (live ? b * mat_bytes + (unsigned long long)r * row_bytes : 0ull);
     for (int t0 = 0; t0 < n_tok; t0 += MX_MM_TOK) {
         int nt = n_tok - t0 < MX_MM_TOK ? n_tok - t0 : MX_MM_TOK;
-        float acc[MX_MM_TOK];
+        long long xr[MX_MM_TOK];
         MX_UNROLL
         for (int k = 0; k < MX_MM_TOK; ++k) {
-            acc[k] = 0.0f;
+            xr[k] = (long long)(t0 + k) * n_batch + b;
         }
-        for (int c = lane; c < n_chunks; c += MX_WARP) {
-            MxQ8Chunk ch;
-            mx_q8_chunk<TY>(wr, c, ch);
-            MX_UNROLL
-            for (int k = 0; k < MX_MM_TOK; ++k) {
-                if (k < nt) {
-                    long long xr = (long long)(t0 + k) * n_batch + b;
-                    uint32_t xw[8];
-                    mx_q8x_words(qs, xr, n_in, c, xw);
-                    acc[k] += mx_q8_chunk_dot(ch, xw, meta[xr * (n_in / 32) + c]);
-                }
-            }
-        }
+        float acc[MX_MM_TOK];
+        mx_q8_row_pass<TY, MX_MM_TOK>(wr, n_chunks, qs, meta, n_in, xr, nt, acc);
         // nt is the same for every thread of the grid: these shuffles are converged.
         MX_UNROLL
         for (int k = 0; k < MX_MM_TOK; ++k) {
@@ -579,14 +593,8 @@ __device__ __forceinline__ void mx_mul_mat_id_q8(const uint8_t* w, unsigned long
     const uint8_t* wr =
         w + (has ? (unsigned long long)e * mat_bytes + (unsigned long long)r * row_bytes : 0ull);
     long long xr = live ? j / x_div : 0;
-    float acc = 0.0f;
-    for (int c = lane; c < n_chunks; c += MX_WARP) {
-        MxQ8Chunk ch;
-        mx_q8_chunk<TY>(wr, c, ch);
-        uint32_t xw[8];
-        mx_q8x_words(qs, xr, n_in, c, xw);
-        acc += mx_q8_chunk_dot(ch, xw, meta[xr * (n_in / 32) + c]);
-    }
+    float acc;
+    mx_q8_row_pass<TY, 1>(wr, n_chunks, qs, meta, n_in, &xr, 1, &acc);
     acc = mx_warp_sum(acc);
     if (live && lane == 0) {
         y[j * ldy + r] = acc;
@@ -669,28 +677,14 @@ __device__ __forceinline__ void mx_mul_mat_id_grouped_q8(
     const uint8_t* wr =
         w + (live ? (unsigned long long)e * mat_bytes + (unsigned long long)r * row_bytes : 0ull);
     int rows[MX_MM_TOK];
+    long long xr[MX_MM_TOK];
     MX_UNROLL
     for (int k = 0; k < MX_MM_TOK; ++k) {
         rows[k] = k < nt ? order[first + k] : 0;
+        xr[k] = rows[k] / x_div;
     }
     float acc[MX_MM_TOK];
-    MX_UNROLL
-    for (int k = 0; k < MX_MM_TOK; ++k) {
-        acc[k] = 0.0f;
-    }
-    for (int c = lane; c < n_chunks; c += MX_WARP) {
-        MxQ8Chunk ch;
-        mx_q8_chunk<TY>(wr, c, ch);
-        MX_UNROLL
-        for (int k = 0; k < MX_MM_TOK; ++k) {
-            if (k < nt) {
-                long long xr = rows[k] / x_div;
-                uint32_t xw[8];
-                mx_q8x_words(qs, xr, n_in, c, xw);
-                acc[k] += mx_q8_chunk_dot(ch, xw, meta[xr * (n_in / 32) + c]);
-            }
-        }
-    }
+    mx_q8_row_pass<TY, MX_MM_TOK>(wr, n_chunks, qs, meta, n_in, xr, nt, acc);
     // Every lane of a warp has the same nt (the chunk is the block's): converged shuffles.
     MX_UNROLL
     for (int k = 0; k < MX_MM_TOK; ++k) {
