@@ -264,48 +264,55 @@ fn routed(gpu: &Gpu, ty: GgmlType, rng: &mut Rng) {
     let (n_in, n_out, n_mat) = (2 * block, 7, 4);
     let t = Tensor::new(gpu, ty, n_in, n_out, n_mat, rng);
     let ids: Vec<i32> = vec![2, 0, 2, 9, 3, -1, 1, 2];
-    let idb = Buffer::from_bytes(gpu.backend(), bytemuck::cast_slice(&ids)).unwrap();
     for x_div in [1, 2] {
-        let n_x = ids.len().div_ceil(x_div);
-        let ldx = n_in + 5;
-        let ldy = n_out + 1;
-        let x = rng.vec(ldx * n_x);
-        let xb = Buffer::from_f32(gpu.backend(), &x).unwrap();
-        let yb = Buffer::from_f32(gpu.backend(), &vec![SENTINEL; ldy * ids.len()]).unwrap();
-        gpu.mul_mat_id(
-            &t.w,
-            idb.ptr(),
-            ids.len(),
-            xb.ptr(),
-            ldx,
-            x_div,
-            yb.ptr(),
-            ldy,
-        )
-        .unwrap();
-        let y = download(&yb, ldy * ids.len());
-        for (j, &e) in ids.iter().enumerate() {
-            for r in 0..n_out {
-                let got = y[j * ldy + r];
-                if !(0..n_mat as i32).contains(&e) {
-                    assert_eq!(
-                        got.to_bits(),
-                        0,
-                        "{ty} id {e} out of range: row {r} = {got}"
-                    );
-                    continue;
-                }
-                let xo = (j / x_div) * ldx;
-                assert_close(
-                    got,
-                    t.row(e as usize, r),
-                    &x[xo..xo + n_in],
-                    (gpu, ty),
-                    &|| format!("{ty} routed x_div {x_div}: j {j} expert {e} row {r}"),
+        check_routed(gpu, &t, &ids, x_div, rng, "routed");
+    }
+}
+
+/// `mul_mat_id` of `t` for routed rows `ids` (x rows shared by `x_div` of them, padded rows of
+/// x and y) against the reference: zeros for an id outside `0..n_mat`, nothing past `n_out`.
+fn check_routed(gpu: &Gpu, t: &Tensor, ids: &[i32], x_div: usize, rng: &mut Rng, what: &str) {
+    let (ty, n_in, n_out, n_mat) = (t.w.ty, t.w.n_in, t.w.n_out, t.w.n_mat);
+    let idb = Buffer::from_bytes(gpu.backend(), bytemuck::cast_slice(ids)).unwrap();
+    let n_x = ids.len().div_ceil(x_div);
+    let ldx = n_in + 5;
+    let ldy = n_out + 1;
+    let x = rng.vec(ldx * n_x);
+    let xb = Buffer::from_f32(gpu.backend(), &x).unwrap();
+    let yb = Buffer::from_f32(gpu.backend(), &vec![SENTINEL; ldy * ids.len()]).unwrap();
+    gpu.mul_mat_id(
+        &t.w,
+        idb.ptr(),
+        ids.len(),
+        xb.ptr(),
+        ldx,
+        x_div,
+        yb.ptr(),
+        ldy,
+    )
+    .unwrap();
+    let y = download(&yb, ldy * ids.len());
+    for (j, &e) in ids.iter().enumerate() {
+        for r in 0..n_out {
+            let got = y[j * ldy + r];
+            if !(0..n_mat as i32).contains(&e) {
+                assert_eq!(
+                    got.to_bits(),
+                    0,
+                    "{ty} {what} id {e} out of range: row {r} = {got}"
                 );
+                continue;
             }
-            assert_eq!(y[j * ldy + n_out], SENTINEL, "{ty} routed wrote padding");
+            let xo = (j / x_div) * ldx;
+            assert_close(
+                got,
+                t.row(e as usize, r),
+                &x[xo..xo + n_in],
+                (gpu, ty),
+                &|| format!("{ty} {what} x_div {x_div}: j {j} expert {e} row {r}"),
+            );
         }
+        assert_eq!(y[j * ldy + n_out], SENTINEL, "{ty} {what} wrote padding");
     }
 }
 
@@ -689,44 +696,8 @@ fn routed_batches_grouped_by_expert() {
             ids.len() >= 4 * n_mat,
             "enough rows to take the grouped kernel"
         );
-        let idb = Buffer::from_bytes(gpu.backend(), bytemuck::cast_slice(&ids)).unwrap();
         for x_div in [1, 3] {
-            let n_x = ids.len().div_ceil(x_div);
-            let ldx = n_in + 3;
-            let ldy = n_out + 2;
-            let x = rng.vec(ldx * n_x);
-            let xb = Buffer::from_f32(gpu.backend(), &x).unwrap();
-            let yb = Buffer::from_f32(gpu.backend(), &vec![SENTINEL; ldy * ids.len()]).unwrap();
-            gpu.mul_mat_id(
-                &t.w,
-                idb.ptr(),
-                ids.len(),
-                xb.ptr(),
-                ldx,
-                x_div,
-                yb.ptr(),
-                ldy,
-            )
-            .unwrap();
-            let y = download(&yb, ldy * ids.len());
-            for (j, &e) in ids.iter().enumerate() {
-                for r in 0..n_out {
-                    let got = y[j * ldy + r];
-                    if !(0..n_mat as i32).contains(&e) {
-                        assert_eq!(got.to_bits(), 0, "{ty} id {e}: row {r} = {got}");
-                        continue;
-                    }
-                    let xo = (j / x_div) * ldx;
-                    assert_close(
-                        got,
-                        t.row(e as usize, r),
-                        &x[xo..xo + n_in],
-                        (&gpu, ty),
-                        &|| format!("{ty} grouped x_div {x_div}: j {j} expert {e} row {r}"),
-                    );
-                }
-                assert_eq!(y[j * ldy + n_out], SENTINEL, "{ty} grouped wrote padding");
-            }
+            check_routed(&gpu, &t, &ids, x_div, &mut rng, "grouped");
         }
     }
 }
