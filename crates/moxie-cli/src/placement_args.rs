@@ -85,6 +85,11 @@ pub struct PlacementArgs {
     /// after loading (copy rate vs the CPU's expert time), `off`, or a token count.
     #[arg(long = "op-offload", value_name = "auto|off|N", default_value = "auto")]
     pub op_offload: String,
+    /// The most GPU memory op offload holds for the experts it streams at a time (default:
+    /// what the GPU has free after the plan's headroom). Experts stream in chunks of as many
+    /// as fit; with room for none the CPU computes them.
+    #[arg(long = "op-offload-buffer", value_name = "SIZE")]
+    pub op_offload_buffer: Option<String>,
     /// Keep the weights in GGUF row order. By default, weight matrices read only by the CPU
     /// (routed experts routed there, attention, dense and shared FFNs, the output head) have
     /// their rows interleaved at load time (Q4_K, Q5_K, Q6_K, Q8_0, Q4_0 and Q5_0 so far) for the

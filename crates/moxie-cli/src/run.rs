@@ -411,27 +411,47 @@ pub(crate) fn plan_and_load(
             plan.messages.join("; ")
         );
     }
+    // The op offload flags are checked before the weights are read.
+    let op_offload = match placement.op_offload.as_str() {
+        "off" => OpOffload::Off,
+        "auto" => OpOffload::Auto,
+        n => OpOffload::From(n.parse().ok().filter(|&n| n > 0).with_context(|| {
+            format!("--op-offload takes auto, off or a token count, not '{n}'")
+        })?),
+    };
+    let op_offload_buffer = match &placement.op_offload_buffer {
+        Some(size) => Some(
+            moxie_core::placement::parse_size(size)
+                .with_context(|| format!("--op-offload-buffer '{size}'"))?,
+        ),
+        None => None,
+    };
     let devices = Placement::from_plan(&plan)?;
     let bar = crate::progress::LoadBar::default();
     let mut model = Model::load_reporting(file, &devices, Default::default(), &bar)
         .with_context(|| format!("loading {}", path.display()))?;
     repack(&mut model, !exact && !placement.no_repack);
-    match placement.op_offload.as_str() {
-        "off" => model.set_op_offload_min_batch(None),
-        "auto" => {
+    if let Some(bytes) = op_offload_buffer {
+        model.set_op_offload_buffer_limit(Some(bytes));
+    }
+    match op_offload {
+        OpOffload::Off => model.set_op_offload_min_batch(None),
+        OpOffload::Auto => {
             let par = Parallel::available();
             if let Some(cal) = model.calibrate_op_offload(&par)? {
                 eprintln!("{cal}");
             }
         }
-        n => {
-            let n: usize = n.parse().ok().filter(|&n| n > 0).with_context(|| {
-                format!("--op-offload takes auto, off or a token count, not '{n}'")
-            })?;
-            model.set_op_offload_min_batch(Some(n));
-        }
+        OpOffload::From(n) => model.set_op_offload_min_batch(Some(n)),
     }
     Ok(model)
+}
+
+/// `--op-offload`.
+enum OpOffload {
+    Off,
+    Auto,
+    From(usize),
 }
 
 /// The tokenizer described by a model's metadata.

@@ -58,6 +58,9 @@ pub(crate) struct Pass<'m> {
     /// Batches of at least this many tokens stream host-resident routed experts to the GPU
     /// running their router (`usize::MAX`: never).
     pub op_offload_min_batch: usize,
+    /// At most this many bytes of a GPU's memory hold the experts op offload streams at a
+    /// time (`u64::MAX`: what the GPU has free).
+    pub op_offload_buffer_limit: u64,
     /// The DSA indexer's selection of the last layer that ran one, for the layers that share
     /// it.
     pub top_k: Option<Selected>,
@@ -216,6 +219,7 @@ impl Model {
             moe: self.scratch.take(),
             split: SplitMoeBuffers::new(&self.devices),
             op_offload_min_batch: self.op_offload_min_batch().unwrap_or(usize::MAX),
+            op_offload_buffer_limit: self.op_offload_buffer_limit().unwrap_or(u64::MAX),
             top_k: None,
             h: Vec::new(),
         };

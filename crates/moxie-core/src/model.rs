@@ -2,7 +2,7 @@
 //! chosen per layer by the architecture's file in `crate::arch`) and output head, each block's
 //! weights on the device the placement gave them. The forward pass is in `crate::forward`.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use moxie_gguf::GgufFile;
@@ -52,6 +52,9 @@ pub struct Model {
     /// Batches of at least this many tokens stream host-resident routed experts to the GPU
     /// running their layer's router (`usize::MAX`: never). See [`Model::calibrate_op_offload`].
     op_offload_min_batch: AtomicUsize,
+    /// Bytes of GPU memory op offload may hold for the experts it streams at a time
+    /// (`u64::MAX`: what the GPU has free).
+    op_offload_buffer_limit: AtomicU64,
     /// Which experts each MoE layer's tokens selected, always counted
     /// ([`crate::telemetry`]).
     pub routing: Arc<RoutingStats>,
@@ -176,6 +179,7 @@ impl Model {
             scratch: ScratchPool::default(),
             gpu_scratch: Default::default(),
             op_offload_min_batch: AtomicUsize::new(usize::MAX),
+            op_offload_buffer_limit: AtomicU64::new(u64::MAX),
             routing,
             routing_passes: AtomicUsize::new(0),
         };
@@ -473,6 +477,20 @@ impl Model {
     pub fn set_op_offload_min_batch(&self, min_batch: Option<usize>) {
         self.op_offload_min_batch
             .store(min_batch.unwrap_or(usize::MAX).max(1), Ordering::Relaxed);
+    }
+
+    /// The most GPU memory op offload holds for streamed experts at a time (`None`: what the
+    /// GPU has free, after its headroom). Experts stream in chunks of as many as fit; with
+    /// less room than one expert the CPU computes the layer's experts.
+    pub fn op_offload_buffer_limit(&self) -> Option<u64> {
+        let v = self.op_offload_buffer_limit.load(Ordering::Relaxed);
+        (v != u64::MAX).then_some(v)
+    }
+
+    /// Set (or lift, `None`) [`Model::op_offload_buffer_limit`].
+    pub fn set_op_offload_buffer_limit(&self, bytes: Option<u64>) {
+        self.op_offload_buffer_limit
+            .store(bytes.unwrap_or(u64::MAX), Ordering::Relaxed);
     }
 
     /// Where each layer's blocks run.

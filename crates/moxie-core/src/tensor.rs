@@ -200,13 +200,18 @@ impl Tensor {
     /// Matrix `i` (of a 3-D tensor: expert `i`) in GGUF row order: borrowed, or un-interleaved
     /// from a repacked copy (matrices hold whole groups of interleaved rows).
     pub fn matrix_gguf_bytes(&self, i: usize) -> std::borrow::Cow<'_, [u8]> {
+        self.matrices_gguf_bytes(i, 1)
+    }
+
+    /// Matrices `i..i + count` (experts), back to back, in GGUF row order.
+    pub fn matrices_gguf_bytes(&self, i: usize, count: usize) -> std::borrow::Cow<'_, [u8]> {
         let mat = self.row_bytes() * self.ne[1];
-        let data = &self.data()[i * mat..(i + 1) * mat];
+        let data = &self.data()[i * mat..(i + count) * mat];
         if !self.interleaved {
             return std::borrow::Cow::Borrowed(data);
         }
-        let mut plain = vec![0u8; mat];
-        repack::unrepack(self.ty, data, self.ne[1], self.ne[0], &mut plain);
+        let mut plain = vec![0u8; data.len()];
+        repack::unrepack(self.ty, data, self.ne[1] * count, self.ne[0], &mut plain);
         std::borrow::Cow::Owned(plain)
     }
 

@@ -35,8 +35,10 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
+use moxie_core::blocks::moe::op_offload_threshold;
 use moxie_core::device::{DeviceId, Devices, CPU};
 use moxie_core::model::Placement;
+use moxie_core::telemetry::Phase;
 use moxie_core::{Logits, Model, Parallel};
 use moxie_gguf::GgufFile;
 use moxie_gpu::emu::EmuGpu;
@@ -649,53 +651,92 @@ fn gpu_routing_matches_route_top_k() {
 }
 
 /// Op offload: with the threshold at 8 tokens, the 19-token prefill of the hybrid split streams
-/// each layer's RAM-resident experts to the GPU (counted uploads of their bytes) and the
-/// one-token steps do not; the logits stay within the bounds. Calibration measures a
-/// threshold (at least 2 tokens, so decode never streams).
+/// to the GPU the experts each MoE layer's prompt chose (counted uploads of exactly their
+/// bytes) and the one-token steps do not; the logits stay within the bounds. Streamed 3
+/// experts at a time (a buffer limit), the logits are those of streaming them all at once,
+/// bit for bit, and the same bytes cross. Calibration measures the copy rate and the CPU's and
+/// the GPU's time per token, and takes its threshold from them.
 #[test]
 fn op_offload_streams_ram_experts_for_large_batches() {
+    check_op_offload(two_gpus);
+}
+
+/// The same on CUDA0: `cargo test -p moxie-core --features cuda --test gpu_emu -- --ignored
+/// cuda_op_offload`.
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn cuda_op_offload_streams_ram_experts_for_large_batches() {
+    check_op_offload(cuda_gpus);
+}
+
+fn check_op_offload(devices: fn() -> Devices) {
     let path = fixtures().join("models/deepseek2-tiny-F32.gguf");
     let file = open(&path);
     let par = Parallel::new(2);
     let cpu = Model::load(Arc::clone(&file)).unwrap();
     let want = run(&cpu, &par);
-    let model = Model::load_placed(Arc::clone(&file), &hybrid(&file, two_gpus())).unwrap();
+    let model = Model::load_placed(Arc::clone(&file), &hybrid(&file, devices())).unwrap();
     let cal = model
         .calibrate_op_offload(&par)
         .unwrap()
         .expect("a hybrid split");
-    assert!(cal.min_batch.is_some_and(|b| b >= 2), "{cal}");
+    eprintln!("{cal}");
     assert!(
         cal.upload_bytes_per_s > 0.0 && cal.cpu_s_per_token > 0.0,
         "{cal}"
     );
-    eprintln!("{cal}");
+    // The GPU holds the tiny model's experts layer whole.
+    assert_eq!(cal.experts_per_chunk, cal.n_expert, "{cal}");
+    let gpu_s = cal.gpu_s_per_token.expect("room for the experts");
+    assert!(gpu_s > 0.0, "{cal}");
+    let upload_s = cal.layer_bytes as f64 / cal.upload_bytes_per_s;
+    assert_eq!(
+        cal.min_batch,
+        op_offload_threshold(upload_s, cal.cpu_s_per_token, gpu_s),
+        "{cal}"
+    );
 
-    let expert_bytes: u64 = file
-        .tensors()
-        .iter()
-        .filter(|t| t.name.contains("_exps"))
-        .map(|t| t.n_bytes)
-        .sum();
     let bytes_in = |m: &Model| m.devices.get(GPU0).stats().bytes_in;
+    let prefill_counts = |m: &Model| {
+        let p = m.routing_profile().unwrap();
+        p.layers
+            .iter()
+            .map(|l| (l.layer, l.counts(Phase::Prefill).to_vec()))
+            .collect::<Vec<_>>()
+    };
     model.set_op_offload_min_batch(None);
     let before = bytes_in(&model);
     let plain = run(&model, &par);
     let plain_in = bytes_in(&model) - before;
     model.set_op_offload_min_batch(Some(8));
+    let counts_before = prefill_counts(&model);
     let before = bytes_in(&model);
     let streamed = run(&model, &par);
     let streamed_in = bytes_in(&model) - before;
-    // The prefill uploads every MoE layer's experts once instead of its experts' weighted sum
-    // (19 rows per MoE layer); decode crosses as before.
-    let moe_layers = (0..cpu.config.n_layer)
-        .filter(|il| {
-            file.tensor(&format!("blk.{il}.ffn_up_exps.weight"))
-                .is_some()
-        })
-        .count() as u64;
+    // The experts the prompt chose, per MoE layer, and their bytes.
+    let mut chosen_bytes = 0u64;
+    let mut chosen = 0;
+    for ((il, now), (_, was)) in prefill_counts(&model).iter().zip(&counts_before) {
+        let per_expert: u64 = ["gate", "up", "down"]
+            .iter()
+            .map(|m| {
+                let t = file
+                    .tensor(&format!("blk.{il}.ffn_{m}_exps.weight"))
+                    .unwrap();
+                t.n_bytes / cpu.config.n_expert as u64
+            })
+            .sum();
+        let n = now.iter().zip(was).filter(|(a, b)| a > b).count();
+        chosen += n;
+        chosen_bytes += n as u64 * per_expert;
+    }
+    assert!(chosen > 0);
+    // The prefill uploads the chosen experts instead of their weighted sum (19 rows per MoE
+    // layer); decode crosses as before.
+    let moe_layers = counts_before.len() as u64;
     let sums = moe_layers * 19 * cpu.config.n_embd as u64 * 4;
-    assert_eq!(streamed_in + sums - plain_in, expert_bytes);
+    assert_eq!(streamed_in + sums - plain_in, chosen_bytes);
     agree(
         "deepseek2-tiny-F32",
         "op offload",
@@ -712,6 +753,29 @@ fn op_offload_streams_ram_experts_for_large_batches() {
         &plain,
         cpu.config.n_vocab,
     );
+
+    // Three experts at a time: several chunks per layer, the same logits and bytes.
+    let per_expert = cal.layer_bytes / cal.n_expert as u64;
+    model.set_op_offload_buffer_limit(Some(3 * per_expert + per_expert / 2));
+    let before = bytes_in(&model);
+    let chunked = run(&model, &par);
+    assert_eq!(bytes_in(&model) - before, streamed_in);
+    assert!(
+        chunked
+            .iter()
+            .zip(&streamed)
+            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "chunked op offload changed the logits"
+    );
+    // Less room than one expert: the CPU computes them, as without op offload.
+    model.set_op_offload_buffer_limit(Some(per_expert / 2));
+    let before = bytes_in(&model);
+    let no_room = run(&model, &par);
+    assert_eq!(bytes_in(&model) - before, plain_in);
+    assert!(no_room
+        .iter()
+        .zip(&plain)
+        .all(|(a, b)| a.to_bits() == b.to_bits()));
 }
 
 /// Prefill of the first 56 tokens of the golden s120 sequence (all logits), then the next 8

@@ -35,6 +35,7 @@ use crate::loader::Vector;
 use crate::model::Model;
 use crate::ops;
 use crate::parallel::Parallel;
+use crate::placement::GPU_HEADROOM_BYTES;
 use crate::state::LayerState;
 use crate::tensor::{Mat, QuantizedActs, Tensor};
 use crate::{Error, Result};
@@ -150,14 +151,30 @@ impl GpuExpertSlots {
 
     /// `m`'s expert `e` copied into slot `slot` (queued on the GPU's stream).
     pub fn fill(&self, gpu: &Gpu, m: &Moe, e: usize, slot: usize) -> Result<()> {
+        self.fill_run(gpu, m, e, 1, slot).map(|_| ())
+    }
+
+    /// `m`'s experts `e..e + count` copied into slots `slot..slot + count`, one copy per
+    /// matrix (queued on the GPU's stream); the bytes copied.
+    fn fill_run(&self, gpu: &Gpu, m: &Moe, e: usize, count: usize, slot: usize) -> Result<usize> {
+        if slot + count > self.n {
+            return Err(Error::Model(format!(
+                "experts {e}..{} into slots {slot}.. of {}",
+                e + count,
+                self.n
+            )));
+        }
+        let mut copied = 0;
         for (t, b) in [&m.gate_exps, &m.up_exps, &m.down_exps]
             .into_iter()
             .zip(&self.bufs)
         {
-            let bytes = t.matrix_gguf_bytes(e);
-            gpu.backend().upload(b.at(slot * bytes.len()), &bytes)?;
+            let bytes = t.matrices_gguf_bytes(e, count);
+            gpu.backend()
+                .upload(b.at(slot * (bytes.len() / count)), &bytes)?;
+            copied += bytes.len();
         }
-        Ok(())
+        Ok(copied)
     }
 
     /// The slots as kernel operands, shaped like `m`'s tensors.
@@ -634,19 +651,25 @@ impl Block for Moe {
             None => None,
         };
         gpu.route(r.spec(), logits, bias, ids, weights, n)?;
-        let offload = self.experts_device == CPU && n >= p.op_offload_min_batch;
-        if self.experts_device == id || offload {
+        // Op offload: a large batch streams host experts here, as many at a time as fit.
+        let stream_chunk = if self.experts_device == CPU && n >= p.op_offload_min_batch {
+            self.stream_chunk_experts(p.devices, id, n, p.op_offload_buffer_limit)
+        } else {
+            0
+        };
+        if self.experts_device == id || stream_chunk > 0 {
             // The routes stay on the GPU: count them there.
             if let Some(t) = &self.tally {
                 let phase = crate::telemetry::Phase::of_batch(n) as usize;
                 gpu.route_tally(ids, weights, n, k, r.n_expert, phase, t.ptr())?;
             }
-            let experts = if offload {
-                self.streamed_experts(p, id)?
+            let io = [h, ids, weights, x];
+            if stream_chunk > 0 {
+                self.streamed_experts_gpu(p, &gpu, id, n, stream_chunk, io)?;
             } else {
-                self.resident_experts()?
-            };
-            self.routed_experts_gpu(&mut p.gpu, &gpu, id, n, experts, [h, ids, weights, x], true)?;
+                let experts = self.resident_experts()?;
+                self.routed_experts_gpu(&mut p.gpu, &gpu, id, n, experts, io, true)?;
+            }
             if let Some(o) = self.shared_gpu(&mut p.gpu, &gpu, id, h, n)? {
                 gpu.add(x, o, n * e)?;
             }
@@ -783,15 +806,35 @@ impl Moe {
         accumulate: bool,
     ) -> Result<()> {
         let (k, e) = (self.routing.n_expert_used, self.n_embd());
+        let d = gp.buf(id, "exp_down", n * k * e)?;
+        self.expert_rows_gpu(gp, gpu, id, n, [gate, up, down], h, ids, d)?;
+        gpu.moe_sum(d, weights, out, n, k, e, accumulate)?;
+        Ok(())
+    }
+
+    /// Each (token, slot)'s expert output, before the weighted sum: `d[t·k + j]` = expert
+    /// `ids[t·k + j]`'s SwiGLU block of `h[t]`, a row of zeros where the id is not one of the
+    /// `[gate, up, down]` operands' experts.
+    #[allow(clippy::too_many_arguments)]
+    fn expert_rows_gpu(
+        &self,
+        gp: &mut GpuPass,
+        gpu: &Gpu,
+        id: DeviceId,
+        n: usize,
+        [gate, up, down]: [Weight; 3],
+        h: DevPtr,
+        ids: DevPtr,
+        d: DevPtr,
+    ) -> Result<()> {
+        let (k, e) = (self.routing.n_expert_used, self.n_embd());
         let n_ff = gate.n_out;
         let g = gp.buf(id, "exp_gate", n * k * n_ff)?;
         let u = gp.buf(id, "exp_up", n * k * n_ff)?;
         gpu.mul_mat_id(&gate, ids, n * k, h, e, k, g, n_ff)?;
         gpu.mul_mat_id(&up, ids, n * k, h, e, k, u, n_ff)?;
         gpu.swiglu(g, u, n * k * n_ff)?;
-        let d = gp.buf(id, "exp_down", n * k * e)?;
         gpu.mul_mat_id(&down, ids, n * k, g, n_ff, 1, d, e)?;
-        gpu.moe_sum(d, weights, out, n, k, e, accumulate)?;
         Ok(())
     }
 
@@ -804,14 +847,115 @@ impl Moe {
         ])
     }
 
-    /// llama.cpp's op offload: copy the host-resident expert weights into work buffers of GPU
-    /// `id` for one large batch (when streaming them over PCIe beats the CPU).
-    fn streamed_experts(&self, p: &mut Pass, id: DeviceId) -> Result<[Weight; 3]> {
-        Ok([
-            stream_weight(p, id, "offload_gate", &self.gate_exps)?,
-            stream_weight(p, id, "offload_up", &self.up_exps)?,
-            stream_weight(p, id, "offload_down", &self.down_exps)?,
-        ])
+    /// How many of this layer's experts op offload can stream to GPU `id` at a time for a
+    /// batch of `n` tokens: what the GPU's budget has left after what it holds, the planner's
+    /// headroom and this batch's expert work buffers (counted whole, held already or not),
+    /// within `limit` bytes. 0 when not one expert fits: the CPU computes them.
+    fn stream_chunk_experts(&self, devices: &Devices, id: DeviceId, n: usize, limit: u64) -> usize {
+        let device = devices.get(id);
+        let (k, e) = (self.routing.n_expert_used, self.n_embd());
+        let n_ff = self.gate_exps.ne[1];
+        // exp_gate, exp_up; exp_down and offload_rows; offload_ids.
+        let work = (n * k * (2 * n_ff + 2 * e + 1) * F32) as u64;
+        let free = device.budget.map_or(u64::MAX, |b| {
+            b.saturating_sub(device.stats().resident_bytes + GPU_HEADROOM_BYTES + work)
+        });
+        let per_expert = self.expert_bytes().max(1);
+        (free.min(limit) / per_expert).min(self.routing.n_expert as u64) as usize
+    }
+
+    /// llama.cpp's op offload, in chunks: the host-resident experts that this batch's routes
+    /// (`ids` on GPU `id`) selected are copied to the GPU, `chunk` experts at a time, and run
+    /// there; `x += ` their weighted sum. Each chunk's expert rows are zero for the routes to
+    /// other chunks, and they add up in one buffer before the one weighted sum, so the result
+    /// is the one of computing every expert at once, bit for bit, whatever the chunk size.
+    /// Experts no token chose are not copied.
+    fn streamed_experts_gpu(
+        &self,
+        p: &mut Pass,
+        gpu: &Gpu,
+        id: DeviceId,
+        n: usize,
+        chunk: usize,
+        [h, ids, weights, x]: [DevPtr; 4],
+    ) -> Result<()> {
+        let (k, e, n_expert) = (
+            self.routing.n_expert_used,
+            self.n_embd(),
+            self.routing.n_expert,
+        );
+        let mut host = p.gpu.take_host(id)?;
+        host.ids.resize(n * k, 0);
+        gpu.backend()
+            .download(ids, bytemuck::cast_slice_mut(&mut host.ids))?;
+        let mut chosen = vec![false; n_expert];
+        for &ex in &host.ids {
+            if let Some(c) = usize::try_from(ex).ok().and_then(|ex| chosen.get_mut(ex)) {
+                *c = true;
+            }
+        }
+        let chosen: Vec<usize> = (0..n_expert).filter(|&ex| chosen[ex]).collect();
+        if chosen.is_empty() {
+            // No route names an expert of the layer: every row is zero, `x` stays.
+            p.gpu.give_host(id, host);
+            return Ok(());
+        }
+        let chunk = chunk.min(chosen.len()).max(1);
+        let _held = p.devices.reserve(
+            id,
+            chunk as u64 * self.expert_bytes(),
+            "op offload's streamed experts",
+        )?;
+        let slots = GpuExpertSlots::new(gpu, self, chunk)?;
+        let operands = slots.operands(self);
+        let rows = p.gpu.buf(id, "exp_down", n * k * e)?;
+        let part = if chosen.len() > chunk {
+            Some(p.gpu.buf(id, "offload_rows", n * k * e)?)
+        } else {
+            None
+        };
+        let chunk_ids = p.gpu.buf(id, "offload_ids", n * k)?;
+        let mut slot_of = vec![-1i32; n_expert];
+        for (i, experts) in chosen.chunks(chunk).enumerate() {
+            slot_of.fill(-1);
+            let mut copied = 0;
+            // Runs of consecutive experts go in one copy per matrix.
+            let mut s0 = 0;
+            while s0 < experts.len() {
+                let mut s1 = s0 + 1;
+                while s1 < experts.len() && experts[s1] == experts[s1 - 1] + 1 {
+                    s1 += 1;
+                }
+                copied += slots.fill_run(gpu, self, experts[s0], s1 - s0, s0)?;
+                s0 = s1;
+            }
+            for (slot, &ex) in experts.iter().enumerate() {
+                slot_of[ex] = slot as i32;
+            }
+            p.devices.count_copy(CPU, id, copied);
+            let local = &mut p.moe.hot_ids;
+            local.clear();
+            local.extend(host.ids.iter().map(|&ex| {
+                usize::try_from(ex)
+                    .ok()
+                    .and_then(|ex| slot_of.get(ex).copied())
+                    .unwrap_or(-1)
+            }));
+            gpu.backend()
+                .upload(chunk_ids, bytemuck::cast_slice(local.as_slice()))?;
+            match (i, part) {
+                (0, _) | (_, None) => {
+                    self.expert_rows_gpu(&mut p.gpu, gpu, id, n, operands, h, chunk_ids, rows)?
+                }
+                (_, Some(part)) => {
+                    self.expert_rows_gpu(&mut p.gpu, gpu, id, n, operands, h, chunk_ids, part)?;
+                    gpu.add(rows, part, n * k * e)?;
+                }
+            }
+        }
+        gpu.moe_sum(rows, weights, x, n, k, e, true)?;
+        p.gpu.give_host(id, host);
+        Ok(())
     }
 
     /// The routed experts on GPU `id` for a layer whose router ran elsewhere: the normed
@@ -849,16 +993,6 @@ impl Moe {
     }
 }
 
-/// Host tensor `t` copied into work buffer `name` of GPU `id`.
-fn stream_weight(p: &mut Pass, id: DeviceId, name: &'static str, t: &Tensor) -> Result<Weight> {
-    // (Streamed experts are kept in GGUF order at load, so this borrows.)
-    let bytes = t.gguf_order_bytes();
-    let ptr = p.gpu.buf(id, name, bytes.len().div_ceil(F32))?;
-    p.gpu.gpu(id)?.backend().upload(ptr, &bytes)?;
-    p.devices.count_copy(CPU, id, bytes.len());
-    Ok(t.weight_at(ptr))
-}
-
 /// What [`Model::calibrate_op_offload`] measured, and the threshold it chose.
 #[derive(Clone, Debug)]
 pub struct OpOffloadCalibration {
@@ -866,11 +1000,18 @@ pub struct OpOffloadCalibration {
     pub device: String,
     /// Bytes of the largest host-resident expert layer whose router is on that GPU.
     pub layer_bytes: u64,
+    /// That layer's experts, and how many of them fit the GPU's free memory at a time (0:
+    /// not one).
+    pub n_expert: usize,
+    pub experts_per_chunk: usize,
     /// Host-to-GPU copy rate measured on those weights, bytes per second.
     pub upload_bytes_per_s: f64,
     /// CPU time of that layer's routed experts per token (measured on a batch).
     pub cpu_s_per_token: f64,
-    /// Batches of at least this many tokens stream (`None`: the GPU has no room for a layer).
+    /// The GPU's time for the same batch per token, chunk by chunk as op offload runs it
+    /// (`None` when not one expert fits).
+    pub gpu_s_per_token: Option<f64>,
+    /// Batches of at least this many tokens stream (`None`: never).
     pub min_batch: Option<usize>,
 }
 
@@ -878,29 +1019,52 @@ impl std::fmt::Display for OpOffloadCalibration {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "op offload to {}: experts layer {}, upload {:.2} GB/s = {:.1} ms, CPU experts \
-             {:.3} ms per token: ",
+            "op offload to {}: experts layer {} ({} of {} experts at a time), upload {:.2} GB/s \
+             = {:.1} ms, CPU experts {:.3} ms per token",
             self.device,
             crate::placement::human_bytes(self.layer_bytes),
+            self.experts_per_chunk,
+            self.n_expert,
             self.upload_bytes_per_s / 1e9,
             self.layer_bytes as f64 / self.upload_bytes_per_s * 1e3,
             self.cpu_s_per_token * 1e3
         )?;
-        match self.min_batch {
-            Some(b) => write!(f, "batches of {b}+ tokens stream the experts to the GPU"),
-            None => write!(f, "off (no room on the GPU for a layer's experts)"),
+        if let Some(g) = self.gpu_s_per_token {
+            write!(f, ", GPU {:.3} ms per token", g * 1e3)?;
+        }
+        match (self.min_batch, self.gpu_s_per_token) {
+            (Some(b), _) => write!(f, ": batches of {b}+ tokens stream the experts to the GPU"),
+            (None, None) => write!(f, ": off (no room on the GPU for one expert)"),
+            (None, Some(_)) => write!(f, ": off (the GPU is not faster per token than the CPU)"),
         }
     }
+}
+
+/// Op offload's batch threshold: streaming a layer's experts takes `upload_s`, after which
+/// each token costs `gpu_s_per_token` on the GPU instead of `cpu_s_per_token` on the CPU, so
+/// streaming pays from `upload_s / (cpu - gpu)` tokens on (at least 2, so decode never
+/// streams); never when the GPU is not faster per token.
+pub fn op_offload_threshold(
+    upload_s: f64,
+    cpu_s_per_token: f64,
+    gpu_s_per_token: f64,
+) -> Option<usize> {
+    let saved = cpu_s_per_token - gpu_s_per_token;
+    if saved.is_nan() || saved <= 0.0 || !upload_s.is_finite() {
+        return None;
+    }
+    let n = (upload_s.max(0.0) / saved).ceil();
+    // A threshold past any batch is "never".
+    (n < 1e12).then(|| (n as usize).max(2))
 }
 
 impl Model {
     /// Measure when streaming a layer's host-resident routed experts to the GPU that runs
     /// its router beats computing them on the CPU (llama.cpp's op offload, whose threshold
-    /// is a fixed 32 tokens): the copy rate of those weights to that GPU, and the CPU's time
-    /// per token for that layer's experts on a batch; streaming pays from
-    /// `upload time / CPU time per token` tokens on (the GPU's own expert time is small next
-    /// to the copy and is not counted). Sets and returns the threshold; `None` when no layer
-    /// has its router on a GPU and its experts in RAM.
+    /// is a fixed 32 tokens): the copy rate of those weights to that GPU, the CPU's time per
+    /// token for that layer's experts on a batch, and the GPU's for the same batch in the
+    /// chunks of experts its free memory holds ([`op_offload_threshold`]). Sets and returns
+    /// the threshold; `None` when no layer has its router on a GPU and its experts in RAM.
     pub fn calibrate_op_offload(&self, par: &Parallel) -> Result<Option<OpOffloadCalibration>> {
         let mut pick: Option<(&Moe, u64)> = None;
         for layer in &self.layers {
@@ -933,6 +1097,7 @@ impl Model {
             gpu.synchronize()?;
             best = best.min(t0.elapsed().as_secs_f64());
         }
+        drop(buf);
         let upload_bytes_per_s = n as f64 / best.max(1e-9);
 
         // The CPU's experts on a batch with routes spread over all experts (best of two).
@@ -956,21 +1121,102 @@ impl Model {
         }
         let cpu_s_per_token = cpu / n_tok as f64;
 
-        let free = device.budget.map_or(u64::MAX, |b| {
-            b.saturating_sub(device.stats().resident_bytes)
-        });
-        let min_batch = (free >= layer_bytes).then(|| {
-            let upload_s = layer_bytes as f64 / upload_bytes_per_s;
-            ((upload_s / cpu_s_per_token.max(1e-12)).ceil() as usize).max(2)
-        });
+        // The GPU's, in the chunks op offload would use.
+        let limit = self.op_offload_buffer_limit().unwrap_or(u64::MAX);
+        let chunk = m.stream_chunk_experts(&self.devices, m.device, n_tok, limit);
+        let gpu_s_per_token = if chunk == 0 {
+            None
+        } else {
+            let mut gp = GpuPass::new(&self.devices, &self.gpu_scratch, &[]);
+            let timed = m.streamed_seconds(&self.devices, &mut gp, &gpu, &h, &ids, &w, chunk);
+            let finished = gp.finish();
+            let seconds = timed?;
+            finished?;
+            Some(seconds / n_tok as f64)
+        };
+        let upload_s = layer_bytes as f64 / upload_bytes_per_s;
+        let min_batch =
+            gpu_s_per_token.and_then(|g| op_offload_threshold(upload_s, cpu_s_per_token, g));
         self.set_op_offload_min_batch(min_batch);
         Ok(Some(OpOffloadCalibration {
             device: device.name.clone(),
             layer_bytes,
+            n_expert: r.n_expert,
+            experts_per_chunk: chunk,
             upload_bytes_per_s,
             cpu_s_per_token,
+            gpu_s_per_token,
             min_batch,
         }))
+    }
+}
+
+impl Moe {
+    /// Seconds GPU `gpu` (this layer's router's) takes for this layer's experts on `h` with
+    /// routes `ids` / `weights`, in chunks of `chunk` experts as [`Moe::streamed_experts_gpu`]
+    /// runs them, the weights' copies aside (every chunk computes from the first chunk's
+    /// copies: the same shapes, other values). Best of two.
+    #[allow(clippy::too_many_arguments)]
+    fn streamed_seconds(
+        &self,
+        devices: &Devices,
+        gp: &mut GpuPass,
+        gpu: &Gpu,
+        h: &[f32],
+        ids: &[i32],
+        weights: &[f32],
+        chunk: usize,
+    ) -> Result<f64> {
+        let id = self.device;
+        let (k, e, n_expert) = (
+            self.routing.n_expert_used,
+            self.n_embd(),
+            self.routing.n_expert,
+        );
+        let n = ids.len() / k;
+        let _held = devices.reserve(
+            id,
+            chunk as u64 * self.expert_bytes(),
+            "op offload's streamed experts",
+        )?;
+        let slots = GpuExpertSlots::new(gpu, self, chunk)?;
+        slots.fill_run(gpu, self, 0, chunk, 0)?;
+        let operands = slots.operands(self);
+        let hd = gp.buf(id, "exp_in", n * e)?;
+        let wd = gp.buf(id, "exp_w_in", n * k)?;
+        let out = gp.buf(id, "exp_out", n * e)?;
+        let rows = gp.buf(id, "exp_down", n * k * e)?;
+        let part = gp.buf(id, "offload_rows", n * k * e)?;
+        let chunk_ids = gp.buf(id, "offload_ids", n * k)?;
+        gpu.backend().upload(hd, bytemuck::cast_slice(h))?;
+        gpu.backend().upload(wd, bytemuck::cast_slice(weights))?;
+        let local: Vec<Vec<i32>> = (0..n_expert.div_ceil(chunk))
+            .map(|c| {
+                ids.iter()
+                    .map(|&ex| match ex as usize {
+                        ex if ex / chunk == c => (ex % chunk) as i32,
+                        _ => -1,
+                    })
+                    .collect()
+            })
+            .collect();
+        let mut best = f64::INFINITY;
+        for _ in 0..2 {
+            gpu.synchronize()?;
+            let t0 = std::time::Instant::now();
+            for (c, l) in local.iter().enumerate() {
+                gpu.backend().upload(chunk_ids, bytemuck::cast_slice(l))?;
+                let dst = if c == 0 { rows } else { part };
+                self.expert_rows_gpu(gp, gpu, id, n, operands, hd, chunk_ids, dst)?;
+                if c > 0 {
+                    gpu.add(rows, part, n * k * e)?;
+                }
+            }
+            gpu.moe_sum(rows, wd, out, n, k, e, false)?;
+            gpu.synchronize()?;
+            best = best.min(t0.elapsed().as_secs_f64());
+        }
+        Ok(best)
     }
 }
 
@@ -988,6 +1234,23 @@ mod tests {
             norm: false,
             scale: 0.0,
         }
+    }
+
+    #[test]
+    fn op_offload_threshold_counts_the_gpus_time() {
+        // 100 ms to stream, 1 ms a token on the CPU: 100 tokens with a free GPU, 200 when
+        // the GPU takes half the CPU's time.
+        assert_eq!(op_offload_threshold(0.1, 1e-3, 0.0), Some(100));
+        assert_eq!(op_offload_threshold(0.1, 1e-3, 0.5e-3), Some(200));
+        // Never below 2 tokens (decode never streams).
+        assert_eq!(op_offload_threshold(0.0, 1e-3, 0.0), Some(2));
+        assert_eq!(op_offload_threshold(1e-9, 1e-3, 0.0), Some(2));
+        // A GPU no faster than the CPU, or a threshold past any batch: never.
+        assert_eq!(op_offload_threshold(0.1, 1e-3, 1e-3), None);
+        assert_eq!(op_offload_threshold(0.1, 1e-3, 2e-3), None);
+        assert_eq!(op_offload_threshold(1e9, 1e-3, 0.999_999e-3), None);
+        assert_eq!(op_offload_threshold(f64::INFINITY, 1e-3, 0.0), None);
+        assert_eq!(op_offload_threshold(0.1, f64::NAN, 0.0), None);
     }
 
     #[test]
