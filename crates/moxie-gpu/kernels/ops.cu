@@ -176,40 +176,88 @@ struct MxRowsQ8 {
 #define MX_ATTN_THREADS 128
 #define MX_ATTN_MAX_DK 1152
 #define MX_ATTN_MAX_DV_PER_THREAD 8
+// Query heads of one kv head that a block attends for, reading each cached row once for all
+// of them (MLA: the latent row every head reads), and the floats their queries take in
+// shared memory (8 heads of up to 1152).
+#define MX_ATTN_MAX_HEADS 8
+#define MX_ATTN_Q_FLOATS 9216
 
-// Causal softmax attention of one query row (token t, head h; block (h, t)) against the
-// cache: positions 0 ..= pos0 + t, or, when `sel` is given and `sel_n[t] >= 0`, only the
-// `sel_n[t]` positions listed at `sel + t * sel_stride` (DeepSeek sparse attention's top-k).
-// Keys of kv head h / (n_head / n_head_kv) start at kvh * dk in each cache row of `k_row`
-// elements; values at kvh * dv in rows of `v_row` (MLA: v is the key cache itself, values its
-// first dv elements). Online softmax over tiles of MX_ATTN_THREADS positions, so no score
-// buffer grows with the context. The query takes the rounding of the keys' dot partner first,
-// as on the CPU (K::round_query).
+// Scores of position `i` of the tile (a thread's own; MX_NEG_INF past `n_pos`) for the `nh`
+// query heads in `qs` (dk floats each): the key row is read once, each head's dot summed in
+// element order.
+template <typename K>
+__device__ __forceinline__ void mx_attn_scores(const float* qs, K k, const int* list, int i,
+                                               int n_pos, int kvh, int dk, int k_row, int nh,
+                                               float scale, float* s) {
+    float dot[MX_ATTN_MAX_HEADS];
+    for (int g = 0; g < MX_ATTN_MAX_HEADS; g++) {
+        dot[g] = 0.0f;
+    }
+    if (i < n_pos) {
+        int p = list ? list[i] : i;
+        for (int c = 0; c < dk; c++) {
+            float x = k.at(p, k_row, kvh * dk + c);
+            for (int g = 0; g < MX_ATTN_MAX_HEADS; g++) {
+                if (g < nh) {
+                    dot[g] += qs[g * dk + c] * x;
+                }
+            }
+        }
+    }
+    for (int g = 0; g < MX_ATTN_MAX_HEADS; g++) {
+        s[g] = i < n_pos ? dot[g] * scale : MX_NEG_INF;
+    }
+}
+
+// Causal softmax attention of the query rows of `hb` heads of one kv head for token t (block
+// (head chunk, t)) against the cache: positions 0 ..= pos0 + t, or, when `sel` is given and
+// `sel_n[t] >= 0`, only the `sel_n[t]` positions listed at `sel + t * sel_stride` (DeepSeek
+// sparse attention's top-k). Keys of kv head h / (n_head / n_head_kv) start at kvh * dk in
+// each cache row of `k_row` elements; values at kvh * dv in rows of `v_row` (MLA: v is the key
+// cache itself, values its first dv elements). Each thread takes a position of a tile of
+// MX_ATTN_THREADS and reads its key row once for the block's heads; each value element is read
+// once for them too. Online softmax over the tiles, so no score buffer grows with the context.
+// The query takes the rounding of the keys' dot partner first, as on the CPU (K::round_query).
+// Every head's sums run in the same order as with one head a block, so the results do not
+// depend on `hb`.
 template <typename K, typename V>
 __device__ void attention_impl(const float* q, K k, V v, float* out, int n_head,
                                int n_head_kv, int dk, int dv, int k_row, int v_row, int pos0,
                                float scale, const int* sel, const int* sel_n, int sel_stride,
-                               int round_p) {
-    __shared__ float qs[MX_ATTN_MAX_DK];
-    __shared__ float probs[MX_ATTN_THREADS];
+                               int round_p, int hb) {
+    __shared__ float qs[MX_ATTN_Q_FLOATS];
+    __shared__ float probs[MX_ATTN_MAX_HEADS][MX_ATTN_THREADS];
     __shared__ int rows[MX_ATTN_THREADS];
     __shared__ float scratch[32];
-    int h = blockIdx.x;
+    int group = n_head / n_head_kv;
+    int chunks = (group + hb - 1) / hb;
+    int kvh = blockIdx.x / chunks;
+    int g0 = (blockIdx.x % chunks) * hb;
+    int nh = min(hb, group - g0);
+    int h0 = kvh * group + g0;
     int t = blockIdx.y;
-    int kvh = h / (n_head / n_head_kv);
-    const float* qr = q + ((int64_t)t * n_head + h) * dk;
-    for (int i = threadIdx.x; i < dk; i += blockDim.x) {
+    const float* qr = q + ((int64_t)t * n_head + h0) * dk;
+    for (int i = threadIdx.x; i < nh * dk; i += blockDim.x) {
         qs[i] = qr[i];
     }
     __syncthreads();
-    K::round_query(qs, dk);
+    // Each head's dk is a multiple of 32: q8_0's blocks do not straddle heads.
+    K::round_query(qs, nh * dk);
     __syncthreads();
-    float acc[MX_ATTN_MAX_DV_PER_THREAD];
-    for (int j = 0; j < MX_ATTN_MAX_DV_PER_THREAD; j++) {
-        acc[j] = 0.0f;
+    float acc[MX_ATTN_MAX_HEADS][MX_ATTN_MAX_DV_PER_THREAD];
+    float m[MX_ATTN_MAX_HEADS];
+    float l[MX_ATTN_MAX_HEADS];
+    float inv[MX_ATTN_MAX_HEADS];
+    float s[MX_ATTN_MAX_HEADS];
+    float correction[MX_ATTN_MAX_HEADS];
+    for (int g = 0; g < MX_ATTN_MAX_HEADS; g++) {
+        for (int j = 0; j < MX_ATTN_MAX_DV_PER_THREAD; j++) {
+            acc[g][j] = 0.0f;
+        }
+        m[g] = MX_NEG_INF;
+        l[g] = 0.0f;
+        inv[g] = 0.0f;
     }
-    float m = MX_NEG_INF;
-    float l = 0.0f;
     int n_pos = pos0 + t + 1;
     const int* list = 0;
     if (sel != 0 && sel_n[t] >= 0) {
@@ -220,73 +268,84 @@ __device__ void attention_impl(const float* q, K k, V v, float* out, int n_head,
     // values, as the CPU does for prompt batches over f16 values (ggml converts them to the
     // values' type): a first pass over the keys for the softmax's max and sum, then the
     // weighted values with the rounded probabilities.
-    float inv = 0.0f;
     if (round_p) {
         for (int p0 = 0; p0 < n_pos; p0 += blockDim.x) {
             int i = p0 + threadIdx.x;
-            float s = MX_NEG_INF;
-            if (i < n_pos) {
-                int p = list ? list[i] : i;
-                float dot = 0.0f;
-                for (int c = 0; c < dk; c++) {
-                    dot += qs[c] * k.at(p, k_row, kvh * dk + c);
+            mx_attn_scores(qs, k, list, i, n_pos, kvh, dk, k_row, nh, scale, s);
+            for (int g = 0; g < MX_ATTN_MAX_HEADS; g++) {
+                if (g < nh) {
+                    float m_new = fmaxf(m[g], mx_block_max(s[g], scratch));
+                    float e = i < n_pos ? expf(s[g] - m_new) : 0.0f;
+                    l[g] = l[g] * expf(m[g] - m_new) + mx_block_sum(e, scratch);
+                    m[g] = m_new;
                 }
-                s = dot * scale;
             }
-            float m_new = fmaxf(m, mx_block_max(s, scratch));
-            float e = i < n_pos ? expf(s - m_new) : 0.0f;
-            l = l * expf(m - m_new) + mx_block_sum(e, scratch);
-            m = m_new;
         }
-        inv = 1.0f / l;
+        for (int g = 0; g < MX_ATTN_MAX_HEADS; g++) {
+            inv[g] = 1.0f / l[g];
+        }
     }
     for (int p0 = 0; p0 < n_pos; p0 += blockDim.x) {
         int i = p0 + threadIdx.x;
-        float s = MX_NEG_INF;
         if (i < n_pos) {
-            int p = list ? list[i] : i;
-            rows[threadIdx.x] = p;
-            float dot = 0.0f;
-            for (int c = 0; c < dk; c++) {
-                dot += qs[c] * k.at(p, k_row, kvh * dk + c);
+            rows[threadIdx.x] = list ? list[i] : i;
+        }
+        mx_attn_scores(qs, k, list, i, n_pos, kvh, dk, k_row, nh, scale, s);
+        for (int g = 0; g < MX_ATTN_MAX_HEADS; g++) {
+            correction[g] = 1.0f;
+            if (g >= nh) {
+                continue;
             }
-            s = dot * scale;
+            if (round_p) {
+                probs[g][threadIdx.x] =
+                    i < n_pos ? mx_f16_to_f32(mx_f32_to_f16(expf(s[g] - m[g]) * inv[g])) : 0.0f;
+            } else {
+                float tile_max = mx_block_max(s[g], scratch);
+                float m_new = fmaxf(m[g], tile_max);
+                correction[g] = expf(m[g] - m_new);
+                float e = i < n_pos ? expf(s[g] - m_new) : 0.0f;
+                probs[g][threadIdx.x] = e;
+                float tile_sum = mx_block_sum(e, scratch);
+                l[g] = l[g] * correction[g] + tile_sum;
+                m[g] = m_new;
+            }
         }
-        float correction = 1.0f;
-        if (round_p) {
-            float e = i < n_pos ? mx_f16_to_f32(mx_f32_to_f16(expf(s - m) * inv)) : 0.0f;
-            probs[threadIdx.x] = e;
-            // The probs of the tile are written before any thread reads them.
-            __syncthreads();
-        } else {
-            float tile_max = mx_block_max(s, scratch);
-            float m_new = fmaxf(m, tile_max);
-            correction = expf(m - m_new);
-            float e = i < n_pos ? expf(s - m_new) : 0.0f;
-            probs[threadIdx.x] = e;
-            float tile_sum = mx_block_sum(e, scratch);
-            l = l * correction + tile_sum;
-            m = m_new;
-        }
+        // The tile's probs and rows are written before any thread reads them.
+        __syncthreads();
         int n_tile = min(n_pos - p0, (int)blockDim.x);
         for (int j = 0; j < MX_ATTN_MAX_DV_PER_THREAD; j++) {
             int d = threadIdx.x + j * blockDim.x;
             if (d < dv) {
-                float a = acc[j] * correction;
-                for (int pp = 0; pp < n_tile; pp++) {
-                    a += probs[pp] * v.at(rows[pp], v_row, kvh * dv + d);
+                float a[MX_ATTN_MAX_HEADS];
+                for (int g = 0; g < MX_ATTN_MAX_HEADS; g++) {
+                    a[g] = acc[g][j] * correction[g];
                 }
-                acc[j] = a;
+                for (int pp = 0; pp < n_tile; pp++) {
+                    float x = v.at(rows[pp], v_row, kvh * dv + d);
+                    for (int g = 0; g < MX_ATTN_MAX_HEADS; g++) {
+                        if (g < nh) {
+                            a[g] += probs[g][pp] * x;
+                        }
+                    }
+                }
+                for (int g = 0; g < MX_ATTN_MAX_HEADS; g++) {
+                    acc[g][j] = a[g];
+                }
             }
         }
         // The next tile overwrites probs and rows.
         __syncthreads();
     }
-    float* o = out + ((int64_t)t * n_head + h) * dv;
-    for (int j = 0; j < MX_ATTN_MAX_DV_PER_THREAD; j++) {
-        int d = threadIdx.x + j * blockDim.x;
-        if (d < dv) {
-            o[d] = round_p ? acc[j] : acc[j] / l;
+    for (int g = 0; g < MX_ATTN_MAX_HEADS; g++) {
+        if (g >= nh) {
+            continue;
+        }
+        float* o = out + ((int64_t)t * n_head + h0 + g) * dv;
+        for (int j = 0; j < MX_ATTN_MAX_DV_PER_THREAD; j++) {
+            int d = threadIdx.x + j * blockDim.x;
+            if (d < dv) {
+                o[d] = round_p ? acc[g][j] : acc[g][j] / l[g];
+            }
         }
     }
 }
@@ -296,9 +355,9 @@ __device__ void attention_impl(const float* q, K k, V v, float* out, int n_head,
     extern "C" __global__ void NAME(const float* q, const KT* k, const VT* v, float* out,       \
                                     int n_head, int n_head_kv, int dk, int dv, int k_row,       \
                                     int v_row, int pos0, float scale, const int* sel,           \
-                                    const int* sel_n, int sel_stride, int round_p) {            \
+                                    const int* sel_n, int sel_stride, int round_p, int hb) {    \
         attention_impl(q, KR{k}, VR{v}, out, n_head, n_head_kv, dk, dv, k_row, v_row, pos0,     \
-                       scale, sel, sel_n, sel_stride, round_p);                                 \
+                       scale, sel, sel_n, sel_stride, round_p, hb);                             \
     }
 
 MX_ATTENTION(attention_f16, uint16_t, MxRowsF16, uint16_t, MxRowsF16)

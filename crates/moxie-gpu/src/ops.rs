@@ -33,6 +33,11 @@ const EW_MAX_BLOCKS: u32 = 4096;
 const ATTN_THREADS: u32 = 128;
 pub const ATTN_MAX_DK: usize = 1152;
 pub const ATTN_MAX_DV: usize = 8 * ATTN_THREADS as usize;
+/// Query heads of one kv head an attention block serves (reading each cached row once for
+/// them), and the floats their queries may take in its shared memory (ops.cu's
+/// MX_ATTN_MAX_HEADS, MX_ATTN_Q_FLOATS).
+const ATTN_MAX_HEADS: usize = 8;
+const ATTN_Q_FLOATS: usize = 9216;
 const ROUTE_MAX_EXPERTS: usize = 1024;
 /// Prompt batches whose context stays under this many positions round their attention
 /// probabilities to f16 before the weighted f16 values, as the CPU's batched attention does
@@ -412,6 +417,10 @@ impl Gpu {
         })?;
         let round_p =
             n_tok > 1 && kv.v_type == GgmlType::F16 && s.pos0 + n_tok < ATTN_ROUND_PROBS_BELOW;
+        // Blocks of up to `hb` heads sharing a kv head (MLA: every head shares the latent).
+        let group = s.n_head / s.n_head_kv;
+        let hb = group.min(ATTN_MAX_HEADS).min(ATTN_Q_FLOATS / s.dk.max(1));
+        let blocks = s.n_head_kv * group.div_ceil(hb);
         for t0 in (0..n_tok).step_by(MAX_GRID_YZ) {
             let nt = (n_tok - t0).min(MAX_GRID_YZ);
             let (list, counts, stride) = match sel {
@@ -425,7 +434,7 @@ impl Gpu {
             self.backend.launch(
                 kernel,
                 LaunchConfig {
-                    grid: [row_grid(s.n_head)?, nt as u32, 1],
+                    grid: [row_grid(blocks)?, nt as u32, 1],
                     block: [ATTN_THREADS, 1, 1],
                     shared_bytes: 0,
                 },
@@ -446,6 +455,7 @@ impl Gpu {
                     Arg::Ptr(counts),
                     int("sel_stride", stride)?,
                     Arg::I32(round_p as i32),
+                    int("hb", hb)?,
                 ],
             )?;
         }

@@ -252,6 +252,12 @@ fn attention_gqa_and_mla_shapes_over_several_tiles() {
         (4, 2, 64, 64, 300, 1, false),
         (4, 1, 72, 64, 130, 3, true),
         (2, 2, 32, 48, 7, 2, false),
+        // Blocks of 8 heads of a kv head: 12 = 8 + 4; MLA's 16 heads over the latent (576
+        // wide keys, the first 512 its values) in two blocks; 8 heads of 1152.
+        (12, 1, 64, 64, 140, 2, false),
+        (16, 2, 128, 96, 0, 4, false),
+        (16, 1, 576, 512, 150, 2, true),
+        (8, 1, 1152, 128, 20, 2, false),
     ] {
         // Key and value cache types (MLA: its keys are its values).
         for (kt, vt) in [
