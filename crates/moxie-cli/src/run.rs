@@ -300,6 +300,21 @@ pub(crate) fn settle(model: &mut Model, no_mmap: bool, mlock: bool) {
             gib(bytes),
             t0.elapsed().as_secs_f64()
         );
+        // Op offload's copies then go straight from these bytes (llama.cpp pins host weights
+        // only with --no-mmap too).
+        if model.op_offload_min_batch().is_some() {
+            match model.pin_streamed_experts() {
+                Ok((0, _)) => {}
+                Ok((n, bytes)) => eprintln!(
+                    "op offload: pinned {n} expert tensors ({}) for the copies to the GPU",
+                    gib(bytes)
+                ),
+                Err(e) => eprintln!(
+                    "warning: op offload: pinning the experts failed ({e}); their copies go \
+                     through staging buffers"
+                ),
+            }
+        }
     } else {
         let p = model.page_in_mapped_weights(&bar);
         let secs = t0.elapsed().as_secs_f64();

@@ -36,6 +36,9 @@ pub enum Logits {
 }
 
 pub struct Model {
+    /// Host weights page-locked for a GPU's copies ([`Model::pin_streamed_experts`]). The
+    /// first field, so the pins are released before the weights they hold drop.
+    host_pins: std::sync::Mutex<Vec<moxie_gpu::HostPin>>,
     pub config: Config,
     pub file: Arc<GgufFile>,
     pub embeddings: Embeddings,
@@ -169,6 +172,7 @@ impl Model {
             .map(|l| matches!(l.ffn, crate::blocks::Ffn::Moe(_)));
         let routing = Arc::new(RoutingStats::new(c.arch.name(), c.n_expert, layers_moe));
         let model = Model {
+            host_pins: Default::default(),
             config,
             file: Arc::clone(&file),
             embeddings: Embeddings { tok_embd },
@@ -477,6 +481,47 @@ impl Model {
     pub fn set_op_offload_min_batch(&self, min_batch: Option<usize>) {
         self.op_offload_min_batch
             .store(min_batch.unwrap_or(usize::MAX).max(1), Ordering::Relaxed);
+    }
+
+    /// Page-lock the routed experts that op offload may stream (layers whose router runs on a
+    /// GPU and whose experts are in RAM) with that GPU, so that their copies to it go straight
+    /// from them instead of through staging buffers. Only bytes moxie owns (`--no-mmap`, as
+    /// llama.cpp pins only then): the file's mapped pages stay pageable (pinning them would
+    /// read the whole file in and hold it past what the page cache can drop). Returns the
+    /// tensors and bytes pinned by this call (already pinned ones are skipped). Call it once
+    /// the weights are where they stay: the pins last until the model drops.
+    pub fn pin_streamed_experts(&self) -> Result<(usize, u64)> {
+        let mut pins = self.host_pins.lock().unwrap_or_else(|p| p.into_inner());
+        let mut seen: std::collections::HashSet<*const u8> =
+            pins.iter().map(moxie_gpu::HostPin::ptr).collect();
+        let (mut n, mut bytes) = (0, 0);
+        for layer in &self.layers {
+            let crate::blocks::Ffn::Moe(m) = &layer.ffn else {
+                continue;
+            };
+            let Some(gpu) = self.devices.gpu(m.device) else {
+                continue;
+            };
+            if m.experts_device != crate::device::CPU {
+                continue;
+            }
+            for t in [&m.gate_exps, &m.up_exps, &m.down_exps] {
+                let data = t.data();
+                if !t.owned_on_host() || !seen.insert(data.as_ptr()) {
+                    continue;
+                }
+                // SAFETY: bytes moxie owns, which the model's tensors keep unchanged until the
+                // model drops, after its pins (its first field).
+                let pin = unsafe { moxie_gpu::HostPin::new(gpu.backend(), data) }
+                    .map_err(|e| Error::Model(format!("pinning '{}': {e}", t.name)))?;
+                if let Some(pin) = pin {
+                    pins.push(pin);
+                    n += 1;
+                    bytes += data.len() as u64;
+                }
+            }
+        }
+        Ok((n, bytes))
     }
 
     /// The most GPU memory op offload holds for streamed experts at a time (`None`: what the

@@ -166,6 +166,12 @@ impl Tensor {
         }
     }
 
+    /// Whether the CPU reads this tensor from bytes moxie owns (read in by `--no-mmap`,
+    /// repacked or converted), not from the file's mapping or a device.
+    pub fn owned_on_host(&self) -> bool {
+        matches!(self.storage, Storage::Owned(_)) && self.device == CPU
+    }
+
     /// The tensor's bytes (on the host: for a GPU tensor, the bytes it was uploaded from).
     pub fn data(&self) -> &[u8] {
         Self::bytes_of(&self.storage)

@@ -475,6 +475,8 @@ pub struct CudaGpu {
     up_large: Mutex<Staging>,
     /// Downloads, in chunks of up to [`STAGING_CHUNK`], double-buffered.
     down: Mutex<Staging>,
+    /// Host memory page-locked by `register_host`: uploads from it skip the staging buffers.
+    pinned: crate::HostRanges,
 }
 
 // SAFETY: the raw handles (stream, module, pool, functions, events, pinned pointers) are CUDA
@@ -575,6 +577,7 @@ impl CudaGpu {
             up_small: Mutex::new(Staging::new(SMALL_SLOTS, SMALL_UPLOAD)),
             up_large: Mutex::new(Staging::new(2, STAGING_CHUNK)),
             down: Mutex::new(Staging::new(2, STAGING_CHUNK)),
+            pinned: Default::default(),
         };
         for staging in [&gpu.up_small, &gpu.up_large, &gpu.down] {
             let mut s = staging.lock().unwrap_or_else(|p| p.into_inner());
@@ -1018,6 +1021,23 @@ impl GpuBackend for CudaGpu {
         if src.is_empty() {
             return Ok(());
         }
+        // (Small uploads are activations and routes, never pinned weights.)
+        if src.len() > SMALL_UPLOAD && self.pinned.covers(src) {
+            self.bind()?;
+            // SAFETY: `src` lies in page-locked memory that its registration keeps allocated
+            // and unchanged until unregister_host, which waits for the stream first; the
+            // caller guarantees `dst` is device memory of this device with room for the copy.
+            return unsafe {
+                sys::cuMemcpyHtoDAsync_v2(
+                    dst.raw(),
+                    src.as_ptr().cast::<c_void>(),
+                    src.len(),
+                    self.stream,
+                )
+            }
+            .result()
+            .map_err(|e| self.err("cuMemcpyHtoDAsync", e));
+        }
         let ring = if src.len() <= SMALL_UPLOAD {
             &self.up_small
         } else {
@@ -1144,6 +1164,37 @@ impl GpuBackend for CudaGpu {
         // SAFETY: live stream of the current context.
         unsafe { cu::stream::synchronize(self.stream) }
             .map_err(|e| self.sync_err("cuStreamSynchronize", e))
+    }
+
+    unsafe fn register_host(&self, ptr: *const u8, len: usize) -> Result<bool> {
+        self.bind()?;
+        // The device only reads the memory: read-only registration also takes memory the
+        // process may not write (a read-only file mapping). Devices without read-only
+        // registration refuse the flag: writable memory registers without it.
+        let register = |flags| {
+            // SAFETY: the caller keeps [ptr, ptr + len) allocated and unchanged until
+            // unregister_host; the context is current (bind above).
+            unsafe { sys::cuMemHostRegister_v2(ptr.cast_mut().cast::<c_void>(), len, flags) }
+                .result()
+        };
+        register(sys::CU_MEMHOSTREGISTER_READ_ONLY)
+            .or_else(|_| register(0))
+            .map_err(|e| self.err("cuMemHostRegister", e))?;
+        self.pinned.add(ptr, len);
+        Ok(true)
+    }
+
+    fn unregister_host(&self, ptr: *const u8) {
+        if !self.pinned.remove(ptr) || self.bind().is_err() {
+            return;
+        }
+        // Copies queued from the memory finish first. Errors are dropped: unregistering cannot
+        // report them, and the ones the wait sees belong to earlier work.
+        // SAFETY: live stream of the current context; `ptr` was registered (above).
+        unsafe {
+            let _ = cu::stream::synchronize(self.stream);
+            let _ = sys::cuMemHostUnregister(ptr.cast_mut().cast::<c_void>());
+        }
     }
 }
 

@@ -90,6 +90,9 @@ pub struct EmuGpu {
     /// Held by every operation, launches included: the device's one in-order stream.
     state: Mutex<State>,
     launches: AtomicU64,
+    /// Host memory registered for direct copies, and the bytes uploaded from it.
+    pinned: crate::HostRanges,
+    pinned_upload_bytes: AtomicU64,
 }
 
 impl EmuGpu {
@@ -103,7 +106,19 @@ impl EmuGpu {
                 used: 0,
             }),
             launches: AtomicU64::new(0),
+            pinned: Default::default(),
+            pinned_upload_bytes: AtomicU64::new(0),
         })
+    }
+
+    /// Host ranges registered now ([`GpuBackend::register_host`]).
+    pub fn pinned_ranges(&self) -> usize {
+        self.pinned.len()
+    }
+
+    /// Bytes uploaded from registered host memory ([`GpuBackend::register_host`]).
+    pub fn pinned_upload_bytes(&self) -> u64 {
+        self.pinned_upload_bytes.load(Ordering::Relaxed)
     }
 
     /// Kernel launches completed on this device.
@@ -228,6 +243,10 @@ impl GpuBackend for EmuGpu {
     fn upload(&self, dst: DevPtr, src: &[u8]) -> Result<()> {
         let state = self.lock();
         self.check_range(&state, dst, src.len(), "upload")?;
+        if self.pinned.covers(src) {
+            self.pinned_upload_bytes
+                .fetch_add(src.len() as u64, Ordering::Relaxed);
+        }
         // SAFETY: [dst, dst + len) lies inside a live allocation (checked, and it stays live
         // while the lock is held); `copy` allows src to overlap it.
         unsafe { std::ptr::copy(src.as_ptr(), dst.raw() as *mut u8, src.len()) };
@@ -301,6 +320,16 @@ impl GpuBackend for EmuGpu {
 
     fn synchronize(&self) -> Result<()> {
         Ok(())
+    }
+
+    unsafe fn register_host(&self, ptr: *const u8, len: usize) -> Result<bool> {
+        // Copies here are synchronous: registering changes only the count.
+        self.pinned.add(ptr, len);
+        Ok(true)
+    }
+
+    fn unregister_host(&self, ptr: *const u8) {
+        self.pinned.remove(ptr);
     }
 }
 

@@ -150,6 +150,97 @@ pub trait GpuBackend: Send + Sync + std::fmt::Debug {
     fn launch(&self, name: &str, cfg: LaunchConfig, args: &[Arg]) -> Result<()>;
     /// Wait for all queued work.
     fn synchronize(&self) -> Result<()>;
+    /// Page-lock the `len` bytes of host memory at `ptr` so that uploads from inside them copy
+    /// straight from them instead of through staging buffers (CUDA: `cuMemHostRegister`).
+    /// `Ok(false)` where the backend has no such copies (the default).
+    ///
+    /// # Safety
+    /// The memory must stay allocated and unchanged until [`GpuBackend::unregister_host`]
+    /// with the same `ptr` has returned: copies from it may run after `upload` returns.
+    unsafe fn register_host(&self, ptr: *const u8, len: usize) -> Result<bool> {
+        let _ = (ptr, len);
+        Ok(false)
+    }
+    /// Undo [`GpuBackend::register_host`] of `ptr`, once the copies queued from it are done.
+    fn unregister_host(&self, ptr: *const u8) {
+        let _ = ptr;
+    }
+}
+
+/// Host memory registered with a backend ([`GpuBackend::register_host`]) while this lives.
+#[derive(Debug)]
+pub struct HostPin {
+    backend: Arc<dyn GpuBackend>,
+    ptr: *const u8,
+}
+
+// SAFETY: `ptr` is only handed back to the backend (which is Send + Sync) to unregister it.
+unsafe impl Send for HostPin {}
+// SAFETY: as above; `&HostPin` gives no access to the memory.
+unsafe impl Sync for HostPin {}
+
+impl HostPin {
+    /// `bytes` registered with `backend`, or `None` where it does not register memory.
+    ///
+    /// # Safety
+    /// `bytes` must stay allocated and unchanged while the pin lives.
+    pub unsafe fn new(backend: &Arc<dyn GpuBackend>, bytes: &[u8]) -> Result<Option<HostPin>> {
+        // SAFETY: the caller keeps `bytes` as the backend needs until the pin drops.
+        if bytes.is_empty() || !unsafe { backend.register_host(bytes.as_ptr(), bytes.len()) }? {
+            return Ok(None);
+        }
+        Ok(Some(HostPin {
+            backend: Arc::clone(backend),
+            ptr: bytes.as_ptr(),
+        }))
+    }
+}
+
+impl HostPin {
+    /// The start of the pinned memory.
+    pub fn ptr(&self) -> *const u8 {
+        self.ptr
+    }
+}
+
+impl Drop for HostPin {
+    fn drop(&mut self) {
+        self.backend.unregister_host(self.ptr);
+    }
+}
+
+/// Host ranges registered for direct copies, as backends keep them.
+#[derive(Debug, Default)]
+pub(crate) struct HostRanges(std::sync::Mutex<Vec<(usize, usize)>>);
+
+impl HostRanges {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(usize, usize)>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn add(&self, ptr: *const u8, len: usize) {
+        self.lock().push((ptr as usize, len));
+    }
+
+    /// Forget the range starting at `ptr`; whether there was one.
+    pub(crate) fn remove(&self, ptr: *const u8) -> bool {
+        let mut r = self.lock();
+        let before = r.len();
+        r.retain(|&(p, _)| p != ptr as usize);
+        r.len() != before
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether `src` lies inside one registered range.
+    pub(crate) fn covers(&self, src: &[u8]) -> bool {
+        let (a, n) = (src.as_ptr() as usize, src.len());
+        self.lock()
+            .iter()
+            .any(|&(p, len)| a >= p && a + n <= p + len)
+    }
 }
 
 /// Device memory, freed when dropped.
