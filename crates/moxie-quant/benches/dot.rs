@@ -469,9 +469,23 @@ fn attention_f32(bencher: Bencher, product: &str) {
     attention(bencher, product, false);
 }
 
+/// A prompt batch's MLA attention products for one block of 16 tokens: their 256 query rows
+/// (16 heads each) against 256 cached positions, as bf16 products over the latents (scores),
+/// and the probabilities times the values. Multiply-adds per second against the tile unit's
+/// rate (AMX: 512 per cycle per core) say how far the batch path is from it.
+#[divan::bench(args = ["scores", "values"], min_time = 0.5, max_time = 1)]
+fn attention_batch_bf16(bencher: Bencher, product: &str) {
+    attention_shaped(bencher, product, true, 256, 256);
+}
+
 /// One of [`attention_bf16`]'s products (`bf16`) or [`attention_f32`]'s, on the same values.
 fn attention(bencher: Bencher, product: &str, bf16: bool) {
-    let (heads, positions, dk, dv) = (16, 64, 576, 512);
+    attention_shaped(bencher, product, bf16, 16, 64);
+}
+
+/// MLA's attention products for `heads` query rows over `positions` cached latents.
+fn attention_shaped(bencher: Bencher, product: &str, bf16: bool, heads: usize, positions: usize) {
+    let (dk, dv) = (576, 512);
     let mut rng = Rng(11);
     let mut f32s = |n: usize| -> Vec<f32> { (0..n).map(|_| rng.f32()).collect() };
     let (q, k, p) = (
