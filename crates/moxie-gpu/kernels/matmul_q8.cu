@@ -16,7 +16,8 @@
 // Weights: value i of chunk c = d[h] * q[i] + o[h], h = i / 16, q[i] the signed bytes of
 // MxQ8Chunk::q. The codes are the integers the CPU's dot products sum (Q4_0's q - 8, Q6_K's
 // q - 32, Q8_0's -127..127, the IQ4 code book's -127..113, the IQ2/IQ3 grids' signed
-// magnitudes, IQ1's 8 x (grid + delta), Q4_K's 0..15 with its min as the offset), so the integer sums are the CPU's; the scale and offset are the float terms the
+// magnitudes, IQ1's 8 x (grid + delta), Q4_K's 0..15 with its min as the offset, ik_llama.cpp's code
+// books), so the integer sums are the CPU's; the scale and offset are the float terms the
 // type's dequantization multiplies and adds.
 #pragma once
 
@@ -383,3 +384,13 @@ MX_MATMUL_Q8_KERNELS(iq3_xxs, MX_T_IQ3_XXS)
 MX_MATMUL_Q8_KERNELS(iq3_s, MX_T_IQ3_S)
 MX_MATMUL_Q8_KERNELS(iq1_s, MX_T_IQ1_S)
 MX_MATMUL_Q8_KERNELS(iq1_m, MX_T_IQ1_M)
+MX_MATMUL_Q8_KERNELS(iq2_k, MX_T_IQ2_K)
+MX_MATMUL_Q8_KERNELS(iq3_k, MX_T_IQ3_K)
+MX_MATMUL_Q8_KERNELS(iq4_k, MX_T_IQ4_K)
+MX_MATMUL_Q8_KERNELS(iq5_k, MX_T_IQ5_K)
+MX_MATMUL_Q8_KERNELS(iq6_k, MX_T_IQ6_K)
+MX_MATMUL_Q8_KERNELS(iq2_ks, MX_T_IQ2_KS)
+MX_MATMUL_Q8_KERNELS(iq3_ks, MX_T_IQ3_KS)
+MX_MATMUL_Q8_KERNELS(iq4_ks, MX_T_IQ4_KS)
+MX_MATMUL_Q8_KERNELS(iq5_ks, MX_T_IQ5_KS)
+MX_MATMUL_Q8_KERNELS(q6_0, MX_T_Q6_0)

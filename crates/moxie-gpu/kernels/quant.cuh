@@ -213,57 +213,78 @@ __device__ __forceinline__ float mx_grid_db(float d, uint32_t ls, float sub) {
 // scale and extra bit 2s for the first 16 values of sub-block s, 2s+1 for the last 16. The _KS
 // types (one d per row, before the blocks) have one 32-value group per chunk. Both keep a
 // sub-block's codes alike (IQ2_K as IQ2_KS, ..., IQ5_K as IQ5_KS), so one function per bit
-// width reads a group: values l0 .. l0+N-1 of the chunk, dl * code, from the upper half of
-// the book when hi is 1.
+// width reads a group's codes: values l0 .. l0+N-1 of the chunk, from the upper half of the
+// book when hi is 1. mx_q8_chunk gives them with their scales d * scale, for the int8
+// products and the f32 values (mx_deq_codes); IQ6_K's f32 values alone take its cubic.
+
+// Byte l of the code words `w` (zeroed first) set to the signed code v.
+__device__ __forceinline__ void mx_put_code(uint32_t* w, int l, int v) {
+    w[l >> 2] |= (uint32_t)(uint8_t)(int8_t)v << (8 * (l & 3));
+}
 
 // 2-bit codes (IQ2_K, IQ2_KS) of sub-block s: bit pair s%4 of q[32], the bytes qs[32*(s/4) ..].
 template <int N>
-__device__ __forceinline__ void mx_iq2k_group(const uint32_t* q, int s, int l0, float dl,
-                                              uint32_t hi, float* out) {
+__device__ __forceinline__ void mx_iq2k_codes(const uint32_t* q, int s, int l0, uint32_t hi,
+                                              uint32_t* w) {
     int shift = 2 * (s & 3);
     MX_UNROLL
     for (int l = l0; l < l0 + N; ++l) {
         uint32_t i = ((mx_byte(q, l) >> shift) & 3u) + hi * 4u;
-        out[l] = MX_FMUL(dl, (float)mx_iq2nl_values[i]);
+        mx_put_code(w, l, mx_iq2nl_values[i]);
     }
 }
 
 // 3-bit codes (IQ3_K, IQ3_KS) of sub-block s: bit pair s%4 of q[32] (qs[32*(s/4) ..]), bit s
 // of qh[32] as the third bit.
 template <int N>
-__device__ __forceinline__ void mx_iq3k_group(const uint32_t* q, const uint32_t* qh, int s,
-                                              int l0, float dl, uint32_t hi, float* out) {
+__device__ __forceinline__ void mx_iq3k_codes(const uint32_t* q, const uint32_t* qh, int s,
+                                              int l0, uint32_t hi, uint32_t* w) {
     int shift = 2 * (s & 3);
     MX_UNROLL
     for (int l = l0; l < l0 + N; ++l) {
         uint32_t i = (((mx_byte(q, l) >> shift) & 3u) | (((mx_byte(qh, l) >> s) & 1u) << 2)) + hi * 8u;
-        out[l] = MX_FMUL(dl, (float)mx_iq3nl_values[i]);
+        mx_put_code(w, l, mx_iq3nl_values[i]);
     }
 }
 
 // 4-bit codes (IQ4_K, IQ4_KS) of a sub-block: the low nibbles of q[16] (qs[16s ..]), then
 // their high nibbles.
 template <int N>
-__device__ __forceinline__ void mx_iq4k_group(const uint32_t* q, int l0, float dl, uint32_t hi,
-                                              float* out) {
+__device__ __forceinline__ void mx_iq4k_codes(const uint32_t* q, int l0, uint32_t hi,
+                                              uint32_t* w) {
     MX_UNROLL
     for (int l = l0; l < l0 + N; ++l) {
         uint32_t i = ((mx_byte(q, l & 15) >> (4 * (l >> 4))) & 0xfu) + hi * 16u;
-        out[l] = MX_FMUL(dl, (float)mx_iq4k_values[i]);
+        mx_put_code(w, l, mx_iq4k_values[i]);
     }
 }
 
 // 5-bit codes (IQ5_K, IQ5_KS) of sub-block s: nibble s%2 of q[32] (qs[32*(s/2) ..]), bit s of
 // qh[32] as the fifth bit.
 template <int N>
-__device__ __forceinline__ void mx_iq5k_group(const uint32_t* q, const uint32_t* qh, int s,
-                                              int l0, float dl, uint32_t hi, float* out) {
+__device__ __forceinline__ void mx_iq5k_codes(const uint32_t* q, const uint32_t* qh, int s,
+                                              int l0, uint32_t hi, uint32_t* w) {
     int shift = 4 * (s & 1);
     MX_UNROLL
     for (int l = l0; l < l0 + N; ++l) {
         uint32_t i = (((mx_byte(q, l) >> shift) & 0xfu) | (((mx_byte(qh, l) >> s) & 1u) << 4)) + hi * 32u;
-        out[l] = MX_FMUL(dl, (float)mx_iq5nl_values[i]);
+        mx_put_code(w, l, mx_iq5nl_values[i]);
     }
+}
+
+// The 6-bit scale of group g of IQ4_K / IQ5_K: a nibble of scales_l[g/2] (bytes 8..15) with
+// bits 2(g%4) .. of scales_h[g/4] (bytes 4..7) on top, minus 32.
+__device__ __forceinline__ int mx_iqk_scale6(const uint8_t* b, int g) {
+    uint32_t lo = ((uint32_t)b[8 + (g >> 1)] >> (4 * (g & 1))) & 0xfu;
+    uint32_t hi = ((uint32_t)b[4 + (g >> 2)] >> (2 * (g & 3))) & 3u;
+    return (int)(lo | (hi << 4)) - 32;
+}
+
+// IQ6_K's 6-bit index of value l of sub-block s: nibble s%2 of q[32] (qs[32*(s/2) ..]), bits
+// 2(s%4) .. 2(s%4)+1 of qh[32] (qh[32*(s/4) ..]) on top.
+__device__ __forceinline__ uint32_t mx_iq6k_index(const uint32_t* q, const uint32_t* qh, int s,
+                                                  int l) {
+    return ((mx_byte(q, l) >> (4 * (s & 1))) & 0xfu) | (((mx_byte(qh, l) >> (2 * (s & 3))) & 3u) << 4);
 }
 
 // ---- integer codes (IQ1/IQ2/IQ3, legacy types, K-quants, IQ4) ---------------------------------
@@ -340,6 +361,18 @@ __device__ __forceinline__ void mx_iq1_codes(uint64_t g, bool neg, uint32_t* w) 
 
 template <int TY>
 __device__ __forceinline__ void mx_q8_chunk(const uint8_t* row, int c, MxQ8Chunk& k) {
+    const bool ik = TY == MX_T_IQ2_K || TY == MX_T_IQ3_K || TY == MX_T_IQ4_K ||
+                    TY == MX_T_IQ5_K || TY == MX_T_IQ6_K || TY == MX_T_IQ2_KS ||
+                    TY == MX_T_IQ3_KS || TY == MX_T_IQ4_KS || TY == MX_T_IQ5_KS ||
+                    TY == MX_T_Q6_0;
+    if (ik) {
+        // ik_llama.cpp's types set their codes byte by byte, and have no offsets.
+        MX_UNROLL
+        for (int w = 0; w < 8; ++w) {
+            k.q[w] = 0;
+        }
+        k.o[0] = k.o[1] = 0.0f;
+    }
     if (TY == MX_T_Q4_0 || TY == MX_T_Q4_1 || TY == MX_T_IQ4_NL) {
         // Q4_0, 18 bytes: d, qs[16]; byte j holds element j (low nibble) and j+16; (q - 8) * d.
         // Q4_1, 20 bytes: d, m, qs[16]; q * d + m.
@@ -648,6 +681,158 @@ __device__ __forceinline__ void mx_q8_chunk(const uint8_t* row, int c, MxQ8Chunk
         }
         k.d[0] = k.d[1] = MX_FMUL(d, (float)(ls - 32));
         k.o[0] = k.o[1] = 0.0f;
+    } else if (TY == MX_T_IQ2_K) {
+        // IQ2_K, 76 bytes: d, extra (u16), scales[8] (a nibble per 16 values, minus 8),
+        // qs[64].
+        const uint8_t* b = row + (uint64_t)(c >> 3) * 76u;
+        int s = c & 7;
+        float d = mx_ld_f16(b);
+        uint32_t extra = mx_ld_u16(b + 2) >> (2 * s);
+        uint32_t sc = b[4 + s];
+        uint32_t q[8];
+        mx_load_words<4, 8>(b + 12 + 32 * (s >> 2), q);
+        MX_UNROLL
+        for (int part = 0; part < 2; ++part) {
+            k.d[part] = MX_FMUL(d, (float)((int)((sc >> (4 * part)) & 0xfu) - 8));
+            mx_iq2k_codes<16>(q, s, 16 * part, (extra >> part) & 1u, k.q);
+        }
+    } else if (TY == MX_T_IQ3_K) {
+        // IQ3_K, 110 bytes: d, extra, signs (u16: bit g negates group g's scale), scales[8] (a
+        // nibble s per 16 values: 2s + 1), qs[64], qh[32].
+        const uint8_t* b = row + (uint64_t)(c >> 3) * 110u;
+        int s = c & 7;
+        float d = mx_ld_f16(b);
+        uint32_t extra = mx_ld_u16(b + 2) >> (2 * s);
+        uint32_t signs = mx_ld_u16(b + 4) >> (2 * s);
+        uint32_t sc = b[6 + s];
+        uint32_t q[8];
+        uint32_t qh[8];
+        mx_load_words<2, 8>(b + 14 + 32 * (s >> 2), q);
+        mx_load_words<2, 8>(b + 78, qh);
+        MX_UNROLL
+        for (int part = 0; part < 2; ++part) {
+            int v = 2 * (int)((sc >> (4 * part)) & 0xfu) + 1;
+            k.d[part] = MX_FMUL(d, (float)((signs >> part) & 1u ? -v : v));
+            mx_iq3k_codes<16>(q, qh, s, 16 * part, (extra >> part) & 1u, k.q);
+        }
+    } else if (TY == MX_T_IQ4_K) {
+        // IQ4_K, 144 bytes: d, extra, scales_h[4], scales_l[8], qs[128].
+        const uint8_t* b = row + (uint64_t)(c >> 3) * 144u;
+        int s = c & 7;
+        float d = mx_ld_f16(b);
+        uint32_t extra = mx_ld_u16(b + 2) >> (2 * s);
+        uint32_t q[4];
+        mx_load_words<16, 4>(b + 16 + 16 * s, q);
+        MX_UNROLL
+        for (int part = 0; part < 2; ++part) {
+            k.d[part] = MX_FMUL(d, (float)mx_iqk_scale6(b, 2 * s + part));
+            mx_iq4k_codes<16>(q, 16 * part, (extra >> part) & 1u, k.q);
+        }
+    } else if (TY == MX_T_IQ5_K) {
+        // IQ5_K, 176 bytes: as IQ4_K, then qh[32].
+        const uint8_t* b = row + (uint64_t)(c >> 3) * 176u;
+        int s = c & 7;
+        float d = mx_ld_f16(b);
+        uint32_t extra = mx_ld_u16(b + 2) >> (2 * s);
+        uint32_t q[8];
+        uint32_t qh[8];
+        mx_load_words<16, 8>(b + 16 + 32 * (s >> 1), q);
+        mx_load_words<16, 8>(b + 144, qh);
+        MX_UNROLL
+        for (int part = 0; part < 2; ++part) {
+            k.d[part] = MX_FMUL(d, (float)mx_iqk_scale6(b, 2 * s + part));
+            mx_iq5k_codes<16>(q, qh, s, 16 * part, (extra >> part) & 1u, k.q);
+        }
+    } else if (TY == MX_T_IQ6_K) {
+        // IQ6_K, 212 bytes: d, extra, scales[16] (int8), qs[128], qh[64]; the codes of its
+        // book (what the CPU's dot products sum), not the cubic its f32 values take.
+        const uint8_t* b = row + (uint64_t)(c >> 3) * 212u;
+        int s = c & 7;
+        float d = mx_ld_f16(b);
+        uint32_t extra = mx_ld_u16(b + 2) >> (2 * s);
+        uint32_t sc = mx_ld_u16(b + 4 + 2 * s);
+        uint32_t q[8];
+        uint32_t qh[8];
+        mx_load_words<4, 8>(b + 20 + 32 * (s >> 1), q);
+        mx_load_words<4, 8>(b + 148 + 32 * (s >> 2), qh);
+        MX_UNROLL
+        for (int part = 0; part < 2; ++part) {
+            k.d[part] = MX_FMUL(d, (float)(int8_t)(uint8_t)((sc >> (8 * part)) & 0xffu));
+            uint32_t hi = (extra >> part) & 1u;
+            MX_UNROLL
+            for (int l = 16 * part; l < 16 * part + 16; ++l) {
+                mx_put_code(k.q, l, mx_iq6nl_values[mx_iq6k_index(q, qh, s, l) + 64u * hi]);
+            }
+        }
+    } else if (TY == MX_T_IQ2_KS) {
+        // IQ2_KS, an f16 d before the row's blocks of 70 bytes: extra (u16: bit s picks the
+        // upper half for sub-block s, bit 8+s tops its scale), scales[4] (a nibble per 32
+        // values), qs[64]. Scale: nibble | top bit << 4, minus 16.
+        float d = mx_ld_f16(row);
+        const uint8_t* b = row + 2 + (uint64_t)(c >> 3) * 70u;
+        int s = c & 7;
+        uint32_t extra = mx_ld_u16(b);
+        uint32_t nib = ((uint32_t)b[2 + (s >> 1)] >> (4 * (s & 1))) & 0xfu;
+        k.d[0] = k.d[1] = MX_FMUL(d, (float)((int)(nib | (((extra >> (8 + s)) & 1u) << 4)) - 16));
+        uint32_t q[8];
+        mx_load_words<2, 8>(b + 6 + 32 * (s >> 2), q);
+        mx_iq2k_codes<32>(q, s, 0, (extra >> s) & 1u, k.q);
+    } else if (TY == MX_T_IQ3_KS) {
+        // IQ3_KS, an f16 d before the row's blocks of 102 bytes: extra (u16: bit s tops
+        // sub-block s's scale, bit 8+s picks its upper half), scales[4] (nibble s/4 of byte
+        // s%4), qs[64], qh[32].
+        float d = mx_ld_f16(row);
+        const uint8_t* b = row + 2 + (uint64_t)(c >> 3) * 102u;
+        int s = c & 7;
+        uint32_t extra = mx_ld_u16(b);
+        uint32_t nib = ((uint32_t)b[2 + (s & 3)] >> (4 * (s >> 2))) & 0xfu;
+        k.d[0] = k.d[1] = MX_FMUL(d, (float)((int)(nib | (((extra >> s) & 1u) << 4)) - 16));
+        uint32_t q[8];
+        uint32_t qh[8];
+        mx_load_words<2, 8>(b + 6 + 32 * (s >> 2), q);
+        mx_load_words<2, 8>(b + 70, qh);
+        mx_iq3k_codes<32>(q, qh, s, 0, (extra >> (8 + s)) & 1u, k.q);
+    } else if (TY == MX_T_IQ4_KS) {
+        // IQ4_KS, an f32 d before the row's blocks of 136 bytes: scales[8] (bits 1..7 minus
+        // 127, bit 0 picks the upper half), qs[128].
+        float d = mx_ld_f32(row);
+        const uint8_t* b = row + 4 + (uint64_t)(c >> 3) * 136u;
+        int s = c & 7;
+        uint32_t sc = b[s];
+        k.d[0] = k.d[1] = MX_FMUL(d, (float)((int)(sc & 254u) - 127));
+        uint32_t q[4];
+        mx_load_words<4, 4>(b + 8 + 16 * s, q);
+        mx_iq4k_codes<32>(q, 0, sc & 1u, k.q);
+    } else if (TY == MX_T_IQ5_KS) {
+        // IQ5_KS, an f32 d before the row's blocks of 168 bytes: scales[8] as IQ4_KS,
+        // qs[128], qh[32].
+        float d = mx_ld_f32(row);
+        const uint8_t* b = row + 4 + (uint64_t)(c >> 3) * 168u;
+        int s = c & 7;
+        uint32_t sc = b[s];
+        k.d[0] = k.d[1] = MX_FMUL(d, (float)((int)(sc & 254u) - 127));
+        uint32_t q[8];
+        uint32_t qh[8];
+        mx_load_words<4, 8>(b + 8 + 32 * (s >> 1), q);
+        mx_load_words<4, 8>(b + 136, qh);
+        mx_iq5k_codes<32>(q, qh, s, 0, sc & 1u, k.q);
+    } else if (TY == MX_T_Q6_0) {
+        // Q6_0, 26 bytes (32 values): d, qh[8], qs[16]. Element j < 16: low nibble of qs[j]
+        // with bits 4(j/8) .. 4(j/8)+1 of qh[j%8] on top; element j+16: the high nibble with
+        // the next two bits; (q - 32) * d.
+        const uint8_t* b = row + (uint64_t)c * 26u;
+        k.d[0] = k.d[1] = mx_ld_f16(b);
+        uint32_t qh[2];
+        uint32_t q[4];
+        mx_load_words<2, 2>(b + 2, qh);
+        mx_load_words<2, 4>(b + 10, q);
+        MX_UNROLL
+        for (int j = 0; j < 16; ++j) {
+            uint32_t v = mx_byte(q, j);
+            uint32_t h = mx_byte(qh, j & 7) >> (4 * (j >> 3));
+            mx_put_code(k.q, j, (int)((v & 0xfu) | ((h & 3u) << 4)) - 32);
+            mx_put_code(k.q, j + 16, (int)((v >> 4) | (((h >> 2) & 3u) << 4)) - 32);
+        }
     }
 }
 
@@ -666,91 +851,14 @@ __device__ __forceinline__ void mx_deq_codes(const uint8_t* row, int c, float* o
     }
 }
 
-// IQ2_K, 76 bytes: d, extra (u16), scales[8] (a nibble per 16 values, minus 8), qs[64].
-__device__ __forceinline__ void mx_deq_iq2_k(const uint8_t* row, int c, float* out) {
-    const uint8_t* b = row + (uint64_t)(c >> 3) * 76u;
-    int s = c & 7;
-    float d = mx_ld_f16(b);
-    uint32_t extra = mx_ld_u16(b + 2) >> (2 * s);
-    uint32_t sc = b[4 + s];
-    uint32_t q[8];
-    mx_load_words<4, 8>(b + 12 + 32 * (s >> 2), q);
-    MX_UNROLL
-    for (int part = 0; part < 2; ++part) {
-        float dl = MX_FMUL(d, (float)((int)((sc >> (4 * part)) & 0xfu) - 8));
-        mx_iq2k_group<16>(q, s, 16 * part, dl, (extra >> part) & 1u, out);
-    }
-}
-
-// IQ3_K, 110 bytes: d, extra, signs (u16: bit g negates group g's scale), scales[8] (a
-// nibble s per 16 values: 2s + 1), qs[64], qh[32].
-__device__ __forceinline__ void mx_deq_iq3_k(const uint8_t* row, int c, float* out) {
-    const uint8_t* b = row + (uint64_t)(c >> 3) * 110u;
-    int s = c & 7;
-    float d = mx_ld_f16(b);
-    uint32_t extra = mx_ld_u16(b + 2) >> (2 * s);
-    uint32_t signs = mx_ld_u16(b + 4) >> (2 * s);
-    uint32_t sc = b[6 + s];
-    uint32_t q[8];
-    uint32_t qh[8];
-    mx_load_words<2, 8>(b + 14 + 32 * (s >> 2), q);
-    mx_load_words<2, 8>(b + 78, qh);
-    MX_UNROLL
-    for (int part = 0; part < 2; ++part) {
-        int v = 2 * (int)((sc >> (4 * part)) & 0xfu) + 1;
-        float dl = MX_FMUL(d, (float)((signs >> part) & 1u ? -v : v));
-        mx_iq3k_group<16>(q, qh, s, 16 * part, dl, (extra >> part) & 1u, out);
-    }
-}
-
-// The 6-bit scale of group g of IQ4_K / IQ5_K: a nibble of scales_l[g/2] (bytes 8..15) with
-// bits 2(g%4) .. of scales_h[g/4] (bytes 4..7) on top, minus 32.
-__device__ __forceinline__ int mx_iqk_scale6(const uint8_t* b, int g) {
-    uint32_t lo = ((uint32_t)b[8 + (g >> 1)] >> (4 * (g & 1))) & 0xfu;
-    uint32_t hi = ((uint32_t)b[4 + (g >> 2)] >> (2 * (g & 3))) & 3u;
-    return (int)(lo | (hi << 4)) - 32;
-}
-
-// IQ4_K, 144 bytes: d, extra, scales_h[4], scales_l[8], qs[128].
-__device__ __forceinline__ void mx_deq_iq4_k(const uint8_t* row, int c, float* out) {
-    const uint8_t* b = row + (uint64_t)(c >> 3) * 144u;
-    int s = c & 7;
-    float d = mx_ld_f16(b);
-    uint32_t extra = mx_ld_u16(b + 2) >> (2 * s);
-    uint32_t q[4];
-    mx_load_words<16, 4>(b + 16 + 16 * s, q);
-    MX_UNROLL
-    for (int part = 0; part < 2; ++part) {
-        float dl = MX_FMUL(d, (float)mx_iqk_scale6(b, 2 * s + part));
-        mx_iq4k_group<16>(q, 16 * part, dl, (extra >> part) & 1u, out);
-    }
-}
-
-// IQ5_K, 176 bytes: as IQ4_K, then qh[32].
-__device__ __forceinline__ void mx_deq_iq5_k(const uint8_t* row, int c, float* out) {
-    const uint8_t* b = row + (uint64_t)(c >> 3) * 176u;
-    int s = c & 7;
-    float d = mx_ld_f16(b);
-    uint32_t extra = mx_ld_u16(b + 2) >> (2 * s);
-    uint32_t q[8];
-    uint32_t qh[8];
-    mx_load_words<16, 8>(b + 16 + 32 * (s >> 1), q);
-    mx_load_words<16, 8>(b + 144, qh);
-    MX_UNROLL
-    for (int part = 0; part < 2; ++part) {
-        float dl = MX_FMUL(d, (float)mx_iqk_scale6(b, 2 * s + part));
-        mx_iq5k_group<16>(q, qh, s, 16 * part, dl, (extra >> part) & 1u, out);
-    }
-}
 // IQ6_K's value for a 6-bit index q: ik_llama.cpp's cubic A + q (B + q (-C + q D)) with fused
 // multiply-adds, as moxie-quant's iq6k_curve (and ik's x86 build) evaluates it.
 __device__ __forceinline__ float mx_iq6k_curve(float q) {
     return fmaf(q, fmaf(q, fmaf(q, 0.0011972f, -0.11218f), 6.2568f), -127.0f);
 }
 
-// IQ6_K, 212 bytes: d, extra, scales[16] (int8), qs[128], qh[64]. Sub-block s: nibble s%2
-// of qs[32*(s/2) ..][32], bits 2(s%4) .. 2(s%4)+1 of qh[32*(s/4) ..][32] on top; value
-// (d * scale) * (curve(q) + extra bit).
+// IQ6_K, 212 bytes: d, extra, scales[16] (int8), qs[128], qh[64]; value (d * scale) *
+// (curve(index) + extra bit) (the index: mx_iq6k_index).
 __device__ __forceinline__ void mx_deq_iq6_k(const uint8_t* row, int c, float* out) {
     const uint8_t* b = row + (uint64_t)(c >> 3) * 212u;
     int s = c & 7;
@@ -761,99 +869,17 @@ __device__ __forceinline__ void mx_deq_iq6_k(const uint8_t* row, int c, float* o
     uint32_t qh[8];
     mx_load_words<4, 8>(b + 20 + 32 * (s >> 1), q);
     mx_load_words<4, 8>(b + 148 + 32 * (s >> 2), qh);
-    int shift = 4 * (s & 1);
-    int hshift = 2 * (s & 3);
     MX_UNROLL
     for (int part = 0; part < 2; ++part) {
         float dl = MX_FMUL(d, (float)(int8_t)(uint8_t)((sc >> (8 * part)) & 0xffu));
         float m = (float)((extra >> part) & 1u);
         MX_UNROLL
         for (int l = 16 * part; l < 16 * part + 16; ++l) {
-            uint32_t i = ((mx_byte(q, l) >> shift) & 0xfu) | (((mx_byte(qh, l) >> hshift) & 3u) << 4);
-            out[l] = MX_FMUL(dl, MX_FADD(mx_iq6k_curve((float)i), m));
+            out[l] = MX_FMUL(dl, MX_FADD(mx_iq6k_curve((float)mx_iq6k_index(q, qh, s, l)), m));
         }
     }
 }
 
-// IQ2_KS, an f16 d before the row's blocks of 70 bytes: extra (u16: bit s picks the upper
-// half for sub-block s, bit 8+s tops its scale), scales[4] (a nibble per 32 values), qs[64].
-// Scale: nibble | top bit << 4, minus 16.
-__device__ __forceinline__ void mx_deq_iq2_ks(const uint8_t* row, int c, float* out) {
-    float d = mx_ld_f16(row);
-    const uint8_t* b = row + 2 + (uint64_t)(c >> 3) * 70u;
-    int s = c & 7;
-    uint32_t extra = mx_ld_u16(b);
-    uint32_t nib = ((uint32_t)b[2 + (s >> 1)] >> (4 * (s & 1))) & 0xfu;
-    float dl = MX_FMUL(d, (float)((int)(nib | (((extra >> (8 + s)) & 1u) << 4)) - 16));
-    uint32_t q[8];
-    mx_load_words<2, 8>(b + 6 + 32 * (s >> 2), q);
-    mx_iq2k_group<32>(q, s, 0, dl, (extra >> s) & 1u, out);
-}
-
-// IQ3_KS, an f16 d before the row's blocks of 102 bytes: extra (u16: bit s tops sub-block
-// s's scale, bit 8+s picks its upper half), scales[4] (nibble s/4 of byte s%4), qs[64],
-// qh[32].
-__device__ __forceinline__ void mx_deq_iq3_ks(const uint8_t* row, int c, float* out) {
-    float d = mx_ld_f16(row);
-    const uint8_t* b = row + 2 + (uint64_t)(c >> 3) * 102u;
-    int s = c & 7;
-    uint32_t extra = mx_ld_u16(b);
-    uint32_t nib = ((uint32_t)b[2 + (s & 3)] >> (4 * (s >> 2))) & 0xfu;
-    float dl = MX_FMUL(d, (float)((int)(nib | (((extra >> s) & 1u) << 4)) - 16));
-    uint32_t q[8];
-    uint32_t qh[8];
-    mx_load_words<2, 8>(b + 6 + 32 * (s >> 2), q);
-    mx_load_words<2, 8>(b + 70, qh);
-    mx_iq3k_group<32>(q, qh, s, 0, dl, (extra >> (8 + s)) & 1u, out);
-}
-
-// IQ4_KS, an f32 d before the row's blocks of 136 bytes: scales[8] (bits 1..7 minus 127, bit
-// 0 picks the upper half), qs[128].
-__device__ __forceinline__ void mx_deq_iq4_ks(const uint8_t* row, int c, float* out) {
-    float d = mx_ld_f32(row);
-    const uint8_t* b = row + 4 + (uint64_t)(c >> 3) * 136u;
-    int s = c & 7;
-    uint32_t sc = b[s];
-    float dl = MX_FMUL(d, (float)((int)(sc & 254u) - 127));
-    uint32_t q[4];
-    mx_load_words<4, 4>(b + 8 + 16 * s, q);
-    mx_iq4k_group<32>(q, 0, dl, sc & 1u, out);
-}
-
-// IQ5_KS, an f32 d before the row's blocks of 168 bytes: scales[8] as IQ4_KS, qs[128],
-// qh[32].
-__device__ __forceinline__ void mx_deq_iq5_ks(const uint8_t* row, int c, float* out) {
-    float d = mx_ld_f32(row);
-    const uint8_t* b = row + 4 + (uint64_t)(c >> 3) * 168u;
-    int s = c & 7;
-    uint32_t sc = b[s];
-    float dl = MX_FMUL(d, (float)((int)(sc & 254u) - 127));
-    uint32_t q[8];
-    uint32_t qh[8];
-    mx_load_words<4, 8>(b + 8 + 32 * (s >> 1), q);
-    mx_load_words<4, 8>(b + 136, qh);
-    mx_iq5k_group<32>(q, qh, s, 0, dl, sc & 1u, out);
-}
-// Q6_0, 26 bytes (32 values): d, qh[8], qs[16]. Element j < 16: low nibble of qs[j] with bits
-// 4(j/8) .. 4(j/8)+1 of qh[j%8] on top; element j+16: the high nibble with the next two bits;
-// (q - 32) * d.
-__device__ __forceinline__ void mx_deq_q6_0(const uint8_t* row, int c, float* out) {
-    const uint8_t* b = row + (uint64_t)c * 26u;
-    float d = mx_ld_f16(b);
-    uint32_t qh[2];
-    uint32_t q[4];
-    mx_load_words<2, 2>(b + 2, qh);
-    mx_load_words<2, 4>(b + 10, q);
-    MX_UNROLL
-    for (int j = 0; j < 16; ++j) {
-        uint32_t v = mx_byte(q, j);
-        uint32_t h = mx_byte(qh, j & 7) >> (4 * (j >> 3));
-        uint32_t lo = (v & 0xfu) | ((h & 3u) << 4);
-        uint32_t hi = (v >> 4) | (((h >> 2) & 3u) << 4);
-        out[j] = MX_FMUL((float)((int)lo - 32), d);
-        out[j + 16] = MX_FMUL((float)((int)hi - 32), d);
-    }
-}
 
 // ---- dispatch --------------------------------------------------------------------------
 
@@ -906,24 +932,24 @@ __device__ __forceinline__ void mx_dequant_chunk(const uint8_t* row, int c, floa
     } else if (TY == MX_T_IQ1_M) {
         mx_deq_codes<TY>(row, c, out);
     } else if (TY == MX_T_IQ2_K) {
-        mx_deq_iq2_k(row, c, out);
+        mx_deq_codes<TY>(row, c, out);
     } else if (TY == MX_T_IQ3_K) {
-        mx_deq_iq3_k(row, c, out);
+        mx_deq_codes<TY>(row, c, out);
     } else if (TY == MX_T_IQ4_K) {
-        mx_deq_iq4_k(row, c, out);
+        mx_deq_codes<TY>(row, c, out);
     } else if (TY == MX_T_IQ5_K) {
-        mx_deq_iq5_k(row, c, out);
+        mx_deq_codes<TY>(row, c, out);
     } else if (TY == MX_T_IQ6_K) {
         mx_deq_iq6_k(row, c, out);
     } else if (TY == MX_T_IQ2_KS) {
-        mx_deq_iq2_ks(row, c, out);
+        mx_deq_codes<TY>(row, c, out);
     } else if (TY == MX_T_IQ3_KS) {
-        mx_deq_iq3_ks(row, c, out);
+        mx_deq_codes<TY>(row, c, out);
     } else if (TY == MX_T_IQ4_KS) {
-        mx_deq_iq4_ks(row, c, out);
+        mx_deq_codes<TY>(row, c, out);
     } else if (TY == MX_T_IQ5_KS) {
-        mx_deq_iq5_ks(row, c, out);
+        mx_deq_codes<TY>(row, c, out);
     } else if (TY == MX_T_Q6_0) {
-        mx_deq_q6_0(row, c, out);
+        mx_deq_codes<TY>(row, c, out);
     }
 }

@@ -3,10 +3,11 @@
 //! (embedding rows), launching the per-type kernels of `kernels/matmul.cu`.
 //!
 //! Weights whose values are integer codes times a scale plus an offset (the legacy types,
-//! the K-quants, IQ4_NL, IQ4_XS and the IQ1/IQ2/IQ3 grid types) multiply int8 activations (`kernels/matmul_q8.cu`, as
+//! the K-quants, IQ4_NL, IQ4_XS, the IQ1/IQ2/IQ3 grid types and ik_llama.cpp's IQ2_K..IQ6_K,
+//! IQ2_KS..IQ5_KS and Q6_0) multiply int8 activations (`kernels/matmul_q8.cu`, as
 //! llama.cpp's CUDA backend does): the activations are quantized into a work buffer the
 //! [`Gpu`] keeps, to the integers the CPU path's Q8_0 / Q8_1 / Q8_K blocks hold, then `dp4a`
-//! sums the integer codes. The other types dequantize
+//! sums the integer codes. The other types (F32, F16, BF16) dequantize
 //! 32-value chunks exactly as moxie-quant does (`kernels/quant.cuh`) and accumulate the
 //! products in f32 (`kernels/matmul.cu`). Both: one warp per output row, lanes over the
 //! row's chunks, up to eight tokens per pass over the row.
@@ -103,16 +104,16 @@ fn kernels(ty: GgmlType) -> Option<&'static Kernels> {
         IQ3_S => k!("iq3_s", 2, q8),
         IQ1_S => k!("iq1_s", 2, q8),
         IQ1_M => k!("iq1_m", 8, q8),
-        IQ2_K => k!("iq2_k", 4),
-        IQ3_K => k!("iq3_k", 2),
-        IQ4_K => k!("iq4_k", 16),
-        IQ5_K => k!("iq5_k", 16),
-        IQ6_K => k!("iq6_k", 4),
-        IQ2_KS => k!("iq2_ks", 2),
-        IQ3_KS => k!("iq3_ks", 2),
-        IQ4_KS => k!("iq4_ks", 4),
-        IQ5_KS => k!("iq5_ks", 4),
-        Q6_0 => k!("q6_0", 2),
+        IQ2_K => k!("iq2_k", 4, q8),
+        IQ3_K => k!("iq3_k", 2, q8),
+        IQ4_K => k!("iq4_k", 16, q8),
+        IQ5_K => k!("iq5_k", 16, q8),
+        IQ6_K => k!("iq6_k", 4, q8),
+        IQ2_KS => k!("iq2_ks", 2, q8),
+        IQ3_KS => k!("iq3_ks", 2, q8),
+        IQ4_KS => k!("iq4_ks", 4, q8),
+        IQ5_KS => k!("iq5_ks", 4, q8),
+        Q6_0 => k!("q6_0", 2, q8),
         _ => return None,
     })
 }

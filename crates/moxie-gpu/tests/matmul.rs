@@ -57,6 +57,9 @@ struct Tensor {
     w: Weight,
     /// `n_mat * n_out` rows of `n_in` values, as moxie-quant dequantizes them.
     rows: Vec<Vec<f32>>,
+    /// The same rows as the GPU's products read them, where that differs (IQ6_K's int8
+    /// products: its code book, [`code_book_row`]).
+    dot_rows: Option<Vec<Vec<f32>>>,
 }
 
 impl Tensor {
@@ -73,6 +76,8 @@ impl Tensor {
         let row_bytes = ty.row_bytes(n_in as u64).unwrap() as usize;
         let mut bytes = vec![0u8; row_bytes * n_out * n_mat];
         let mut rows = Vec::with_capacity(n_out * n_mat);
+        let code_book = ty == GgmlType::IQ6_K && gpu.int8_activations();
+        let mut dot_rows = Vec::new();
         for (i, dst) in bytes.chunks_exact_mut(row_bytes).enumerate() {
             // Rows of different magnitudes, so that scales vary.
             let scale = 0.05 + (i % 7) as f32 * 0.4;
@@ -108,6 +113,9 @@ impl Tensor {
             let mut row = vec![0f32; n_in];
             dequantize(dst, &mut row);
             rows.push(row);
+            if code_book {
+                dot_rows.push(code_book_row(ty, dst, n_in));
+            }
         }
         let buf = Buffer::from_bytes(gpu.backend(), &bytes).unwrap();
         let w = Weight {
@@ -118,12 +126,34 @@ impl Tensor {
             n_mat,
         };
         assert_eq!(w.row_bytes(), row_bytes);
-        Tensor { _buf: buf, w, rows }
+        Tensor {
+            _buf: buf,
+            w,
+            rows,
+            dot_rows: code_book.then_some(dot_rows),
+        }
     }
 
+    /// Row `r` of matrix `mat` as the GPU's products read it.
     fn row(&self, mat: usize, r: usize) -> &[f32] {
-        &self.rows[mat * self.w.n_out + r]
+        &self.dot_rows.as_ref().unwrap_or(&self.rows)[mat * self.w.n_out + r]
     }
+}
+
+/// A row's values as dot products read them (moxie-quant's `vec_dot` with each one-hot
+/// activation row): IQ6_K's products take its code book, whose values its dequantization's
+/// cubic only rounds to, so its int8 products are checked against these.
+fn code_book_row(ty: GgmlType, row: &[u8], n_in: usize) -> Vec<f32> {
+    let act = moxie_quant::vec_dot_type(ty).unwrap();
+    let mut q = vec![0u8; act.row_bytes(n_in as u64).unwrap() as usize];
+    (0..n_in)
+        .map(|i| {
+            let mut x = vec![0f32; n_in];
+            x[i] = 1.0;
+            moxie_quant::quantize_row(act, &x, &mut q).unwrap();
+            moxie_quant::vec_dot(ty, n_in, row, &q).unwrap()
+        })
+        .collect()
 }
 
 /// `Σ w·x` in f64, and `Σ |w·x|` (the scale of f32 rounding errors in the sum).
@@ -547,6 +577,7 @@ fn ik_code_books_equal_moxie_quants() {
         ("mx_iq3nl_values", &iqk::IQ3NL[..]),
         ("mx_iq4k_values", &iqk::IQ4K[..]),
         ("mx_iq5nl_values", &iqk::IQ5NL[..]),
+        ("mx_iq6nl_values", &iqk::IQ6NL[..]),
     ] {
         assert_eq!(table(name), want, "{name}");
     }
