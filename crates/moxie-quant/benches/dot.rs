@@ -493,8 +493,10 @@ fn attention_shaped(bencher: Bencher, product: &str, bf16: bool, heads: usize, p
         f32s(positions * dk),
         f32s(heads * positions),
     );
+    // Line-aligned, as attention's converted rows are (`moxie_quant::aligned`).
     let to_bf16 = |x: &[f32]| {
-        let mut out = vec![0u16; x.len()];
+        let mut out = moxie_quant::aligned::AlignedU16::new();
+        out.resize(x.len(), 0);
         moxie_quant::bf16gemm::f32_to_bf16(x, &mut out);
         out
     };

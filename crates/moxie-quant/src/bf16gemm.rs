@@ -416,6 +416,7 @@ mod avx512 {
 mod amx {
     use std::cell::RefCell;
 
+    use crate::aligned::AlignedU16;
     use crate::amx::{configure, dp_bf16, load, store, zero, TileConfig};
 
     thread_local! {
@@ -432,7 +433,7 @@ mod amx {
         fn trim(&mut self) {
             for v in [&mut self.shared, &mut self.edge, &mut self.pairs] {
                 if v.capacity() * 2 > KEEP_BYTES {
-                    *v = Vec::new();
+                    *v = AlignedU16::new();
                 }
             }
         }
@@ -441,11 +442,11 @@ mod amx {
     #[derive(Default)]
     struct Scratch {
         /// The operand shared by every product of a step (queries, or probabilities).
-        shared: Vec<u16>,
+        shared: AlignedU16,
         /// Zero-padded rows of the other operand where a tile would run past its end.
-        edge: Vec<u16>,
+        edge: AlignedU16,
         /// Values in pairs of positions (the B layout of `ab`).
-        pairs: Vec<u16>,
+        pairs: AlignedU16,
         /// One tile of sums.
         sums: Vec<f32>,
     }
@@ -612,16 +613,12 @@ mod amx {
                         let sums: &mut [f32; 256] = (&mut s.sums[..256]).try_into().unwrap();
                         // SAFETY: as above; `sums` holds 256 floats; the AVX-512 level is present
                         // (bf16_available implies bf16_products_fast).
-                        unsafe {
-                            store_sums(t, sums.as_mut_ptr().cast(), 64);
-                            // Sums are [position][row]: transposed into `c`.
-                            transpose_16x16(sums);
-                        }
+                        unsafe { store_sums(t, sums.as_mut_ptr().cast(), 64) };
+                        // Sums are [position][row]: transposed into `c`.
                         let j0 = p0 + 16 * t;
                         let cols = (n - j0).min(16);
-                        for (h, row) in sums.chunks_exact(16).take(hm).enumerate() {
-                            c[(h0 + h) * ldc + j0..][..cols].copy_from_slice(&row[..cols]);
-                        }
+                        // SAFETY: as above (the AVX-512 level).
+                        unsafe { store_transposed(sums, &mut c[h0 * ldc + j0..], ldc, hm, cols) };
                     }
                 }
             }
@@ -629,21 +626,32 @@ mod amx {
         });
     }
 
-    /// Transpose 16 x 16 floats in place (the int8 GEMM's 32-bit lane transpose).
+    /// Element (j, h) of `sums` (16 x 16, [position][row]) into `c[h * ldc + j]` for rows
+    /// `h < rows` and positions `j < cols`: one transpose in registers (the int8 GEMM's 32-bit
+    /// lane transpose) and a masked store per row.
     ///
     /// # Safety
     /// The AVX-512 level present (`crate::simd_level()`: AVX-512 F/BW/VL/VNNI on AVX2/FMA/F16C).
-    pub(super) unsafe fn transpose_16x16(m: &mut [f32; 256]) {
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub(super) unsafe fn store_transposed(
+        sums: &[f32; 256],
+        c: &mut [f32],
+        ldc: usize,
+        rows: usize,
+        cols: usize,
+    ) {
         use std::arch::x86_64::*;
-        // SAFETY: 16 loads and stores of 16 lanes inside the 256; the target features of the
-        // transpose are the AVX-512 level's (the caller's contract).
-        unsafe {
-            let r: [__m512i; 16] =
-                std::array::from_fn(|i| _mm512_loadu_si512(m.as_ptr().add(16 * i).cast()));
-            let t = crate::simd::x86_avx512_iqk::transpose_16x16(r);
-            for (i, x) in t.iter().enumerate() {
-                _mm512_storeu_si512(m.as_mut_ptr().add(16 * i).cast(), *x);
-            }
+        debug_assert!(rows <= 16 && cols <= 16);
+        // SAFETY: 16 loads of 16 lanes inside the 256.
+        let r: [__m512i; 16] = std::array::from_fn(|i| unsafe {
+            _mm512_loadu_si512(sums.as_ptr().add(16 * i).cast())
+        });
+        let t = crate::simd::x86_avx512_iqk::transpose_16x16(r);
+        let mask = ((1u32 << cols) - 1) as u16;
+        for (h, row) in t.iter().enumerate().take(rows) {
+            let dst = &mut c[h * ldc..][..cols];
+            // SAFETY: the mask writes the first `cols` lanes, all inside `dst`.
+            unsafe { _mm512_mask_storeu_ps(dst.as_mut_ptr(), mask, _mm512_castsi512_ps(*row)) };
         }
     }
 
@@ -819,16 +827,21 @@ mod tests {
 
     #[cfg(target_arch = "x86_64")]
     #[test]
-    fn transpose_16x16_transposes() {
+    fn store_transposed_writes_the_transpose_of_each_part() {
         if !crate::amx::bf16_available() {
             return;
         }
-        let mut m: [f32; 256] = std::array::from_fn(|i| i as f32);
-        // SAFETY: bf16_available implies the AVX-512 level.
-        unsafe { super::amx::transpose_16x16(&mut m) };
-        for i in 0..16 {
-            for j in 0..16 {
-                assert_eq!(m[16 * i + j], (16 * j + i) as f32, "[{i}][{j}]");
+        let m: [f32; 256] = std::array::from_fn(|i| i as f32);
+        for (rows, cols) in [(16, 16), (5, 16), (16, 3), (1, 1)] {
+            let ldc = 19;
+            let mut c = vec![-1f32; (rows - 1) * ldc + cols];
+            // SAFETY: bf16_available implies the AVX-512 level.
+            unsafe { super::amx::store_transposed(&m, &mut c, ldc, rows, cols) };
+            for h in 0..rows {
+                for j in 0..ldc.min(c.len() - h * ldc) {
+                    let want = if j < cols { (16 * j + h) as f32 } else { -1.0 };
+                    assert_eq!(c[h * ldc + j], want, "{rows}x{cols}: [{h}][{j}]");
+                }
             }
         }
     }

@@ -45,6 +45,7 @@
 // Index loops mirror ggml's C loops one to one, which keeps the ports reviewable.
 #![allow(clippy::needless_range_loop)]
 
+pub mod aligned;
 pub mod amx;
 pub(crate) mod bf16;
 pub mod bf16gemm;

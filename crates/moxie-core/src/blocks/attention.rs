@@ -3,6 +3,7 @@
 //! layer's state. Exact numerics follow ggml's non-flash path to the last bit; fast numerics
 //! use blocked f32 products (docs/architecture.md, "Numerics").
 
+use moxie_quant::aligned::AlignedU16;
 use moxie_quant::GgmlType;
 
 use crate::blocks::dsa::TopK;
@@ -821,16 +822,17 @@ fn bf16_products(g: AttnGeom, n_kv: usize, keys: CacheRows, values: Option<Cache
         && g.dv.is_multiple_of(32)
 }
 
-/// Rows in the products' type: f32, or bf16 for bf16 products ([`bf16_products`]).
+/// Rows in the products' type: f32, or bf16 for bf16 products ([`bf16_products`]), whose
+/// rows start on cache lines (AMX tile loads of rows across two lines are ~3x slower).
 enum Converted {
     F32(Vec<f32>),
-    Bf16(Vec<u16>),
+    Bf16(AlignedU16),
 }
 
 impl Converted {
     fn new(bf16: bool) -> Converted {
         if bf16 {
-            Converted::Bf16(Vec::new())
+            Converted::Bf16(AlignedU16::new())
         } else {
             Converted::F32(Vec::new())
         }
