@@ -660,18 +660,20 @@ impl Block for Moe {
         } else {
             0
         };
-        if self.experts_device == id || stream_chunk > 0 {
+        let io = [h, ids, weights, x];
+        // (false where the GPU could not give the streamed experts' memory after all: the
+        // host computes them below.)
+        let streamed =
+            stream_chunk > 0 && self.streamed_experts_gpu(p, &gpu, id, n, stream_chunk, io)?;
+        if self.experts_device == id || streamed {
+            if !streamed {
+                let experts = self.resident_experts()?;
+                self.routed_experts_gpu(&mut p.gpu, &gpu, id, n, experts, io, true)?;
+            }
             // The routes stay on the GPU: count them there.
             if let Some(t) = &self.tally {
                 let phase = crate::telemetry::Phase::of_batch(n) as usize;
                 gpu.route_tally(ids, weights, n, k, r.n_expert, phase, t.ptr())?;
-            }
-            let io = [h, ids, weights, x];
-            if stream_chunk > 0 {
-                self.streamed_experts_gpu(p, &gpu, id, n, stream_chunk, io)?;
-            } else {
-                let experts = self.resident_experts()?;
-                self.routed_experts_gpu(&mut p.gpu, &gpu, id, n, experts, io, true)?;
             }
             if let Some(o) = self.shared_gpu(&mut p.gpu, &gpu, id, h, n)? {
                 gpu.add(x, o, n * e)?;
@@ -875,7 +877,9 @@ impl Moe {
     /// there; `x += ` their weighted sum. Each chunk's expert rows are zero for the routes to
     /// other chunks, and they add up in one buffer before the one weighted sum, so the result
     /// is the one of computing every expert at once, bit for bit, whatever the chunk size.
-    /// Experts no token chose are not copied.
+    /// Experts no token chose are not copied. `false` (nothing done) where the memory for
+    /// the chunk's copies cannot be had after all (its budget, or the device's allocator):
+    /// the caller computes the experts on the host instead.
     fn streamed_experts_gpu(
         &self,
         p: &mut Pass,
@@ -884,7 +888,7 @@ impl Moe {
         n: usize,
         chunk: usize,
         [h, ids, weights, x]: [DevPtr; 4],
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let (k, e, n_expert) = (
             self.routing.n_expert_used,
             self.n_embd(),
@@ -904,15 +908,19 @@ impl Moe {
         if chosen.is_empty() {
             // No route names an expert of the layer: every row is zero, `x` stays.
             p.gpu.give_host(id, host);
-            return Ok(());
+            return Ok(true);
         }
         let chunk = chunk.min(chosen.len()).max(1);
-        let _held = p.devices.reserve(
+        let held = p.devices.reserve(
             id,
             chunk as u64 * self.expert_bytes(),
             "op offload's streamed experts",
-        )?;
-        let slots = GpuExpertSlots::new(gpu, self, chunk)?;
+        );
+        let slots = held.and_then(|held| Ok((held, GpuExpertSlots::new(gpu, self, chunk)?)));
+        let Ok((_held, slots)) = slots else {
+            p.gpu.give_host(id, host);
+            return Ok(false);
+        };
         let operands = slots.operands(self);
         let rows = p.gpu.buf(id, "exp_down", n * k * e)?;
         let part = if chosen.len() > chunk {
@@ -961,7 +969,7 @@ impl Moe {
         }
         gpu.moe_sum(rows, weights, x, n, k, e, true)?;
         p.gpu.give_host(id, host);
-        Ok(())
+        Ok(true)
     }
 
     /// The routed experts on GPU `id` for a layer whose router ran elsewhere: the normed
