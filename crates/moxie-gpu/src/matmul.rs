@@ -252,6 +252,22 @@ fn q8x_block(ty: GgmlType) -> usize {
     }
 }
 
+/// Whether `mul_mat_id` of `w` groups its `n_ids` routed rows by expert first: where experts
+/// see several rows each (prompt batches).
+fn groups_rows(w: &Weight, n_ids: usize) -> bool {
+    n_ids >= GROUP_ROWS_PER_EXPERT * w.n_mat
+}
+
+/// The q8x work buffer's bytes of scratch `mul_mat_id` of `w` over `n_ids` rows needs: the
+/// grouping's, where it groups.
+fn id_extra_bytes(w: &Weight, n_ids: usize) -> usize {
+    if groups_rows(w, n_ids) {
+        group_bytes(w.n_mat, n_ids)
+    } else {
+        0
+    }
+}
+
 fn q8x_layout(rows: usize, n_in: usize, extra: usize) -> Option<(usize, usize, usize)> {
     let codes = rows.checked_mul(n_in)?.checked_next_multiple_of(256)?;
     let meta_end = codes.checked_add(rows.checked_mul(n_in / 32 * 16)?)?;
@@ -428,24 +444,9 @@ impl Gpu {
         if n_batch == 0 || n_tok == 0 || w.n_out == 0 {
             return Ok(());
         }
-        if let Some((q8_name, _, _)) = kernels(w.ty).and_then(|k| k.q8).filter(|_| self.int8) {
+        if self.int8 && Gpu::has_int8_kernels(w.ty) {
             let product = |qs: DevPtr, meta: DevPtr, _: DevPtr| {
-                let args = [
-                    Arg::Ptr(w.ptr),
-                    Arg::U64(w.row_bytes() as u64),
-                    Arg::U64(w.mat_bytes() as u64),
-                    Arg::I32(int(q8_name, "n_in", w.n_in)?),
-                    Arg::I32(int(q8_name, "n_out", w.n_out)?),
-                    Arg::I32(int(q8_name, "n_batch", n_batch)?),
-                    Arg::Ptr(qs),
-                    Arg::Ptr(meta),
-                    Arg::Ptr(y),
-                    Arg::I32(int(q8_name, "ldy", ldy)?),
-                    Arg::I32(int(q8_name, "y_batch", y_batch)?),
-                    Arg::I32(int(q8_name, "n_tok", n_tok)?),
-                ];
-                self.backend()
-                    .launch(q8_name, warp_per_row(w.n_out, n_batch), &args)
+                self.mul_mat_q8(w, n_batch, qs, meta, y, ldy, y_batch, n_tok)
             };
             if self.with_q8x(w.ty, x, w.n_in, n_batch, ldx, x_batch, n_tok, 0, product)? {
                 return Ok(());
@@ -468,6 +469,90 @@ impl Gpu {
         ];
         self.backend()
             .launch(name, warp_per_row(w.n_out, n_batch), &args)
+    }
+
+    /// Dense products of several weights with one input: for each `(w, y, ldy)` of
+    /// `products`, `y[t*ldy + r] = Σ_i W[r][i] · x[t*ldx + i]` (as [`Gpu::mul_mat`] with one
+    /// matrix). Where every weight takes the same int8 activations (int8 kernels, the same
+    /// `n_in` and activation block: q/k/v, gate/up), `x` is quantized once for all of them;
+    /// else each product is a `mul_mat` of its own. The results are the same either way.
+    pub fn mul_mats(
+        &self,
+        products: &[(&Weight, DevPtr, usize)],
+        x: DevPtr,
+        ldx: usize,
+        n_tok: usize,
+    ) -> Result<()> {
+        let separate = || {
+            products
+                .iter()
+                .try_for_each(|&(w, y, ldy)| self.mul_mat(w, 1, x, ldx, 0, y, ldy, 0, n_tok))
+        };
+        let Some(&(first, _, _)) = products.first() else {
+            return Ok(());
+        };
+        let shared = self.int8
+            && products.len() > 1
+            && n_tok > 0
+            && products.iter().all(|&(w, _, _)| {
+                Gpu::has_int8_kernels(w.ty)
+                    && w.n_in == first.n_in
+                    && q8x_block(w.ty) == q8x_block(first.ty)
+            });
+        if !shared {
+            return separate();
+        }
+        for &(w, y, ldy) in products {
+            let name = check_weight(w, |k| k.mul_mat)?;
+            check_ldy(name, n_tok, ldy, w.n_out)?;
+            check_align4(name, "y", y)?;
+        }
+        check_align4("mul_mats", "x", x)?;
+        let all = |qs: DevPtr, meta: DevPtr, _: DevPtr| {
+            products.iter().try_for_each(|&(w, y, ldy)| match w.n_out {
+                0 => Ok(()),
+                _ => self.mul_mat_q8(w, 1, qs, meta, y, ldy, 0, n_tok),
+            })
+        };
+        if self.with_q8x(first.ty, x, first.n_in, 1, ldx, 0, n_tok, 0, all)? {
+            return Ok(());
+        }
+        separate()
+    }
+
+    /// The int8 product of [`Gpu::mul_mat`] over activations already in q8x form (`qs`,
+    /// `meta`).
+    #[allow(clippy::too_many_arguments)]
+    fn mul_mat_q8(
+        &self,
+        w: &Weight,
+        n_batch: usize,
+        qs: DevPtr,
+        meta: DevPtr,
+        y: DevPtr,
+        ldy: usize,
+        y_batch: usize,
+        n_tok: usize,
+    ) -> Result<()> {
+        let (q8_name, _, _) = kernels(w.ty)
+            .and_then(|k| k.q8)
+            .expect("callers checked has_int8_kernels");
+        let args = [
+            Arg::Ptr(w.ptr),
+            Arg::U64(w.row_bytes() as u64),
+            Arg::U64(w.mat_bytes() as u64),
+            Arg::I32(int(q8_name, "n_in", w.n_in)?),
+            Arg::I32(int(q8_name, "n_out", w.n_out)?),
+            Arg::I32(int(q8_name, "n_batch", n_batch)?),
+            Arg::Ptr(qs),
+            Arg::Ptr(meta),
+            Arg::Ptr(y),
+            Arg::I32(int(q8_name, "ldy", ldy)?),
+            Arg::I32(int(q8_name, "y_batch", y_batch)?),
+            Arg::I32(int(q8_name, "n_tok", n_tok)?),
+        ];
+        self.backend()
+            .launch(q8_name, warp_per_row(w.n_out, n_batch), &args)
     }
 
     /// Routed experts: for `j < n_ids`, with `e = ids[j]` (device `i32`s),
@@ -497,41 +582,13 @@ impl Gpu {
         if n_ids == 0 || w.n_out == 0 {
             return Ok(());
         }
-        if let Some((_, q8_name, grouped)) = kernels(w.ty).and_then(|k| k.q8).filter(|_| self.int8)
-        {
-            let n_mat = int(q8_name, "n_mat", w.n_mat)?;
-            // Grouped by expert where experts see several rows each (prompt batches).
-            let group = n_ids >= GROUP_ROWS_PER_EXPERT * w.n_mat;
+        if self.int8 && Gpu::has_int8_kernels(w.ty) {
             let product = |qs: DevPtr, meta: DevPtr, aux: DevPtr| {
-                if group {
-                    return self
-                        .mul_mat_id_grouped(w, grouped, ids, n_ids, qs, meta, aux, x_div, y, ldy);
-                }
-                let args = [
-                    Arg::Ptr(w.ptr),
-                    Arg::U64(w.row_bytes() as u64),
-                    Arg::U64(w.mat_bytes() as u64),
-                    Arg::I32(int(q8_name, "n_in", w.n_in)?),
-                    Arg::I32(int(q8_name, "n_out", w.n_out)?),
-                    Arg::I32(n_mat),
-                    Arg::Ptr(ids),
-                    Arg::I32(int(q8_name, "n_ids", n_ids)?),
-                    Arg::Ptr(qs),
-                    Arg::Ptr(meta),
-                    Arg::I32(int(q8_name, "x_div", x_div)?),
-                    Arg::Ptr(y),
-                    Arg::I32(int(q8_name, "ldy", ldy)?),
-                ];
-                self.backend()
-                    .launch(q8_name, warp_per_row(w.n_out, n_ids), &args)
+                self.mul_mat_id_q8(w, ids, n_ids, qs, meta, aux, x_div, y, ldy)
             };
             // The rows the routed rows read: one per x_div of them.
             let n_x = n_ids.div_ceil(x_div);
-            let extra = if group {
-                group_bytes(w.n_mat, n_ids)
-            } else {
-                0
-            };
+            let extra = id_extra_bytes(w, n_ids);
             if self.with_q8x(w.ty, x, w.n_in, 1, ldx, 0, n_x, extra, product)? {
                 return Ok(());
             }
@@ -553,6 +610,107 @@ impl Gpu {
         ];
         self.backend()
             .launch(name, warp_per_row(w.n_out, n_ids), &args)
+    }
+
+    /// Routed products of several weights with one input and one set of routes (an expert
+    /// layer's gate and up): for each `(w, y, ldy)` of `products`, [`Gpu::mul_mat_id`] of `w`
+    /// into `y`. Where every weight takes the same int8 activations, `x` is quantized once for
+    /// all of them; the results are the same either way.
+    #[allow(clippy::too_many_arguments)]
+    pub fn mul_mat_ids(
+        &self,
+        products: &[(&Weight, DevPtr, usize)],
+        ids: DevPtr,
+        n_ids: usize,
+        x: DevPtr,
+        ldx: usize,
+        x_div: usize,
+    ) -> Result<()> {
+        let separate = || {
+            products
+                .iter()
+                .try_for_each(|&(w, y, ldy)| self.mul_mat_id(w, ids, n_ids, x, ldx, x_div, y, ldy))
+        };
+        let Some(&(first, _, _)) = products.first() else {
+            return Ok(());
+        };
+        let shared = self.int8
+            && products.len() > 1
+            && n_ids > 0
+            && x_div > 0
+            && products.iter().all(|&(w, _, _)| {
+                Gpu::has_int8_kernels(w.ty)
+                    && w.n_in == first.n_in
+                    && q8x_block(w.ty) == q8x_block(first.ty)
+            });
+        if !shared {
+            return separate();
+        }
+        for &(w, y, ldy) in products {
+            let name = check_weight(w, |k| k.mul_mat_id)?;
+            check_ldy(name, n_ids, ldy, w.n_out)?;
+            check_align4(name, "y", y)?;
+        }
+        check_align4("mul_mat_ids", "x", x)?;
+        check_align4("mul_mat_ids", "ids", ids)?;
+        // The products run one after another on the stream, so they share the scratch.
+        let extra = products
+            .iter()
+            .map(|&(w, _, _)| id_extra_bytes(w, n_ids))
+            .max()
+            .unwrap_or(0);
+        let all = |qs: DevPtr, meta: DevPtr, aux: DevPtr| {
+            products.iter().try_for_each(|&(w, y, ldy)| match w.n_out {
+                0 => Ok(()),
+                _ => self.mul_mat_id_q8(w, ids, n_ids, qs, meta, aux, x_div, y, ldy),
+            })
+        };
+        let n_x = n_ids.div_ceil(x_div);
+        if self.with_q8x(first.ty, x, first.n_in, 1, ldx, 0, n_x, extra, all)? {
+            return Ok(());
+        }
+        separate()
+    }
+
+    /// The int8 product of [`Gpu::mul_mat_id`] over activations already in q8x form: grouped
+    /// by expert (in `aux`, [`id_extra_bytes`]) where experts see several rows each (prompt
+    /// batches), else a row at a time.
+    #[allow(clippy::too_many_arguments)]
+    fn mul_mat_id_q8(
+        &self,
+        w: &Weight,
+        ids: DevPtr,
+        n_ids: usize,
+        qs: DevPtr,
+        meta: DevPtr,
+        aux: DevPtr,
+        x_div: usize,
+        y: DevPtr,
+        ldy: usize,
+    ) -> Result<()> {
+        let (_, q8_name, grouped) = kernels(w.ty)
+            .and_then(|k| k.q8)
+            .expect("callers checked has_int8_kernels");
+        if groups_rows(w, n_ids) {
+            return self.mul_mat_id_grouped(w, grouped, ids, n_ids, qs, meta, aux, x_div, y, ldy);
+        }
+        let args = [
+            Arg::Ptr(w.ptr),
+            Arg::U64(w.row_bytes() as u64),
+            Arg::U64(w.mat_bytes() as u64),
+            Arg::I32(int(q8_name, "n_in", w.n_in)?),
+            Arg::I32(int(q8_name, "n_out", w.n_out)?),
+            Arg::I32(int(q8_name, "n_mat", w.n_mat)?),
+            Arg::Ptr(ids),
+            Arg::I32(int(q8_name, "n_ids", n_ids)?),
+            Arg::Ptr(qs),
+            Arg::Ptr(meta),
+            Arg::I32(int(q8_name, "x_div", x_div)?),
+            Arg::Ptr(y),
+            Arg::I32(int(q8_name, "ldy", ldy)?),
+        ];
+        self.backend()
+            .launch(q8_name, warp_per_row(w.n_out, n_ids), &args)
     }
 
     /// Embedding lookup: `out[j*n_in + i] = W[rows[j]][i]` as f32 for `j < n`, with `rows`

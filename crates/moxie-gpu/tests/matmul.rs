@@ -732,3 +732,110 @@ fn routed_batches_grouped_by_expert() {
         }
     }
 }
+
+/// Products that share their input (`mul_mats`: q/k/v, gate/up; `mul_mat_ids`: an expert
+/// layer's gate and up) give each product's results bit for bit, and quantize the input once
+/// where every weight takes the same int8 activations: 1 + n launches instead of 2n. Weights
+/// of different activation blocks (Q8_0 and Q4_K) or without int8 kernels (F16) take separate
+/// products. Decode-sized (grouped by nothing) and prompt-sized (grouped by expert) routes.
+#[test]
+fn products_sharing_an_input_quantize_it_once() {
+    let mut rng = Rng(53);
+    let emu = EmuGpu::new("EMU0", 256 << 20);
+    let backend: Arc<dyn GpuBackend> = emu.clone();
+    let gpu = Gpu::new(backend).with_int8_activations(true);
+    let n_in = 512;
+    for (types, shared) in [
+        (
+            &[GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::IQ4_XS][..],
+            true,
+        ),
+        (&[GgmlType::Q8_0, GgmlType::Q4_0][..], true),
+        (&[GgmlType::Q8_0, GgmlType::Q4_K][..], false),
+        (&[GgmlType::Q4_K, GgmlType::F16][..], false),
+    ] {
+        let ts: Vec<Tensor> = types
+            .iter()
+            .enumerate()
+            .map(|(i, &ty)| Tensor::new(&gpu, ty, n_in, 5 + 3 * i, 4, &mut rng))
+            .collect();
+        for (n_tok, ids) in [
+            (3, vec![0, 3, 1, 2, -1, 0]),
+            (40, (0..80).map(|j| j % 5 - 1).collect::<Vec<i32>>()),
+        ] {
+            let ldx = n_in + 3;
+            let x = rng.vec(ldx * n_tok);
+            let xb = Buffer::from_f32(gpu.backend(), &x).unwrap();
+            let idb = Buffer::from_bytes(gpu.backend(), bytemuck::cast_slice(&ids)).unwrap();
+            let outs = |rows: usize| -> Vec<(Buffer, usize)> {
+                ts.iter()
+                    .map(|t| {
+                        let ldy = t.w.n_out + 2;
+                        let b = Buffer::from_f32(gpu.backend(), &vec![SENTINEL; ldy * rows]);
+                        (b.unwrap(), ldy)
+                    })
+                    .collect()
+            };
+            let read_all = |bs: &[(Buffer, usize)], rows: usize| -> Vec<Vec<f32>> {
+                bs.iter().map(|(b, ldy)| download(b, ldy * rows)).collect()
+            };
+            // Dense: one at a time, then together.
+            let (one, all) = (outs(n_tok), outs(n_tok));
+            let before = emu.launches();
+            for (t, (b, ldy)) in ts.iter().zip(&one) {
+                gpu.mul_mat(&t.w, 1, xb.ptr(), ldx, 0, b.ptr(), *ldy, 0, n_tok)
+                    .unwrap();
+            }
+            let separate = emu.launches() - before;
+            let products: Vec<_> = ts
+                .iter()
+                .zip(&all)
+                .map(|(t, (b, ldy))| (&t.w, b.ptr(), *ldy))
+                .collect();
+            let before = emu.launches();
+            gpu.mul_mats(&products, xb.ptr(), ldx, n_tok).unwrap();
+            let together = emu.launches() - before;
+            assert_eq!(
+                read_all(&one, n_tok),
+                read_all(&all, n_tok),
+                "{types:?} dense"
+            );
+            let want = if shared {
+                1 + ts.len() as u64
+            } else {
+                separate
+            };
+            assert_eq!(together, want, "{types:?} dense: launches");
+            // Routed, x rows shared by 2 routes each.
+            let n_ids = ids.len();
+            let (one, all) = (outs(n_ids), outs(n_ids));
+            let before = emu.launches();
+            for (t, (b, ldy)) in ts.iter().zip(&one) {
+                gpu.mul_mat_id(&t.w, idb.ptr(), n_ids, xb.ptr(), ldx, 2, b.ptr(), *ldy)
+                    .unwrap();
+            }
+            let separate = emu.launches() - before;
+            let products: Vec<_> = ts
+                .iter()
+                .zip(&all)
+                .map(|(t, (b, ldy))| (&t.w, b.ptr(), *ldy))
+                .collect();
+            let before = emu.launches();
+            gpu.mul_mat_ids(&products, idb.ptr(), n_ids, xb.ptr(), ldx, 2)
+                .unwrap();
+            let together = emu.launches() - before;
+            assert_eq!(
+                read_all(&one, n_ids),
+                read_all(&all, n_ids),
+                "{types:?} routed"
+            );
+            // One quantization fewer per product after the first.
+            let want = if shared {
+                separate - (ts.len() as u64 - 1)
+            } else {
+                separate
+            };
+            assert_eq!(together, want, "{types:?} routed {n_ids}: launches");
+        }
+    }
+}

@@ -337,9 +337,13 @@ impl Block for DeltaNet {
         let qkv = p.gpu.buf(id, "dn_qkv", n * ch)?;
         let z = p.gpu.buf(id, "dn_z", n * vd)?;
         let ba = p.gpu.buf(id, "dn_ba", n * 2 * nv)?;
-        gpu.mul_mat(&weight(&self.wqkv)?, 1, h, e, 0, qkv, ch, 0, n)?;
-        gpu.mul_mat(&weight(&self.wz)?, 1, h, e, 0, z, vd, 0, n)?;
-        gpu.mul_mat(&weight(&self.wba)?, 1, h, e, 0, ba, 2 * nv, 0, n)?;
+        let (wqkv, wz, wba) = (weight(&self.wqkv)?, weight(&self.wz)?, weight(&self.wba)?);
+        gpu.mul_mats(
+            &[(&wqkv, qkv, ch), (&wz, z, vd), (&wba, ba, 2 * nv)],
+            h,
+            e,
+            n,
+        )?;
         let beta = p.gpu.buf(id, "dn_beta", n * nv)?;
         let g = p.gpu.buf(id, "dn_g", n * nv)?;
         let (dt_bias, a) = (self.dt_bias.ptr("ssm_dt.bias")?, self.a.ptr("ssm_a")?);

@@ -529,7 +529,10 @@ impl Indexer {
         let q = p.gpu.buf(id, "dsa_q", n * nh * d)?;
         gpu.mul_mat(&weight(&self.wq_b)?, 1, qa, q_lora, 0, q, nh * d, 0, n)?;
         let k = p.gpu.buf(id, "dsa_k", n * d)?;
-        gpu.mul_mat(&weight(&self.wk)?, 1, h, e, 0, k, d, 0, n)?;
+        // The keys and the head weights from one quantization of `h`.
+        let w = p.gpu.buf(id, "dsa_w", n * nh)?;
+        let (wk, proj) = (weight(&self.wk)?, weight(&self.proj)?);
+        gpu.mul_mats(&[(&wk, k, d), (&proj, w, nh)], h, e, n)?;
         let norm_w = self
             .k_norm
             .as_ref()
@@ -541,8 +544,6 @@ impl Indexer {
             .map(|v| v.ptr("indexer.k_norm.bias"))
             .transpose()?;
         gpu.layer_norm(k, norm_w, norm_b, k, n, d, 0.0)?;
-        let w = p.gpu.buf(id, "dsa_w", n * nh)?;
-        gpu.mul_mat(&weight(&self.proj)?, 1, h, e, 0, w, nh, 0, n)?;
         gpu.scale(w, 1.0 / ((d * nh) as f32).sqrt(), n * nh)?;
         let cs = p.gpu.rope_table(id)?;
         let pairs = p.gpu.n_pairs;

@@ -78,8 +78,8 @@ impl DenseFfn {
         let n_ff = gate.n_out;
         let gb = g.buf(id, "ffn_gate", n * n_ff)?;
         let ub = g.buf(id, "ffn_up", n * n_ff)?;
-        gpu.mul_mat(&gate, 1, h, gate.n_in, 0, gb, n_ff, 0, n)?;
-        gpu.mul_mat(&weight(&self.up)?, 1, h, gate.n_in, 0, ub, n_ff, 0, n)?;
+        let up = weight(&self.up)?;
+        gpu.mul_mats(&[(&gate, gb, n_ff), (&up, ub, n_ff)], h, gate.n_in, n)?;
         gpu.swiglu(gb, ub, n * n_ff)?;
         let down = weight(&self.down)?;
         let o = g.buf(id, "ffn_out", n * down.n_out)?;

@@ -190,20 +190,28 @@ impl Block for Gqa {
         let q = p.gpu.buf(id, "q", n * nh * hd)?;
         let k = p.gpu.buf(id, "k", n * nkv * hd)?;
         let v = p.gpu.buf(id, "v", n * nkv * dv)?;
+        // q (with its gates, [query | gate] per head, where gated), k and v from one
+        // quantization of `h`.
+        let (wq, wk, wv) = (weight(&self.wq)?, weight(&self.wk)?, weight(&self.wv)?);
+        let qg = match self.gated {
+            true => p.gpu.buf(id, "q_gate_in", n * nh * 2 * hd)?,
+            false => q,
+        };
+        gpu.mul_mats(
+            &[(&wq, qg, wq.n_out), (&wk, k, nkv * hd), (&wv, v, nkv * dv)],
+            h,
+            c.n_embd,
+            n,
+        )?;
         let gate = if self.gated {
-            // [query | gate] per head, split into the query heads and the gates.
-            let qg = p.gpu.buf(id, "q_gate_in", n * nh * 2 * hd)?;
-            gpu.mul_mat(&weight(&self.wq)?, 1, h, c.n_embd, 0, qg, nh * 2 * hd, 0, n)?;
+            // Split into the query heads and the gates.
             let gate = p.gpu.buf(id, "q_gate", n * nh * hd)?;
             gpu.copy_rows(q, hd, qg, 2 * hd, n * nh, hd)?;
             gpu.copy_rows(gate, hd, qg.offset::<f32>(hd), 2 * hd, n * nh, hd)?;
             Some(gate)
         } else {
-            gpu.mul_mat(&weight(&self.wq)?, 1, h, c.n_embd, 0, q, nh * hd, 0, n)?;
             None
         };
-        gpu.mul_mat(&weight(&self.wk)?, 1, h, c.n_embd, 0, k, nkv * hd, 0, n)?;
-        gpu.mul_mat(&weight(&self.wv)?, 1, h, c.n_embd, 0, v, nkv * dv, 0, n)?;
         for (b, y, width, what) in [
             (&self.bq, q, nh * hd, "attn_q.bias"),
             (&self.bk, k, nkv * hd, "attn_k.bias"),

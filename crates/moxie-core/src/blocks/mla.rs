@@ -444,18 +444,26 @@ impl Block for Mla {
         let nope = dk - n_rot;
         let dv = s.head_v;
         let q = p.gpu.buf(id, "q", n * nh * dk)?;
+        // The latent and rope part of the keys, from the quantization of `h` the first query
+        // product takes.
+        let kw = rank + n_rot;
+        let kvr = p.gpu.buf(id, "kv", n * kw)?;
+        let wkv_a = weight(&self.wkv_a)?;
         let mut qa_dev = None;
         match &self.wq_a {
             Some((wq_a, norm)) => {
                 let wa = weight(wq_a)?;
                 let qa = p.gpu.buf(id, "q_a", n * wa.n_out)?;
-                gpu.mul_mat(&wa, 1, h, c.n_embd, 0, qa, wa.n_out, 0, n)?;
+                gpu.mul_mats(&[(&wa, qa, wa.n_out), (&wkv_a, kvr, kw)], h, c.n_embd, n)?;
                 let norm = norm.ptr("attn_q_a_norm")?;
                 gpu.rms_norm(qa, wa.n_out, norm, qa, wa.n_out, n, wa.n_out, c.rms_eps)?;
                 gpu.mul_mat(&weight(&self.wq_b)?, 1, qa, wa.n_out, 0, q, nh * dk, 0, n)?;
                 qa_dev = Some(qa);
             }
-            None => gpu.mul_mat(&weight(&self.wq_b)?, 1, h, c.n_embd, 0, q, nh * dk, 0, n)?,
+            None => {
+                let wq = weight(&self.wq_b)?;
+                gpu.mul_mats(&[(&wq, q, nh * dk), (&wkv_a, kvr, kw)], h, c.n_embd, n)?;
+            }
         }
         // The positions each query attends to (DSA), from the normed `q_a`.
         if let Some(Sparse::Indexer(ix)) = &self.sparse {
@@ -467,9 +475,6 @@ impl Block for Mla {
             Some(_) => gpu_selection(p, id)?,
             None => None,
         };
-        let kw = rank + n_rot;
-        let kvr = p.gpu.buf(id, "kv", n * kw)?;
-        gpu.mul_mat(&weight(&self.wkv_a)?, 1, h, c.n_embd, 0, kvr, kw, 0, n)?;
         // Absorbed queries [latent | rope] per head: attn_k_b maps each head's nope part.
         let qw = rank + n_rot;
         let qfull = p.gpu.buf(id, "q_full", n * nh * qw)?;

@@ -839,8 +839,7 @@ impl Moe {
         let n_ff = gate.n_out;
         let g = gp.buf(id, "exp_gate", n * k * n_ff)?;
         let u = gp.buf(id, "exp_up", n * k * n_ff)?;
-        gpu.mul_mat_id(&gate, ids, n * k, h, e, k, g, n_ff)?;
-        gpu.mul_mat_id(&up, ids, n * k, h, e, k, u, n_ff)?;
+        gpu.mul_mat_ids(&[(&gate, g, n_ff), (&up, u, n_ff)], ids, n * k, h, e, k)?;
         gpu.swiglu(g, u, n * k * n_ff)?;
         gpu.mul_mat_id(&down, ids, n * k, g, n_ff, 1, d, e)?;
         Ok(())
