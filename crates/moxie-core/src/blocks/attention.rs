@@ -622,9 +622,12 @@ fn attend_batch(
                     if let Converted::F32(qs) = &mut s.run.q {
                         round_through(q_ty, g.dk, qs, &mut s.run.tmp);
                     }
-                    s.state.resize(rows * (g.dv + 2), 0.0);
-                    start_run(g, &mut s.state);
+                    // One tile (a context within BATCH_KV_TILE): its normalised probabilities
+                    // weight the values straight into the output, no running state.
                     let one_tile = kv_len <= BATCH_KV_TILE;
+                    let state_len = if one_tile { 0 } else { rows * (g.dv + 2) };
+                    s.state.resize(state_len, 0.0);
+                    start_run(g, &mut s.state);
                     for j0 in (0..kv_len).step_by(BATCH_KV_TILE) {
                         let b = BATCH_KV_TILE.min(kv_len - j0);
                         let r = &mut s.run;
@@ -670,11 +673,7 @@ fn attend_batch(
                                 r.k.scores(&r.q, 0, rows, b, g.dk, 0, g.dk, &mut r.scores, &[])
                             }
                         }
-                        let rows_state = r
-                            .scores
-                            .chunks_exact_mut(b)
-                            .zip(s.state.chunks_exact_mut(g.dv + 2));
-                        for (i, (srow, st)) in rows_state.enumerate() {
+                        for (i, srow) in r.scores.chunks_exact_mut(b).enumerate() {
                             let t = t0 + i / group;
                             // Positions of this tile the row sees (causal).
                             let len = (g.pos0 + t + 1).saturating_sub(j0).min(b);
@@ -689,9 +688,8 @@ fn attend_batch(
                                 if round_p {
                                     srow.iter_mut().for_each(|p| *p = f16_round(*p));
                                 }
-                                st[0] = 0.0;
-                                st[1] = 1.0;
                             } else {
+                                let st = &mut s.state[i * (g.dv + 2)..(i + 1) * (g.dv + 2)];
                                 online_softmax_row(g.kq_scale, srow, st);
                             }
                         }
@@ -712,16 +710,19 @@ fn attend_batch(
                                 v.values(rows, b, g.dv, &r.scores, 0, ldv, &mut r.p16, &mut r.part)
                             }
                         }
-                        add_weighted(g, &r.part, &mut s.state);
+                        if !one_tile {
+                            add_weighted(g, &r.part, &mut s.state);
+                        }
                     }
-                    for (i, st) in s.state.chunks_exact(g.dv + 2).enumerate() {
+                    for i in 0..rows {
                         let (t, hg) = (t0 + i / group, i % group);
                         let at = ((t - toks.start) * g.n_head + kvh * group + hg) * g.dv;
-                        let inv = 1.0 / st[1];
                         let orow = &mut o[at..at + g.dv];
                         if one_tile {
-                            orow.copy_from_slice(&st[2..]);
+                            orow.copy_from_slice(&s.run.part[i * g.dv..(i + 1) * g.dv]);
                         } else {
+                            let st = &s.state[i * (g.dv + 2)..(i + 1) * (g.dv + 2)];
+                            let inv = 1.0 / st[1];
                             orow.iter_mut()
                                 .zip(&st[2..])
                                 .for_each(|(o, &x)| *o = x * inv);
