@@ -588,20 +588,6 @@ fn attend_batch(
         (false, Some(k), Some(v)) => v.as_f32().map(|vf| (k, keys.width, vf, v.width, g.dv)),
         _ => None,
     };
-    // One kv head whose values are its keys (MLA's latent) in bf16 products: the context's
-    // rows converted once for every block (each block would convert its whole context again,
-    // 32 times over a 512-token batch), where they stay small.
-    let kv_total = g.pos0 + n;
-    let shared_keys = (bf16
-        && values.is_none()
-        && g.n_head_kv == 1
-        && direct.is_none()
-        && kv_total <= SHARED_KEYS_MAX_POSITIONS)
-        .then(|| {
-            let mut k = Converted::new(true);
-            k.put_rows(0, keys, 0, kv_total, None, 0, g.dk);
-            k
-        });
     par.for_each_run(
         n,
         cost,
@@ -647,15 +633,14 @@ fn attend_batch(
                         let r = &mut s.run;
                         // Tiles of f32 rows are read where they are (the same values the copy
                         // would hold); others are converted into the run's buffers.
-                        let tile = match (direct, &shared_keys) {
-                            (Some((k, kw, v, vw, v0)), _) => Tile::Direct {
+                        let tile = match direct {
+                            Some((k, kw, v, vw, v0)) => Tile::Direct {
                                 k: &k[j0 * kw + kvh * g.dk..][..(b - 1) * kw + g.dk],
                                 kw,
                                 v: &v[j0 * vw + v0 * kvh..][..(b - 1) * vw + g.dv],
                                 vw,
                             },
-                            (None, Some(_)) => Tile::Shared,
-                            (None, None) => {
+                            None => {
                                 r.k.put_rows(0, keys, j0, b, None, kvh * g.dk, g.dk);
                                 if let Some(values) = values {
                                     r.v.put_rows(0, values, j0, b, None, kvh * g.dv, g.dv);
@@ -663,15 +648,10 @@ fn attend_batch(
                                 Tile::Converted
                             }
                         };
-                        // The converted key rows of the tile, from element `k_at`.
-                        let (kc, k_at) = match &shared_keys {
-                            Some(sk) if matches!(tile, Tile::Shared) => (sk, j0 * g.dk),
-                            _ => (&r.k, 0),
-                        };
                         // MLA's values are the first `dv` elements of its (single) key rows.
-                        let (v, v_at, ldv) = match values {
-                            Some(_) => (&r.v, 0, g.dv),
-                            None => (kc, k_at, g.dk),
+                        let (v, ldv) = match values {
+                            Some(_) => (&r.v, g.dv),
+                            None => (&r.k, g.dk),
                         };
                         r.scores.resize(rows * b, 0.0);
                         match (&tile, &r.q) {
@@ -689,7 +669,9 @@ fn attend_batch(
                                     &[],
                                 )
                             }
-                            _ => kc.scores(&r.q, 0, rows, b, g.dk, k_at, g.dk, &mut r.scores, &[]),
+                            _ => {
+                                r.k.scores(&r.q, 0, rows, b, g.dk, 0, g.dk, &mut r.scores, &[])
+                            }
                         }
                         for (i, srow) in r.scores.chunks_exact_mut(b).enumerate() {
                             let t = t0 + i / group;
@@ -724,16 +706,9 @@ fn attend_batch(
                                 &mut r.part,
                                 g.dv,
                             ),
-                            Tile::Converted | Tile::Shared => v.values(
-                                rows,
-                                b,
-                                g.dv,
-                                &r.scores,
-                                v_at,
-                                ldv,
-                                &mut r.p16,
-                                &mut r.part,
-                            ),
+                            Tile::Converted => {
+                                v.values(rows, b, g.dv, &r.scores, 0, ldv, &mut r.p16, &mut r.part)
+                            }
                         }
                         if !one_tile {
                             add_weighted(g, &r.part, &mut s.state);
@@ -772,14 +747,7 @@ enum Tile<'a> {
     },
     /// Converted into the run's buffers (`put_rows`).
     Converted,
-    /// In the rows converted once for the whole batch.
-    Shared,
 }
-
-/// The most cached positions whose keys a prompt batch converts once for all its blocks
-/// ([`attend_batch`]): 4.7 MB of bf16 for MLA's 576-wide latents, on top of the per-thread
-/// buffers the planner counts; longer contexts convert per block and tile.
-const SHARED_KEYS_MAX_POSITIONS: usize = 4096;
 
 thread_local! {
     /// Each thread's buffers of batched attention, kept from layer to layer.
