@@ -21,6 +21,22 @@
 
 #define MX_MM_TOK 8
 
+// The end of a pass of a warp's row over tokens t0 .. t0 + nt: each token's lane partial sums
+// summed over the warp, written by lane 0 of a live warp to y[t*ldy + col]. nt is the same for
+// every thread of the grid, so these shuffles are converged.
+__device__ __forceinline__ void mx_store_pass(const float* acc, int nt, bool live, int lane,
+                                              float* y, int t0, int ldy, long long col) {
+    MX_UNROLL
+    for (int k = 0; k < MX_MM_TOK; ++k) {
+        if (k < nt) {
+            float s = mx_warp_sum(acc[k]);
+            if (live && lane == 0) {
+                y[(long long)(t0 + k) * ldy + col] = s;
+            }
+        }
+    }
+}
+
 // Y[t][r] = sum_i W_b[r][i] * X[t][i] for t < n_tok, with b = the batch index:
 // y[t*ldy + b*y_batch + r], x[t*ldx + b*x_batch + i].
 template <int TY>
@@ -59,16 +75,7 @@ __device__ __forceinline__ void mx_mul_mat(const uint8_t* w, unsigned long long 
                 }
             }
         }
-        // nt is the same for every thread of the grid: these shuffles are converged.
-        MX_UNROLL
-        for (int k = 0; k < MX_MM_TOK; ++k) {
-            if (k < nt) {
-                float s = mx_warp_sum(acc[k]);
-                if (live && lane == 0) {
-                    y[(long long)(t0 + k) * ldy + b * y_batch + r] = s;
-                }
-            }
-        }
+        mx_store_pass(acc, nt, live, lane, y, t0, ldy, b * y_batch + r);
     }
 }
 

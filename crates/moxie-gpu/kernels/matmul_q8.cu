@@ -210,16 +210,7 @@ __device__ __forceinline__ void mx_mul_mat_q8(const uint8_t* w, unsigned long lo
         }
         float acc[MX_MM_TOK];
         mx_q8_row_pass<TY, MX_MM_TOK>(wr, n_chunks, qs, meta, n_in, xr, nt, acc);
-        // nt is the same for every thread of the grid: these shuffles are converged.
-        MX_UNROLL
-        for (int k = 0; k < MX_MM_TOK; ++k) {
-            if (k < nt) {
-                float s = mx_warp_sum(acc[k]);
-                if (live && lane == 0) {
-                    y[(long long)(t0 + k) * ldy + b * y_batch + r] = s;
-                }
-            }
-        }
+        mx_store_pass(acc, nt, live, lane, y, t0, ldy, b * y_batch + r);
     }
 }
 

@@ -280,11 +280,37 @@ __device__ __forceinline__ int mx_iqk_scale6(const uint8_t* b, int g) {
     return (int)(lo | (hi << 4)) - 32;
 }
 
-// IQ6_K's 6-bit index of value l of sub-block s: nibble s%2 of q[32] (qs[32*(s/2) ..]), bits
-// 2(s%4) .. 2(s%4)+1 of qh[32] (qh[32*(s/4) ..]) on top.
-__device__ __forceinline__ uint32_t mx_iq6k_index(const uint32_t* q, const uint32_t* qh, int s,
-                                                  int l) {
-    return ((mx_byte(q, l) >> (4 * (s & 1))) & 0xfu) | (((mx_byte(qh, l) >> (2 * (s & 3))) & 3u) << 4);
+// Chunk c of an IQ6_K row (212-byte blocks: d, extra, scales[16] (int8), qs[128], qh[64]),
+// sub-block s = c % 8: the 6-bit index of each value (byte l of `idx`: nibble s%2 of
+// qs[32*(s/2) + l], bits 2(s%4) .. 2(s%4)+1 of qh[32*(s/4) + l] on top), and per 16 values the
+// scale d * scale and the `extra` bit that picks the upper half of the book (or adds 1 to
+// the curve).
+__device__ __forceinline__ void mx_iq6k_chunk(const uint8_t* row, int c, uint32_t* idx,
+                                              float* dl, uint32_t* hi) {
+    const uint8_t* b = row + (uint64_t)(c >> 3) * 212u;
+    int s = c & 7;
+    float d = mx_ld_f16(b);
+    uint32_t extra = mx_ld_u16(b + 2) >> (2 * s);
+    uint32_t sc = mx_ld_u16(b + 4 + 2 * s);
+    uint32_t q[8];
+    uint32_t qh[8];
+    mx_load_words<4, 8>(b + 20 + 32 * (s >> 1), q);
+    mx_load_words<4, 8>(b + 148 + 32 * (s >> 2), qh);
+    MX_UNROLL
+    for (int part = 0; part < 2; ++part) {
+        dl[part] = MX_FMUL(d, (float)(int8_t)(uint8_t)((sc >> (8 * part)) & 0xffu));
+        hi[part] = (extra >> part) & 1u;
+    }
+    MX_UNROLL
+    for (int w = 0; w < 8; ++w) {
+        idx[w] = 0;
+    }
+    MX_UNROLL
+    for (int l = 0; l < 32; ++l) {
+        uint32_t i = ((mx_byte(q, l) >> (4 * (s & 1))) & 0xfu) |
+                     (((mx_byte(qh, l) >> (2 * (s & 3))) & 3u) << 4);
+        mx_put_code(idx, l, (int)i);
+    }
 }
 
 // ---- integer codes (IQ1/IQ2/IQ3, legacy types, K-quants, IQ4) ---------------------------------
@@ -744,25 +770,14 @@ __device__ __forceinline__ void mx_q8_chunk(const uint8_t* row, int c, MxQ8Chunk
             mx_iq5k_codes<16>(q, qh, s, 16 * part, (extra >> part) & 1u, k.q);
         }
     } else if (TY == MX_T_IQ6_K) {
-        // IQ6_K, 212 bytes: d, extra, scales[16] (int8), qs[128], qh[64]; the codes of its
-        // book (what the CPU's dot products sum), not the cubic its f32 values take.
-        const uint8_t* b = row + (uint64_t)(c >> 3) * 212u;
-        int s = c & 7;
-        float d = mx_ld_f16(b);
-        uint32_t extra = mx_ld_u16(b + 2) >> (2 * s);
-        uint32_t sc = mx_ld_u16(b + 4 + 2 * s);
-        uint32_t q[8];
-        uint32_t qh[8];
-        mx_load_words<4, 8>(b + 20 + 32 * (s >> 1), q);
-        mx_load_words<4, 8>(b + 148 + 32 * (s >> 2), qh);
+        // IQ6_K: the codes of its book (what the CPU's dot products sum), not the cubic its
+        // f32 values take (mx_deq_iq6_k).
+        uint32_t idx[8];
+        uint32_t hi[2];
+        mx_iq6k_chunk(row, c, idx, k.d, hi);
         MX_UNROLL
-        for (int part = 0; part < 2; ++part) {
-            k.d[part] = MX_FMUL(d, (float)(int8_t)(uint8_t)((sc >> (8 * part)) & 0xffu));
-            uint32_t hi = (extra >> part) & 1u;
-            MX_UNROLL
-            for (int l = 16 * part; l < 16 * part + 16; ++l) {
-                mx_put_code(k.q, l, mx_iq6nl_values[mx_iq6k_index(q, qh, s, l) + 64u * hi]);
-            }
+        for (int l = 0; l < 32; ++l) {
+            mx_put_code(k.q, l, mx_iq6nl_values[mx_byte(idx, l) + 64u * hi[l >> 4]]);
         }
     } else if (TY == MX_T_IQ2_KS) {
         // IQ2_KS, an f16 d before the row's blocks of 70 bytes: extra (u16: bit s picks the
@@ -857,29 +872,18 @@ __device__ __forceinline__ float mx_iq6k_curve(float q) {
     return fmaf(q, fmaf(q, fmaf(q, 0.0011972f, -0.11218f), 6.2568f), -127.0f);
 }
 
-// IQ6_K, 212 bytes: d, extra, scales[16] (int8), qs[128], qh[64]; value (d * scale) *
-// (curve(index) + extra bit) (the index: mx_iq6k_index).
+// IQ6_K's f32 values: (d * scale) * (curve(index) + extra bit) (mx_iq6k_chunk).
 __device__ __forceinline__ void mx_deq_iq6_k(const uint8_t* row, int c, float* out) {
-    const uint8_t* b = row + (uint64_t)(c >> 3) * 212u;
-    int s = c & 7;
-    float d = mx_ld_f16(b);
-    uint32_t extra = mx_ld_u16(b + 2) >> (2 * s);
-    uint32_t sc = mx_ld_u16(b + 4 + 2 * s);
-    uint32_t q[8];
-    uint32_t qh[8];
-    mx_load_words<4, 8>(b + 20 + 32 * (s >> 1), q);
-    mx_load_words<4, 8>(b + 148 + 32 * (s >> 2), qh);
+    uint32_t idx[8];
+    float dl[2];
+    uint32_t hi[2];
+    mx_iq6k_chunk(row, c, idx, dl, hi);
     MX_UNROLL
-    for (int part = 0; part < 2; ++part) {
-        float dl = MX_FMUL(d, (float)(int8_t)(uint8_t)((sc >> (8 * part)) & 0xffu));
-        float m = (float)((extra >> part) & 1u);
-        MX_UNROLL
-        for (int l = 16 * part; l < 16 * part + 16; ++l) {
-            out[l] = MX_FMUL(dl, MX_FADD(mx_iq6k_curve((float)mx_iq6k_index(q, qh, s, l)), m));
-        }
+    for (int l = 0; l < 32; ++l) {
+        float m = (float)hi[l >> 4];
+        out[l] = MX_FMUL(dl[l >> 4], MX_FADD(mx_iq6k_curve((float)mx_byte(idx, l)), m));
     }
 }
-
 
 // ---- dispatch --------------------------------------------------------------------------
 

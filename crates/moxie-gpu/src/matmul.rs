@@ -252,6 +252,21 @@ fn q8x_block(ty: GgmlType) -> usize {
     }
 }
 
+/// Each `(w, y, ldy)` of products sharing an input, checked as the product of `kernel` (a
+/// [`Kernels`] entry) over `rows` rows checks it alone: the weight, `ldy` and `y`'s alignment.
+fn check_outputs(
+    products: &[(&Weight, DevPtr, usize)],
+    rows: usize,
+    kernel: fn(&Kernels) -> &'static str,
+) -> Result<()> {
+    for &(w, y, ldy) in products {
+        let name = check_weight(w, kernel)?;
+        check_ldy(name, rows, ldy, w.n_out)?;
+        check_align4(name, "y", y)?;
+    }
+    Ok(())
+}
+
 /// Whether `mul_mat_id` of `w` groups its `n_ids` routed rows by expert first: where experts
 /// see several rows each (prompt batches).
 fn groups_rows(w: &Weight, n_ids: usize) -> bool {
@@ -488,25 +503,10 @@ impl Gpu {
                 .iter()
                 .try_for_each(|&(w, y, ldy)| self.mul_mat(w, 1, x, ldx, 0, y, ldy, 0, n_tok))
         };
-        let Some(&(first, _, _)) = products.first() else {
-            return Ok(());
-        };
-        let shared = self.int8
-            && products.len() > 1
-            && n_tok > 0
-            && products.iter().all(|&(w, _, _)| {
-                Gpu::has_int8_kernels(w.ty)
-                    && w.n_in == first.n_in
-                    && q8x_block(w.ty) == q8x_block(first.ty)
-            });
-        if !shared {
+        let Some(first) = self.shared_int8_input(products, n_tok) else {
             return separate();
-        }
-        for &(w, y, ldy) in products {
-            let name = check_weight(w, |k| k.mul_mat)?;
-            check_ldy(name, n_tok, ldy, w.n_out)?;
-            check_align4(name, "y", y)?;
-        }
+        };
+        check_outputs(products, n_tok, |k| k.mul_mat)?;
         check_align4("mul_mats", "x", x)?;
         let all = |qs: DevPtr, meta: DevPtr, _: DevPtr| {
             products.iter().try_for_each(|&(w, y, ldy)| match w.n_out {
@@ -518,6 +518,26 @@ impl Gpu {
             return Ok(());
         }
         separate()
+    }
+
+    /// The first of `products` over `rows` input rows where they can share one quantization
+    /// of their input (int8 activations on; two or more products, all of types with int8
+    /// kernels, one `n_in`, one activation block), else `None`.
+    fn shared_int8_input<'w>(
+        &self,
+        products: &[(&'w Weight, DevPtr, usize)],
+        rows: usize,
+    ) -> Option<&'w Weight> {
+        let &(first, _, _) = products.first()?;
+        let shared = self.int8
+            && products.len() > 1
+            && rows > 0
+            && products.iter().all(|&(w, _, _)| {
+                Gpu::has_int8_kernels(w.ty)
+                    && w.n_in == first.n_in
+                    && q8x_block(w.ty) == q8x_block(first.ty)
+            });
+        shared.then_some(first)
     }
 
     /// The int8 product of [`Gpu::mul_mat`] over activations already in q8x form (`qs`,
@@ -631,26 +651,13 @@ impl Gpu {
                 .iter()
                 .try_for_each(|&(w, y, ldy)| self.mul_mat_id(w, ids, n_ids, x, ldx, x_div, y, ldy))
         };
-        let Some(&(first, _, _)) = products.first() else {
-            return Ok(());
-        };
-        let shared = self.int8
-            && products.len() > 1
-            && n_ids > 0
-            && x_div > 0
-            && products.iter().all(|&(w, _, _)| {
-                Gpu::has_int8_kernels(w.ty)
-                    && w.n_in == first.n_in
-                    && q8x_block(w.ty) == q8x_block(first.ty)
-            });
-        if !shared {
+        let Some(first) = self
+            .shared_int8_input(products, n_ids)
+            .filter(|_| x_div > 0)
+        else {
             return separate();
-        }
-        for &(w, y, ldy) in products {
-            let name = check_weight(w, |k| k.mul_mat_id)?;
-            check_ldy(name, n_ids, ldy, w.n_out)?;
-            check_align4(name, "y", y)?;
-        }
+        };
+        check_outputs(products, n_ids, |k| k.mul_mat_id)?;
         check_align4("mul_mat_ids", "x", x)?;
         check_align4("mul_mat_ids", "ids", ids)?;
         // The products run one after another on the stream, so they share the scratch.
