@@ -764,9 +764,7 @@ impl Moe {
     ) -> Option<[Weight; 3]> {
         if let Some(h) = self.hot.as_ref().filter(|h| h.device == id) {
             let copies = h.gpu.as_ref()?;
-            s.hot_ids.clear();
-            s.hot_ids
-                .extend(ids.iter().map(|&e| copies.slot_of[e as usize]));
+            remap_to_slots(ids, &copies.slot_of, &mut s.hot_ids);
             s.skip.clone_from(&h.is_hot);
             return Some(copies.slots.operands(self));
         }
@@ -817,6 +815,33 @@ impl Moe {
         let d = gp.buf(id, "exp_down", n * k * e)?;
         self.expert_rows_gpu(gp, gpu, id, n, [gate, up, down], h, ids, d)?;
         gpu.moe_sum(d, weights, out, n, k, e, accumulate)?;
+        Ok(())
+    }
+
+    /// One chunk of op offload's experts (`operands`, the chunk's copies) for `n` tokens `h`:
+    /// the routes remapped to the chunk's slots (`local`, -1 for the other chunks' experts)
+    /// go to `chunk_ids`, and the expert rows go into `rows` for the first chunk, else into
+    /// `part` and are added to `rows` (the other chunks' rows are zero there).
+    #[allow(clippy::too_many_arguments)]
+    fn chunk_rows_gpu(
+        &self,
+        gp: &mut GpuPass,
+        gpu: &Gpu,
+        id: DeviceId,
+        n: usize,
+        operands: [Weight; 3],
+        local: &[i32],
+        first: bool,
+        [h, chunk_ids, rows, part]: [DevPtr; 4],
+    ) -> Result<()> {
+        gpu.backend()
+            .upload(chunk_ids, bytemuck::cast_slice(local))?;
+        if first {
+            return self.expert_rows_gpu(gp, gpu, id, n, operands, h, chunk_ids, rows);
+        }
+        self.expert_rows_gpu(gp, gpu, id, n, operands, h, chunk_ids, part)?;
+        let (k, e) = (self.routing.n_expert_used, self.n_embd());
+        gpu.add(rows, part, n * k * e)?;
         Ok(())
     }
 
@@ -946,25 +971,9 @@ impl Moe {
                 slot_of[ex] = slot as i32;
             }
             p.devices.count_copy(CPU, id, copied);
-            let local = &mut p.moe.hot_ids;
-            local.clear();
-            local.extend(host.ids.iter().map(|&ex| {
-                usize::try_from(ex)
-                    .ok()
-                    .and_then(|ex| slot_of.get(ex).copied())
-                    .unwrap_or(-1)
-            }));
-            gpu.backend()
-                .upload(chunk_ids, bytemuck::cast_slice(local.as_slice()))?;
-            match (i, part) {
-                (0, _) | (_, None) => {
-                    self.expert_rows_gpu(&mut p.gpu, gpu, id, n, operands, h, chunk_ids, rows)?
-                }
-                (_, Some(part)) => {
-                    self.expert_rows_gpu(&mut p.gpu, gpu, id, n, operands, h, chunk_ids, part)?;
-                    gpu.add(rows, part, n * k * e)?;
-                }
-            }
+            remap_to_slots(&host.ids, &slot_of, &mut p.moe.hot_ids);
+            let io = [h, chunk_ids, rows, part.unwrap_or(rows)];
+            self.chunk_rows_gpu(&mut p.gpu, gpu, id, n, operands, &p.moe.hot_ids, i == 0, io)?;
         }
         gpu.moe_sum(rows, weights, x, n, k, e, true)?;
         p.gpu.give_host(id, host);
@@ -1004,6 +1013,18 @@ impl Moe {
         gpu.backend().download(out, bytemuck::cast_slice_mut(sum))?;
         Ok(())
     }
+}
+
+/// `ids` (routes to experts) as the slots of copies holding some experts (`slot_of`: per
+/// expert its slot or -1) into `out`: -1 where the expert has no copy or the id no expert.
+fn remap_to_slots(ids: &[i32], slot_of: &[i32], out: &mut Vec<i32>) {
+    out.clear();
+    out.extend(ids.iter().map(|&e| {
+        usize::try_from(e)
+            .ok()
+            .and_then(|e| slot_of.get(e).copied())
+            .unwrap_or(-1)
+    }));
 }
 
 /// What [`Model::calibrate_op_offload`] measured, and the threshold it chose.
@@ -1218,12 +1239,8 @@ impl Moe {
             gpu.synchronize()?;
             let t0 = std::time::Instant::now();
             for (c, l) in local.iter().enumerate() {
-                gpu.backend().upload(chunk_ids, bytemuck::cast_slice(l))?;
-                let dst = if c == 0 { rows } else { part };
-                self.expert_rows_gpu(gp, gpu, id, n, operands, hd, chunk_ids, dst)?;
-                if c > 0 {
-                    gpu.add(rows, part, n * k * e)?;
-                }
+                let io = [hd, chunk_ids, rows, part];
+                self.chunk_rows_gpu(gp, gpu, id, n, operands, l, c == 0, io)?;
             }
             gpu.moe_sum(rows, wd, out, n, k, e, false)?;
             gpu.synchronize()?;
