@@ -88,9 +88,7 @@ impl<'m> Pass<'m> {
         }
         let xs = x.on(dev)?;
         let mut h = std::mem::take(&mut self.h);
-        h.clear();
-        h.extend_from_slice(xs);
-        ops::rms_norm_mul_par(self.par, &mut h, norm, eps);
+        ops::rms_norm_mul_into_par(self.par, xs, &mut h, norm, eps);
         let r = block.cpu(self, &h, xs, state);
         self.h = h;
         r

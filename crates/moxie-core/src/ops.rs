@@ -24,6 +24,24 @@ pub fn rms_norm_mul_par(par: &crate::parallel::Parallel, x: &mut [f32], w: &[f32
     });
 }
 
+/// [`rms_norm_mul`] of the rows of `src` into `dst` (resized to match, without clearing what it
+/// held: every value is written), over `par`'s threads: a prompt batch's copy of the residual
+/// stream is made by the threads that norm it, not by the main thread first.
+pub fn rms_norm_mul_into_par(
+    par: &crate::parallel::Parallel,
+    src: &[f32],
+    dst: &mut Vec<f32>,
+    w: &[f32],
+    eps: f32,
+) {
+    let n = w.len();
+    dst.resize(src.len(), 0.0);
+    par.for_each_range(src.len() / n, 5 * n, dst, n, |rows, out| {
+        out.copy_from_slice(&src[rows.start * n..rows.end * n]);
+        rms_norm_mul(out, w, eps)
+    });
+}
+
 /// `f(t, row t)` for every row of `x` (`row_len` values each) over `par`'s threads, with
 /// `work` operations a row: per-token work of a batch (RoPE, norms) off the main thread alone.
 pub fn for_each_row(
@@ -169,6 +187,22 @@ pub fn add_assign(y: &mut [f32], x: &[f32]) {
     for (a, &b) in y.iter_mut().zip(x) {
         *a += b;
     }
+}
+
+/// [`add_assign`] over `par`'s threads (a prompt batch's residual adds; one token stays on the
+/// caller's thread). The same sums: each element is added alone.
+pub fn add_assign_par(par: &crate::parallel::Parallel, y: &mut [f32], x: &[f32]) {
+    assert_eq!(y.len(), x.len(), "add_assign_par: lengths");
+    // Runs of 1024 values (the tail's run is shorter): a few per thread.
+    const RUN: usize = 1024;
+    let runs = y.len().div_ceil(RUN);
+    par.for_each_run(
+        runs,
+        |_| RUN / 4,
+        y,
+        |i| (i * RUN).min(x.len()),
+        |r, out| add_assign(out, &x[r.start * RUN..r.start * RUN + out.len()]),
+    );
 }
 
 /// Add `bias` to every row of `x`.

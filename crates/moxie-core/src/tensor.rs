@@ -1118,17 +1118,21 @@ impl QuantizedActs {
 
     /// Convert the rows of `x` (each `n` long) to `ty` in place of what these activations
     /// held, reusing their buffer (decode converts every layer's input this way without
-    /// allocating).
-    pub fn refill(&mut self, ty: GgmlType, n: usize, x: &[f32]) {
+    /// allocating), over `par`'s threads where the rows are enough work.
+    pub fn refill(&mut self, par: &Parallel, ty: GgmlType, n: usize, x: &[f32]) {
         let row_bytes = ty
             .row_bytes(n as u64)
             .expect("activation row length fits the block size") as usize;
         let q = moxie_quant::quantize_fn(ty).expect("activation types can always be quantized");
-        self.data.clear();
-        self.data.resize(row_bytes * (x.len() / n), 0);
-        for (src, dst) in x.chunks_exact(n).zip(self.data.chunks_exact_mut(row_bytes)) {
-            q(src, dst);
-        }
+        let n_rows = x.len() / n;
+        // Not cleared first: every byte is written below.
+        self.data.resize(row_bytes * n_rows, 0);
+        par.for_each_range(n_rows, 8 * n, &mut self.data, row_bytes, |rows, data| {
+            let x = &x[rows.start * n..rows.end * n];
+            for (src, dst) in x.chunks_exact(n).zip(data.chunks_exact_mut(row_bytes)) {
+                q(src, dst);
+            }
+        });
         self.ty = ty;
         self.n = n;
         self.row_bytes = row_bytes;

@@ -306,7 +306,7 @@ impl Block for DeltaNet {
         }
         let mut y = vec![0f32; n * c.n_embd];
         self.wo.matrix()?.matmul(par, &o, &mut y);
-        ops::add_assign(x, &y);
+        ops::add_assign_par(par, x, &y);
         Ok(())
     }
 

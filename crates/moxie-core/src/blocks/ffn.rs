@@ -94,7 +94,7 @@ impl Block for DenseFfn {
     }
 
     fn cpu(&self, p: &mut Pass, h: &[f32], x: &mut [f32], _: &mut LayerState) -> Result<()> {
-        ops::add_assign(x, &self.cpu_rows(h, p.n, None, p.par)?);
+        ops::add_assign_par(p.par, x, &self.cpu_rows(h, p.n, None, p.par)?);
         Ok(())
     }
 

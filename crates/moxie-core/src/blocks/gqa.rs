@@ -172,7 +172,7 @@ impl Block for Gqa {
         }
         let mut o = vec![0f32; n * c.n_embd];
         self.wo.matrix()?.matmul(par, &out, &mut o);
-        ops::add_assign(x, &o);
+        ops::add_assign_par(par, x, &o);
         Ok(())
     }
 

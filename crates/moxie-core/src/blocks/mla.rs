@@ -383,15 +383,23 @@ impl Block for Mla {
                 let t1 = (t0 + chunk).min(n);
                 let m = t1 - t0;
                 // Absorbed queries [latent (rank) | rope (n_rot)] per head.
-                let q = &mut q[t0 * n_head * dk..t1 * n_head * dk];
+                let q = &q[t0 * n_head * dk..t1 * n_head * dk];
                 let mut qfull = scratch::take(m * n_head * qw);
                 per_head_products(par, &self.wk_b, q, dk, true, &mut qfull, qw)?;
-                ops::for_each_row(par, q, n_head * dk, 4 * n_head * n_rot, |t, row| {
-                    c.rope.apply(row, dk, nope, &p.rope[t0 + t]);
-                });
-                for (qh, fh) in q.chunks_exact(dk).zip(qfull.chunks_exact_mut(qw)) {
-                    fh[rank..].copy_from_slice(&qh[nope..]);
-                }
+                // Each head's rope part goes after its absorbed query and rotates there.
+                ops::for_each_row(
+                    par,
+                    &mut qfull,
+                    n_head * qw,
+                    4 * n_head * n_rot,
+                    |t, row| {
+                        let qt = &q[t * n_head * dk..(t + 1) * n_head * dk];
+                        for (qh, fh) in qt.chunks_exact(dk).zip(row.chunks_exact_mut(qw)) {
+                            fh[rank..].copy_from_slice(&qh[nope..]);
+                        }
+                        c.rope.apply(row, qw, rank, &p.rope[t0 + t]);
+                    },
+                );
                 // MQA over the latent: one kv "head" of width rank + n_rot, values = its first
                 // `rank`.
                 let mut latent_out = scratch::take(m * n_head * rank);
@@ -424,7 +432,7 @@ impl Block for Mla {
         }
         let mut o = scratch::take(n * c.n_embd);
         self.wo.matrix()?.matmul(par, &heads, &mut o);
-        ops::add_assign(x, &o);
+        ops::add_assign_par(par, x, &o);
         Ok(())
     }
 

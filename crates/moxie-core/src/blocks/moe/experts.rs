@@ -68,7 +68,12 @@ pub(super) fn one_token(
         .iter()
         .flat_map(|sh| [sh[0].act_type(), sh[1].act_type()])
         .chain(shared_gate.iter().map(|g| g.act_type()));
-    inputs.convert([gate_ty, up_ty].into_iter().chain(shared_types), n_embd, h);
+    inputs.convert(
+        par,
+        [gate_ty, up_ty].into_iter().chain(shared_types),
+        n_embd,
+        h,
+    );
 
     let mut list = recycle(std::mem::take(products));
     for (t, ty) in [(&m.gate_exps, gate_ty), (&m.up_exps, up_ty)] {
@@ -90,9 +95,9 @@ pub(super) fn one_token(
     ops::swiglu_rows(sg, su, n_ff_sh);
     let shared_scale = shared_logit.first().map(|&l| ops::sigmoid(l));
 
-    down_in.refill(m.down_exps.slice(0)?.act_type(), n_ff, g);
+    down_in.refill(par, m.down_exps.slice(0)?.act_type(), n_ff, g);
     if let Some(sh) = &shared {
-        shared_down_in.refill(sh[2].act_type(), n_ff_sh, sg);
+        shared_down_in.refill(par, sh[2].act_type(), n_ff_sh, sg);
     }
     let mut list = recycle(list);
     for (j, &i) in active.iter().enumerate() {
@@ -172,7 +177,13 @@ impl ActsByType {
     }
 
     /// The rows of `x` (each `n` long) converted to every type in `types` (each once).
-    fn convert(&mut self, types: impl Iterator<Item = GgmlType>, n: usize, x: &[f32]) {
+    fn convert(
+        &mut self,
+        par: &Parallel,
+        types: impl Iterator<Item = GgmlType>,
+        n: usize,
+        x: &[f32],
+    ) {
         self.n_used = 0;
         for ty in types {
             if self.acts[..self.n_used].iter().any(|a| a.ty == ty) {
@@ -181,7 +192,7 @@ impl ActsByType {
             if self.acts.len() == self.n_used {
                 self.acts.push(QuantizedActs::default());
             }
-            self.acts[self.n_used].refill(ty, n, x);
+            self.acts[self.n_used].refill(par, ty, n, x);
             self.n_used += 1;
         }
     }
@@ -372,7 +383,7 @@ pub(super) fn batch(
         if let Some(g) = &m.shared_gate {
             super::gate_shared_rows(g, h, &mut sh, par)?;
         }
-        ops::add_assign(out, &sh);
+        ops::add_assign_par(par, out, &sh);
     }
     Ok(())
 }

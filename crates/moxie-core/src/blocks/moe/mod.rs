@@ -479,13 +479,29 @@ pub fn route(m: &Moe, h: &[f32], n: usize, par: &Parallel, s: &mut MoeScratch) -
     s.skip.clear();
     let router = m.router.matrix()?;
     let r = &m.routing;
-    s.router_in.refill(router.act_type(), m.n_embd(), h);
+    s.router_in.refill(par, router.act_type(), m.n_embd(), h);
     s.logits.resize(n * r.n_expert, 0.0);
     router.matmul_q(par, &s.router_in, &mut s.logits);
     s.routes.clear();
-    for l in s.logits.chunks_exact(r.n_expert) {
-        route_top_k_into(r, l, m.probs_bias.as_deref(), &mut s.routing, &mut s.routes);
+    let bias = m.probs_bias.as_deref();
+    if n == 1 {
+        // Decode: the kept buffers, no allocation.
+        route_top_k_into(r, &s.logits, bias, &mut s.routing, &mut s.routes);
+        return Ok(());
     }
+    // A batch's tokens are routed over the threads, each token alone (the same routes).
+    let k = r.n_expert_used.min(r.n_expert);
+    s.routes.resize(n * k, (0, 0.0));
+    let logits = &s.logits;
+    par.for_each_range(n, 16 * r.n_expert, &mut s.routes, k, |toks, out| {
+        let (mut scratch, mut one) = (RouteScratch::default(), Vec::with_capacity(k));
+        for (t, o) in toks.zip(out.chunks_exact_mut(k)) {
+            one.clear();
+            let l = &logits[t * r.n_expert..(t + 1) * r.n_expert];
+            route_top_k_into(r, l, bias, &mut scratch, &mut one);
+            o.copy_from_slice(&one);
+        }
+    });
     Ok(())
 }
 
@@ -591,7 +607,7 @@ impl Block for Moe {
     fn cpu(&self, p: &mut Pass, h: &[f32], x: &mut [f32], _: &mut LayerState) -> Result<()> {
         if self.experts_device == self.device {
             let out = forward(self, h, p.n, p.par, &mut p.moe)?;
-            ops::add_assign(x, out);
+            ops::add_assign_par(p.par, x, out);
             count_expert_reads(self, p.devices, self.device, p.n, &mut p.moe);
             return Ok(());
         }
@@ -619,9 +635,9 @@ impl Block for Moe {
         }
         let sum = p.split.sum.on(dev)?;
         if let Some(sh) = self.shared_cpu(h, n, p.par)? {
-            ops::add_assign(sum, &sh);
+            ops::add_assign_par(p.par, sum, &sh);
         }
-        ops::add_assign(x, sum);
+        ops::add_assign_par(p.par, x, sum);
         Ok(())
     }
 
