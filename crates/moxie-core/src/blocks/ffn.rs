@@ -40,7 +40,7 @@ impl DenseFfn {
         n: usize,
         input: Option<&QuantizedActs>,
         par: &Parallel,
-    ) -> Result<Vec<f32>> {
+    ) -> Result<crate::scratch::Buf> {
         let gate = self.gate.matrix()?;
         let n_ff = gate.n_out;
         let own;
@@ -60,7 +60,8 @@ impl DenseFfn {
             ops::swiglu(row, &u[t * n_ff..(t + 1) * n_ff])
         });
         let down = self.down.matrix()?;
-        let mut out = vec![0f32; n * down.n_out];
+        drop(u);
+        let mut out = crate::scratch::take(n * down.n_out);
         down.matmul(par, &g, &mut out);
         Ok(out)
     }

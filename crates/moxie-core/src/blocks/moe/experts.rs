@@ -378,6 +378,7 @@ pub(super) fn batch(
             }
         });
     }
+    drop(down_out);
     if let Some(s) = shared {
         let mut sh = s.cpu_rows(h, n, Some(input.get(gate_ty)), par)?;
         if let Some(g) = &m.shared_gate {

@@ -244,7 +244,12 @@ impl Moe {
 
     /// The shared expert (if any) of `n` rows of `h` on the host, gated where the model
     /// gates it: the term [`forward`] adds after the routed experts.
-    fn shared_cpu(&self, h: &[f32], n: usize, par: &Parallel) -> Result<Option<Vec<f32>>> {
+    fn shared_cpu(
+        &self,
+        h: &[f32],
+        n: usize,
+        par: &Parallel,
+    ) -> Result<Option<crate::scratch::Buf>> {
         let Some(sh) = &self.shared else {
             return Ok(None);
         };
