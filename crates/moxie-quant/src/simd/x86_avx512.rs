@@ -426,22 +426,42 @@ fn quantize_q8_k_imp(src: &[f32], dst: &mut [u8]) {
         let iscale = -127.0f32 / max;
         let vs = _mm512_set1_ps(iscale);
         let lim = _mm512_set1_epi32(127);
-        let mut q = [0i8; 256];
+        let qs: &mut [u8; 256] = (&mut y[4..260]).try_into().unwrap();
+        // The sums of 16: each 128-bit lane of `sad` (per group of four 16-value runs) gets
+        // the sums of its two 8-byte halves of the quants + 128 (`psadbw` against zero).
+        let bias = _mm512_set1_epi8(-128);
+        let mut sums = [_mm512_setzero_si512(); 4];
         for (k, vk) in v.iter().enumerate() {
             // nearest_int == round-half-to-even for these magnitudes; MIN(127, v)
             let r = _mm512_cvt_roundps_epi32::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
                 _mm512_mul_ps(vs, *vk),
             );
-            let r = _mm512_min_epi32(r, lim);
-            let b = _mm512_cvtsepi32_epi8(r);
-            let out: &mut [i8; 16] = (&mut q[16 * k..16 * k + 16]).try_into().unwrap();
+            let b = _mm512_cvtsepi32_epi8(_mm512_min_epi32(r, lim));
+            let out: &mut [u8; 16] = (&mut qs[16 * k..16 * k + 16]).try_into().unwrap();
             // SAFETY: `out` is 16 writable bytes; `storeu` has no alignment requirement.
             unsafe { _mm_storeu_si128(out.as_mut_ptr().cast(), b) };
-            let s = _mm512_reduce_add_epi32(r);
-            y[260 + 2 * k..262 + 2 * k].copy_from_slice(&(s as i16).to_le_bytes());
+            let lane = _mm512_castsi128_si512(b);
+            sums[k / 4] = match k % 4 {
+                0 => lane,
+                1 => _mm512_inserti32x4::<1>(sums[k / 4], b),
+                2 => _mm512_inserti32x4::<2>(sums[k / 4], b),
+                _ => _mm512_inserti32x4::<3>(sums[k / 4], b),
+            };
         }
-        for (o, v) in y[4..260].iter_mut().zip(q) {
-            *o = v as u8;
+        // Per group: 8 qwords (two halves per run of 16) -> 4 sums, less 16 * 128.
+        let mut bsums = [0i32; 16];
+        for (g, v) in sums.iter().enumerate() {
+            let sad = _mm512_sad_epu8(_mm512_xor_si512(*v, bias), _mm512_setzero_si512());
+            let pair = _mm512_add_epi64(sad, _mm512_shuffle_epi32::<0b01_00_11_10>(sad));
+            let mut q = [0i64; 8];
+            // SAFETY: `q` is 64 writable bytes; `storeu` has no alignment requirement.
+            unsafe { _mm512_storeu_si512(q.as_mut_ptr().cast(), pair) };
+            for j in 0..4 {
+                bsums[4 * g + j] = q[2 * j] as i32 - 16 * 128;
+            }
+        }
+        for (k, s) in bsums.iter().enumerate() {
+            y[260 + 2 * k..262 + 2 * k].copy_from_slice(&(*s as i16).to_le_bytes());
         }
         y[0..4].copy_from_slice(&(1.0 / iscale).to_le_bytes());
     }
