@@ -1,5 +1,5 @@
-//! Large f32 work buffers of the CPU blocks, kept by each thread between calls and shared by
-//! the blocks that run one after the other.
+//! Large work buffers of the CPU blocks (f32 values, and the bytes of converted activations),
+//! kept by each thread between calls and shared by the blocks that run one after the other.
 //!
 //! A prompt batch needs tens of MB of intermediates per layer (MLA's absorbed queries and
 //! latent outputs, the routed experts' gate·up and down rows). Fresh vectors cost a page fault
@@ -7,64 +7,115 @@
 //! block keeps its largest while the next one runs). One pool per thread does neither: a
 //! block takes what it needs, gives each buffer back as soon as it is dead ([`Buf`] goes back
 //! on drop), and the next block reuses the same memory. The pool holds at most
-//! [`MAX_POOLED`] buffers; the peak is about the largest set one block holds at once.
+//! [`MAX_POOLED`] buffers of each type; the peak is about the largest set one block holds at
+//! once.
 
 use std::cell::RefCell;
 use std::ops::{Deref, DerefMut};
+use std::thread::LocalKey;
 
-/// Buffers a thread keeps at most; a give-back beyond them frees the smallest.
+/// Buffers a thread keeps at most per element type; a give-back beyond them frees the smallest.
 const MAX_POOLED: usize = 8;
 
 thread_local! {
-    static POOL: RefCell<Vec<Vec<f32>>> = const { RefCell::new(Vec::new()) };
+    static FLOATS: RefCell<Vec<Vec<f32>>> = const { RefCell::new(Vec::new()) };
+    static BYTES: RefCell<Vec<Vec<u8>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// An element type with a pool per thread: f32 work buffers, and the bytes of converted
+/// activations (`QuantizedActs`). Separate pools, so that neither takes the other's buffers.
+pub(crate) trait Pooled: Copy + Default + 'static {
+    fn pool() -> &'static LocalKey<RefCell<Vec<Vec<Self>>>>;
+}
+
+impl Pooled for f32 {
+    fn pool() -> &'static LocalKey<RefCell<Vec<Vec<f32>>>> {
+        &FLOATS
+    }
+}
+
+impl Pooled for u8 {
+    fn pool() -> &'static LocalKey<RefCell<Vec<Vec<u8>>>> {
+        &BYTES
+    }
 }
 
 /// `len` f32 values from this thread's pool, back to it when dropped. The values are left
 /// from earlier use (zero where the buffer grew): every caller writes all of them before
 /// reading.
 pub(crate) fn take(len: usize) -> Buf {
-    let mut v = POOL.with_borrow_mut(|pool| {
-        // The smallest that holds `len`, else the largest (grown below), so a steady sequence
-        // of takes settles on a fixed set of buffers.
-        let fit = (0..pool.len())
-            .filter(|&i| pool[i].len() >= len)
-            .min_by_key(|&i| pool[i].len())
-            .or_else(|| (0..pool.len()).max_by_key(|&i| pool[i].len()));
-        fit.map(|i| pool.swap_remove(i)).unwrap_or_default()
-    });
-    if v.len() < len {
-        v.resize(len, 0.0);
-    }
-    Buf { v, len }
+    take_from(len)
+}
+
+/// [`take`] for bytes.
+pub(crate) fn take_bytes(len: usize) -> Buf<u8> {
+    take_from(len)
+}
+
+fn take_from<T: Pooled>(len: usize) -> Buf<T> {
+    let v = T::pool()
+        .try_with(|pool| {
+            let mut pool = pool.borrow_mut();
+            // The smallest that holds `len`, else the largest (grown below), so a steady
+            // sequence of takes settles on a fixed set of buffers.
+            let fit = (0..pool.len())
+                .filter(|&i| pool[i].len() >= len)
+                .min_by_key(|&i| pool[i].len())
+                .or_else(|| (0..pool.len()).max_by_key(|&i| pool[i].len()));
+            fit.map(|i| pool.swap_remove(i))
+        })
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    let mut b = Buf { v, len: 0 };
+    b.resize(len);
+    b
 }
 
 /// A buffer of [`take`]: derefs to its `len` values.
-pub(crate) struct Buf {
-    v: Vec<f32>,
+pub(crate) struct Buf<T: Pooled = f32> {
+    v: Vec<T>,
     len: usize,
 }
 
-impl Deref for Buf {
-    type Target = [f32];
-    fn deref(&self) -> &[f32] {
+impl<T: Pooled> Buf<T> {
+    /// `v` as a buffer that goes to the pool when dropped.
+    pub(crate) fn from_vec(v: Vec<T>) -> Buf<T> {
+        let len = v.len();
+        Buf { v, len }
+    }
+
+    /// Expose `len` values: the same memory where it holds them (values left as they were),
+    /// else grown with zeros.
+    pub(crate) fn resize(&mut self, len: usize) {
+        if self.v.len() < len {
+            self.v.resize(len, T::default());
+        }
+        self.len = len;
+    }
+}
+
+impl<T: Pooled> Deref for Buf<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
         &self.v[..self.len]
     }
 }
 
-impl DerefMut for Buf {
-    fn deref_mut(&mut self) -> &mut [f32] {
+impl<T: Pooled> DerefMut for Buf<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
         &mut self.v[..self.len]
     }
 }
 
-impl Drop for Buf {
+impl<T: Pooled> Drop for Buf<T> {
     fn drop(&mut self) {
         let v = std::mem::take(&mut self.v);
         if v.is_empty() {
             return;
         }
         // `try_with`: a buffer dropped while the thread's locals are torn down is just freed.
-        let _ = POOL.try_with(|pool| {
+        let _ = T::pool().try_with(|pool| {
             let mut pool = pool.borrow_mut();
             pool.push(v);
             if pool.len() > MAX_POOLED {
@@ -80,7 +131,7 @@ impl Drop for Buf {
 /// Bytes this thread's pool holds now (tests).
 #[cfg(test)]
 fn pooled_bytes() -> usize {
-    POOL.with_borrow(|pool| pool.iter().map(|v| v.len() * 4).sum())
+    FLOATS.with_borrow(|pool| pool.iter().map(|v| v.len() * 4).sum())
 }
 
 #[cfg(test)]

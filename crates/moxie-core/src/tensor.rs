@@ -14,6 +14,7 @@ use moxie_quant::{GgmlType, VecDotFn};
 
 use crate::device::{DeviceId, Devices, Reservation, CPU};
 use crate::parallel::{Numerics, Parallel};
+use crate::scratch::{self, Buf};
 use crate::{Error, Result};
 
 /// Where a tensor's bytes live.
@@ -1020,7 +1021,8 @@ pub struct QuantizedActs {
     /// Elements per row.
     pub n: usize,
     row_bytes: usize,
-    data: Vec<u8>,
+    /// From the thread's pool (`scratch`): a prompt batch converts MBs per product.
+    data: Buf<u8>,
     /// The same rows prepared for the int8 GEMM, built by the first matrix that needs them
     /// and shared by the others reading these activations.
     gemm: OnceLock<moxie_quant::GemmActs>,
@@ -1043,12 +1045,12 @@ impl QuantizedActs {
         let row_bytes = ty
             .row_bytes(n as u64)
             .expect("activation row length fits the block size") as usize;
-        let mut data = vec![0u8; row_bytes * rows.len()];
+        let mut data = scratch::take_bytes(row_bytes * rows.len());
         let q = moxie_quant::quantize_fn(ty).expect("activation types can always be quantized");
         for (src, dst) in rows.zip(data.chunks_exact_mut(row_bytes)) {
             q(src, dst);
         }
-        QuantizedActs::from_bytes(ty, n, data)
+        QuantizedActs::from_buf(ty, n, data)
     }
 
     /// Convert the rows of `x` (each `n` long) to `ty` over `par`'s threads: each thread
@@ -1061,7 +1063,7 @@ impl QuantizedActs {
             .row_bytes(n as u64)
             .expect("activation row length fits the block size") as usize;
         let q = moxie_quant::quantize_fn(ty).expect("activation types can always be quantized");
-        let mut data = vec![0u8; row_bytes * n_rows];
+        let mut data = scratch::take_bytes(row_bytes * n_rows);
         let mut gemm = (par.numerics() == Numerics::Fast
             && n_rows >= GEMM_MIN_TOKENS
             && moxie_quant::gemm_available())
@@ -1088,7 +1090,7 @@ impl QuantizedActs {
             }
         });
         drop(parts);
-        let acts = QuantizedActs::from_bytes(ty, n, data);
+        let acts = QuantizedActs::from_buf(ty, n, data);
         if let Some(g) = gemm {
             let _ = acts.gemm.set(g);
         }
@@ -1106,14 +1108,14 @@ impl QuantizedActs {
         let row_bytes = ty
             .row_bytes(n as u64)
             .expect("activation row length fits the block size") as usize;
-        let mut data = vec![0u8; row_bytes * n_rows];
+        let mut data = scratch::take_bytes(row_bytes * n_rows);
         let q = moxie_quant::quantize_fn(ty).expect("activation types can always be quantized");
         let mut row = vec![0f32; n];
         for (t, dst) in data.chunks_exact_mut(row_bytes).enumerate() {
             fill(t, &mut row);
             q(&row, dst);
         }
-        QuantizedActs::from_bytes(ty, n, data)
+        QuantizedActs::from_buf(ty, n, data)
     }
 
     /// Convert the rows of `x` (each `n` long) to `ty` in place of what these activations
@@ -1126,7 +1128,7 @@ impl QuantizedActs {
         let q = moxie_quant::quantize_fn(ty).expect("activation types can always be quantized");
         let n_rows = x.len() / n;
         // Not cleared first: every byte is written below.
-        self.data.resize(row_bytes * n_rows, 0);
+        self.data.resize(row_bytes * n_rows);
         par.for_each_range(n_rows, 8 * n, &mut self.data, row_bytes, |rows, data| {
             let x = &x[rows.start * n..rows.end * n];
             for (src, dst) in x.chunks_exact(n).zip(data.chunks_exact_mut(row_bytes)) {
@@ -1141,6 +1143,10 @@ impl QuantizedActs {
 
     /// Rows already converted to `ty` (`n` elements each), back to back in `data`.
     pub fn from_bytes(ty: GgmlType, n: usize, data: Vec<u8>) -> QuantizedActs {
+        QuantizedActs::from_buf(ty, n, Buf::from_vec(data))
+    }
+
+    fn from_buf(ty: GgmlType, n: usize, data: Buf<u8>) -> QuantizedActs {
         let row_bytes = ty
             .row_bytes(n as u64)
             .expect("activation row length fits the block size") as usize;
@@ -1159,11 +1165,11 @@ impl QuantizedActs {
 
     /// The rows `rows` (in that order) as a new set of activations.
     pub fn gather(&self, rows: &[usize]) -> QuantizedActs {
-        let mut data = Vec::with_capacity(rows.len() * self.row_bytes);
-        for &r in rows {
-            data.extend_from_slice(self.row(r));
+        let mut data = scratch::take_bytes(rows.len() * self.row_bytes);
+        for (dst, &r) in data.chunks_exact_mut(self.row_bytes).zip(rows) {
+            dst.copy_from_slice(self.row(r));
         }
-        let out = QuantizedActs::from_bytes(self.ty, self.n, data);
+        let out = QuantizedActs::from_buf(self.ty, self.n, data);
         // Prepared once for all rows, the int8 GEMM's input is copied, not built again.
         if let Some(g) = self.gemm.get() {
             let _ = out.gemm.set(g.gather(rows));

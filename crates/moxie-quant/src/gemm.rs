@@ -109,41 +109,96 @@ pub struct GemmActs {
     act: GgmlType,
     n_in: usize,
     n_tok: usize,
-    /// `[token][n_in]` int8 (as bytes: the kernel reads four at a time).
+    /// Activation blocks per token.
+    n_blk: usize,
+    /// The values, scales and sums, from this thread's pool ([`ActsBuffers::take`]): each holds
+    /// at least what these rows need, and only that prefix is read.
+    buf: ActsBuffers,
+}
+
+/// The buffers of a [`GemmActs`]: `[token][n_in]` int8 (as bytes: the kernel reads four at a
+/// time), the scale per `[token][activation block]` (256 values for Q8_K, 32 for Q8_0), and the
+/// sums per sub-block of 16 and of 32 values (the weight layouts' two sub-block sizes).
+#[derive(Default)]
+struct ActsBuffers {
     q: Vec<u8>,
-    /// Scale per `[token][activation block]` (256 values for Q8_K, 32 for Q8_0).
     dx: Vec<f32>,
-    /// Sums per sub-block of 16 and of 32 values (the weight layouts' two sub-block sizes).
     by16: SubBlockSums,
     by32: SubBlockSums,
 }
 
 /// Per `[token][sub-block]`: the sum of the int8 values and that sum times the scale.
+#[derive(Default)]
 struct SubBlockSums {
     sum: Vec<i32>,
     scaled: Vec<f32>,
 }
 
-impl SubBlockSums {
-    fn with_capacity(n: usize) -> SubBlockSums {
-        SubBlockSums {
-            sum: Vec::with_capacity(n),
-            scaled: Vec::with_capacity(n),
-        }
-    }
+/// Sets of buffers a thread keeps for the next [`GemmActs`] it prepares. A prompt batch
+/// prepares several activations per layer, MBs each: fresh buffers were zeroed by the thread
+/// that asked for them (the main thread, while the others waited) and then overwritten.
+const ACTS_POOLED: usize = 4;
 
-    fn zeroed(n: usize) -> SubBlockSums {
-        SubBlockSums {
-            sum: vec![0; n],
-            scaled: vec![0.0; n],
-        }
-    }
+thread_local! {
+    static ACTS_POOL: std::cell::RefCell<Vec<ActsBuffers>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
 
-    /// Appends row `r` of `from` (`per_row` sub-blocks a row).
-    fn extend_row(&mut self, from: &SubBlockSums, r: usize, per_row: usize) {
-        let at = r * per_row..(r + 1) * per_row;
-        self.sum.extend_from_slice(&from.sum[at.clone()]);
-        self.scaled.extend_from_slice(&from.scaled[at]);
+/// Row `from` of `src` into row `to` of `dst` (rows of `per` values).
+fn copy_row<T: Copy>(src: &[T], dst: &mut [T], per: usize, from: usize, to: usize) {
+    dst[to * per..(to + 1) * per].copy_from_slice(&src[from * per..(from + 1) * per]);
+}
+
+/// `v` at least `n` long: grown with zeros where it was shorter, otherwise left as it is.
+fn at_least<T: Copy + Default>(v: &mut Vec<T>, n: usize) {
+    if v.len() < n {
+        v.resize(n, T::default());
+    }
+}
+
+impl ActsBuffers {
+    /// A set with room for `n` values in blocks of `block`, from this thread's pool where it has
+    /// one (the smallest that holds them, else its largest, grown). What it held is left in
+    /// place: every reader's prefix is written before it is read.
+    fn take(n: usize, block: usize) -> ActsBuffers {
+        let mut b = ACTS_POOL
+            .try_with(|pool| {
+                let mut pool = pool.borrow_mut();
+                let fit = (0..pool.len())
+                    .filter(|&i| pool[i].q.len() >= n && pool[i].dx.len() >= n / block)
+                    .min_by_key(|&i| pool[i].q.len())
+                    .or_else(|| (0..pool.len()).max_by_key(|&i| pool[i].q.len()));
+                fit.map(|i| pool.swap_remove(i))
+            })
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        at_least(&mut b.q, n);
+        at_least(&mut b.dx, n / block);
+        for (by, sub) in [(&mut b.by16, 16), (&mut b.by32, 32)] {
+            at_least(&mut by.sum, n / sub);
+            at_least(&mut by.scaled, n / sub);
+        }
+        b
+    }
+}
+
+impl Drop for GemmActs {
+    fn drop(&mut self) {
+        let b = std::mem::take(&mut self.buf);
+        if b.q.is_empty() {
+            return;
+        }
+        // `try_with`: buffers dropped while the thread's locals are torn down are just freed.
+        let _ = ACTS_POOL.try_with(|pool| {
+            let mut pool = pool.borrow_mut();
+            pool.push(b);
+            if pool.len() > ACTS_POOLED {
+                if let Some(i) = (0..pool.len()).min_by_key(|&i| pool[i].q.len()) {
+                    pool.swap_remove(i);
+                }
+            }
+        });
     }
 }
 
@@ -184,22 +239,20 @@ impl GemmActs {
         Some(g)
     }
 
-    /// `n_tok` rows of zeros, to be written part by part ([`GemmActs::parts`]). `None` for
-    /// an activation type other than Q8_K, Q8_0 and Q8_1, or `n_in` not whole blocks of it.
+    /// `n_tok` rows to be written part by part ([`GemmActs::parts`]), every value of them
+    /// before any is read (the buffers may hold an earlier set's values). `None` for an
+    /// activation type other than Q8_K, Q8_0 and Q8_1, or `n_in` not whole blocks of it.
     pub fn zeroed(act: GgmlType, n_in: usize, n_tok: usize) -> Option<GemmActs> {
         let (block, _, _) = act_blocks(act)?;
         if n_in == 0 || !n_in.is_multiple_of(block) {
             return None;
         }
-        let n = n_tok * n_in;
         Some(GemmActs {
             act,
             n_in,
             n_tok,
-            q: vec![0; n],
-            dx: vec![0.0; n / block],
-            by16: SubBlockSums::zeroed(n / 16),
-            by32: SubBlockSums::zeroed(n / 32),
+            n_blk: n_in / block,
+            buf: ActsBuffers::take(n_tok * n_in, block),
         })
     }
 
@@ -209,21 +262,15 @@ impl GemmActs {
         if self.n_tok == 0 {
             return Vec::new();
         }
-        let n_in = self.n_in;
+        let (n_in, n_blk) = (self.n_in, self.n_blk);
+        let n = self.n_tok * n_in;
         let per = per_part.clamp(1, self.n_tok);
-        let n_blk = self.dx.len() / self.n_tok;
-        let GemmActs {
-            act,
-            q,
-            dx,
-            by16,
-            by32,
-            ..
-        } = self;
-        let (s16, c16) = (&mut by16.sum, &mut by16.scaled);
-        let (s32, c32) = (&mut by32.sum, &mut by32.scaled);
-        q.chunks_mut(per * n_in)
-            .zip(dx.chunks_mut(per * n_blk))
+        let ActsBuffers { q, dx, by16, by32 } = &mut self.buf;
+        let (s16, c16) = (&mut by16.sum[..n / 16], &mut by16.scaled[..n / 16]);
+        let (s32, c32) = (&mut by32.sum[..n / 32], &mut by32.scaled[..n / 32]);
+        q[..n]
+            .chunks_mut(per * n_in)
+            .zip(dx[..self.n_tok * n_blk].chunks_mut(per * n_blk))
             .zip(
                 s16.chunks_mut(per * n_in / 16)
                     .zip(c16.chunks_mut(per * n_in / 16)),
@@ -233,7 +280,7 @@ impl GemmActs {
                     .zip(c32.chunks_mut(per * n_in / 32)),
             )
             .map(|(((q, dx), (s16, c16)), (s32, c32))| GemmRows {
-                act: *act,
+                act: self.act,
                 q,
                 dx,
                 by16: (s16, c16),
@@ -245,22 +292,25 @@ impl GemmActs {
     /// The rows `rows` of these activations (in that order), as [`GemmActs::new`] would
     /// prepare them from those rows: a copy, without quantizing or summing again.
     pub fn gather(&self, rows: &[usize]) -> GemmActs {
-        let n_in = self.n_in;
-        let n_blk = self.dx.len() / self.n_tok.max(1);
+        let (n_in, n_blk) = (self.n_in, self.n_blk);
         let mut g = GemmActs {
             act: self.act,
             n_in,
             n_tok: rows.len(),
-            q: Vec::with_capacity(rows.len() * n_in),
-            dx: Vec::with_capacity(rows.len() * n_blk),
-            by16: SubBlockSums::with_capacity(rows.len() * n_in / 16),
-            by32: SubBlockSums::with_capacity(rows.len() * n_in / 32),
+            n_blk,
+            buf: ActsBuffers::take(rows.len() * n_in, n_in / n_blk),
         };
-        for &r in rows {
-            g.q.extend_from_slice(&self.q[r * n_in..(r + 1) * n_in]);
-            g.dx.extend_from_slice(&self.dx[r * n_blk..(r + 1) * n_blk]);
-            g.by16.extend_row(&self.by16, r, n_in / 16);
-            g.by32.extend_row(&self.by32, r, n_in / 32);
+        let (from, to) = (&self.buf, &mut g.buf);
+        for (i, &r) in rows.iter().enumerate() {
+            copy_row(&from.q, &mut to.q, n_in, r, i);
+            copy_row(&from.dx, &mut to.dx, n_blk, r, i);
+            for (f, t, sub) in [
+                (&from.by16, &mut to.by16, 16),
+                (&from.by32, &mut to.by32, 32),
+            ] {
+                copy_row(&f.sum, &mut t.sum, n_in / sub, r, i);
+                copy_row(&f.scaled, &mut t.scaled, n_in / sub, r, i);
+            }
         }
         g
     }
@@ -288,10 +338,14 @@ impl GemmActs {
         let n_in = self.n_in;
         let act_block = if self.act == GgmlType::Q8_K { 256 } else { 32 };
         let (n_blocks, n_sub) = (n_in / act_block, n_in / sub);
-        let by = if sub == 16 { &self.by16 } else { &self.by32 };
+        let by = if sub == 16 {
+            &self.buf.by16
+        } else {
+            &self.buf.by32
+        };
         PassActs {
-            x: &self.q[t0 * n_in..(t0 + n) * n_in],
-            dx: &self.dx[t0 * n_blocks..(t0 + n) * n_blocks],
+            x: &self.buf.q[t0 * n_in..(t0 + n) * n_in],
+            dx: &self.buf.dx[t0 * n_blocks..(t0 + n) * n_blocks],
             sums: &by.sum[t0 * n_sub..(t0 + n) * n_sub],
             scaled: &by.scaled[t0 * n_sub..(t0 + n) * n_sub],
             act_block,
@@ -1755,16 +1809,29 @@ mod tests {
             let xq = act_rows(weights, n_in, n_tok, &mut seed);
             let rb = xq.len() / n_tok;
             let whole = GemmActs::new(act, n_in, &xq, rb).unwrap();
+            // What the rows read (the buffers may be longer).
             let fields = |g: &GemmActs| {
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                let (n, b) = (g.n_tok * g.n_in, &g.buf);
                 (
                     g.n_tok,
-                    g.q.clone(),
-                    bits(&g.dx),
-                    (g.by16.sum.clone(), bits(&g.by16.scaled)),
-                    (g.by32.sum.clone(), bits(&g.by32.scaled)),
+                    b.q[..n].to_vec(),
+                    bits(&b.dx[..g.n_tok * g.n_blk]),
+                    (
+                        b.by16.sum[..n / 16].to_vec(),
+                        bits(&b.by16.scaled[..n / 16]),
+                    ),
+                    (
+                        b.by32.sum[..n / 32].to_vec(),
+                        bits(&b.by32.scaled[..n / 32]),
+                    ),
                 )
             };
+            // Buffers left in the thread's pool by other rows are overwritten, not read.
+            let other = act_rows(weights, n_in, 2 * n_tok, &mut seed);
+            for _ in 0..ACTS_POOLED {
+                drop(GemmActs::new(act, n_in, &other, rb).unwrap());
+            }
             let mut parted = GemmActs::zeroed(act, n_in, n_tok).unwrap();
             let mut parts = parted.parts(5);
             assert_eq!(parts.len(), n_tok.div_ceil(5));
