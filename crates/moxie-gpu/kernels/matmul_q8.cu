@@ -333,6 +333,166 @@ __device__ __forceinline__ void mx_mul_mat_id_grouped_q8(
     }
 }
 
+// Prompt batches on tensor cores (`mma.sync`, sm_80 and later): a warp multiplies 16 weight rows
+// by 32 tokens, one chunk of 32 values at a time. The chunk's 16 rows are unpacked once into
+// shared memory (`mx_q8_chunk`, lanes 0-15 a row each) and read back as the A fragments of two
+// 16x8x16 int8 products per 8 tokens, one per half of the chunk (its two scales and offsets),
+// with the tokens' int8 words as the B fragments. Each (row, token) then takes the chunk's
+// float terms exactly as `mx_q8_chunk_dot` forms them: the integer sums are the CPU's, and the
+// results differ from the dp4a kernel's only in the order the chunks are added.
+#define MX_MMA_TOK 32
+#define MX_MMA_WARPS 4
+
+// D (16x8 int32) = A (16x16 int8) x B (16x8 int8). Lane 4g + q holds a0 = A[g][4q..4q+3],
+// a1 = A[g+8][4q..4q+3] and b = B[4q..4q+3][g] (column g's bytes), and gets d[0] = D[g][2q],
+// d[1] = D[g][2q+1], d[2] = D[g+8][2q], d[3] = D[g+8][2q+1] (the PTX fragments of
+// mma.m16n8k16 for .s8).
+__device__ __forceinline__ void mx_mma_s8(uint32_t a0, uint32_t a1, uint32_t b, int* d) {
+#if defined(__CUDACC_RTC__) && __CUDA_ARCH__ >= 800
+    d[0] = d[1] = d[2] = d[3] = 0;
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
+        "{%0, %1, %2, %3};"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a0), "r"(a1), "r"(b));
+#else
+    // The same sums gathered from the other lanes' fragments (the emulator; older GPUs).
+    int lane = threadIdx.x & (MX_WARP - 1);
+    int g = lane >> 2;
+    int q = lane & 3;
+    d[0] = d[1] = d[2] = d[3] = 0;
+    MX_UNROLL
+    for (int w = 0; w < 4; ++w) {
+        uint32_t lo = __shfl_sync(0xffffffffu, a0, 4 * g + w, MX_WARP);
+        uint32_t hi = __shfl_sync(0xffffffffu, a1, 4 * g + w, MX_WARP);
+        uint32_t c0 = __shfl_sync(0xffffffffu, b, 8 * q + w, MX_WARP);
+        uint32_t c1 = __shfl_sync(0xffffffffu, b, 8 * q + 4 + w, MX_WARP);
+        d[0] = mx_dp4a(lo, c0, d[0]);
+        d[1] = mx_dp4a(lo, c1, d[1]);
+        d[2] = mx_dp4a(hi, c0, d[2]);
+        d[3] = mx_dp4a(hi, c1, d[3]);
+    }
+#endif
+}
+
+// As mx_mul_mat_q8 on tensor cores: block (32, MX_MMA_WARPS), warp w of block x takes rows
+// 16 (MX_MMA_WARPS x + w) .. + 16; grid y and z index (token tile, matrix) pairs, token tile
+// s / n_batch of MX_MMA_TOK tokens for matrix s % n_batch.
+template <int TY>
+__device__ __forceinline__ void mx_mul_mat_q8_mma(const uint8_t* w, unsigned long long row_bytes,
+                                                  unsigned long long mat_bytes, int n_in,
+                                                  int n_out, int n_batch, const int8_t* qs,
+                                                  const float4* meta, float* y, int ldy,
+                                                  int y_batch, int n_tok) {
+    __shared__ uint32_t codes[MX_MMA_WARPS][16][8];
+    // Per row: the chunk's two scales and two offsets.
+    __shared__ float terms[MX_MMA_WARPS][16][4];
+    int lane = threadIdx.x;
+    int wp = threadIdx.y;
+    int g = lane >> 2;
+    int q = lane & 3;
+    int r0 = (blockIdx.x * MX_MMA_WARPS + wp) * 16;
+    long long s = (long long)blockIdx.z * gridDim.y + blockIdx.y;
+    long long b = s % n_batch;
+    int t0 = (int)(s / n_batch) * MX_MMA_TOK;
+    // No thread returns early (see matmul.cu, "Convergence"): rows past n_out unpack zeros and
+    // tokens past n_tok read and write nothing.
+    int row = r0 + (lane & 15);
+    bool unpacks = lane < 16 && row < n_out && t0 < n_tok;
+    const uint8_t* wr =
+        w + (unpacks ? b * mat_bytes + (unsigned long long)row * row_bytes : 0ull);
+    int n_chunks = n_in / 32;
+    float acc[4][4];
+    MX_UNROLL
+    for (int j = 0; j < 4; ++j) {
+        MX_UNROLL
+        for (int e = 0; e < 4; ++e) {
+            acc[j][e] = 0.0f;
+        }
+    }
+    for (int c = 0; c < n_chunks; ++c) {
+        if (lane < 16) {
+            MxQ8Chunk ch;
+            if (unpacks) {
+                mx_q8_chunk<TY>(wr, c, ch);
+            } else {
+                MX_UNROLL
+                for (int i = 0; i < 8; ++i) {
+                    ch.q[i] = 0u;
+                }
+                ch.d[0] = ch.d[1] = ch.o[0] = ch.o[1] = 0.0f;
+            }
+            MX_UNROLL
+            for (int i = 0; i < 8; ++i) {
+                codes[wp][lane][i] = ch.q[i];
+            }
+            terms[wp][lane][0] = ch.d[0];
+            terms[wp][lane][1] = ch.d[1];
+            terms[wp][lane][2] = ch.o[0];
+            terms[wp][lane][3] = ch.o[1];
+        }
+        __syncwarp();
+        // Values 0..15 of the chunk are words 0..3, values 16..31 words 4..7.
+        uint32_t lo0 = codes[wp][g][q];
+        uint32_t lo1 = codes[wp][g + 8][q];
+        uint32_t hi0 = codes[wp][g][4 + q];
+        uint32_t hi1 = codes[wp][g + 8][4 + q];
+        const float* tr[2] = {terms[wp][g], terms[wp][g + 8]};
+        float rt[2][4];
+        MX_UNROLL
+        for (int h = 0; h < 2; ++h) {
+            MX_UNROLL
+            for (int i = 0; i < 4; ++i) {
+                rt[h][i] = tr[h][i];
+            }
+        }
+        MX_UNROLL
+        for (int j = 0; j < 4; ++j) {
+            // This lane's B fragment: token t0 + 8j + g.
+            int tb = t0 + 8 * j + g;
+            uint32_t blo = 0u;
+            uint32_t bhi = 0u;
+            if (tb < n_tok) {
+                const uint32_t* xw =
+                    (const uint32_t*)(qs + ((long long)tb * n_batch + b) * n_in + 32 * c);
+                blo = xw[q];
+                bhi = xw[4 + q];
+            }
+            int slo[4];
+            int shi[4];
+            mx_mma_s8(lo0, lo1, blo, slo);
+            mx_mma_s8(hi0, hi1, bhi, shi);
+            // This lane's outputs: tokens t0 + 8j + 2q and + 1, rows g and g + 8.
+            float4 m[2];
+            MX_UNROLL
+            for (int k = 0; k < 2; ++k) {
+                int tok = t0 + 8 * j + 2 * q + k;
+                m[k] = tok < n_tok ? meta[((long long)tok * n_batch + b) * n_chunks + c]
+                                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+            MX_UNROLL
+            for (int e = 0; e < 4; ++e) {
+                const float* d = rt[e >> 1];
+                float4 mk = m[e & 1];
+                float v = mk.x * (d[0] * (float)slo[e] + d[1] * (float)shi[e]);
+                acc[j][e] += v + (d[2] * mk.y + d[3] * mk.z);
+            }
+        }
+        // The next chunk's rows overwrite the shared codes only after every lane read them.
+        __syncwarp();
+    }
+    MX_UNROLL
+    for (int j = 0; j < 4; ++j) {
+        MX_UNROLL
+        for (int e = 0; e < 4; ++e) {
+            int ro = r0 + g + 8 * (e >> 1);
+            int tok = t0 + 8 * j + 2 * q + (e & 1);
+            if (ro < n_out && tok < n_tok) {
+                y[(long long)tok * ldy + b * y_batch + ro] = acc[j][e];
+            }
+        }
+    }
+}
+
 #define MX_MATMUL_Q8_KERNELS(name, TY)                                                         \
     extern "C" __global__ void mul_mat_q8_##name(                                              \
         const uint8_t* w, unsigned long long row_bytes, unsigned long long mat_bytes, int n_in, \
@@ -340,6 +500,13 @@ __device__ __forceinline__ void mx_mul_mat_id_grouped_q8(
         int y_batch, int n_tok) {                                                              \
         mx_mul_mat_q8<TY>(w, row_bytes, mat_bytes, n_in, n_out, n_batch, qs, meta, y, ldy,     \
                           y_batch, n_tok);                                                     \
+    }                                                                                          \
+    extern "C" __global__ void mul_mat_q8_mma_##name(                                          \
+        const uint8_t* w, unsigned long long row_bytes, unsigned long long mat_bytes, int n_in, \
+        int n_out, int n_batch, const int8_t* qs, const float4* meta, float* y, int ldy,        \
+        int y_batch, int n_tok) {                                                              \
+        mx_mul_mat_q8_mma<TY>(w, row_bytes, mat_bytes, n_in, n_out, n_batch, qs, meta, y, ldy, \
+                              y_batch, n_tok);                                                 \
     }                                                                                          \
     extern "C" __global__ void mul_mat_id_q8_##name(                                           \
         const uint8_t* w, unsigned long long row_bytes, unsigned long long mat_bytes, int n_in, \

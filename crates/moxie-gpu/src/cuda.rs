@@ -1196,6 +1196,11 @@ impl GpuBackend for CudaGpu {
             let _ = sys::cuMemHostUnregister(ptr.cast_mut().cast::<c_void>());
         }
     }
+
+    fn tensor_cores(&self) -> bool {
+        // mma.sync.m16n8k16 on int8: Ampere (8.0) and later.
+        self.arch.0 >= 8
+    }
 }
 
 impl Drop for CudaGpu {

@@ -13,7 +13,7 @@
 use std::alloc::Layout;
 use std::collections::BTreeMap;
 use std::ffi::{c_char, c_void, CStr, CString};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::{Arg, DevPtr, Error, GpuBackend, LaunchConfig, Result};
@@ -93,6 +93,8 @@ pub struct EmuGpu {
     /// Host memory registered for direct copies, and the bytes uploaded from it.
     pinned: crate::HostRanges,
     pinned_upload_bytes: AtomicU64,
+    /// Whether it reports tensor cores ([`EmuGpu::set_tensor_cores`]).
+    tensor_cores: AtomicBool,
 }
 
 impl EmuGpu {
@@ -108,7 +110,15 @@ impl EmuGpu {
             launches: AtomicU64::new(0),
             pinned: Default::default(),
             pinned_upload_bytes: AtomicU64::new(0),
+            tensor_cores: AtomicBool::new(false),
         })
+    }
+
+    /// Report tensor cores ([`GpuBackend::tensor_cores`]), so that prompt batches' int8
+    /// products run the `mul_mat_q8_mma_*` kernels (their `mma.sync` emulated by warp
+    /// shuffles). Off by default: the emulated products are slow.
+    pub fn set_tensor_cores(&self, on: bool) {
+        self.tensor_cores.store(on, Ordering::Relaxed);
     }
 
     /// Host ranges registered now ([`GpuBackend::register_host`]).
@@ -330,6 +340,10 @@ impl GpuBackend for EmuGpu {
 
     fn unregister_host(&self, ptr: *const u8) {
         self.pinned.remove(ptr);
+    }
+
+    fn tensor_cores(&self) -> bool {
+        self.tensor_cores.load(Ordering::Relaxed)
     }
 }
 

@@ -165,6 +165,11 @@ pub trait GpuBackend: Send + Sync + std::fmt::Debug {
     fn unregister_host(&self, ptr: *const u8) {
         let _ = ptr;
     }
+    /// Whether the int8 products of prompt batches take the tensor-core kernels
+    /// (`mul_mat_q8_mma_*`, `mma.sync` on int8: CUDA compute capability 8.0 and later).
+    fn tensor_cores(&self) -> bool {
+        false
+    }
 }
 
 /// Host memory registered with a backend ([`GpuBackend::register_host`]) while this lives.

@@ -52,7 +52,9 @@ struct Kernels {
     align: u64,
     /// `mul_mat`, `mul_mat_id` and `mul_mat_id` over rows grouped by expert, over int8
     /// activations, for types with integer codes.
-    q8: Option<(&'static str, &'static str, &'static str)>,
+    /// The int8-activation kernels: mul_mat, mul_mat_id, grouped mul_mat_id, and mul_mat on
+    /// tensor cores.
+    q8: Option<(&'static str, &'static str, &'static str, &'static str)>,
 }
 
 fn kernels(ty: GgmlType) -> Option<&'static Kernels> {
@@ -76,6 +78,7 @@ fn kernels(ty: GgmlType) -> Option<&'static Kernels> {
                     concat!("mul_mat_q8_", $name),
                     concat!("mul_mat_id_q8_", $name),
                     concat!("mul_mat_id_grouped_q8_", $name),
+                    concat!("mul_mat_q8_mma_", $name),
                 )),
             }
         };
@@ -127,6 +130,14 @@ pub(crate) const Q8X_MAX_BYTES: usize = 64 << 20;
 /// are read once per 8 rows rather than once per row. Decode's few rows per expert take the
 /// kernel that reads each routed row's weights on its own.
 const GROUP_ROWS_PER_EXPERT: usize = 4;
+/// Tokens from which a dense int8 product runs on tensor cores where the GPU has them
+/// ([`crate::GpuBackend::tensor_cores`]): a warp there computes 16 rows for `MMA_TOKENS` tokens
+/// (`MX_MMA_TOK`), so fewer tokens would leave most of each product unused.
+const MMA_MIN_TOKENS: usize = 16;
+/// Tokens per warp of the tensor-core kernels (`MX_MMA_TOK`).
+const MMA_TOKENS: usize = 32;
+/// Warps per block of the tensor-core kernels (`MX_MMA_WARPS`).
+const MMA_WARPS: usize = 4;
 /// Routed rows per pass of the grouped kernel (`MX_MM_TOK`).
 const GROUP_CHUNK: usize = 8;
 /// Threads of `group_rows` (one block).
@@ -554,9 +565,11 @@ impl Gpu {
         y_batch: usize,
         n_tok: usize,
     ) -> Result<()> {
-        let (q8_name, _, _) = kernels(w.ty)
+        let (dp4a, _, _, mma) = kernels(w.ty)
             .and_then(|k| k.q8)
             .expect("callers checked has_int8_kernels");
+        let tensor_cores = n_tok >= MMA_MIN_TOKENS && self.backend().tensor_cores();
+        let q8_name = if tensor_cores { mma } else { dp4a };
         let args = [
             Arg::Ptr(w.ptr),
             Arg::U64(w.row_bytes() as u64),
@@ -571,8 +584,18 @@ impl Gpu {
             Arg::I32(int(q8_name, "y_batch", y_batch)?),
             Arg::I32(int(q8_name, "n_tok", n_tok)?),
         ];
-        self.backend()
-            .launch(q8_name, warp_per_row(w.n_out, n_batch), &args)
+        let cfg = if tensor_cores {
+            // A warp per 16 rows and MMA_TOKENS tokens (MX_MMA_TOK), MMA_WARPS warps a block.
+            let [gy, gz] = grid_yz(n_tok.div_ceil(MMA_TOKENS) * n_batch);
+            LaunchConfig {
+                grid: [w.n_out.div_ceil(16 * MMA_WARPS) as u32, gy, gz],
+                block: [32, MMA_WARPS as u32, 1],
+                shared_bytes: 0,
+            }
+        } else {
+            warp_per_row(w.n_out, n_batch)
+        };
+        self.backend().launch(q8_name, cfg, &args)
     }
 
     /// Routed experts: for `j < n_ids`, with `e = ids[j]` (device `i32`s),
@@ -695,7 +718,7 @@ impl Gpu {
         y: DevPtr,
         ldy: usize,
     ) -> Result<()> {
-        let (_, q8_name, grouped) = kernels(w.ty)
+        let (_, q8_name, grouped, _) = kernels(w.ty)
             .and_then(|k| k.q8)
             .expect("callers checked has_int8_kernels");
         if groups_rows(w, n_ids) {

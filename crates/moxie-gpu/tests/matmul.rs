@@ -51,6 +51,19 @@ fn gpu() -> Gpu {
     Gpu::new(backend)
 }
 
+/// [`gpu`] with tensor cores: the emulator reporting them (`mma.sync` emulated by warp
+/// shuffles), or the real CUDA0 where it has them.
+fn gpu_with_tensor_cores() -> Gpu {
+    #[cfg(feature = "cuda")]
+    if std::env::var("MOXIE_TEST_CUDA").is_ok_and(|v| v == "1") {
+        return gpu();
+    }
+    let emu = EmuGpu::new("EMU0", 256 << 20);
+    emu.set_tensor_cores(true);
+    let backend: Arc<dyn GpuBackend> = emu;
+    Gpu::new(backend)
+}
+
 /// A quantized weight tensor on the device, with its rows dequantized on the host.
 struct Tensor {
     _buf: Buffer,
@@ -210,10 +223,28 @@ const SENTINEL: f32 = -12345.0;
 fn dense(gpu: &Gpu, ty: GgmlType, rng: &mut Rng) {
     let block = ty.block_size().max(32);
     // 768 leaves lanes idle; 2304 (72 chunks) has lanes take two or three chunks.
-    for n_in in [block, 768, 2304] {
-        for n_out in [1, 5, 67] {
+    dense_sizes(
+        gpu,
+        ty,
+        rng,
+        &[block, 768, 2304],
+        &[1, 5, 67],
+        &[1, 3, 9, 17],
+    );
+}
+
+fn dense_sizes(
+    gpu: &Gpu,
+    ty: GgmlType,
+    rng: &mut Rng,
+    n_ins: &[usize],
+    n_outs: &[usize],
+    n_toks: &[usize],
+) {
+    for &n_in in n_ins {
+        for &n_out in n_outs {
             let t = Tensor::new(gpu, ty, n_in, n_out, 1, rng);
-            for n_tok in [1, 3, 9, 17] {
+            for &n_tok in n_toks {
                 // Padded strides: x rows one value longer than n_in, y rows three longer than n_out.
                 let (ldx, ldy) = (n_in + 1, n_out + 3);
                 let x = rng.vec(ldx * n_tok);
@@ -244,9 +275,9 @@ fn dense(gpu: &Gpu, ty: GgmlType, rng: &mut Rng) {
 
 /// Per-head products: matrix b of the weight with head b of each token's row
 /// (x[t*ldx + b*x_batch + i], y[t*ldy + b*y_batch + r]).
-fn batched(gpu: &Gpu, ty: GgmlType, rng: &mut Rng) {
+fn batched(gpu: &Gpu, ty: GgmlType, rng: &mut Rng, n_tok: usize) {
     let block = ty.block_size().max(32);
-    let (n_in, n_out, n_mat, n_batch, n_tok) = (2 * block, 6, 4, 3, 5);
+    let (n_in, n_out, n_mat, n_batch) = (2 * block, 6, 4, 3);
     let t = Tensor::new(gpu, ty, n_in, n_out, n_mat, rng);
     let (x_batch, ldx) = (n_in + 2, n_batch * (n_in + 2) + 4);
     let (y_batch, ldy) = (n_out, n_batch * n_out + 1);
@@ -391,8 +422,17 @@ fn check_type(ty: GgmlType) {
     for &on in int8 {
         let gpu = gpu().with_int8_activations(on);
         dense(&gpu, ty, &mut rng);
-        batched(&gpu, ty, &mut rng);
+        batched(&gpu, ty, &mut rng, 5);
         routed(&gpu, ty, &mut rng);
+    }
+    if Gpu::has_int8_kernels(ty) {
+        // Prompt batches on tensor cores (from 16 tokens): tiles of 16 rows and 32 tokens,
+        // cut at both ends (67 rows: a block of 64 and a partial one; 17 and 40 tokens).
+        let gpu = gpu_with_tensor_cores().with_int8_activations(true);
+        assert!(gpu.backend().tensor_cores());
+        let block = ty.block_size().max(32);
+        dense_sizes(&gpu, ty, &mut rng, &[block, 768], &[5, 67], &[17, 40]);
+        batched(&gpu, ty, &mut rng, 33);
     }
     get_rows(&gpu(), ty, &mut rng);
 }
