@@ -374,6 +374,92 @@ __device__ __forceinline__ void mx_mma_s8(uint32_t a0, uint32_t a1, uint32_t b, 
 #endif
 }
 
+// One chunk of a warp's 16 rows as each lane's A fragments: values 0..15 (words 0..3) and
+// 16..31 (words 4..7) of rows g and g + 8, and those rows' scales and offsets.
+struct MxMmaRows {
+    uint32_t lo0, lo1, hi0, hi1;
+    float t[2][4];
+};
+
+// Unpack chunk c of the warp's 16 rows (lane l < 16 unpacks row l from `wr`, zeros where
+// `unpacks` is false) through the warp's shared `codes` and `terms` into `f`.
+template <int TY>
+__device__ __forceinline__ void mx_mma_unpack(const uint8_t* wr, bool unpacks, int c,
+                                              uint32_t (*codes)[8], float (*terms)[4],
+                                              MxMmaRows& f) {
+    int lane = threadIdx.x;
+    int g = lane >> 2;
+    int q = lane & 3;
+    // The previous chunk's fragments have been read by every lane.
+    __syncwarp();
+    if (lane < 16) {
+        MxQ8Chunk ch;
+        if (unpacks) {
+            mx_q8_chunk<TY>(wr, c, ch);
+        } else {
+            MX_UNROLL
+            for (int i = 0; i < 8; ++i) {
+                ch.q[i] = 0u;
+            }
+            ch.d[0] = ch.d[1] = ch.o[0] = ch.o[1] = 0.0f;
+        }
+        MX_UNROLL
+        for (int i = 0; i < 8; ++i) {
+            codes[lane][i] = ch.q[i];
+        }
+        terms[lane][0] = ch.d[0];
+        terms[lane][1] = ch.d[1];
+        terms[lane][2] = ch.o[0];
+        terms[lane][3] = ch.o[1];
+    }
+    __syncwarp();
+    f.lo0 = codes[g][q];
+    f.lo1 = codes[g + 8][q];
+    f.hi0 = codes[g][4 + q];
+    f.hi1 = codes[g + 8][4 + q];
+    MX_UNROLL
+    for (int i = 0; i < 4; ++i) {
+        f.t[0][i] = terms[g][i];
+        f.t[1][i] = terms[g + 8][i];
+    }
+}
+
+// The chunk times 8 tokens: `blo`, `bhi` this lane's B words (its token g's words q and 4 + q
+// of the chunk), `m` the q8x meta of its output tokens 2q and 2q + 1; acc[e] gets row
+// g + 8 (e >> 1), token 2q + (e & 1), with the float terms formed as mx_q8_chunk_dot does.
+__device__ __forceinline__ void mx_mma_tokens(const MxMmaRows& f, uint32_t blo, uint32_t bhi,
+                                              const float4* m, float* acc) {
+    int slo[4];
+    int shi[4];
+    mx_mma_s8(f.lo0, f.lo1, blo, slo);
+    mx_mma_s8(f.hi0, f.hi1, bhi, shi);
+    MX_UNROLL
+    for (int e = 0; e < 4; ++e) {
+        const float* d = f.t[e >> 1];
+        float4 mk = m[e & 1];
+        float v = mk.x * (d[0] * (float)slo[e] + d[1] * (float)shi[e]);
+        acc[e] += v + (d[2] * mk.y + d[3] * mk.z);
+    }
+}
+
+// Words q and 4 + q of chunk c of q8x row r (zeros for r < 0).
+__device__ __forceinline__ void mx_mma_b_words(const int8_t* qs, long long r, int n_in, int c,
+                                               uint32_t& lo, uint32_t& hi) {
+    lo = 0u;
+    hi = 0u;
+    if (r >= 0) {
+        const uint32_t* xw = (const uint32_t*)(qs + r * n_in + 32 * c);
+        lo = xw[threadIdx.x & 3];
+        hi = xw[4 + (threadIdx.x & 3)];
+    }
+}
+
+// The q8x meta of chunk c of row r (zeros for r < 0).
+__device__ __forceinline__ float4 mx_mma_meta(const float4* meta, long long r, int n_chunks,
+                                              int c) {
+    return r >= 0 ? meta[r * n_chunks + c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+}
+
 // As mx_mul_mat_q8 on tensor cores: block (32, MX_MMA_WARPS), warp w of block x takes rows
 // 16 (MX_MMA_WARPS x + w) .. + 16; grid y and z index (token tile, matrix) pairs, token tile
 // s / n_batch of MX_MMA_TOK tokens for matrix s % n_batch.
@@ -384,7 +470,6 @@ __device__ __forceinline__ void mx_mul_mat_q8_mma(const uint8_t* w, unsigned lon
                                                   const float4* meta, float* y, int ldy,
                                                   int y_batch, int n_tok) {
     __shared__ uint32_t codes[MX_MMA_WARPS][16][8];
-    // Per row: the chunk's two scales and two offsets.
     __shared__ float terms[MX_MMA_WARPS][16][4];
     int lane = threadIdx.x;
     int wp = threadIdx.y;
@@ -401,6 +486,20 @@ __device__ __forceinline__ void mx_mul_mat_q8_mma(const uint8_t* w, unsigned lon
     const uint8_t* wr =
         w + (unpacks ? b * mat_bytes + (unsigned long long)row * row_bytes : 0ull);
     int n_chunks = n_in / 32;
+    // q8x rows: this lane's B token (t0 + 8j + g) and output tokens (t0 + 8j + 2q + k) per
+    // tile of 8; -1 past n_tok.
+    long long rb[4];
+    long long ro[4][2];
+    MX_UNROLL
+    for (int j = 0; j < 4; ++j) {
+        int tb = t0 + 8 * j + g;
+        rb[j] = tb < n_tok ? (long long)tb * n_batch + b : -1;
+        MX_UNROLL
+        for (int k = 0; k < 2; ++k) {
+            int to = t0 + 8 * j + 2 * q + k;
+            ro[j][k] = to < n_tok ? (long long)to * n_batch + b : -1;
+        }
+    }
     float acc[4][4];
     MX_UNROLL
     for (int j = 0; j < 4; ++j) {
@@ -410,85 +509,94 @@ __device__ __forceinline__ void mx_mul_mat_q8_mma(const uint8_t* w, unsigned lon
         }
     }
     for (int c = 0; c < n_chunks; ++c) {
-        if (lane < 16) {
-            MxQ8Chunk ch;
-            if (unpacks) {
-                mx_q8_chunk<TY>(wr, c, ch);
-            } else {
-                MX_UNROLL
-                for (int i = 0; i < 8; ++i) {
-                    ch.q[i] = 0u;
-                }
-                ch.d[0] = ch.d[1] = ch.o[0] = ch.o[1] = 0.0f;
-            }
-            MX_UNROLL
-            for (int i = 0; i < 8; ++i) {
-                codes[wp][lane][i] = ch.q[i];
-            }
-            terms[wp][lane][0] = ch.d[0];
-            terms[wp][lane][1] = ch.d[1];
-            terms[wp][lane][2] = ch.o[0];
-            terms[wp][lane][3] = ch.o[1];
-        }
-        __syncwarp();
-        // Values 0..15 of the chunk are words 0..3, values 16..31 words 4..7.
-        uint32_t lo0 = codes[wp][g][q];
-        uint32_t lo1 = codes[wp][g + 8][q];
-        uint32_t hi0 = codes[wp][g][4 + q];
-        uint32_t hi1 = codes[wp][g + 8][4 + q];
-        const float* tr[2] = {terms[wp][g], terms[wp][g + 8]};
-        float rt[2][4];
-        MX_UNROLL
-        for (int h = 0; h < 2; ++h) {
-            MX_UNROLL
-            for (int i = 0; i < 4; ++i) {
-                rt[h][i] = tr[h][i];
-            }
-        }
+        MxMmaRows f;
+        mx_mma_unpack<TY>(wr, unpacks, c, codes[wp], terms[wp], f);
         MX_UNROLL
         for (int j = 0; j < 4; ++j) {
-            // This lane's B fragment: token t0 + 8j + g.
-            int tb = t0 + 8 * j + g;
-            uint32_t blo = 0u;
-            uint32_t bhi = 0u;
-            if (tb < n_tok) {
-                const uint32_t* xw =
-                    (const uint32_t*)(qs + ((long long)tb * n_batch + b) * n_in + 32 * c);
-                blo = xw[q];
-                bhi = xw[4 + q];
-            }
-            int slo[4];
-            int shi[4];
-            mx_mma_s8(lo0, lo1, blo, slo);
-            mx_mma_s8(hi0, hi1, bhi, shi);
-            // This lane's outputs: tokens t0 + 8j + 2q and + 1, rows g and g + 8.
-            float4 m[2];
-            MX_UNROLL
-            for (int k = 0; k < 2; ++k) {
-                int tok = t0 + 8 * j + 2 * q + k;
-                m[k] = tok < n_tok ? meta[((long long)tok * n_batch + b) * n_chunks + c]
-                                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            }
-            MX_UNROLL
-            for (int e = 0; e < 4; ++e) {
-                const float* d = rt[e >> 1];
-                float4 mk = m[e & 1];
-                float v = mk.x * (d[0] * (float)slo[e] + d[1] * (float)shi[e]);
-                acc[j][e] += v + (d[2] * mk.y + d[3] * mk.z);
-            }
+            uint32_t blo;
+            uint32_t bhi;
+            mx_mma_b_words(qs, rb[j], n_in, c, blo, bhi);
+            float4 m[2] = {mx_mma_meta(meta, ro[j][0], n_chunks, c),
+                           mx_mma_meta(meta, ro[j][1], n_chunks, c)};
+            mx_mma_tokens(f, blo, bhi, m, acc[j]);
         }
-        // The next chunk's rows overwrite the shared codes only after every lane read them.
-        __syncwarp();
     }
     MX_UNROLL
     for (int j = 0; j < 4; ++j) {
         MX_UNROLL
         for (int e = 0; e < 4; ++e) {
-            int ro = r0 + g + 8 * (e >> 1);
+            int r = r0 + g + 8 * (e >> 1);
             int tok = t0 + 8 * j + 2 * q + (e & 1);
-            if (ro < n_out && tok < n_tok) {
-                y[(long long)tok * ldy + b * y_batch + ro] = acc[j][e];
+            if (r < n_out && tok < n_tok) {
+                y[(long long)tok * ldy + b * y_batch + r] = acc[j][e];
             }
+        }
+    }
+}
+
+// As mx_mul_mat_id_grouped_q8 on tensor cores: block (32, MX_MMA_WARPS), warp w of block x
+// takes rows 16 (MX_MMA_WARPS x + w) .. + 16 of the chunk's expert; grid y and z index the
+// chunks of up to MX_MM_TOK (8) routed rows, one 16x8 product per half-chunk.
+template <int TY>
+__device__ __forceinline__ void mx_mul_mat_id_grouped_q8_mma(
+    const uint8_t* w, unsigned long long row_bytes, unsigned long long mat_bytes, int n_in,
+    int n_out, int n_mat, const int* order, const int* offsets, const int* chunk_start,
+    const int8_t* qs, const float4* meta, int x_div, float* y, int ldy) {
+    __shared__ uint32_t codes[MX_MMA_WARPS][16][8];
+    __shared__ float terms[MX_MMA_WARPS][16][4];
+    int lane = threadIdx.x;
+    int wp = threadIdx.y;
+    int g = lane >> 2;
+    int q = lane & 3;
+    int r0 = (blockIdx.x * MX_MMA_WARPS + wp) * 16;
+    long long chunk = (long long)blockIdx.z * gridDim.y + blockIdx.y;
+    // The expert whose chunks hold this one (as mx_mul_mat_id_grouped_q8).
+    int lo = 0;
+    int hi = n_mat;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (chunk_start[mid] <= chunk) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    int e = lo;
+    bool live = chunk < chunk_start[n_mat];
+    int first = live ? offsets[e] + (int)(chunk - chunk_start[e]) * MX_MM_TOK : 0;
+    int nt = live ? min(MX_MM_TOK, offsets[e + 1] - first) : 0;
+    int row = r0 + (lane & 15);
+    bool unpacks = lane < 16 && row < n_out && nt > 0;
+    const uint8_t* wr =
+        w + (unpacks ? (unsigned long long)e * mat_bytes + (unsigned long long)row * row_bytes
+                     : 0ull);
+    int n_chunks = n_in / 32;
+    // Routed rows: this lane's B row (g) and output rows (2q, 2q + 1) of the chunk; -1 past nt.
+    int jb = g < nt ? order[first + g] : -1;
+    int jo[2];
+    MX_UNROLL
+    for (int k = 0; k < 2; ++k) {
+        jo[k] = 2 * q + k < nt ? order[first + 2 * q + k] : -1;
+    }
+    long long rb = jb >= 0 ? jb / x_div : -1;
+    long long ro[2] = {jo[0] >= 0 ? jo[0] / x_div : -1, jo[1] >= 0 ? jo[1] / x_div : -1};
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int c = 0; c < n_chunks; ++c) {
+        MxMmaRows f;
+        mx_mma_unpack<TY>(wr, unpacks, c, codes[wp], terms[wp], f);
+        uint32_t blo;
+        uint32_t bhi;
+        mx_mma_b_words(qs, rb, n_in, c, blo, bhi);
+        float4 m[2] = {mx_mma_meta(meta, ro[0], n_chunks, c),
+                       mx_mma_meta(meta, ro[1], n_chunks, c)};
+        mx_mma_tokens(f, blo, bhi, m, acc);
+    }
+    MX_UNROLL
+    for (int k = 0; k < 4; ++k) {
+        int r = r0 + g + 8 * (k >> 1);
+        int j = jo[k & 1];
+        if (r < n_out && j >= 0) {
+            y[(long long)j * ldy + r] = acc[k];
         }
     }
 }
@@ -514,6 +622,13 @@ __device__ __forceinline__ void mx_mul_mat_q8_mma(const uint8_t* w, unsigned lon
         int x_div, float* y, int ldy) {                                                        \
         mx_mul_mat_id_q8<TY>(w, row_bytes, mat_bytes, n_in, n_out, n_mat, ids, n_ids, qs,      \
                              meta, x_div, y, ldy);                                             \
+    }                                                                                          \
+    extern "C" __global__ void mul_mat_id_grouped_q8_mma_##name(                               \
+        const uint8_t* w, unsigned long long row_bytes, unsigned long long mat_bytes, int n_in, \
+        int n_out, int n_mat, const int* order, const int* offsets, const int* chunk_start,     \
+        const int8_t* qs, const float4* meta, int x_div, float* y, int ldy) {                  \
+        mx_mul_mat_id_grouped_q8_mma<TY>(w, row_bytes, mat_bytes, n_in, n_out, n_mat, order,   \
+                                         offsets, chunk_start, qs, meta, x_div, y, ldy);       \
     }                                                                                          \
     extern "C" __global__ void mul_mat_id_grouped_q8_##name(                                   \
         const uint8_t* w, unsigned long long row_bytes, unsigned long long mat_bytes, int n_in, \

@@ -166,7 +166,8 @@ pub trait GpuBackend: Send + Sync + std::fmt::Debug {
         let _ = ptr;
     }
     /// Whether the int8 products of prompt batches take the tensor-core kernels
-    /// (`mul_mat_q8_mma_*`, `mma.sync` on int8: CUDA compute capability 8.0 and later).
+    /// (`mul_mat_q8_mma_*`, `mul_mat_id_grouped_q8_mma_*`: `mma.sync` on int8, CUDA compute
+    /// capability 8.0 and later).
     fn tensor_cores(&self) -> bool {
         false
     }

@@ -52,9 +52,19 @@ struct Kernels {
     align: u64,
     /// `mul_mat`, `mul_mat_id` and `mul_mat_id` over rows grouped by expert, over int8
     /// activations, for types with integer codes.
-    /// The int8-activation kernels: mul_mat, mul_mat_id, grouped mul_mat_id, and mul_mat on
-    /// tensor cores.
-    q8: Option<(&'static str, &'static str, &'static str, &'static str)>,
+    q8: Option<Q8Kernels>,
+}
+
+/// The kernels of a type's products over int8 activations (`matmul_q8.cu`).
+#[derive(Clone, Copy)]
+struct Q8Kernels {
+    mul_mat: &'static str,
+    mul_mat_id: &'static str,
+    /// `mul_mat_id` over rows grouped by expert (`group_rows`).
+    grouped: &'static str,
+    /// `mul_mat` and `grouped` on tensor cores ([`crate::GpuBackend::tensor_cores`]).
+    mul_mat_mma: &'static str,
+    grouped_mma: &'static str,
 }
 
 fn kernels(ty: GgmlType) -> Option<&'static Kernels> {
@@ -74,12 +84,13 @@ fn kernels(ty: GgmlType) -> Option<&'static Kernels> {
                 mul_mat_id: concat!("mul_mat_id_", $name),
                 get_rows: concat!("get_rows_", $name),
                 align: $align,
-                q8: Some((
-                    concat!("mul_mat_q8_", $name),
-                    concat!("mul_mat_id_q8_", $name),
-                    concat!("mul_mat_id_grouped_q8_", $name),
-                    concat!("mul_mat_q8_mma_", $name),
-                )),
+                q8: Some(Q8Kernels {
+                    mul_mat: concat!("mul_mat_q8_", $name),
+                    mul_mat_id: concat!("mul_mat_id_q8_", $name),
+                    grouped: concat!("mul_mat_id_grouped_q8_", $name),
+                    mul_mat_mma: concat!("mul_mat_q8_mma_", $name),
+                    grouped_mma: concat!("mul_mat_id_grouped_q8_mma_", $name),
+                }),
             }
         };
     }
@@ -238,6 +249,17 @@ fn warp_per_row(n_out: usize, n_slices: usize) -> LaunchConfig {
     }
 }
 
+/// The tensor-core kernels' shape: a warp per 16 output rows (`MMA_WARPS` warps a block) for
+/// each of `n_slices` token tiles (grid y and z).
+fn mma_tiles(n_out: usize, n_slices: usize) -> LaunchConfig {
+    let [gy, gz] = grid_yz(n_slices);
+    LaunchConfig {
+        grid: [n_out.div_ceil(16 * MMA_WARPS) as u32, gy, gz],
+        block: [32, MMA_WARPS as u32, 1],
+        shared_bytes: 0,
+    }
+}
+
 /// Output rows `ldy` apart must not overlap when there is more than one.
 fn check_ldy(name: &str, n_rows: usize, ldy: usize, n_out: usize) -> Result<()> {
     if n_rows > 1 && ldy < n_out {
@@ -379,7 +401,7 @@ impl Gpu {
     fn mul_mat_id_grouped(
         &self,
         w: &Weight,
-        kernel: &'static str,
+        k: Q8Kernels,
         ids: DevPtr,
         n_ids: usize,
         qs: DevPtr,
@@ -394,6 +416,12 @@ impl Gpu {
         let chunk_start = cursor.offset::<i32>(w.n_mat);
         let order = chunk_start.offset::<i32>(w.n_mat + 1);
         let n_mat = int("group_rows", "n_mat", w.n_mat)?;
+        let tensor_cores = self.backend().tensor_cores();
+        let kernel = if tensor_cores {
+            k.grouped_mma
+        } else {
+            k.grouped
+        };
         let ldy = Arg::I32(int(kernel, "ldy", ldy)?);
         self.backend().launch(
             "group_rows",
@@ -429,8 +457,12 @@ impl Gpu {
             Arg::Ptr(y),
             ldy,
         ];
-        self.backend()
-            .launch(kernel, warp_per_row(w.n_out, chunks), &args)
+        let cfg = if tensor_cores {
+            mma_tiles(w.n_out, chunks)
+        } else {
+            warp_per_row(w.n_out, chunks)
+        };
+        self.backend().launch(kernel, cfg, &args)
     }
 
     /// Whether the GPU kernels handle weights of type `ty`.
@@ -565,11 +597,15 @@ impl Gpu {
         y_batch: usize,
         n_tok: usize,
     ) -> Result<()> {
-        let (dp4a, _, _, mma) = kernels(w.ty)
+        let k = kernels(w.ty)
             .and_then(|k| k.q8)
             .expect("callers checked has_int8_kernels");
         let tensor_cores = n_tok >= MMA_MIN_TOKENS && self.backend().tensor_cores();
-        let q8_name = if tensor_cores { mma } else { dp4a };
+        let q8_name = if tensor_cores {
+            k.mul_mat_mma
+        } else {
+            k.mul_mat
+        };
         let args = [
             Arg::Ptr(w.ptr),
             Arg::U64(w.row_bytes() as u64),
@@ -585,13 +621,7 @@ impl Gpu {
             Arg::I32(int(q8_name, "n_tok", n_tok)?),
         ];
         let cfg = if tensor_cores {
-            // A warp per 16 rows and MMA_TOKENS tokens (MX_MMA_TOK), MMA_WARPS warps a block.
-            let [gy, gz] = grid_yz(n_tok.div_ceil(MMA_TOKENS) * n_batch);
-            LaunchConfig {
-                grid: [w.n_out.div_ceil(16 * MMA_WARPS) as u32, gy, gz],
-                block: [32, MMA_WARPS as u32, 1],
-                shared_bytes: 0,
-            }
+            mma_tiles(w.n_out, n_tok.div_ceil(MMA_TOKENS) * n_batch)
         } else {
             warp_per_row(w.n_out, n_batch)
         };
@@ -718,11 +748,12 @@ impl Gpu {
         y: DevPtr,
         ldy: usize,
     ) -> Result<()> {
-        let (_, q8_name, grouped, _) = kernels(w.ty)
+        let k = kernels(w.ty)
             .and_then(|k| k.q8)
             .expect("callers checked has_int8_kernels");
+        let q8_name = k.mul_mat_id;
         if groups_rows(w, n_ids) {
-            return self.mul_mat_id_grouped(w, grouped, ids, n_ids, qs, meta, aux, x_div, y, ldy);
+            return self.mul_mat_id_grouped(w, k, ids, n_ids, qs, meta, aux, x_div, y, ldy);
         }
         let args = [
             Arg::Ptr(w.ptr),

@@ -155,10 +155,12 @@ fn kernel_source_compiles_for_sm90() {
     }
     assert!(text.contains("dp4a.s32.s32"), "no dp4a in the PTX");
     // Prompt batches' int8 products on tensor cores (sm_80 and later).
-    assert!(
-        text.contains(".entry mul_mat_q8_mma_q4_k("),
-        "no kernel mul_mat_q8_mma_q4_k in the PTX"
-    );
+    for k in ["mul_mat_q8_mma_q4_k", "mul_mat_id_grouped_q8_mma_iq4_xs"] {
+        assert!(
+            text.contains(&format!(".entry {k}(")),
+            "no kernel {k} in the PTX"
+        );
+    }
     assert!(
         text.contains("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32"),
         "no int8 mma in the PTX"

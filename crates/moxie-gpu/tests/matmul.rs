@@ -744,14 +744,24 @@ fn int8_activations_are_the_cpu_blocks() {
 
 /// A prompt batch's routed rows (many per expert) go through `group_rows` and the grouped
 /// kernel: every row against the reference, experts with no rows, with a number of rows that
-/// is not a multiple of the 8 per pass, and ids out of range (zeros).
+/// is not a multiple of the 8 per pass, and ids out of range (zeros). Also on tensor cores
+/// (16 rows a warp: 9 and 70 rows cut the tiles).
 #[test]
 fn routed_batches_grouped_by_expert() {
     let mut rng = Rng(41);
-    for ty in [GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::IQ2_XS] {
-        let gpu = gpu().with_int8_activations(true);
+    let types = [GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::IQ2_XS];
+    let runs = types
+        .iter()
+        .map(|&ty| (ty, false, 9))
+        .chain(types.iter().flat_map(|&ty| [(ty, true, 9), (ty, true, 70)]));
+    for (ty, tensor_cores, n_out) in runs {
+        let gpu = match tensor_cores {
+            true => gpu_with_tensor_cores(),
+            false => gpu(),
+        }
+        .with_int8_activations(true);
         let block = ty.block_size().max(32);
-        let (n_in, n_out, n_mat) = (2 * block, 9, 6);
+        let (n_in, n_mat) = (2 * block, 6);
         let t = Tensor::new(&gpu, ty, n_in, n_out, n_mat, &mut rng);
         // Expert 4 gets no rows; 5 gets 3; -1 and 6 are out of range.
         let ids: Vec<i32> = (0..203)
