@@ -22,7 +22,8 @@
 #      built there with -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 while steps 1-2 run, about
 #      5 minutes on 16 cores). llama.cpp's `-ngl 0` still runs prompt batches' matrix products
 #      on the GPU; moxie's `-ngl 0` is CPU only. Then moxie's hybrid and all-GPU again with
-#      MOXIE_GPU_INT8=0 (products over f32 activations instead of the default int8 ones).
+#      MOXIE_GPU_INT8=0 (products over f32 activations instead of the default int8 ones), and
+#      all-GPU pp512 with MOXIE_GPU_MMA=0 (int8 prompt products on dp4a, not tensor cores).
 #   4. placement on a model whose routing reuses recent experts (`moxie gen --routing recency`),
 #      CUDA0 budgeted at 2 GiB: `moxie bench --ab` of five whole expert layers (`-ot`, 442 MiB)
 #      against an expert cache of the same bytes, a cache of all the room left, and hot experts
@@ -151,6 +152,9 @@ run() {
             step "bench ${pattern%%:*} ($flags), MOXIE_GPU_INT8=0: moxie" 90 env MOXIE_GPU_INT8=0 \
                 "$bin/moxie" bench -m "$model" -p 512 -n 128 -r "$reps" -t "$threads" $flags
         done
+        # The int8 prompt products on dp4a instead of tensor cores (mma, the default on sm_80+).
+        step "bench all-GPU (-ngl 999), MOXIE_GPU_MMA=0: moxie" 90 env MOXIE_GPU_MMA=0 \
+            "$bin/moxie" bench -m "$model" -p 512 -n 0 -r "$reps" -t "$threads" -ngl 999
     fi
     if [ "${GPU_CHECK_BENCH:-1}" != 0 ] && [ "${GPU_CHECK_PLACEMENT:-1}" != 0 ]; then
         local recency=$dir/bench-deepseek2-recency-Q4_K_M.gguf

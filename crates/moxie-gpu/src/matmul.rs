@@ -62,7 +62,7 @@ struct Q8Kernels {
     mul_mat_id: &'static str,
     /// `mul_mat_id` over rows grouped by expert (`group_rows`).
     grouped: &'static str,
-    /// `mul_mat` and `grouped` on tensor cores ([`crate::GpuBackend::tensor_cores`]).
+    /// `mul_mat` and `grouped` on tensor cores ([`Gpu::tensor_cores`]).
     mul_mat_mma: &'static str,
     grouped_mma: &'static str,
 }
@@ -142,7 +142,7 @@ pub(crate) const Q8X_MAX_BYTES: usize = 64 << 20;
 /// kernel that reads each routed row's weights on its own.
 const GROUP_ROWS_PER_EXPERT: usize = 4;
 /// Tokens from which a dense int8 product runs on tensor cores where the GPU has them
-/// ([`crate::GpuBackend::tensor_cores`]): a warp there computes 16 rows for `MMA_TOKENS` tokens
+/// ([`Gpu::tensor_cores`]): a warp there computes 16 rows for `MMA_TOKENS` tokens
 /// (`MX_MMA_TOK`), so fewer tokens would leave most of each product unused.
 const MMA_MIN_TOKENS: usize = 16;
 /// Tokens per warp of the tensor-core kernels (`MX_MMA_TOK`).
@@ -416,7 +416,7 @@ impl Gpu {
         let chunk_start = cursor.offset::<i32>(w.n_mat);
         let order = chunk_start.offset::<i32>(w.n_mat + 1);
         let n_mat = int("group_rows", "n_mat", w.n_mat)?;
-        let tensor_cores = self.backend().tensor_cores();
+        let tensor_cores = self.mma;
         let kernel = if tensor_cores {
             k.grouped_mma
         } else {
@@ -600,7 +600,7 @@ impl Gpu {
         let k = kernels(w.ty)
             .and_then(|k| k.q8)
             .expect("callers checked has_int8_kernels");
-        let tensor_cores = n_tok >= MMA_MIN_TOKENS && self.backend().tensor_cores();
+        let tensor_cores = n_tok >= MMA_MIN_TOKENS && self.mma;
         let q8_name = if tensor_cores {
             k.mul_mat_mma
         } else {

@@ -20,10 +20,16 @@ pub struct Gpu {
     /// Whether products with weight types that have int8 kernels use them
     /// ([`Gpu::int8_activations`]).
     pub(crate) int8: bool,
+    /// Whether prompt batches' int8 products take the tensor-core kernels
+    /// ([`Gpu::tensor_cores`]).
+    pub(crate) mma: bool,
 }
 
 /// The environment variable that turns int8 activations off for every GPU (`0`).
 pub const INT8_ACTIVATIONS_ENV: &str = "MOXIE_GPU_INT8";
+/// The environment variable that keeps the int8 products off tensor cores (`0`): the dp4a
+/// kernels instead, on every GPU.
+pub const TENSOR_CORES_ENV: &str = "MOXIE_GPU_MMA";
 
 /// Threads per block of the elementwise kernels, and the most blocks they launch (they loop).
 const EW_THREADS: u32 = 256;
@@ -179,10 +185,13 @@ impl Gpu {
     /// A GPU on `backend`; int8 activations on unless [`INT8_ACTIVATIONS_ENV`] is `0`.
     pub fn new(backend: Arc<dyn GpuBackend>) -> Gpu {
         let int8 = std::env::var(INT8_ACTIVATIONS_ENV).map_or(true, |v| v != "0");
+        let mma =
+            backend.tensor_cores() && std::env::var(TENSOR_CORES_ENV).map_or(true, |v| v != "0");
         Gpu {
             backend,
             q8x: Arc::default(),
             int8,
+            mma,
         }
     }
 
@@ -200,6 +209,12 @@ impl Gpu {
     /// Whether products use int8 activations where the weight type has int8 kernels.
     pub fn int8_activations(&self) -> bool {
         self.int8
+    }
+
+    /// Whether prompt batches' int8 products run on tensor cores: the backend has them
+    /// ([`GpuBackend::tensor_cores`]) and [`TENSOR_CORES_ENV`] is not `0`.
+    pub fn tensor_cores(&self) -> bool {
+        self.mma
     }
 
     pub fn backend(&self) -> &Arc<dyn GpuBackend> {

@@ -429,7 +429,7 @@ fn check_type(ty: GgmlType) {
         // Prompt batches on tensor cores (from 16 tokens): tiles of 16 rows and 32 tokens,
         // cut at both ends (67 rows: a block of 64 and a partial one; 17 and 40 tokens).
         let gpu = gpu_with_tensor_cores().with_int8_activations(true);
-        assert!(gpu.backend().tensor_cores());
+        assert!(gpu.tensor_cores());
         let block = ty.block_size().max(32);
         dense_sizes(&gpu, ty, &mut rng, &[block, 768], &[5, 67], &[17, 40]);
         batched(&gpu, ty, &mut rng, 33);
