@@ -14,6 +14,8 @@ use std::cell::RefCell;
 use std::ops::{Deref, DerefMut};
 use std::thread::LocalKey;
 
+use moxie_quant::pool::{give_back, take_fitting};
+
 /// Buffers a thread keeps at most per element type; a give-back beyond them frees the smallest.
 const MAX_POOLED: usize = 8;
 
@@ -53,17 +55,9 @@ pub(crate) fn take_bytes(len: usize) -> Buf<u8> {
 }
 
 fn take_from<T: Pooled>(len: usize) -> Buf<T> {
+    // The smallest that holds `len`, else the largest (grown below).
     let v = T::pool()
-        .try_with(|pool| {
-            let mut pool = pool.borrow_mut();
-            // The smallest that holds `len`, else the largest (grown below), so a steady
-            // sequence of takes settles on a fixed set of buffers.
-            let fit = (0..pool.len())
-                .filter(|&i| pool[i].len() >= len)
-                .min_by_key(|&i| pool[i].len())
-                .or_else(|| (0..pool.len()).max_by_key(|&i| pool[i].len()));
-            fit.map(|i| pool.swap_remove(i))
-        })
+        .try_with(|pool| take_fitting(&mut pool.borrow_mut(), len, Vec::len))
         .ok()
         .flatten()
         .unwrap_or_default();
@@ -115,16 +109,8 @@ impl<T: Pooled> Drop for Buf<T> {
             return;
         }
         // `try_with`: a buffer dropped while the thread's locals are torn down is just freed.
-        let _ = T::pool().try_with(|pool| {
-            let mut pool = pool.borrow_mut();
-            pool.push(v);
-            if pool.len() > MAX_POOLED {
-                let smallest = (0..pool.len()).min_by_key(|&i| pool[i].len());
-                if let Some(i) = smallest {
-                    pool.swap_remove(i);
-                }
-            }
-        });
+        let _ =
+            T::pool().try_with(|pool| give_back(&mut pool.borrow_mut(), v, MAX_POOLED, Vec::len));
     }
 }
 

@@ -23,6 +23,7 @@ use crate::iq2_3::{
 };
 use crate::kquants::{q4_k_quants, q5_k_quants, q6_k_quants};
 use crate::legacy::{quants_4bit, quants_5bit};
+use crate::pool::{give_back, take_fitting};
 use crate::GgmlType;
 
 /// Weight rows per decoded tile (one i32 lane per row in a 512-bit register).
@@ -157,19 +158,17 @@ fn at_least<T: Copy + Default>(v: &mut Vec<T>, n: usize) {
 }
 
 impl ActsBuffers {
+    /// The values this set has room for (its other buffers grow with them).
+    fn values(&self) -> usize {
+        self.q.len()
+    }
+
     /// A set with room for `n` values in blocks of `block`, from this thread's pool where it has
-    /// one (the smallest that holds them, else its largest, grown). What it held is left in
+    /// one (`pool::take_fitting`: the smallest that holds them, else its largest, grown). What it held is left in
     /// place: every reader's prefix is written before it is read.
     fn take(n: usize, block: usize) -> ActsBuffers {
         let mut b = ACTS_POOL
-            .try_with(|pool| {
-                let mut pool = pool.borrow_mut();
-                let fit = (0..pool.len())
-                    .filter(|&i| pool[i].q.len() >= n && pool[i].dx.len() >= n / block)
-                    .min_by_key(|&i| pool[i].q.len())
-                    .or_else(|| (0..pool.len()).max_by_key(|&i| pool[i].q.len()));
-                fit.map(|i| pool.swap_remove(i))
-            })
+            .try_with(|pool| take_fitting(&mut pool.borrow_mut(), n, ActsBuffers::values))
             .ok()
             .flatten()
             .unwrap_or_default();
@@ -191,13 +190,7 @@ impl Drop for GemmActs {
         }
         // `try_with`: buffers dropped while the thread's locals are torn down are just freed.
         let _ = ACTS_POOL.try_with(|pool| {
-            let mut pool = pool.borrow_mut();
-            pool.push(b);
-            if pool.len() > ACTS_POOLED {
-                if let Some(i) = (0..pool.len()).min_by_key(|&i| pool[i].q.len()) {
-                    pool.swap_remove(i);
-                }
-            }
+            give_back(&mut pool.borrow_mut(), b, ACTS_POOLED, ActsBuffers::values)
         });
     }
 }

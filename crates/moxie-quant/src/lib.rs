@@ -62,6 +62,7 @@ pub mod iq_grids;
 pub mod iqk;
 pub mod kquants;
 pub mod legacy;
+pub mod pool;
 pub mod prefetch;
 pub mod repack;
 mod simd;
