@@ -284,6 +284,31 @@ extern "C" __global__ void group_rows(const int* ids, int n_ids, int n_mat, int 
     }
 }
 
+// Chunk `chunk` of `group_rows`' grouping: its expert `e` (the last with chunk_start[e] <=
+// chunk), the index in `order` of its first row (`first`), and its rows (up to MX_MM_TOK;
+// 0 past the last chunk, where `e` and `first` are 0).
+__device__ __forceinline__ int mx_group_chunk(long long chunk, int n_mat, const int* offsets,
+                                              const int* chunk_start, int& e, int& first) {
+    e = 0;
+    first = 0;
+    if (chunk >= chunk_start[n_mat]) {
+        return 0;
+    }
+    int lo = 0;
+    int hi = n_mat;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (chunk_start[mid] <= chunk) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    e = lo;
+    first = offsets[e] + (int)(chunk - chunk_start[e]) * MX_MM_TOK;
+    return min(MX_MM_TOK, offsets[e + 1] - first);
+}
+
 // As mx_mul_mat_id_q8 over rows grouped by `group_rows`: grid y and z index chunks of up to
 // MX_MM_TOK rows of one expert (past the last chunk a block computes nothing), so each weight
 // chunk is unpacked once for all of them and the expert's weights are read once per chunk
@@ -296,21 +321,11 @@ __device__ __forceinline__ void mx_mul_mat_id_grouped_q8(
     int lane = threadIdx.x;
     int r = blockIdx.x * blockDim.y + threadIdx.y;
     long long chunk = (long long)blockIdx.z * gridDim.y + blockIdx.y;
-    // The expert whose chunks hold this one: the last e with chunk_start[e] <= chunk.
-    int lo = 0;
-    int hi = n_mat;
-    while (lo < hi) {
-        int mid = (lo + hi + 1) / 2;
-        if (chunk_start[mid] <= chunk) {
-            lo = mid;
-        } else {
-            hi = mid - 1;
-        }
-    }
-    int e = lo;
-    bool live = r < n_out && chunk < chunk_start[n_mat];
-    int first = live ? offsets[e] + (int)(chunk - chunk_start[e]) * MX_MM_TOK : 0;
-    int nt = live ? min(MX_MM_TOK, offsets[e + 1] - first) : 0;
+    int e;
+    int first;
+    int nt = mx_group_chunk(chunk, n_mat, offsets, chunk_start, e, first);
+    bool live = r < n_out && nt > 0;
+    nt = live ? nt : 0;
     int n_chunks = live ? n_in / 32 : 0;
     const uint8_t* wr =
         w + (live ? (unsigned long long)e * mat_bytes + (unsigned long long)r * row_bytes : 0ull);
@@ -550,21 +565,9 @@ __device__ __forceinline__ void mx_mul_mat_id_grouped_q8_mma(
     int q = lane & 3;
     int r0 = (blockIdx.x * MX_MMA_WARPS + wp) * 16;
     long long chunk = (long long)blockIdx.z * gridDim.y + blockIdx.y;
-    // The expert whose chunks hold this one (as mx_mul_mat_id_grouped_q8).
-    int lo = 0;
-    int hi = n_mat;
-    while (lo < hi) {
-        int mid = (lo + hi + 1) / 2;
-        if (chunk_start[mid] <= chunk) {
-            lo = mid;
-        } else {
-            hi = mid - 1;
-        }
-    }
-    int e = lo;
-    bool live = chunk < chunk_start[n_mat];
-    int first = live ? offsets[e] + (int)(chunk - chunk_start[e]) * MX_MM_TOK : 0;
-    int nt = live ? min(MX_MM_TOK, offsets[e + 1] - first) : 0;
+    int e;
+    int first;
+    int nt = mx_group_chunk(chunk, n_mat, offsets, chunk_start, e, first);
     int row = r0 + (lane & 15);
     bool unpacks = lane < 16 && row < n_out && nt > 0;
     const uint8_t* wr =
