@@ -14,7 +14,7 @@
 use std::sync::Arc;
 
 use moxie_gpu::emu::EmuGpu;
-use moxie_gpu::{Buffer, Error, Gpu, GpuBackend, Weight};
+use moxie_gpu::{Buffer, DevPtr, Error, Gpu, GpuBackend, Weight};
 use moxie_quant::GgmlType;
 
 /// xorshift64*: reproducible test data without a dependency.
@@ -50,6 +50,9 @@ fn gpu() -> Gpu {
     let backend: Arc<dyn GpuBackend> = EmuGpu::new("EMU0", 256 << 20);
     Gpu::new(backend)
 }
+
+/// One product of `mul_mats` / `mul_mat_ids`: the weight, its output and output stride.
+type Product<'w> = (&'w Weight, DevPtr, usize);
 
 /// [`gpu`] with tensor cores: the emulator reporting them (`mma.sync` emulated by warp
 /// shuffles), or the real CUDA0 where it has them.
@@ -829,26 +832,43 @@ fn products_sharing_an_input_quantize_it_once() {
             let read_all = |bs: &[(Buffer, usize)], rows: usize| -> Vec<Vec<f32>> {
                 bs.iter().map(|(b, ldy)| download(b, ldy * rows)).collect()
             };
-            // Dense: one at a time, then together.
-            let (one, all) = (outs(n_tok), outs(n_tok));
-            let before = emu.launches();
-            for (t, (b, ldy)) in ts.iter().zip(&one) {
-                gpu.mul_mat(&t.w, 1, xb.ptr(), ldx, 0, b.ptr(), *ldy, 0, n_tok)
-                    .unwrap();
-            }
-            let separate = emu.launches() - before;
-            let products: Vec<_> = ts
-                .iter()
-                .zip(&all)
-                .map(|(t, (b, ldy))| (&t.w, b.ptr(), *ldy))
-                .collect();
-            let before = emu.launches();
-            gpu.mul_mats(&products, xb.ptr(), ldx, n_tok).unwrap();
-            let together = emu.launches() - before;
-            assert_eq!(
-                read_all(&one, n_tok),
-                read_all(&all, n_tok),
-                "{types:?} dense"
+            // Each product on its own, then all together: the same results; the launches of
+            // each way.
+            let compare = |rows: usize,
+                           what: &str,
+                           one_product: &dyn Fn(&Weight, DevPtr, usize),
+                           all_products: &dyn Fn(&[Product])|
+             -> (u64, u64) {
+                let (one, all) = (outs(rows), outs(rows));
+                let before = emu.launches();
+                for (t, (b, ldy)) in ts.iter().zip(&one) {
+                    one_product(&t.w, b.ptr(), *ldy);
+                }
+                let separate = emu.launches() - before;
+                let products: Vec<_> = ts
+                    .iter()
+                    .zip(&all)
+                    .map(|(t, (b, ldy))| (&t.w, b.ptr(), *ldy))
+                    .collect();
+                let before = emu.launches();
+                all_products(&products);
+                let together = emu.launches() - before;
+                assert_eq!(
+                    read_all(&one, rows),
+                    read_all(&all, rows),
+                    "{types:?} {what}"
+                );
+                (separate, together)
+            };
+            // Dense.
+            let (separate, together) = compare(
+                n_tok,
+                "dense",
+                &|w, y, ldy| {
+                    gpu.mul_mat(w, 1, xb.ptr(), ldx, 0, y, ldy, 0, n_tok)
+                        .unwrap()
+                },
+                &|products| gpu.mul_mats(products, xb.ptr(), ldx, n_tok).unwrap(),
             );
             let want = if shared {
                 1 + ts.len() as u64
@@ -858,26 +878,17 @@ fn products_sharing_an_input_quantize_it_once() {
             assert_eq!(together, want, "{types:?} dense: launches");
             // Routed, x rows shared by 2 routes each.
             let n_ids = ids.len();
-            let (one, all) = (outs(n_ids), outs(n_ids));
-            let before = emu.launches();
-            for (t, (b, ldy)) in ts.iter().zip(&one) {
-                gpu.mul_mat_id(&t.w, idb.ptr(), n_ids, xb.ptr(), ldx, 2, b.ptr(), *ldy)
-                    .unwrap();
-            }
-            let separate = emu.launches() - before;
-            let products: Vec<_> = ts
-                .iter()
-                .zip(&all)
-                .map(|(t, (b, ldy))| (&t.w, b.ptr(), *ldy))
-                .collect();
-            let before = emu.launches();
-            gpu.mul_mat_ids(&products, idb.ptr(), n_ids, xb.ptr(), ldx, 2)
-                .unwrap();
-            let together = emu.launches() - before;
-            assert_eq!(
-                read_all(&one, n_ids),
-                read_all(&all, n_ids),
-                "{types:?} routed"
+            let (separate, together) = compare(
+                n_ids,
+                "routed",
+                &|w, y, ldy| {
+                    gpu.mul_mat_id(w, idb.ptr(), n_ids, xb.ptr(), ldx, 2, y, ldy)
+                        .unwrap()
+                },
+                &|products| {
+                    gpu.mul_mat_ids(products, idb.ptr(), n_ids, xb.ptr(), ldx, 2)
+                        .unwrap()
+                },
             );
             // One quantization fewer per product after the first.
             let want = if shared {
