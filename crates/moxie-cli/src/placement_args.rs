@@ -202,6 +202,15 @@ impl PlacementArgs {
             Some(s) => parse_size_list(s)?,
             None => Vec::new(),
         };
+        // As llama.cpp: `-ngl` without a GPU to take the layers warns, and the CPU runs them.
+        if gpus.is_empty() && sims.is_empty() && simulated.is_none() {
+            if let Some(n) = self.n_gpu_layers.as_deref().filter(|n| *n != "0") {
+                eprintln!(
+                    "warning: -ngl {n}, but no GPU was found: {}; every layer runs on the CPU",
+                    moxie_core::placement::no_cuda_reason()
+                );
+            }
+        }
         let mut devices = device_list(ram, &gpus, &sims);
         // Simulated CUDA devices come where real ones would: first after the CPU.
         let simulated = simulated.unwrap_or_default().into_iter().enumerate();

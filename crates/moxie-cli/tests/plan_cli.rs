@@ -1,7 +1,7 @@
 //! `moxie plan` end to end on the header-only DeepSeek-V3 file: `--fit` within budgets on one
 //! and on two unequal GPUs, a plan that cannot fit, llama.cpp's flag order recovered from the
 //! command line, and bad input; on a generated GLM-5.1 header: the DSA indexer's weights and
-//! key cache with the usual hybrid flags.
+//! key cache with the usual hybrid flags; `-ngl` on a machine without a GPU.
 
 use serde_json::Value;
 
@@ -365,4 +365,41 @@ fn simulated_cuda_devices_stand_for_gpus() {
         !o.status.success() && err.contains("MOXIE_SIM_CUDA=24XB"),
         "{err}"
     );
+}
+
+/// `-ngl` with no GPU to take the layers warns, as llama.cpp does, naming why none was found,
+/// and plans every layer for the CPU; `-ngl 0` and simulated GPUs do not warn.
+#[test]
+fn gpu_layers_without_a_gpu_warn_and_stay_on_the_cpu() {
+    let m = ds();
+    let warned = |o: &std::process::Output| {
+        String::from_utf8_lossy(&o.stderr).contains("but no GPU was found")
+    };
+    let o = moxie(&["plan", "--json", "-m", &m, "--ram", "1TiB", "-ngl", "10"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let plan: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let gpus = plan["devices"].as_array().unwrap().len() - 1;
+    // (A machine that has a GPU and a CUDA build plans for it, without the warning.)
+    assert_eq!(
+        warned(&o),
+        gpus == 0,
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    if gpus == 0 {
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            stderr.contains("-ngl 10") && stderr.contains("CPU"),
+            "{stderr}"
+        );
+        assert_eq!(expert_layers_on(&plan, "CPU"), 58, "{}", plan["layers"]);
+    }
+    let o = moxie(&["plan", "--json", "-m", &m, "--ram", "1TiB", "-ngl", "0"]);
+    assert!(o.status.success() && !warned(&o));
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_moxie"))
+        .env("MOXIE_SIM_CUDA", "24GiB")
+        .args(["plan", "--json", "-m", &m, "--ram", "1TiB", "-ngl", "10"])
+        .output()
+        .unwrap();
+    assert!(o.status.success() && !warned(&o));
 }

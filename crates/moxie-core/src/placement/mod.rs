@@ -176,3 +176,18 @@ pub fn detected_cuda_budgets() -> Result<Vec<u64>> {
     #[cfg(not(feature = "cuda"))]
     Ok(Vec::new())
 }
+
+/// Why [`detected_cuda_budgets`] finds no GPU: this build has no CUDA backend, the driver did
+/// not load or start, or it sees no device.
+pub fn no_cuda_reason() -> String {
+    #[cfg(feature = "cuda")]
+    {
+        match moxie_gpu::cuda::CudaGpu::device_count() {
+            Ok(0) => "the CUDA driver sees no device".to_string(),
+            Ok(n) => format!("the CUDA driver sees {n} device(s)"),
+            Err(e) => e.to_string(),
+        }
+    }
+    #[cfg(not(feature = "cuda"))]
+    "this build has no CUDA backend (build with --features cuda)".to_string()
+}
