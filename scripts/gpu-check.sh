@@ -9,6 +9,11 @@
 #   scripts/gpu-check.sh run [DIR] [REPORT] # GPU machine: the checks below, one report file
 #                                           # (default DIR/report.md)
 #
+# `stage` strips the binaries and puts the fixture models in parts of at most PART_MIB (default
+# 54) under DIR/parts/N/, so that a remote runner that carries at most 64 MiB with the working
+# tree (this project's device tool) can take them one part a call: it prints the calls, in
+# order, with their sizes. `run` moves the parts' models into DIR/fixtures/models first.
+#
 # `run` does, each step under its own time limit (the whole under 10 minutes on an H100):
 #   1. the ignored CUDA tests of moxie-gpu (device, copies, every kernel launch), and its
 #      weight-product tests of every type (f32 and int8 activations) on the device;
@@ -31,9 +36,12 @@
 #      generated token (issue 19's real-GPU line).
 #
 # Environment: MOXIE_FIXTURES (stage: where the fixtures are; run: fixtures elsewhere than
-# DIR/fixtures), LLAMA_SRC (stage), GPU_CHECK_BENCH=0 (skip steps 3-4), GPU_CHECK_PLACEMENT=0
-# (skip step 4), GPU_CHECK_REPS (bench repetitions, default 3), THREADS (default: all cores),
-# CUDA_ARCH (llama.cpp's, default 90).
+# DIR/fixtures), LLAMA_SRC (stage), PART_MIB (stage), GPU_CHECK_TESTS=0 (skip steps 1-2),
+# GPU_CHECK_BENCH=0 (skip steps 3-4), GPU_CHECK_PLACEMENT=0 (skip step 4), GPU_CHECK_REPS (bench
+# repetitions, default 3), THREADS (default: all cores), CUDA_ARCH (llama.cpp's, default 90).
+# With 10 minutes a command, run the tests and the benches as two commands on one machine:
+# GPU_CHECK_BENCH=0 first (it starts llama.cpp's build in a session of its own, which outlives
+# the command), then GPU_CHECK_TESTS=0 (it waits for that build).
 set -uo pipefail
 
 cmd=${1:-}
@@ -58,8 +66,25 @@ for l in sys.stdin:
     mkdir -p "$dir/bin" "$dir/fixtures/golden" "$dir/fixtures/models"
     cp target/release/moxie "$dir/bin/moxie"
     while read -r name path; do cp "$path" "$dir/bin/test-$name"; done <<<"$tests"
+    # Symbols only (panics still name the test and the message).
+    strip "$dir"/bin/* 2>/dev/null || true
     cp "$fx/golden/index.json" "$dir/fixtures/golden/"
-    cp "$fx"/models/*.gguf "$dir/fixtures/models/"
+    # The models in parts of at most PART_MIB each (largest first, each into the first part it
+    # fits), so that each part travels on its own.
+    rm -rf "$dir/parts" "$dir/fixtures/models"
+    mkdir -p "$dir/fixtures/models"
+    local limit=$((${PART_MIB:-54} * 1048576)) part f size
+    local -a used=()
+    while read -r size f; do
+        [ "$size" -le "$limit" ] || { echo "gpu-check: $f is larger than PART_MIB" >&2; exit 1; }
+        part=0
+        while [ -n "${used[part]:-}" ] && [ $((used[part] + size)) -gt "$limit" ]; do
+            part=$((part + 1))
+        done
+        used[part]=$((${used[part]:-0} + size))
+        mkdir -p "$dir/parts/$((part + 1))"
+        cp "$f" "$dir/parts/$((part + 1))/"
+    done < <(stat -c '%s %n' "$fx"/models/*.gguf | sort -rn)
     if [ -n "${LLAMA_SRC:-}" ]; then
         # Only what llama-bench needs: the CPU and CUDA backends, no other tool.
         rm -rf "$dir/llama-src"
@@ -77,8 +102,29 @@ for l in sys.stdin:
         printf 'llama_add_compile_flags()\nadd_subdirectory(llama-bench)\n' >"$dir/llama-src/tools/CMakeLists.txt"
         du -sh "$dir/llama-src"
     fi
-    du -sh "$dir/bin" "$dir/fixtures"
+    du -sh "$dir/bin" "$dir/fixtures" "$dir"/parts/*
     echo "gpu-check: staged in $dir; on the GPU machine: scripts/gpu-check.sh run $dir"
+    # What a runner that carries paths under the repository (at most 64 MiB a call with the
+    # working tree) takes, call after call on one machine.
+    local rel=$dir
+    case $dir in "$root"/*) rel=${dir#"$root"/} ;; /*) rel= ;; esac
+    if [ -z "$rel" ]; then
+        echo "gpu-check: $dir lies outside the repository: a runner that carries paths under it cannot take it"
+    else
+        local tree
+        tree=$(git ls-files -z --cached --others --exclude-standard |
+            du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
+        echo "gpu-check: calls for a runner that carries 64 MiB (the working tree is $((tree / 1048576)) MiB):"
+        for p in "$dir"/parts/*; do
+            echo "  carry $rel/parts/${p##*/} ($(du -sm "$p" | cut -f1) MiB), command: true"
+        done
+        local last="$rel/bin $rel/fixtures" mib
+        [ -d "$dir/llama-src" ] && last="$last $rel/llama-src"
+        # shellcheck disable=SC2086 # the paths are words
+        mib=$(cd "$root" && du -smc $last | tail -1 | cut -f1)
+        echo "  carry $last ($mib MiB), command: GPU_CHECK_BENCH=0 scripts/gpu-check.sh run $rel \$OUT/report-tests.md"
+        echo "  then: GPU_CHECK_TESTS=0 scripts/gpu-check.sh run $rel \$OUT/report-bench.md"
+    fi
 }
 
 run() {
@@ -88,6 +134,14 @@ run() {
     local threads=${THREADS:-$(nproc)}
     local reps=${GPU_CHECK_REPS:-3}
     local failed=0
+    local f
+    # The models `stage` put in parts (each part carried on its own).
+    if [ -d "$dir/parts" ]; then
+        mkdir -p "$dir/fixtures/models"
+        for f in "$dir"/parts/*/*.gguf; do
+            [ -f "$f" ] && mv -f "$f" "$dir/fixtures/models/"
+        done
+    fi
     : >"$report"
     say() { echo "$*" | tee -a "$report"; }
     # step NAME LIMIT CMD...: run with a time limit, log to the report, count failures.
@@ -112,28 +166,49 @@ run() {
     say "$(nproc) CPU threads; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
     say '```'
     : >"$report.log"
-    local llama=$dir/llama-build/bin/llama-bench build=
-    if [ "${GPU_CHECK_BENCH:-1}" != 0 ] && [ -d "$dir/llama-src" ] && [ ! -x "$llama" ]; then
-        (cmake -S "$dir/llama-src" -B "$dir/llama-build" -G Ninja -DGGML_CUDA=ON \
-            -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF \
+    # llama.cpp's build runs in a process session of its own, so that it outlives this command
+    # when the tests and the benches are two commands (GPU_CHECK_BENCH=0, then
+    # GPU_CHECK_TESTS=0); DIR/llama-build.rc holds its exit status once it ends.
+    local llama=$dir/llama-build/bin/llama-bench build_rc=$dir/llama-build.rc
+    if [ -d "$dir/llama-src" ] && [ ! -x "$llama" ] && [ ! -d "$dir/llama-build" ]; then
+        setsid bash -c 'cmake -S "$1/llama-src" -B "$1/llama-build" -G Ninja -DGGML_CUDA=ON \
+            -DCMAKE_CUDA_ARCHITECTURES="$2" -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF \
             -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
             -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF &&
-            timeout 480 cmake --build "$dir/llama-build" -j "$(nproc)" --target llama-bench) \
-            >"$report.llama-build.log" 2>&1 &
-        build=$!
+            timeout 480 cmake --build "$1/llama-build" -j "$(nproc)" --target llama-bench
+            echo $? >"$1/llama-build.rc"' _ "$dir" "${CUDA_ARCH:-90}" \
+            >"$dir/llama-build.log" 2>&1 </dev/null &
     fi
-    step "CUDA tests (moxie-gpu, ignored)" 120 "$bin/test-cuda" --include-ignored --test-threads=1
-    step "Weight products of every type on the GPU, f32 and int8 activations (moxie-gpu matmul)" 120 \
-        env MOXIE_TEST_CUDA=1 "$bin/test-matmul" --test-threads=4 --skip products_without_room
-    step "Every fixture on the GPU against the CPU, q8_0 caches, routing telemetry (moxie-core gpu_emu, ignored)" 240 \
-        "$bin/test-gpu_emu" cuda_ --ignored --nocapture --test-threads=1
+    if [ "${GPU_CHECK_TESTS:-1}" != 0 ]; then
+        step "CUDA tests (moxie-gpu, ignored)" 120 "$bin/test-cuda" --include-ignored --test-threads=1
+        step "Weight products of every type on the GPU, f32 and int8 activations (moxie-gpu matmul)" 120 \
+            env MOXIE_TEST_CUDA=1 "$bin/test-matmul" --test-threads=4 --skip products_without_room
+        step "Every fixture on the GPU against the CPU, q8_0 caches, routing telemetry (moxie-core gpu_emu, ignored)" 240 \
+            "$bin/test-gpu_emu" cuda_ --ignored --nocapture --test-threads=1
+    fi
     if [ "${GPU_CHECK_BENCH:-1}" != 0 ]; then
         local model=$dir/bench-deepseek2-Q4_K_M.gguf
         [ -f "$model" ] || step "moxie gen bench-deepseek2 Q4_K_M" 150 \
             "$bin/moxie" gen --arch deepseek2 --preset bench-deepseek2 --type Q4_K_M -o "$model"
-        if [ -n "$build" ]; then
+        # Without a usable GPU moxie runs `-ngl` layers on the CPU (with a warning), so the
+        # GPU patterns below would measure the CPU: this step fails then, and says why.
+        step "moxie finds CUDA0 (plan -ngl 999)" 60 bash -c \
+            'out=$("$1" plan -m "$2" -ngl 999 2>&1); grep -E "^(CUDA0 |warning)" <<<"$out"; grep -q "^CUDA0 " <<<"$out"' \
+            _ "$bin/moxie" "$model"
+        if [ -d "$dir/llama-src" ] && [ ! -x "$llama" ]; then
+            # Wait for the build (at most its own 480 s limit and the configure step).
+            local waited=0
+            while [ ! -f "$build_rc" ] && [ "$waited" -lt 540 ]; do
+                sleep 5
+                waited=$((waited + 5))
+            done
             say ""
-            if wait "$build"; then say "llama.cpp (CUDA) built"; else say "llama.cpp build failed: $report.llama-build.log"; fi
+            if [ -x "$llama" ]; then
+                say "llama.cpp (CUDA) built"
+            else
+                cp "$dir/llama-build.log" "$report.llama-build.log"
+                say "llama.cpp build failed or unfinished: $report.llama-build.log"
+            fi
         fi
         local pattern
         for pattern in "CPU only:-ngl 0" "hybrid:-ngl 999 -ot exps=CPU" "all-GPU:-ngl 999"; do
