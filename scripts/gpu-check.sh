@@ -189,7 +189,11 @@ run() {
             >"$dir/llama-build.log" 2>&1 </dev/null &
     fi
     if [ "${GPU_CHECK_TESTS:-1}" != 0 ]; then
-        step "CUDA tests (moxie-gpu, ignored)" 120 "$bin/test-cuda" --include-ignored --test-threads=1
+        # (NVRTC's compile of the kernels for this GPU, ~30 s on a 2-core Xeon, is cached on
+        # disk for the later steps. kernel_source_compiles_for_sm90 compiles five more times
+        # without a device; `stage`'s machine can run it: MOXIE_NVRTC=... cargo test.)
+        step "CUDA tests (moxie-gpu, ignored)" 180 "$bin/test-cuda" --include-ignored --test-threads=1 \
+            --skip kernel_source_compiles_for_sm90
         step "Weight products of every type on the GPU, f32 and int8 activations (moxie-gpu matmul)" 120 \
             env MOXIE_TEST_CUDA=1 "$bin/test-matmul" --test-threads=4 --skip products_without_room
         step "Every fixture on the GPU against the CPU, q8_0 caches, routing telemetry (moxie-core gpu_emu, ignored)" 240 \
