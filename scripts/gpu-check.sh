@@ -140,6 +140,8 @@ run() {
     local report=${3:-$dir/report.md}
     local bin=$dir/bin
     export MOXIE_FIXTURES=${MOXIE_FIXTURES:-$(cd "$dir" && pwd)/fixtures}
+    # One NVRTC compile of the kernels for all the steps' processes, whatever HOME is.
+    export MOXIE_KERNEL_CACHE=${MOXIE_KERNEL_CACHE:-$(cd "$dir" && pwd)/kernel-cache}
     local threads=${THREADS:-$(nproc)}
     local reps=${GPU_CHECK_REPS:-3}
     local failed=0
