@@ -178,31 +178,54 @@ struct MxRowsQ8 {
 #define MX_ATTN_MAX_DV_PER_THREAD 8
 // Query heads of one kv head that a block attends for, reading each cached row once for all
 // of them (MLA: the latent row every head reads), and the floats their queries take in
-// shared memory (8 heads of up to 1152).
+// shared memory (8 heads of up to 576, 4 of 1152: ops.rs picks the heads per block).
 #define MX_ATTN_MAX_HEADS 8
-#define MX_ATTN_Q_FLOATS 9216
+#define MX_ATTN_Q_FLOATS 4608
+// Key elements of a tile's rows staged in shared memory at a time (a row padded by one, so
+// that the threads reading their own rows' element c hit 32 different banks).
+#define MX_ATTN_KCHUNK 32
 
-// Scores of position `i` of the tile (a thread's own; MX_NEG_INF past `n_pos`) for the `nh`
-// query heads in `qs` (dk floats each): the key row is read once, each head's dot summed in
-// element order.
+// Scores of the tile's positions p0 .. p0 + blockDim.x (thread x: position p0 + x; MX_NEG_INF
+// past `n_pos`) for the `nh` query heads in `qs` (dk floats each). Every thread of the block
+// calls it. The tile's key rows are staged through `kt` MX_ATTN_KCHUNK elements at a time, a
+// warp reading a row's elements side by side (one or two memory transactions, where a thread
+// reading its own row took one per element), and each read once for all the heads; each
+// thread still sums its position's dot products in element order.
 template <typename K>
-__device__ __forceinline__ void mx_attn_scores(const float* qs, K k, const int* list, int i,
+__device__ __forceinline__ void mx_attn_scores(const float* qs, K k, const int* list, int p0,
                                                int n_pos, int kvh, int dk, int k_row, int nh,
-                                               float scale, float* s) {
+                                               float scale,
+                                               float (*kt)[MX_ATTN_KCHUNK + 1], float* s) {
+    int i = p0 + threadIdx.x;
+    int lane = threadIdx.x & (MX_WARP - 1);
+    int warps = blockDim.x / MX_WARP;
     float dot[MX_ATTN_MAX_HEADS];
     for (int g = 0; g < MX_ATTN_MAX_HEADS; g++) {
         dot[g] = 0.0f;
     }
-    if (i < n_pos) {
-        int p = list ? list[i] : i;
-        for (int c = 0; c < dk; c++) {
-            float x = k.at(p, k_row, kvh * dk + c);
-            for (int g = 0; g < MX_ATTN_MAX_HEADS; g++) {
-                if (g < nh) {
-                    dot[g] += qs[g * dk + c] * x;
+    for (int c0 = 0; c0 < dk; c0 += MX_ATTN_KCHUNK) {
+        int w = min(MX_ATTN_KCHUNK, dk - c0);
+        for (int r = threadIdx.x / MX_WARP; r < blockDim.x; r += warps) {
+            int ir = p0 + r;
+            if (lane < w && ir < n_pos) {
+                int p = list ? list[ir] : ir;
+                kt[r][lane] = k.at(p, k_row, kvh * dk + c0 + lane);
+            }
+        }
+        // The chunk is staged before any thread reads it.
+        __syncthreads();
+        if (i < n_pos) {
+            for (int c = 0; c < w; c++) {
+                float x = kt[threadIdx.x][c];
+                for (int g = 0; g < MX_ATTN_MAX_HEADS; g++) {
+                    if (g < nh) {
+                        dot[g] += qs[g * dk + c0 + c] * x;
+                    }
                 }
             }
         }
+        // Every thread has read it before the next chunk overwrites it.
+        __syncthreads();
     }
     for (int g = 0; g < MX_ATTN_MAX_HEADS; g++) {
         s[g] = i < n_pos ? dot[g] * scale : MX_NEG_INF;
@@ -215,8 +238,8 @@ __device__ __forceinline__ void mx_attn_scores(const float* qs, K k, const int* 
 // sparse attention's top-k). Keys of kv head h / (n_head / n_head_kv) start at kvh * dk in
 // each cache row of `k_row` elements; values at kvh * dv in rows of `v_row` (MLA: v is the key
 // cache itself, values its first dv elements). Each thread takes a position of a tile of
-// MX_ATTN_THREADS and reads its key row once for the block's heads; each value element is read
-// once for them too. Online softmax over the tiles, so no score buffer grows with the context.
+// MX_ATTN_THREADS; the tile's key rows are read once for the block's heads (staged by warps,
+// `mx_attn_scores`), and each value element once for them too. Online softmax over the tiles, so no score buffer grows with the context.
 // The query takes the rounding of the keys' dot partner first, as on the CPU (K::round_query).
 // Every head's sums run in the same order as with one head a block, so the results do not
 // depend on `hb`.
@@ -229,6 +252,7 @@ __device__ void attention_impl(const float* q, K k, V v, float* out, int n_head,
     __shared__ float probs[MX_ATTN_MAX_HEADS][MX_ATTN_THREADS];
     __shared__ int rows[MX_ATTN_THREADS];
     __shared__ float scratch[32];
+    __shared__ float kt[MX_ATTN_THREADS][MX_ATTN_KCHUNK + 1];
     int group = n_head / n_head_kv;
     int chunks = (group + hb - 1) / hb;
     int kvh = blockIdx.x / chunks;
@@ -271,7 +295,7 @@ __device__ void attention_impl(const float* q, K k, V v, float* out, int n_head,
     if (round_p) {
         for (int p0 = 0; p0 < n_pos; p0 += blockDim.x) {
             int i = p0 + threadIdx.x;
-            mx_attn_scores(qs, k, list, i, n_pos, kvh, dk, k_row, nh, scale, s);
+            mx_attn_scores(qs, k, list, p0, n_pos, kvh, dk, k_row, nh, scale, kt, s);
             for (int g = 0; g < MX_ATTN_MAX_HEADS; g++) {
                 if (g < nh) {
                     float m_new = fmaxf(m[g], mx_block_max(s[g], scratch));
@@ -290,7 +314,7 @@ __device__ void attention_impl(const float* q, K k, V v, float* out, int n_head,
         if (i < n_pos) {
             rows[threadIdx.x] = list ? list[i] : i;
         }
-        mx_attn_scores(qs, k, list, i, n_pos, kvh, dk, k_row, nh, scale, s);
+        mx_attn_scores(qs, k, list, p0, n_pos, kvh, dk, k_row, nh, scale, kt, s);
         for (int g = 0; g < MX_ATTN_MAX_HEADS; g++) {
             correction[g] = 1.0f;
             if (g >= nh) {

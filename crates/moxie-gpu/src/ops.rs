@@ -43,7 +43,7 @@ pub const ATTN_MAX_DV: usize = 8 * ATTN_THREADS as usize;
 /// them), and the floats their queries may take in its shared memory (ops.cu's
 /// MX_ATTN_MAX_HEADS, MX_ATTN_Q_FLOATS).
 const ATTN_MAX_HEADS: usize = 8;
-const ATTN_Q_FLOATS: usize = 9216;
+const ATTN_Q_FLOATS: usize = 4608;
 const ROUTE_MAX_EXPERTS: usize = 1024;
 /// Prompt batches whose context stays under this many positions round their attention
 /// probabilities to f16 before the weighted f16 values, as the CPU's batched attention does
