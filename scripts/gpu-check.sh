@@ -169,7 +169,9 @@ run() {
         say '```'
         say "$name: exit $rc after $((SECONDS - t0)) s"
         [ "$rc" = 0 ] || failed=$((failed + 1))
+        last_rc=$rc
     }
+    local last_rc=0 gpu=0
     say "# moxie gpu-check, $(date -u +%Y-%m-%dT%H:%MZ)"
     say ""
     say '```'
@@ -206,10 +208,12 @@ run() {
         [ -f "$model" ] || step "moxie gen bench-deepseek2 Q4_K_M" 150 \
             "$bin/moxie" gen --arch deepseek2 --preset bench-deepseek2 --type Q4_K_M -o "$model"
         # Without a usable GPU moxie runs `-ngl` layers on the CPU (with a warning), so the
-        # GPU patterns below would measure the CPU: this step fails then, and says why.
+        # GPU patterns below would measure the CPU: this step fails then, says why, and they
+        # are skipped.
         step "moxie finds CUDA0 (plan -ngl 999)" 60 bash -c \
             'out=$("$1" plan -m "$2" -ngl 999 2>&1); grep -E "^(CUDA0 |warning)" <<<"$out"; grep -q "^CUDA0 " <<<"$out"' \
             _ "$bin/moxie" "$model"
+        gpu=$last_rc
         if [ -d "$dir/llama-src" ] && [ ! -x "$llama" ]; then
             # Wait for the build (at most its own 480 s limit and the configure step).
             local waited=0
@@ -228,6 +232,10 @@ run() {
         local pattern
         for pattern in "CPU only:-ngl 0" "hybrid:-ngl 999 -ot exps=CPU" "all-GPU:-ngl 999"; do
             local flags=${pattern#*:}
+            if [ "$gpu" != 0 ] && [ "$flags" != "-ngl 0" ]; then
+                say "" && say "bench ${pattern%%:*} ($flags): skipped, moxie found no CUDA0"
+                continue
+            fi
             # shellcheck disable=SC2086 # the flags are words
             step "bench ${pattern%%:*} ($flags): moxie" 90 "$bin/moxie" bench -m "$model" -p 512 -n 128 \
                 -r "$reps" -t "$threads" $flags
@@ -236,17 +244,17 @@ run() {
                 -p 512 -n 128 -r "$reps" -t "$threads" $flags
         done
         # The GPU products over f32 activations instead of int8 ones (dp4a, the default).
-        for pattern in "hybrid:-ngl 999 -ot exps=CPU" "all-GPU:-ngl 999"; do
+        [ "$gpu" = 0 ] && for pattern in "hybrid:-ngl 999 -ot exps=CPU" "all-GPU:-ngl 999"; do
             local flags=${pattern#*:}
             # shellcheck disable=SC2086
             step "bench ${pattern%%:*} ($flags), MOXIE_GPU_INT8=0: moxie" 90 env MOXIE_GPU_INT8=0 \
                 "$bin/moxie" bench -m "$model" -p 512 -n 128 -r "$reps" -t "$threads" $flags
         done
         # The int8 prompt products on dp4a instead of tensor cores (mma, the default on sm_80+).
-        step "bench all-GPU (-ngl 999), MOXIE_GPU_MMA=0: moxie" 90 env MOXIE_GPU_MMA=0 \
+        [ "$gpu" = 0 ] && step "bench all-GPU (-ngl 999), MOXIE_GPU_MMA=0: moxie" 90 env MOXIE_GPU_MMA=0 \
             "$bin/moxie" bench -m "$model" -p 512 -n 0 -r "$reps" -t "$threads" -ngl 999
     fi
-    if [ "${GPU_CHECK_BENCH:-1}" != 0 ] && [ "${GPU_CHECK_PLACEMENT:-1}" != 0 ]; then
+    if [ "${GPU_CHECK_BENCH:-1}" != 0 ] && [ "${GPU_CHECK_PLACEMENT:-1}" != 0 ] && [ "$gpu" = 0 ]; then
         local recency=$dir/bench-deepseek2-recency-Q4_K_M.gguf
         [ -f "$recency" ] || step "moxie gen bench-deepseek2 Q4_K_M --routing recency" 150 \
             "$bin/moxie" gen --arch deepseek2 --preset bench-deepseek2 --type Q4_K_M --routing recency \
