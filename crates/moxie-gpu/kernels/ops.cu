@@ -239,7 +239,8 @@ __device__ __forceinline__ void mx_attn_scores(const float* qs, K k, const int* 
 // each cache row of `k_row` elements; values at kvh * dv in rows of `v_row` (MLA: v is the key
 // cache itself, values its first dv elements). Each thread takes a position of a tile of
 // MX_ATTN_THREADS; the tile's key rows are read once for the block's heads (staged by warps,
-// `mx_attn_scores`), and each value element once for them too. Online softmax over the tiles, so no score buffer grows with the context.
+// `mx_attn_scores`), and each value element once for them too. Online softmax over the tiles,
+// so no score buffer grows with the context.
 // The query takes the rounding of the keys' dot partner first, as on the CPU (K::round_query).
 // Every head's sums run in the same order as with one head a block, so the results do not
 // depend on `hb`.
