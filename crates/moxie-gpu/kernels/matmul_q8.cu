@@ -475,6 +475,19 @@ __device__ __forceinline__ float4 mx_mma_meta(const float4* meta, long long r, i
     return r >= 0 ? meta[r * n_chunks + c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 }
 
+// Chunk c (unpacked in `f`) times one tile of 8 tokens, into `acc`: the B words of q8x row
+// `rb` (this lane's B token) and the meta of rows ro[0], ro[1] (its output tokens); -1 for none.
+__device__ __forceinline__ void mx_mma_tile(const MxMmaRows& f, const int8_t* qs,
+                                            const float4* meta, long long rb,
+                                            const long long* ro, int n_in, int n_chunks, int c,
+                                            float* acc) {
+    uint32_t blo;
+    uint32_t bhi;
+    mx_mma_b_words(qs, rb, n_in, c, blo, bhi);
+    float4 m[2] = {mx_mma_meta(meta, ro[0], n_chunks, c), mx_mma_meta(meta, ro[1], n_chunks, c)};
+    mx_mma_tokens(f, blo, bhi, m, acc);
+}
+
 // As mx_mul_mat_q8 on tensor cores: block (32, MX_MMA_WARPS), warp w of block x takes rows
 // 16 (MX_MMA_WARPS x + w) .. + 16; grid y and z index (token tile, matrix) pairs, token tile
 // s / n_batch of MX_MMA_TOK tokens for matrix s % n_batch.
@@ -528,12 +541,7 @@ __device__ __forceinline__ void mx_mul_mat_q8_mma(const uint8_t* w, unsigned lon
         mx_mma_unpack<TY>(wr, unpacks, c, codes[wp], terms[wp], f);
         MX_UNROLL
         for (int j = 0; j < 4; ++j) {
-            uint32_t blo;
-            uint32_t bhi;
-            mx_mma_b_words(qs, rb[j], n_in, c, blo, bhi);
-            float4 m[2] = {mx_mma_meta(meta, ro[j][0], n_chunks, c),
-                           mx_mma_meta(meta, ro[j][1], n_chunks, c)};
-            mx_mma_tokens(f, blo, bhi, m, acc[j]);
+            mx_mma_tile(f, qs, meta, rb[j], ro[j], n_in, n_chunks, c, acc[j]);
         }
     }
     MX_UNROLL
@@ -587,12 +595,7 @@ __device__ __forceinline__ void mx_mul_mat_id_grouped_q8_mma(
     for (int c = 0; c < n_chunks; ++c) {
         MxMmaRows f;
         mx_mma_unpack<TY>(wr, unpacks, c, codes[wp], terms[wp], f);
-        uint32_t blo;
-        uint32_t bhi;
-        mx_mma_b_words(qs, rb, n_in, c, blo, bhi);
-        float4 m[2] = {mx_mma_meta(meta, ro[0], n_chunks, c),
-                       mx_mma_meta(meta, ro[1], n_chunks, c)};
-        mx_mma_tokens(f, blo, bhi, m, acc);
+        mx_mma_tile(f, qs, meta, rb, ro, n_in, n_chunks, c, acc);
     }
     MX_UNROLL
     for (int k = 0; k < 4; ++k) {
