@@ -1067,7 +1067,7 @@ impl QuantizedActs {
         let mut gemm = (par.numerics() == Numerics::Fast
             && n_rows >= GEMM_MIN_TOKENS
             && moxie_quant::gemm_available())
-        .then(|| moxie_quant::GemmActs::zeroed(ty, n, n_rows))
+        .then(|| moxie_quant::GemmActs::unfilled(ty, n, n_rows))
         .flatten();
         // Parts of 16 rows: a few per thread, so that a slow thread holds up little.
         const PART: usize = 16;

@@ -225,7 +225,7 @@ impl GemmActs {
         {
             return None;
         }
-        let mut g = GemmActs::zeroed(act, n_in, acts.len() / row_bytes)?;
+        let mut g = GemmActs::unfilled(act, n_in, acts.len() / row_bytes)?;
         if let Some(mut all) = g.parts(usize::MAX).pop() {
             all.fill(acts);
         }
@@ -235,7 +235,7 @@ impl GemmActs {
     /// `n_tok` rows to be written part by part ([`GemmActs::parts`]), every value of them
     /// before any is read (the buffers may hold an earlier set's values). `None` for an
     /// activation type other than Q8_K, Q8_0 and Q8_1, or `n_in` not whole blocks of it.
-    pub fn zeroed(act: GgmlType, n_in: usize, n_tok: usize) -> Option<GemmActs> {
+    pub fn unfilled(act: GgmlType, n_in: usize, n_tok: usize) -> Option<GemmActs> {
         let (block, _, _) = act_blocks(act)?;
         if n_in == 0 || !n_in.is_multiple_of(block) {
             return None;
@@ -328,9 +328,8 @@ struct PassActs<'a> {
 impl GemmActs {
     /// Tokens `t0..t0 + n` for weight sub-blocks of `sub` (16 or 32) values.
     fn pass(&self, sub: usize, t0: usize, n: usize) -> PassActs<'_> {
-        let n_in = self.n_in;
-        let act_block = if self.act == GgmlType::Q8_K { 256 } else { 32 };
-        let (n_blocks, n_sub) = (n_in / act_block, n_in / sub);
+        let (n_in, n_blocks) = (self.n_in, self.n_blk);
+        let (act_block, n_sub) = (n_in / n_blocks, n_in / sub);
         let by = if sub == 16 {
             &self.buf.by16
         } else {
@@ -361,7 +360,7 @@ pub struct GemmRows<'a> {
 impl GemmRows<'_> {
     /// Write these rows from `acts`, the same rows in the activation type's block format.
     pub fn fill(&mut self, acts: &[u8]) {
-        let (block, block_bytes, header) = act_blocks(self.act).expect("checked by zeroed");
+        let (block, block_bytes, header) = act_blocks(self.act).expect("checked by unfilled");
         assert_eq!(
             acts.len() / block_bytes * block,
             self.q.len(),
@@ -1825,7 +1824,7 @@ mod tests {
             for _ in 0..ACTS_POOLED {
                 drop(GemmActs::new(act, n_in, &other, rb).unwrap());
             }
-            let mut parted = GemmActs::zeroed(act, n_in, n_tok).unwrap();
+            let mut parted = GemmActs::unfilled(act, n_in, n_tok).unwrap();
             let mut parts = parted.parts(5);
             assert_eq!(parts.len(), n_tok.div_ceil(5));
             for (part, rows) in parts.iter_mut().zip(xq.chunks(5 * rb)) {
