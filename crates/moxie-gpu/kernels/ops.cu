@@ -205,7 +205,7 @@ __device__ __forceinline__ void mx_attn_scores(const float* qs, K k, const int* 
     }
     for (int c0 = 0; c0 < dk; c0 += MX_ATTN_KCHUNK) {
         int w = min(MX_ATTN_KCHUNK, dk - c0);
-        for (int r = threadIdx.x / MX_WARP; r < blockDim.x; r += warps) {
+        for (int r = threadIdx.x / MX_WARP; r < (int)blockDim.x; r += warps) {
             int ir = p0 + r;
             if (lane < w && ir < n_pos) {
                 int p = list ? list[ir] : ir;

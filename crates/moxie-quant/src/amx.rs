@@ -24,15 +24,35 @@ pub fn bf16_available() -> bool {
     })
 }
 
+/// Whether the AMX-INT8 kernels run here: as [`bf16_available`], with AMX-INT8 instead of
+/// AMX-BF16 (`MOXIE_QUANT_SIMD=avx512` keeps the `vpdpbusd` kernels).
+pub fn int8_available() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        crate::dispatch::requested_simd().1 && crate::gemm::gemm_avx512() && hardware::int8()
+    })
+}
+
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 mod hardware {
     use std::arch::x86_64::{__cpuid, __cpuid_count, _xgetbv};
 
     /// AMX-TILE and AMX-BF16 present, the tile state enabled and granted to this process.
     pub(super) fn bf16() -> bool {
-        // CPUID.(EAX=7,ECX=0):EDX bit 22 AMX-BF16, bit 24 AMX-TILE; CPUID.1:ECX bit 27 OSXSAVE.
+        // CPUID.(EAX=7,ECX=0):EDX bit 22 AMX-BF16, bit 24 AMX-TILE.
+        tiles_with((1 << 22) | (1 << 24))
+    }
+
+    /// AMX-TILE and AMX-INT8 present, the tile state enabled and granted to this process.
+    pub(super) fn int8() -> bool {
+        // CPUID.(EAX=7,ECX=0):EDX bit 25 AMX-INT8, bit 24 AMX-TILE.
+        tiles_with((1 << 25) | (1 << 24))
+    }
+
+    /// The CPUID.(EAX=7,ECX=0):EDX bits `amx` set, and the tile state enabled and granted.
+    fn tiles_with(amx: u32) -> bool {
+        // CPUID.1:ECX bit 27 OSXSAVE.
         let (leaf7, leaf1) = (__cpuid_count(7, 0), __cpuid(1));
-        let amx = (1 << 22) | (1 << 24);
         if leaf7.edx & amx != amx || leaf1.ecx & (1 << 27) == 0 {
             return false;
         }
@@ -73,6 +93,10 @@ mod hardware {
     pub(super) fn bf16() -> bool {
         false
     }
+
+    pub(super) fn int8() -> bool {
+        false
+    }
 }
 
 /// A palette-1 tile configuration (the 64-byte operand of `ldtilecfg`).
@@ -94,6 +118,17 @@ impl TileConfig {
         reserved: [0; 14],
         colsb: [64, 64, 64, 64, 64, 64, 64, 64, 0, 0, 0, 0, 0, 0, 0, 0],
         rows: [16, 16, 16, 16, 16, 16, 16, 16, 0, 0, 0, 0, 0, 0, 0, 0],
+    };
+
+    /// Int8 products of 32-value blocks: tiles 0-3 16 x 16 i32 sums, 4-5 16 rows of 32 bytes
+    /// (the A operands: 16 tokens' values of one block), 6-7 8 rows of 64 bytes (the B
+    /// operands: one block of 16 weight rows, four values of each row a 4-byte word).
+    pub(crate) const INT8_BLOCKS: TileConfig = TileConfig {
+        palette: 1,
+        start_row: 0,
+        reserved: [0; 14],
+        colsb: [64, 64, 64, 64, 32, 32, 64, 64, 0, 0, 0, 0, 0, 0, 0, 0],
+        rows: [16, 16, 16, 16, 16, 16, 8, 8, 0, 0, 0, 0, 0, 0, 0, 0],
     };
 }
 
@@ -162,6 +197,20 @@ mod tiles {
     pub(crate) unsafe fn zero<const T: u8>() {
         // SAFETY: the caller's contract.
         unsafe { asm!("tilezero tmm{t}", t = const T, options(nomem, nostack)) }
+    }
+
+    /// `C += A · B` in int8 with i32 sums (both operands signed): A's rows are 4-byte words
+    /// along the sum, B's rows 16 such words (one per column of C).
+    ///
+    /// # Safety
+    /// Tiles configured ([`configure`]) with C 16 x 64 bytes and matching A and B shapes.
+    #[inline(always)]
+    pub(crate) unsafe fn dp_s8<const C: u8, const A: u8, const B: u8>() {
+        // SAFETY: the caller's contract.
+        unsafe {
+            asm!("tdpbssd tmm{c}, tmm{a}, tmm{b}", c = const C, a = const A, b = const B,
+                 options(nomem, nostack))
+        }
     }
 
     /// `C += A · B` in bf16 with f32 sums: A's rows are 32 bf16 along the sum, B's rows are

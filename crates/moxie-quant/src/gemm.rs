@@ -135,6 +135,10 @@ struct SubBlockSums {
     scaled: Vec<f32>,
 }
 
+/// Rows of values after a [`GemmActs`]'s tokens, so that a 16-token tile load of its last tokens
+/// stays inside the buffer.
+const AMX_PAD_ROWS: usize = 15;
+
 /// Sets of buffers a thread keeps for the next [`GemmActs`] it prepares. A prompt batch
 /// prepares several activations per layer, MBs each: fresh buffers were zeroed by the thread
 /// that asked for them (the main thread, while the others waited) and then overwritten.
@@ -165,15 +169,18 @@ impl ActsBuffers {
 
     /// A set with room for `n` values in blocks of `block`, from this thread's pool where it has
     /// one (`pool::take_fitting`: the smallest that holds them, else its largest, grown). What it held is left in
-    /// place: every reader's prefix is written before it is read.
-    fn take(n: usize, block: usize) -> ActsBuffers {
+    /// place: every reader's prefix is written before it is read. The values have
+    /// [`AMX_PAD_ROWS`] more rows of `n_in` after them, which the AMX kernel's 16-token loads
+    /// may read past the last token (those tokens' sums are not used), and the scales as
+    /// many rows of blocks.
+    fn take(n: usize, n_in: usize, block: usize) -> ActsBuffers {
         let mut b = ACTS_POOL
             .try_with(|pool| take_fitting(&mut pool.borrow_mut(), n, ActsBuffers::values))
             .ok()
             .flatten()
             .unwrap_or_default();
-        at_least(&mut b.q, n);
-        at_least(&mut b.dx, n / block);
+        at_least(&mut b.q, n + AMX_PAD_ROWS * n_in);
+        at_least(&mut b.dx, (n + AMX_PAD_ROWS * n_in) / block);
         for (by, sub) in [(&mut b.by16, 16), (&mut b.by32, 32)] {
             at_least(&mut by.sum, n / sub);
             at_least(&mut by.scaled, n / sub);
@@ -245,7 +252,7 @@ impl GemmActs {
             n_in,
             n_tok,
             n_blk: n_in / block,
-            buf: ActsBuffers::take(n_tok * n_in, block),
+            buf: ActsBuffers::take(n_tok * n_in, n_in, block),
         })
     }
 
@@ -291,7 +298,7 @@ impl GemmActs {
             n_in,
             n_tok: rows.len(),
             n_blk,
-            buf: ActsBuffers::take(rows.len() * n_in, n_in / n_blk),
+            buf: ActsBuffers::take(rows.len() * n_in, n_in, n_in / n_blk),
         };
         let (from, to) = (&self.buf, &mut g.buf);
         for (i, &r) in rows.iter().enumerate() {
@@ -900,6 +907,14 @@ fn gemm_q8_rows(
         || out.len() != n_tiles * acts.n_tok * GEMM_TILE_ROWS
     {
         return false;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if interleaved && ty == GgmlType::Q8_0 && crate::amx::int8_available() {
+        // SAFETY: AMX-INT8 and AVX-512 were detected (int8_available); the groups are whole
+        // 16-row groups of `n_in` values (checked by the caller), `out` holds n_tiles * n_tok
+        // * 16 floats (checked above) and the activations' buffer has its padding rows.
+        unsafe { platform::q8_0_groups_amx(n_in, rows, acts, out, next) };
+        return true;
     }
     // The tile buffers are kept per thread: MoE calls this once per (expert, chunk of rows).
     // Two tiles: the kernel runs 32 rows at a time where there are that many, so that each
@@ -1514,6 +1529,199 @@ mod platform {
         }
     }
 
+    /// One block's product on AMX tiles: C = the 16 tokens at `xa` (rows `n_in` apart) times
+    /// the interleaved Q8_0 group block at `gb`, its sums stored at `sums`.
+    ///
+    /// # Safety
+    /// Tiles configured as `TileConfig::INT8_BLOCKS`; 16 rows of 32 bytes readable at `xa`,
+    /// `n_in` apart; a whole group block at `gb`; 1 KiB writable at `sums`.
+    #[inline(always)]
+    unsafe fn amx_block<const C: u8, const A: u8, const B: u8>(
+        xa: *const u8,
+        n_in: usize,
+        gb: *const u8,
+        sums: *mut i32,
+    ) {
+        use crate::amx::{dp_s8, load, store, zero};
+        // SAFETY: the caller's contract; the quants of a group block follow its 32 bytes of
+        // scales as 8 rows of 64 bytes (B's layout).
+        unsafe {
+            zero::<C>();
+            load::<A>(xa, n_in);
+            load::<B>(gb.add(32), 64);
+            dp_s8::<C, A, B>();
+            store::<C>(sums.cast(), 64);
+        }
+    }
+
+    /// `out` = the interleaved Q8_0 `groups` (whole groups of 16 rows of `n_in` values) times
+    /// the Q8_0 activations `acts`, on AMX-INT8 tiles: per group and 16 tokens, one
+    /// `tdpbssd` per 32-value block reads the group's signed quants in place (no tile fill,
+    /// no offset to take back), and its 16 x 16 integer sums are scaled with AVX-512
+    /// (`d_w · d_x`, as ggml) two blocks behind the products, into one accumulator of 16
+    /// rows per token. Laid out as the VNNI kernel's results: per group, `[token][16 rows]`.
+    /// The lines of the group after next (past the last, the caller's `next`) are asked for
+    /// into L2 during the group's products: the tile loads run in order, so one that waits
+    /// on memory holds up every product behind it.
+    ///
+    /// # Safety
+    /// AMX-INT8 and AVX-512 F/BW (`crate::amx::int8_available`); `groups` whole groups of
+    /// `n_in` values; `out` n_groups * n_tok * 16 floats; `acts`'s values padded
+    /// ([`super::AMX_PAD_ROWS`]).
+    #[target_feature(enable = "avx512f,avx512bw,f16c")]
+    pub(super) unsafe fn q8_0_groups_amx(
+        n_in: usize,
+        groups: &[u8],
+        acts: &GemmActs,
+        out: &mut [f32],
+        next: &[u8],
+    ) {
+        let nb = n_in / 32;
+        let group_bytes = nb * crate::repack::Q8_0_GROUP_BLOCK;
+        let n_tok = acts.n_tok;
+        assert!(groups.len().is_multiple_of(group_bytes) && acts.n_blk == nb);
+        assert!(out.len() == groups.len() / group_bytes * n_tok * GEMM_TILE_ROWS);
+        assert!(acts.buf.q.len() >= (n_tok + super::AMX_PAD_ROWS) * n_in);
+        assert!(acts.buf.dx.len() >= (n_tok + super::AMX_PAD_ROWS) * nb);
+        // SAFETY: AMX-INT8 is available (the caller's contract).
+        unsafe { crate::amx::configure(&crate::amx::TileConfig::INT8_BLOCKS) };
+        let mut sums = std::mem::MaybeUninit::<AmxSums>::uninit();
+        let n_groups = groups.len() / group_bytes;
+        for (i, (g, o)) in groups
+            .chunks_exact(group_bytes)
+            .zip(out.chunks_exact_mut(n_tok * GEMM_TILE_ROWS))
+            .enumerate()
+        {
+            let ahead = match groups.get((i + 2) * group_bytes..(i + 3) * group_bytes) {
+                Some(next_group) => next_group,
+                None => {
+                    let k = i + 2 - n_groups;
+                    next.get(k * group_bytes..(k + 1) * group_bytes)
+                        .unwrap_or(&[])
+                }
+            };
+            // Two groups ahead, spread over every tile of tokens: 5-10% faster from DRAM
+            // (`batch64_gemm_interleaved_dram` at rows of 1536) than the next group during
+            // the first tile alone.
+            let per_tile = ahead.len().div_ceil(64 * n_tok.div_ceil(16)) * 64;
+            let mut ahead = ahead.chunks(per_tile.max(64));
+            for t0 in (0..n_tok).step_by(16) {
+                let pf = ahead.next().unwrap_or(&[]);
+                let m = (n_tok - t0).min(16);
+                let o = &mut o[t0 * GEMM_TILE_ROWS..(t0 + m) * GEMM_TILE_ROWS];
+                // 16 tokens' scales, the padding's among them.
+                let dx = &acts.buf.dx[t0 * nb..(t0 + 16) * nb];
+                // SAFETY: per this function's contract and the asserts above: the tokens'
+                // rows from t0 on (16 of them with the padding) and their scales.
+                unsafe {
+                    let x = acts.buf.q.as_ptr().add(t0 * n_in);
+                    // The scaling costs what its rows do: the last tokens scale a multiple
+                    // of 4 rows.
+                    match m {
+                        13.. => amx_tokens::<16>(nb, g, x, dx, o, pf, &mut sums),
+                        9..=12 => amx_tokens::<12>(nb, g, x, dx, o, pf, &mut sums),
+                        5..=8 => amx_tokens::<8>(nb, g, x, dx, o, pf, &mut sums),
+                        _ => amx_tokens::<4>(nb, g, x, dx, o, pf, &mut sums),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Four slots of one block's 16 x 16 sums, in the order the products are issued.
+    #[repr(C, align(64))]
+    struct AmxSums([i32; 4 * 256]);
+
+    /// The products of one group (`g`) with 16 tokens from `x` (rows `nb * 32` apart), of
+    /// which the first `M` are scaled (with `dx`, `[token][block]`) and the first
+    /// `out.len() / 16` (at most `M`) written to `out` (`[token][16 rows]`); the others are
+    /// padding rows.
+    ///
+    /// # Safety
+    /// As [`q8_0_groups_amx`]; 16 rows of `nb * 32` bytes readable at `x`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,f16c")]
+    unsafe fn amx_tokens<const M: usize>(
+        nb: usize,
+        g: &[u8],
+        x: *const u8,
+        dx: &[f32],
+        out: &mut [f32],
+        pf: &[u8],
+        sums: &mut std::mem::MaybeUninit<AmxSums>,
+    ) {
+        assert!(dx.len() >= M * nb && out.len() <= M * GEMM_TILE_ROWS);
+        let n_in = nb * 32;
+        let per_block = pf.len().div_ceil(64 * nb);
+        // Written by the tile stores before it is read (a slot two blocks after its store).
+        let sp = sums.as_mut_ptr().cast::<i32>();
+        let mut acc = [_mm512_setzero_ps(); M];
+        // Block b's product is issued two blocks before its sums are scaled, so that the
+        // tile unit works while the vector units scale; the loop's body is one steady
+        // state (a product, then the scaling of the block two before).
+        macro_rules! product {
+            ($b:expr) => {{
+                let b = $b;
+                prefetch_share_l2(pf, b, per_block);
+                // SAFETY: block b of the group and of the tokens' rows; slot b % 4 of `sums`.
+                unsafe {
+                    let xb = x.add(32 * b);
+                    let gb = g.as_ptr().add(b * crate::repack::Q8_0_GROUP_BLOCK);
+                    match b % 4 {
+                        0 => amx_block::<0, 4, 6>(xb, n_in, gb, sp),
+                        1 => amx_block::<1, 5, 7>(xb, n_in, gb, sp.add(256)),
+                        2 => amx_block::<2, 4, 6>(xb, n_in, gb, sp.add(512)),
+                        _ => amx_block::<3, 5, 7>(xb, n_in, gb, sp.add(768)),
+                    }
+                }
+            }};
+        }
+        macro_rules! scale {
+            ($pb:expr) => {{
+                let pb = $pb;
+                // SAFETY: block pb's 16 f16 scales start its group block; its sums are slot
+                // pb % 4 (stored two blocks ago); dx holds M x nb (asserted above).
+                unsafe {
+                    let dw = ld_f16x16(g, pb * crate::repack::Q8_0_GROUP_BLOCK);
+                    let s = sp.add(256 * (pb % 4));
+                    // Each token's sums times its scale, then the rows' scales: every step
+                    // waits on the sums' load, so the compiler does not hoist 16 scale
+                    // products ahead of them (and spill them).
+                    for (t, a) in acc.iter_mut().enumerate() {
+                        let v = _mm512_cvtepi32_ps(_mm512_load_si512(s.add(16 * t).cast()));
+                        let v = _mm512_mul_ps(v, _mm512_set1_ps(*dx.get_unchecked(t * nb + pb)));
+                        *a = _mm512_fmadd_ps(v, dw, *a);
+                    }
+                }
+            }};
+        }
+        for b in 0..nb.min(2) {
+            product!(b);
+        }
+        for b in 2..nb {
+            product!(b);
+            scale!(b - 2);
+        }
+        for pb in nb.saturating_sub(2)..nb {
+            scale!(pb);
+        }
+        for (o, a) in out.chunks_exact_mut(GEMM_TILE_ROWS).zip(acc) {
+            // SAFETY: `o` is 16 floats.
+            unsafe { _mm512_storeu_ps(o.as_mut_ptr(), a) };
+        }
+    }
+
+    /// [`prefetch_share`] into L2.
+    #[inline(always)]
+    fn prefetch_share_l2(pf: &[u8], sb: usize, per_sub: usize) {
+        let lines = pf.len().div_ceil(64);
+        for l in sb * per_sub..((sb + 1) * per_sub).min(lines) {
+            // SAFETY: a prefetch never faults; the address is inside `pf`.
+            // SAFETY: a prefetch never faults; the address is inside `pf`.
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(pf.as_ptr().add(64 * l).cast()) };
+        }
+    }
+
     /// Asks for the lines of `pf` that sub-block `sb` of `n_sub` takes (`per_sub` lines
     /// each) into L1.
     #[inline(always)]
@@ -1683,7 +1891,8 @@ mod tests {
     use crate::test_data::{act_rows, weight_rows, INTERLEAVED_TYPES};
 
     /// Interleaved groups give the int8 GEMM the tiles of their rows in GGUF order: the same
-    /// results bit for bit.
+    /// results bit for bit (Q8_0 on AMX-INT8 tiles is another kernel, whose float sums run in
+    /// another order: `gemm_products_match_the_dequantized_sums` bounds it).
     #[test]
     fn interleaved_groups_give_the_same_products() {
         if !gemm_available() {
@@ -1700,6 +1909,9 @@ mod tests {
             (GgmlType::Q4_0, 128),
             (GgmlType::Q5_0, 160),
         ] {
+            if ty == GgmlType::Q8_0 && crate::amx::int8_available() {
+                continue;
+            }
             let (n_rows, n_tok) = (48, 7);
             let wq = weight_rows(ty, n_rows, n_in, &mut seed);
             let xq = act_rows(ty, n_in, n_tok, &mut seed);
@@ -1743,7 +1955,11 @@ mod tests {
             (GgmlType::Q4_1, 64),
             (GgmlType::Q5_0, 160),
         ] {
-            for n_tok in [1, 7, 37] {
+            // Every tail of a 16-token AMX tile (1-4, 5-8, 9-12, 13-15 tokens) and whole ones.
+            for (n_tok, interleaved) in [1, 7, 16, 27, 37, 46]
+                .into_iter()
+                .flat_map(|n| [(n, false), (n, true)])
+            {
                 let n_rows = 48;
                 let wq = weight_rows(ty, n_rows, n_in, &mut seed);
                 let xq = act_rows(ty, n_in, n_tok, &mut seed);
@@ -1751,7 +1967,17 @@ mod tests {
                 let (wrb, arb) = (wq.len() / n_rows, xq.len() / n_tok);
                 let acts = GemmActs::new(act, n_in, &xq, arb).unwrap();
                 let mut got = vec![0f32; n_rows * n_tok];
-                assert!(gemm_q8(ty, n_in, &wq, &acts, &mut got, &[]));
+                if !interleaved {
+                    assert!(gemm_q8(ty, n_in, &wq, &acts, &mut got, &[]));
+                } else if crate::repack::repack_supports(ty, n_rows, n_in) {
+                    // The groups the repacked weights give the GEMM (Q8_0: AMX-INT8 tiles
+                    // where the CPU has them).
+                    let mut packed = vec![0u8; wq.len()];
+                    crate::repack::repack(ty, &wq, n_rows, n_in, &mut packed);
+                    assert!(gemm_q8_interleaved(ty, n_in, &packed, &acts, &mut got, &[]));
+                } else {
+                    continue;
+                }
                 let deq = |t: GgmlType, rows: &[u8], rb: usize| -> Vec<Vec<f32>> {
                     rows.chunks_exact(rb)
                         .map(|row| {
@@ -1778,7 +2004,7 @@ mod tests {
                         let v = got[(r / 16 * n_tok + t) * 16 + r % 16] as f64;
                         assert!(
                             (v - want).abs() <= mag / tol + 1e-9,
-                            "{ty} n_in {n_in}, {n_tok} tokens: row {r} token {t}: {v} against {want} (terms {mag})"
+                            "{ty} n_in {n_in}, {n_tok} tokens (interleaved: {interleaved}): row {r} token {t}: {v} against {want} (terms {mag})"
                         );
                     }
                 }
