@@ -422,7 +422,7 @@ const ROWS: [TypeRow; 53] = [
                 legacy::dequantize_row_q8_0,
                 legacy::quantize_row_q8_0,
                 x86!(avx2::quantize_q8_0),
-                None,
+                x86!(avx512::quantize_q8_0),
             )
         }),
         dot: Some(Dot {

@@ -383,6 +383,65 @@ fn dot_f16_imp(w: &[u8], a: &[u8]) -> f32 {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Q8_0 activation quantizer
+
+/// `quantize_row_q8_0` as ggml's x86 build computes it (`d = amax / 127`, `id = 127 / amax`,
+/// `round(x * id)` half to even); bit-identical to `x86_avx2::quantize_q8_0`.
+pub(crate) fn quantize_q8_0(src: &[f32], dst: &mut [u8]) {
+    let nb = src.len() / 32;
+    let dst = &mut dst[..nb * 34];
+    // SAFETY: only handed out through its table row at the AVX-512 level (detected); `dst`
+    // holds `nb` blocks (checked by the slicing above) and `src` holds `nb * 32` floats.
+    unsafe { quantize_q8_0_imp(&src[..nb * 32], dst) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+fn quantize_q8_0_imp(src: &[f32], dst: &mut [u8]) {
+    // 16 blocks at a time: their maxima in one vector, so that the scales, their inverses and
+    // the scales' f16 take one instruction each (correctly rounded as the scalar ones).
+    for (x, y) in src.chunks(16 * 32).zip(dst.chunks_mut(16 * 34)) {
+        let ld = |b: usize, h: usize| {
+            // SAFETY: block b < x.len() / 32 of `x`, half h: 16 readable floats.
+            unsafe { _mm512_loadu_ps(x.as_ptr().add(32 * b + 16 * h)) }
+        };
+        let n = x.len() / 32;
+        let mut amax = [0f32; 16];
+        for (b, m) in amax.iter_mut().enumerate().take(n) {
+            *m = _mm512_reduce_max_ps(_mm512_max_ps(
+                _mm512_abs_ps(ld(b, 0)),
+                _mm512_abs_ps(ld(b, 1)),
+            ));
+        }
+        // SAFETY: `amax` is 16 floats.
+        let am = unsafe { _mm512_loadu_ps(amax.as_ptr()) };
+        let d = _mm512_div_ps(am, _mm512_set1_ps(127.0));
+        let nonzero = _mm512_cmp_ps_mask::<_CMP_NEQ_OQ>(am, _mm512_setzero_ps());
+        let id = _mm512_maskz_div_ps(nonzero, _mm512_set1_ps(127.0), am);
+        let (mut dh, mut ids) = ([0u16; 16], [0f32; 16]);
+        // SAFETY: `dh` is 32 writable bytes and `ids` 16 floats.
+        unsafe {
+            _mm256_storeu_si256(
+                dh.as_mut_ptr().cast(),
+                _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(d),
+            );
+            _mm512_storeu_ps(ids.as_mut_ptr(), id);
+        }
+        for (b, yb) in y.chunks_exact_mut(34).enumerate() {
+            yb[0..2].copy_from_slice(&dh[b].to_le_bytes());
+            let mul = _mm512_set1_ps(ids[b]);
+            for h in 0..2 {
+                let q = _mm512_cvt_roundps_epi32::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+                    _mm512_mul_ps(ld(b, h), mul),
+                );
+                let out: &mut [u8; 16] = (&mut yb[2 + 16 * h..18 + 16 * h]).try_into().unwrap();
+                // SAFETY: `out` is 16 writable bytes; `storeu` has no alignment requirement.
+                unsafe { _mm_storeu_si128(out.as_mut_ptr().cast(), _mm512_cvtsepi32_epi8(q)) };
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Q8_K activation quantizer
 
 /// `quantize_row_q8_K_ref`, vectorized; bit-identical to `kquants::quantize_row_q8_k` for
