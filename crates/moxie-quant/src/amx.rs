@@ -1,5 +1,5 @@
 //! Intel AMX (Advanced Matrix Extensions): detection, tile configuration and the tile
-//! instructions, for the kernels that use them (`bf16gemm.rs`).
+//! instructions, for the kernels that use them (`bf16gemm.rs`, and `gemm.rs` for Q8_0).
 //!
 //! AMX needs the CPU's AMX-TILE (and, for `tdpbf16ps`, AMX-BF16), the OS to enable the tile
 //! state (XCR0 bits 17 and 18) and, on Linux, one `arch_prctl(ARCH_REQ_XCOMP_PERM,

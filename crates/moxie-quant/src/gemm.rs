@@ -373,6 +373,12 @@ impl GemmRows<'_> {
             self.q.len(),
             "GemmRows::fill: the rows' sizes"
         );
+        #[cfg(target_arch = "x86_64")]
+        if self.act == GgmlType::Q8_0 && gemm_available() {
+            // SAFETY: gemm_available: AVX2 and F16C were detected; the sizes were checked
+            // above.
+            return unsafe { self.fill_q8_0_avx2(acts) };
+        }
         let (n16, n32) = (block / 16, block / 32);
         for (b, blk) in acts.chunks_exact(block_bytes).enumerate() {
             let d = match self.act {
@@ -402,6 +408,48 @@ impl GemmRows<'_> {
                     _ => d * sum as f32,
                 };
             }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl GemmRows<'_> {
+    /// [`GemmRows::fill`] for Q8_0 rows (`acts` whole blocks of these rows): the same values,
+    /// each block's two sums of 16 from one `vpsadbw` of its bytes + 128 (3% of a ds Q8_0
+    /// pp512 profile, scalar).
+    ///
+    /// # Safety
+    /// AVX2 and F16C; `acts` holds `self.q.len() / 32` blocks.
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn fill_q8_0_avx2(&mut self, acts: &[u8]) {
+        use std::arch::x86_64::*;
+        let nb = self.q.len() / 32;
+        assert!(acts.len() >= nb * 34 && self.dx.len() >= nb);
+        assert!(self.by16.0.len() >= 2 * nb && self.by32.0.len() >= nb);
+        let bias = _mm256_set1_epi8(-128);
+        for (b, blk) in acts.chunks_exact(34).take(nb).enumerate() {
+            let h = u16::from_le_bytes([blk[0], blk[1]]);
+            let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)));
+            // SAFETY: bytes 2..34 of the block; values b*32..b*32+32 of `q` (nb blocks).
+            let q = unsafe {
+                let q = _mm256_loadu_si256(blk.as_ptr().add(2).cast());
+                _mm256_storeu_si256(self.q.as_mut_ptr().add(32 * b).cast(), q);
+                q
+            };
+            // Sums of each 8 bytes + 128, in the four 64-bit lanes.
+            let sad = _mm256_sad_epu8(_mm256_xor_si256(q, bias), _mm256_setzero_si256());
+            let mut lanes = [0i64; 4];
+            // SAFETY: `lanes` is 32 writable bytes.
+            unsafe { _mm256_storeu_si256(lanes.as_mut_ptr().cast(), sad) };
+            let s0 = (lanes[0] + lanes[1]) as i32 - 16 * 128;
+            let s1 = (lanes[2] + lanes[3]) as i32 - 16 * 128;
+            self.dx[b] = d;
+            self.by16.0[2 * b] = s0;
+            self.by16.0[2 * b + 1] = s1;
+            self.by16.1[2 * b] = d * s0 as f32;
+            self.by16.1[2 * b + 1] = d * s1 as f32;
+            self.by32.0[b] = s0 + s1;
+            self.by32.1[b] = d * (s0 + s1) as f32;
         }
     }
 }
