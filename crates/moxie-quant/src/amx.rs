@@ -112,24 +112,38 @@ pub(crate) struct TileConfig {
 
 impl TileConfig {
     /// All eight tiles 16 rows of 64 bytes (16 x 16 f32 sums, 16 x 32 bf16 operands).
-    pub(crate) const FULL: TileConfig = TileConfig {
-        palette: 1,
-        start_row: 0,
-        reserved: [0; 14],
-        colsb: [64, 64, 64, 64, 64, 64, 64, 64, 0, 0, 0, 0, 0, 0, 0, 0],
-        rows: [16, 16, 16, 16, 16, 16, 16, 16, 0, 0, 0, 0, 0, 0, 0, 0],
-    };
+    pub(crate) const FULL: TileConfig = TileConfig::eight([(16, 64); 8]);
 
     /// Int8 products of 32-value blocks: tiles 0-3 16 x 16 i32 sums, 4-5 16 rows of 32 bytes
     /// (the A operands: 16 tokens' values of one block), 6-7 8 rows of 64 bytes (the B
     /// operands: one block of 16 weight rows, four values of each row a 4-byte word).
-    pub(crate) const INT8_BLOCKS: TileConfig = TileConfig {
-        palette: 1,
-        start_row: 0,
-        reserved: [0; 14],
-        colsb: [64, 64, 64, 64, 32, 32, 64, 64, 0, 0, 0, 0, 0, 0, 0, 0],
-        rows: [16, 16, 16, 16, 16, 16, 8, 8, 0, 0, 0, 0, 0, 0, 0, 0],
-    };
+    pub(crate) const INT8_BLOCKS: TileConfig = TileConfig::eight([
+        (16, 64),
+        (16, 64),
+        (16, 64),
+        (16, 64),
+        (16, 32),
+        (16, 32),
+        (8, 64),
+        (8, 64),
+    ]);
+
+    /// Tiles 0-7 as (rows, bytes a row); the others unused.
+    const fn eight(shapes: [(u8, u16); 8]) -> TileConfig {
+        let (mut rows, mut colsb) = ([0u8; 16], [0u16; 16]);
+        let mut t = 0;
+        while t < 8 {
+            (rows[t], colsb[t]) = shapes[t];
+            t += 1;
+        }
+        TileConfig {
+            palette: 1,
+            start_row: 0,
+            reserved: [0; 14],
+            colsb,
+            rows,
+        }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]

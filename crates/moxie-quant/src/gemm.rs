@@ -375,8 +375,7 @@ impl GemmRows<'_> {
         );
         #[cfg(target_arch = "x86_64")]
         if self.act == GgmlType::Q8_0 && gemm_available() {
-            // SAFETY: gemm_available: AVX2 and F16C were detected; the sizes were checked
-            // above.
+            // SAFETY: gemm_available: AVX2 was detected; the sizes were checked above.
             return unsafe { self.fill_q8_0_avx2(acts) };
         }
         let (n16, n32) = (block / 16, block / 32);
@@ -415,12 +414,12 @@ impl GemmRows<'_> {
 #[cfg(target_arch = "x86_64")]
 impl GemmRows<'_> {
     /// [`GemmRows::fill`] for Q8_0 rows (`acts` whole blocks of these rows): the same values,
-    /// each block's two sums of 16 from one `vpsadbw` of its bytes + 128 (3% of a ds Q8_0
-    /// pp512 profile, scalar).
+    /// each block's two sums of 16 from one `vpsadbw` of its bytes + 128 (the scalar sums
+    /// were 3% of a ds Q8_0 pp512 profile).
     ///
     /// # Safety
-    /// AVX2 and F16C; `acts` holds `self.q.len() / 32` blocks.
-    #[target_feature(enable = "avx2,f16c")]
+    /// AVX2; `acts` holds `self.q.len() / 32` blocks.
+    #[target_feature(enable = "avx2")]
     unsafe fn fill_q8_0_avx2(&mut self, acts: &[u8]) {
         use std::arch::x86_64::*;
         let nb = self.q.len() / 32;
@@ -428,8 +427,7 @@ impl GemmRows<'_> {
         assert!(self.by16.0.len() >= 2 * nb && self.by32.0.len() >= nb);
         let bias = _mm256_set1_epi8(-128);
         for (b, blk) in acts.chunks_exact(34).take(nb).enumerate() {
-            let h = u16::from_le_bytes([blk[0], blk[1]]);
-            let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)));
+            let d = rd_f16(blk, 0);
             // SAFETY: bytes 2..34 of the block; values b*32..b*32+32 of `q` (nb blocks).
             let q = unsafe {
                 let q = _mm256_loadu_si256(blk.as_ptr().add(2).cast());
@@ -1710,7 +1708,7 @@ mod platform {
         macro_rules! product {
             ($b:expr) => {{
                 let b = $b;
-                prefetch_share_l2(pf, b, per_block);
+                prefetch_share::<_MM_HINT_T1>(pf, b, per_block);
                 // SAFETY: block b of the group and of the tokens' rows; slot b % 4 of `sums`.
                 unsafe {
                     let xb = x.add(32 * b);
@@ -1759,25 +1757,14 @@ mod platform {
         }
     }
 
-    /// [`prefetch_share`] into L2.
-    #[inline(always)]
-    fn prefetch_share_l2(pf: &[u8], sb: usize, per_sub: usize) {
-        let lines = pf.len().div_ceil(64);
-        for l in sb * per_sub..((sb + 1) * per_sub).min(lines) {
-            // SAFETY: a prefetch never faults; the address is inside `pf`.
-            // SAFETY: a prefetch never faults; the address is inside `pf`.
-            unsafe { _mm_prefetch::<_MM_HINT_T1>(pf.as_ptr().add(64 * l).cast()) };
-        }
-    }
-
     /// Asks for the lines of `pf` that sub-block `sb` of `n_sub` takes (`per_sub` lines
-    /// each) into L1.
+    /// each), with `_mm_prefetch`'s hint `HINT` (`_MM_HINT_T0`: into L1; `_MM_HINT_T1`: L2).
     #[inline(always)]
-    pub(super) fn prefetch_share(pf: &[u8], sb: usize, per_sub: usize) {
+    pub(super) fn prefetch_share<const HINT: i32>(pf: &[u8], sb: usize, per_sub: usize) {
         let lines = pf.len().div_ceil(64);
         for l in sb * per_sub..((sb + 1) * per_sub).min(lines) {
             // SAFETY: a prefetch never faults; the address is inside `pf`.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(pf.as_ptr().add(64 * l).cast()) };
+            unsafe { _mm_prefetch::<HINT>(pf.as_ptr().add(64 * l).cast()) };
         }
     }
 
@@ -1847,7 +1834,7 @@ mod platform {
         for blk in 0..n_blocks {
             let mut fblk = [[_mm512_setzero_ps(); N]; R];
             for sb in blk * per_dx..(blk + 1) * per_dx {
-                prefetch_share(pf, sb, per_sub);
+                prefetch_share::<_MM_HINT_T0>(pf, sb, per_sub);
                 let mut iacc = [[_mm512_setzero_si512(); N]; R];
                 if l.offset != 0 {
                     // Undo the unsigned weight offset: -offset * sum(x).

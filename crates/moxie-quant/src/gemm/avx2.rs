@@ -146,7 +146,7 @@ unsafe fn tokens<const N: usize, const S: usize, const D: usize>(
     for blk in 0..n_blocks {
         let mut fblk = [[_mm256_setzero_ps(); 2]; N];
         for sb in blk * per_dx..(blk + 1) * per_dx {
-            super::platform::prefetch_share(pf, sb, per_sub);
+            super::platform::prefetch_share::<_MM_HINT_T0>(pf, sb, per_sub);
             let mut iacc = [[_mm256_setzero_si256(); 2]; N];
             if D > 0 && D != 8 && l.offset != 0 {
                 // Undo the unsigned weight offset: -offset * sum(x).
