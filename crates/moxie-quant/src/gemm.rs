@@ -112,6 +112,8 @@ pub struct GemmActs {
     n_tok: usize,
     /// Activation blocks per token.
     n_blk: usize,
+    /// Whether `buf.tiles` holds the values in the AMX kernel's operand layout too.
+    tiled: bool,
     /// The values, scales and sums, from this thread's pool ([`ActsBuffers::take`]): each holds
     /// at least what these rows need, and only that prefix is read.
     buf: ActsBuffers,
@@ -120,9 +122,13 @@ pub struct GemmActs {
 /// The buffers of a [`GemmActs`]: `[token][n_in]` int8 (as bytes: the kernel reads four at a
 /// time), the scale per `[token][activation block]` (256 values for Q8_K, 32 for Q8_0), and the
 /// sums per sub-block of 16 and of 32 values (the weight layouts' two sub-block sizes).
+/// Q8_0 rows for the AMX-INT8 kernel also have their values as its A operands, `tiles`:
+/// `[16 tokens][block][token][32 bytes]`, so that each tile load reads 512 consecutive bytes
+/// (loads of 16 rows `n_in` apart, 32 bytes of each line, took a third of the kernel's time).
 #[derive(Default)]
 struct ActsBuffers {
     q: Vec<u8>,
+    tiles: Vec<u8>,
     dx: Vec<f32>,
     by16: SubBlockSums,
     by32: SubBlockSums,
@@ -135,9 +141,12 @@ struct SubBlockSums {
     scaled: Vec<f32>,
 }
 
-/// Rows of values after a [`GemmActs`]'s tokens, so that a 16-token tile load of its last tokens
-/// stays inside the buffer.
+/// Rows of scales after a [`GemmActs`]'s tokens, which the AMX kernel's scaling of a last,
+/// partial tile of 16 tokens reads (for rows it then drops).
 const AMX_PAD_ROWS: usize = 15;
+
+/// Tokens in one AMX A operand ([`ActsBuffers`]'s `tiles`).
+const AMX_TILE_TOKENS: usize = 16;
 
 /// Sets of buffers a thread keeps for the next [`GemmActs`] it prepares. A prompt batch
 /// prepares several activations per layer, MBs each: fresh buffers were zeroed by the thread
@@ -169,17 +178,23 @@ impl ActsBuffers {
 
     /// A set with room for `n` values in blocks of `block`, from this thread's pool where it has
     /// one (`pool::take_fitting`: the smallest that holds them, else its largest, grown). What it held is left in
-    /// place: every reader's prefix is written before it is read. The values have
-    /// [`AMX_PAD_ROWS`] more rows of `n_in` after them, which the AMX kernel's 16-token loads
-    /// may read past the last token (those tokens' sums are not used), and the scales as
-    /// many rows of blocks.
-    fn take(n: usize, n_in: usize, block: usize) -> ActsBuffers {
+    /// place: every reader's prefix is written before it is read. The scales have
+    /// [`AMX_PAD_ROWS`] more rows of blocks; with `tiled`, `tiles` holds the values of whole
+    /// tiles of [`AMX_TILE_TOKENS`] (the AMX kernel's last loads read past the last token;
+    /// those tokens' sums are not used).
+    fn take(n: usize, n_in: usize, block: usize, tiled: bool) -> ActsBuffers {
         let mut b = ACTS_POOL
             .try_with(|pool| take_fitting(&mut pool.borrow_mut(), n, ActsBuffers::values))
             .ok()
             .flatten()
             .unwrap_or_default();
-        at_least(&mut b.q, n + AMX_PAD_ROWS * n_in);
+        at_least(&mut b.q, n);
+        if tiled {
+            at_least(
+                &mut b.tiles,
+                (n / n_in).next_multiple_of(AMX_TILE_TOKENS) * n_in,
+            );
+        }
         at_least(&mut b.dx, (n + AMX_PAD_ROWS * n_in) / block);
         for (by, sub) in [(&mut b.by16, 16), (&mut b.by32, 32)] {
             at_least(&mut by.sum, n / sub);
@@ -223,6 +238,19 @@ fn act_blocks(act: GgmlType) -> Option<(usize, usize, usize)> {
     }
 }
 
+/// Byte `at` of block `b` of token `t`'s values in the AMX operand layout (`ActsBuffers::tiles`)
+/// of rows of `n_in` values.
+fn tile_offset(n_in: usize, t: usize, b: usize) -> usize {
+    (t / AMX_TILE_TOKENS) * AMX_TILE_TOKENS * n_in
+        + b * 32 * AMX_TILE_TOKENS
+        + (t % AMX_TILE_TOKENS) * 32
+}
+
+/// Whether [`GemmActs`] of type `act` are also laid out for the AMX-INT8 kernel.
+fn amx_tiled(act: GgmlType) -> bool {
+    act == GgmlType::Q8_0 && cfg!(target_arch = "x86_64") && crate::amx::int8_available()
+}
+
 impl GemmActs {
     /// Prepare `acts`: `row_bytes` per token of activation type `act` (Q8_K, Q8_0, Q8_1), `n_in`
     /// values each. `None` for another type or sizes that disagree.
@@ -247,27 +275,46 @@ impl GemmActs {
         if n_in == 0 || !n_in.is_multiple_of(block) {
             return None;
         }
+        let tiled = amx_tiled(act);
         Some(GemmActs {
             act,
             n_in,
             n_tok,
             n_blk: n_in / block,
-            buf: ActsBuffers::take(n_tok * n_in, n_in, block),
+            tiled,
+            buf: ActsBuffers::take(n_tok * n_in, n_in, block, tiled),
         })
     }
 
     /// The rows in parts of `per_part` rows (the last may be shorter), each to be written
-    /// by [`GemmRows::fill`] on any thread.
+    /// by [`GemmRows::fill`] on any thread. Where the values are also laid out in tiles of 16
+    /// tokens for the AMX kernel, a part is whole tiles: `per_part` is rounded up to a
+    /// multiple of 16.
     pub fn parts(&mut self, per_part: usize) -> Vec<GemmRows<'_>> {
         if self.n_tok == 0 {
             return Vec::new();
         }
         let (n_in, n_blk) = (self.n_in, self.n_blk);
         let n = self.n_tok * n_in;
-        let per = per_part.clamp(1, self.n_tok);
-        let ActsBuffers { q, dx, by16, by32 } = &mut self.buf;
+        let mut per = per_part.clamp(1, self.n_tok);
+        if self.tiled {
+            per = per.next_multiple_of(AMX_TILE_TOKENS);
+        }
+        let ActsBuffers {
+            q,
+            tiles,
+            dx,
+            by16,
+            by32,
+        } = &mut self.buf;
         let (s16, c16) = (&mut by16.sum[..n / 16], &mut by16.scaled[..n / 16]);
         let (s32, c32) = (&mut by32.sum[..n / 32], &mut by32.scaled[..n / 32]);
+        let n_tiled = if self.tiled {
+            self.n_tok.next_multiple_of(AMX_TILE_TOKENS) * n_in
+        } else {
+            0
+        };
+        let mut tiles = tiles[..n_tiled].chunks_mut(per * n_in);
         q[..n]
             .chunks_mut(per * n_in)
             .zip(dx[..self.n_tok * n_blk].chunks_mut(per * n_blk))
@@ -281,7 +328,9 @@ impl GemmActs {
             )
             .map(|(((q, dx), (s16, c16)), (s32, c32))| GemmRows {
                 act: self.act,
+                n_in,
                 q,
+                tiles: tiles.next(),
                 dx,
                 by16: (s16, c16),
                 by32: (s32, c32),
@@ -298,11 +347,21 @@ impl GemmActs {
             n_in,
             n_tok: rows.len(),
             n_blk,
-            buf: ActsBuffers::take(rows.len() * n_in, n_in, n_in / n_blk),
+            tiled: self.tiled,
+            buf: ActsBuffers::take(rows.len() * n_in, n_in, n_in / n_blk, self.tiled),
         };
         let (from, to) = (&self.buf, &mut g.buf);
         for (i, &r) in rows.iter().enumerate() {
             copy_row(&from.q, &mut to.q, n_in, r, i);
+            if self.tiled {
+                for (b, v) in from.q[r * n_in..(r + 1) * n_in]
+                    .chunks_exact(32)
+                    .enumerate()
+                {
+                    let at = tile_offset(n_in, i, b);
+                    to.tiles[at..at + 32].copy_from_slice(v);
+                }
+            }
             copy_row(&from.dx, &mut to.dx, n_blk, r, i);
             for (f, t, sub) in [
                 (&from.by16, &mut to.by16, 16),
@@ -357,7 +416,10 @@ impl GemmActs {
 /// Consecutive rows of a [`GemmActs`] being written (see [`GemmActs::parts`]).
 pub struct GemmRows<'a> {
     act: GgmlType,
+    n_in: usize,
     q: &'a mut [u8],
+    /// These rows' whole tiles in the AMX operand layout, where the [`GemmActs`] has them.
+    tiles: Option<&'a mut [u8]>,
     dx: &'a mut [f32],
     /// The sums and scaled sums of 16 and of 32 values.
     by16: (&'a mut [i32], &'a mut [f32]),
@@ -387,6 +449,12 @@ impl GemmRows<'_> {
             self.dx[b] = d;
             let qs = &blk[header..header + block];
             self.q[b * block..(b + 1) * block].copy_from_slice(qs);
+            if let Some(tiles) = self.tiles.as_deref_mut() {
+                // Only Q8_0 rows are tiled: blocks of 32.
+                let nbr = self.n_in / 32;
+                let at = tile_offset(self.n_in, b / nbr, b % nbr);
+                tiles[at..at + 32].copy_from_slice(qs);
+            }
             let (s16, c16) = (&mut self.by16.0[b * n16..], &mut self.by16.1[b * n16..]);
             for (j, q16) in qs.chunks_exact(16).enumerate() {
                 // Q8_K carries its sums of 16; Q8_0's are computed.
@@ -423,15 +491,26 @@ impl GemmRows<'_> {
     unsafe fn fill_q8_0_avx2(&mut self, acts: &[u8]) {
         use std::arch::x86_64::*;
         let nb = self.q.len() / 32;
+        let nbr = self.n_in / 32;
         assert!(acts.len() >= nb * 34 && self.dx.len() >= nb);
         assert!(self.by16.0.len() >= 2 * nb && self.by32.0.len() >= nb);
+        let n_tok = nb / nbr;
+        let tiles = self.tiles.as_deref_mut().map(|t| {
+            assert!(t.len() >= tile_offset(self.n_in, n_tok - 1, nbr - 1) + 32);
+            t.as_mut_ptr()
+        });
         let bias = _mm256_set1_epi8(-128);
         for (b, blk) in acts.chunks_exact(34).take(nb).enumerate() {
             let d = rd_f16(blk, 0);
-            // SAFETY: bytes 2..34 of the block; values b*32..b*32+32 of `q` (nb blocks).
+            // SAFETY: bytes 2..34 of the block; values b*32..b*32+32 of `q` (nb blocks); the
+            // tiles hold every block of these tokens (asserted above).
             let q = unsafe {
                 let q = _mm256_loadu_si256(blk.as_ptr().add(2).cast());
                 _mm256_storeu_si256(self.q.as_mut_ptr().add(32 * b).cast(), q);
+                if let Some(t) = tiles {
+                    let at = tile_offset(self.n_in, b / nbr, b % nbr);
+                    _mm256_storeu_si256(t.add(at).cast(), q);
+                }
                 q
             };
             // Sums of each 8 bytes + 128, in the four 64-bit lanes.
@@ -955,10 +1034,10 @@ fn gemm_q8_rows(
         return false;
     }
     #[cfg(target_arch = "x86_64")]
-    if interleaved && ty == GgmlType::Q8_0 && crate::amx::int8_available() {
-        // SAFETY: AMX-INT8 and AVX-512 were detected (int8_available); the groups are whole
-        // 16-row groups of `n_in` values (checked by the caller), `out` holds n_tiles * n_tok
-        // * 16 floats (checked above) and the activations' buffer has its padding rows.
+    if interleaved && ty == GgmlType::Q8_0 && acts.tiled {
+        // SAFETY: AMX-INT8 and AVX-512 were detected (`acts.tiled`: int8_available); the
+        // groups are whole 16-row groups of `n_in` values (checked by the caller), `out` holds
+        // n_tiles * n_tok * 16 floats (checked above) and the activations have their tiles.
         unsafe { platform::q8_0_groups_amx(n_in, rows, acts, out, next) };
         return true;
     }
@@ -1575,16 +1654,16 @@ mod platform {
         }
     }
 
-    /// One block's product on AMX tiles: C = the 16 tokens at `xa` (rows `n_in` apart) times
-    /// the interleaved Q8_0 group block at `gb`, its sums stored at `sums`.
+    /// One block's product on AMX tiles: C = the 16 tokens' block at `xa` (512 bytes, the
+    /// tiled activations' layout) times the interleaved Q8_0 group block at `gb`, its sums
+    /// stored at `sums`.
     ///
     /// # Safety
-    /// Tiles configured as `TileConfig::INT8_BLOCKS`; 16 rows of 32 bytes readable at `xa`,
-    /// `n_in` apart; a whole group block at `gb`; 1 KiB writable at `sums`.
+    /// Tiles configured as `TileConfig::INT8_BLOCKS`; 512 bytes readable at `xa`; a whole
+    /// group block at `gb`; 1 KiB writable at `sums`.
     #[inline(always)]
     unsafe fn amx_block<const C: u8, const A: u8, const B: u8>(
         xa: *const u8,
-        n_in: usize,
         gb: *const u8,
         sums: *mut i32,
     ) {
@@ -1593,7 +1672,7 @@ mod platform {
         // scales as 8 rows of 64 bytes (B's layout).
         unsafe {
             zero::<C>();
-            load::<A>(xa, n_in);
+            load::<A>(xa, 32);
             load::<B>(gb.add(32), 64);
             dp_s8::<C, A, B>();
             store::<C>(sums.cast(), 64);
@@ -1612,7 +1691,7 @@ mod platform {
     ///
     /// # Safety
     /// AMX-INT8 and AVX-512 F/BW (`crate::amx::int8_available`); `groups` whole groups of
-    /// `n_in` values; `out` n_groups * n_tok * 16 floats; `acts`'s values padded
+    /// `n_in` values; `out` n_groups * n_tok * 16 floats; `acts` tiled, its scales padded
     /// ([`super::AMX_PAD_ROWS`]).
     #[target_feature(enable = "avx512f,avx512bw,f16c")]
     pub(super) unsafe fn q8_0_groups_amx(
@@ -1627,7 +1706,7 @@ mod platform {
         let n_tok = acts.n_tok;
         assert!(groups.len().is_multiple_of(group_bytes) && acts.n_blk == nb);
         assert!(out.len() == groups.len() / group_bytes * n_tok * GEMM_TILE_ROWS);
-        assert!(acts.buf.q.len() >= (n_tok + super::AMX_PAD_ROWS) * n_in);
+        assert!(acts.tiled && acts.buf.tiles.len() >= n_tok.next_multiple_of(16) * n_in);
         assert!(acts.buf.dx.len() >= (n_tok + super::AMX_PAD_ROWS) * nb);
         // SAFETY: AMX-INT8 is available (the caller's contract).
         unsafe { crate::amx::configure(&crate::amx::TileConfig::INT8_BLOCKS) };
@@ -1660,7 +1739,7 @@ mod platform {
                 // SAFETY: per this function's contract and the asserts above: the tokens'
                 // rows from t0 on (16 of them with the padding) and their scales.
                 unsafe {
-                    let x = acts.buf.q.as_ptr().add(t0 * n_in);
+                    let x = acts.buf.tiles.as_ptr().add(t0 * n_in);
                     // The scaling costs what its rows do: the last tokens scale a multiple
                     // of 4 rows.
                     match m {
@@ -1678,13 +1757,13 @@ mod platform {
     #[repr(C, align(64))]
     struct AmxSums([i32; 4 * 256]);
 
-    /// The products of one group (`g`) with 16 tokens from `x` (rows `nb * 32` apart), of
+    /// The products of one group (`g`) with the tile of 16 tokens at `x` (tiled layout), of
     /// which the first `M` are scaled (with `dx`, `[token][block]`) and the first
     /// `out.len() / 16` (at most `M`) written to `out` (`[token][16 rows]`); the others are
     /// padding rows.
     ///
     /// # Safety
-    /// As [`q8_0_groups_amx`]; 16 rows of `nb * 32` bytes readable at `x`.
+    /// As [`q8_0_groups_amx`]; 16 x `nb * 32` bytes readable at `x`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,f16c")]
     unsafe fn amx_tokens<const M: usize>(
@@ -1697,7 +1776,6 @@ mod platform {
         sums: &mut std::mem::MaybeUninit<AmxSums>,
     ) {
         assert!(dx.len() >= M * nb && out.len() <= M * GEMM_TILE_ROWS);
-        let n_in = nb * 32;
         let per_block = pf.len().div_ceil(64 * nb);
         // Written by the tile stores before it is read (a slot two blocks after its store).
         let sp = sums.as_mut_ptr().cast::<i32>();
@@ -1711,13 +1789,13 @@ mod platform {
                 prefetch_share::<_MM_HINT_T1>(pf, b, per_block);
                 // SAFETY: block b of the group and of the tokens' rows; slot b % 4 of `sums`.
                 unsafe {
-                    let xb = x.add(32 * b);
+                    let xb = x.add(32 * 16 * b);
                     let gb = g.as_ptr().add(b * crate::repack::Q8_0_GROUP_BLOCK);
                     match b % 4 {
-                        0 => amx_block::<0, 4, 6>(xb, n_in, gb, sp),
-                        1 => amx_block::<1, 5, 7>(xb, n_in, gb, sp.add(256)),
-                        2 => amx_block::<2, 4, 6>(xb, n_in, gb, sp.add(512)),
-                        _ => amx_block::<3, 5, 7>(xb, n_in, gb, sp.add(768)),
+                        0 => amx_block::<0, 4, 6>(xb, gb, sp),
+                        1 => amx_block::<1, 5, 7>(xb, gb, sp.add(256)),
+                        2 => amx_block::<2, 4, 6>(xb, gb, sp.add(512)),
+                        _ => amx_block::<3, 5, 7>(xb, gb, sp.add(768)),
                     }
                 }
             }};
@@ -2066,9 +2144,18 @@ mod tests {
             let fields = |g: &GemmActs| {
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 let (n, b) = (g.n_tok * g.n_in, &g.buf);
+                // The AMX operands of the real tokens (not the last tile's padding).
+                let tiles: Vec<u8> = (0..g.n_tok * g.n_blk)
+                    .filter(|_| g.tiled)
+                    .flat_map(|i| {
+                        let at = tile_offset(g.n_in, i / g.n_blk, i % g.n_blk);
+                        b.tiles[at..at + 32].to_vec()
+                    })
+                    .collect();
                 (
                     g.n_tok,
                     b.q[..n].to_vec(),
+                    tiles,
                     bits(&b.dx[..g.n_tok * g.n_blk]),
                     (
                         b.by16.sum[..n / 16].to_vec(),
@@ -2086,9 +2173,11 @@ mod tests {
                 drop(GemmActs::new(act, n_in, &other, rb).unwrap());
             }
             let mut parted = GemmActs::unfilled(act, n_in, n_tok).unwrap();
+            // Tiled activations are written in whole tiles of 16 tokens.
+            let per = if parted.tiled { AMX_TILE_TOKENS } else { 5 };
             let mut parts = parted.parts(5);
-            assert_eq!(parts.len(), n_tok.div_ceil(5));
-            for (part, rows) in parts.iter_mut().zip(xq.chunks(5 * rb)) {
+            assert_eq!(parts.len(), n_tok.div_ceil(per));
+            for (part, rows) in parts.iter_mut().zip(xq.chunks(per * rb)) {
                 part.fill(rows);
             }
             drop(parts);
