@@ -97,13 +97,7 @@ pub fn sigmoid(x: f32) -> f32 {
 /// `ggml_v_expf` on 16-lane chunks, libm on the tail.
 pub fn silu_row(x: &mut [f32]) {
     let n16 = x.len() / 16 * 16;
-    for c in x[..n16].chunks_exact_mut(16) {
-        let mut e: [f32; 16] = std::array::from_fn(|i| -c[i]);
-        moxie_quant::vexp::ggml_v_expf_16s(&mut e);
-        for (v, e) in c.iter_mut().zip(e) {
-            *v /= 1.0 + e;
-        }
-    }
+    moxie_quant::vexp::ggml_v_silu_16s(&mut x[..n16]);
     for v in &mut x[n16..] {
         *v = silu(*v);
     }
@@ -139,13 +133,7 @@ pub fn l2_norm(x: &mut [f32], n: usize, eps: f32) {
 /// `ggml_v_expf` on 16-lane chunks, libm on the tail).
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     let n16 = gate.len() / 16 * 16;
-    for (g, u) in gate[..n16].chunks_exact_mut(16).zip(up.chunks_exact(16)) {
-        let mut e: [f32; 16] = std::array::from_fn(|i| -g[i]);
-        moxie_quant::vexp::ggml_v_expf_16s(&mut e);
-        for ((g, e), &u) in g.iter_mut().zip(e).zip(u) {
-            *g = (*g / (1.0 + e)) * u;
-        }
-    }
+    moxie_quant::vexp::ggml_v_swiglu_16s(&mut gate[..n16], &up[..n16]);
     for (g, &u) in gate[n16..].iter_mut().zip(&up[n16..]) {
         *g = silu(*g) * u;
     }
