@@ -163,7 +163,7 @@ pub fn swiglu_cols(gate: &mut [f32], up: &[f32], first_col: usize, row_len: usiz
     }
     for (col, (g, &u)) in (first_col..).zip(gate.iter_mut().zip(up)) {
         *g = if col < n16 {
-            (*g / (1.0 + ggml_v_expf(-*g))) * u
+            moxie_quant::vexp::ggml_v_silu(*g) * u
         } else {
             silu(*g) * u
         };

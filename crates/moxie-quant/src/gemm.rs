@@ -141,11 +141,8 @@ struct SubBlockSums {
     scaled: Vec<f32>,
 }
 
-/// Rows of scales after a [`GemmActs`]'s tokens, which the AMX kernel's scaling of a last,
-/// partial tile of 16 tokens reads (for rows it then drops).
-const AMX_PAD_ROWS: usize = 15;
-
-/// Tokens in one AMX A operand ([`ActsBuffers`]'s `tiles`).
+/// Tokens in one AMX A operand ([`ActsBuffers`]'s `tiles`). The AMX kernel reads whole tiles
+/// of them, values and scales: a last, partial tile's padding rows give sums it then drops.
 const AMX_TILE_TOKENS: usize = 16;
 
 /// Sets of buffers a thread keeps for the next [`GemmActs`] it prepares. A prompt batch
@@ -178,10 +175,8 @@ impl ActsBuffers {
 
     /// A set with room for `n` values in blocks of `block`, from this thread's pool where it has
     /// one (`pool::take_fitting`: the smallest that holds them, else its largest, grown). What it held is left in
-    /// place: every reader's prefix is written before it is read. The scales have
-    /// [`AMX_PAD_ROWS`] more rows of blocks; with `tiled`, `tiles` holds the values of whole
-    /// tiles of [`AMX_TILE_TOKENS`] (the AMX kernel's last loads read past the last token;
-    /// those tokens' sums are not used).
+    /// place: every reader's prefix is written before it is read. With `tiled`, `tiles` and
+    /// the scales hold whole tiles of [`AMX_TILE_TOKENS`] tokens (what the AMX kernel reads).
     fn take(n: usize, n_in: usize, block: usize, tiled: bool) -> ActsBuffers {
         let mut b = ACTS_POOL
             .try_with(|pool| take_fitting(&mut pool.borrow_mut(), n, ActsBuffers::values))
@@ -189,13 +184,15 @@ impl ActsBuffers {
             .flatten()
             .unwrap_or_default();
         at_least(&mut b.q, n);
+        let padded = if tiled {
+            (n / n_in).next_multiple_of(AMX_TILE_TOKENS) * n_in
+        } else {
+            n
+        };
         if tiled {
-            at_least(
-                &mut b.tiles,
-                (n / n_in).next_multiple_of(AMX_TILE_TOKENS) * n_in,
-            );
+            at_least(&mut b.tiles, padded);
         }
-        at_least(&mut b.dx, (n + AMX_PAD_ROWS * n_in) / block);
+        at_least(&mut b.dx, padded / block);
         for (by, sub) in [(&mut b.by16, 16), (&mut b.by32, 32)] {
             at_least(&mut by.sum, n / sub);
             at_least(&mut by.scaled, n / sub);
@@ -246,9 +243,17 @@ fn tile_offset(n_in: usize, t: usize, b: usize) -> usize {
         + (t % AMX_TILE_TOKENS) * 32
 }
 
+/// Token `t`'s values `row` into `tiles`, the AMX operand layout of rows of `n_in` values.
+fn put_tile_row(tiles: &mut [u8], n_in: usize, t: usize, row: &[u8]) {
+    for (b, v) in row.chunks_exact(32).enumerate() {
+        let at = tile_offset(n_in, t, b);
+        tiles[at..at + 32].copy_from_slice(v);
+    }
+}
+
 /// Whether [`GemmActs`] of type `act` are also laid out for the AMX-INT8 kernel.
 fn amx_tiled(act: GgmlType) -> bool {
-    act == GgmlType::Q8_0 && cfg!(target_arch = "x86_64") && crate::amx::int8_available()
+    act == GgmlType::Q8_0 && crate::amx::int8_available()
 }
 
 impl GemmActs {
@@ -354,13 +359,7 @@ impl GemmActs {
         for (i, &r) in rows.iter().enumerate() {
             copy_row(&from.q, &mut to.q, n_in, r, i);
             if self.tiled {
-                for (b, v) in from.q[r * n_in..(r + 1) * n_in]
-                    .chunks_exact(32)
-                    .enumerate()
-                {
-                    let at = tile_offset(n_in, i, b);
-                    to.tiles[at..at + 32].copy_from_slice(v);
-                }
+                put_tile_row(&mut to.tiles, n_in, i, &from.q[r * n_in..(r + 1) * n_in]);
             }
             copy_row(&from.dx, &mut to.dx, n_blk, r, i);
             for (f, t, sub) in [
@@ -449,12 +448,6 @@ impl GemmRows<'_> {
             self.dx[b] = d;
             let qs = &blk[header..header + block];
             self.q[b * block..(b + 1) * block].copy_from_slice(qs);
-            if let Some(tiles) = self.tiles.as_deref_mut() {
-                // Only Q8_0 rows are tiled: blocks of 32.
-                let nbr = self.n_in / 32;
-                let at = tile_offset(self.n_in, b / nbr, b % nbr);
-                tiles[at..at + 32].copy_from_slice(qs);
-            }
             let (s16, c16) = (&mut self.by16.0[b * n16..], &mut self.by16.1[b * n16..]);
             for (j, q16) in qs.chunks_exact(16).enumerate() {
                 // Q8_K carries its sums of 16; Q8_0's are computed.
@@ -474,6 +467,11 @@ impl GemmRows<'_> {
                     GgmlType::Q8_1 => rd_f16(blk, 2),
                     _ => d * sum as f32,
                 };
+            }
+        }
+        if let Some(tiles) = self.tiles.as_deref_mut() {
+            for (t, row) in self.q.chunks_exact(self.n_in).enumerate() {
+                put_tile_row(tiles, self.n_in, t, row);
             }
         }
     }
@@ -1691,8 +1689,7 @@ mod platform {
     ///
     /// # Safety
     /// AMX-INT8 and AVX-512 F/BW (`crate::amx::int8_available`); `groups` whole groups of
-    /// `n_in` values; `out` n_groups * n_tok * 16 floats; `acts` tiled, its scales padded
-    /// ([`super::AMX_PAD_ROWS`]).
+    /// `n_in` values; `out` n_groups * n_tok * 16 floats; `acts` tiled.
     #[target_feature(enable = "avx512f,avx512bw,f16c")]
     pub(super) unsafe fn q8_0_groups_amx(
         n_in: usize,
@@ -1707,7 +1704,7 @@ mod platform {
         assert!(groups.len().is_multiple_of(group_bytes) && acts.n_blk == nb);
         assert!(out.len() == groups.len() / group_bytes * n_tok * GEMM_TILE_ROWS);
         assert!(acts.tiled && acts.buf.tiles.len() >= n_tok.next_multiple_of(16) * n_in);
-        assert!(acts.buf.dx.len() >= (n_tok + super::AMX_PAD_ROWS) * nb);
+        assert!(acts.buf.dx.len() >= n_tok.next_multiple_of(16) * nb);
         // SAFETY: AMX-INT8 is available (the caller's contract).
         unsafe { crate::amx::configure(&crate::amx::TileConfig::INT8_BLOCKS) };
         let mut sums = std::mem::MaybeUninit::<AmxSums>::uninit();
