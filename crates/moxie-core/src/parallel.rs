@@ -1,10 +1,12 @@
 //! Splitting row-parallel work across threads.
 //!
 //! A deliberately small seam: every parallel kernel of the forward pass goes through
-//! [`Parallel::for_each_range`], so the scheduling strategy (a persistent, pinned spin pool:
-//! [`crate::spin_pool`]) lives in one place.
+//! [`Parallel`]'s few ways of splitting work ([`Parallel::for_each_range`], and
+//! [`Parallel::for_each_piece`] for one-token products), so the scheduling strategy (a
+//! persistent, pinned spin pool: [`crate::spin_pool`]) lives in one place.
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::spin_pool::SpinPool;
@@ -56,6 +58,50 @@ impl std::fmt::Debug for Parallel {
             self.n_threads, self.numerics
         )
     }
+}
+
+/// Threads that own a share of [`Parallel::for_each_piece`]'s items (more only help).
+const MAX_SHARES: usize = 32;
+
+/// A thread's share of [`Parallel::for_each_piece`]'s items not yet taken, with their outputs.
+/// Its pieces start at multiples of the grain from the first item.
+struct Share<'a, T> {
+    items: Range<usize>,
+    out: &'a mut [T],
+}
+
+impl<'a, T> Share<'a, T> {
+    /// The first piece left, taken.
+    fn front(&mut self, grain: usize, stride: usize) -> Option<(Range<usize>, &'a mut [T])> {
+        if self.items.is_empty() {
+            return None;
+        }
+        let len = grain.min(self.items.len());
+        let (piece, rest) = std::mem::take(&mut self.out).split_at_mut(len * stride);
+        self.out = rest;
+        let items = self.items.start..self.items.start + len;
+        self.items.start += len;
+        Some((items, piece))
+    }
+
+    /// The last piece left, taken.
+    fn back(&mut self, grain: usize, stride: usize) -> Option<(Range<usize>, &'a mut [T])> {
+        if self.items.is_empty() {
+            return None;
+        }
+        let start = ((self.items.end - 1) / grain * grain).max(self.items.start);
+        let keep = (start - self.items.start) * stride;
+        let (rest, piece) = std::mem::take(&mut self.out).split_at_mut(keep);
+        self.out = rest;
+        let items = start..self.items.end;
+        self.items.end = start;
+        Some((items, piece))
+    }
+}
+
+/// A share, locked (a panic elsewhere leaves it consistent: it is only ever split).
+fn lock<'m, 'a, T>(s: &'m Mutex<Share<'a, T>>) -> std::sync::MutexGuard<'m, Share<'a, T>> {
+    s.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Below this many scalar multiply-adds per thread a kernel runs on fewer threads: handing work
@@ -148,7 +194,7 @@ impl Parallel {
     /// Run `f` over disjoint sub-ranges of `0..n` that together cover it. `work_per_item` is a
     /// rough cost (multiply-adds) used to decide whether threads pay off. `f` receives the range
     /// and the mutable chunk of `out` for it (`out.len() == n * out_stride`). One range per
-    /// thread: decode's matvecs run here, and smaller ranges cost them more than they saved.
+    /// thread.
     pub fn for_each_range<T: Send, F>(
         &self,
         n: usize,
@@ -172,6 +218,83 @@ impl Parallel {
             .enumerate()
             .map(|(i, chunk)| (i * per..((i + 1) * per).min(n), chunk));
         self.run_parts(n_threads, parts, f);
+    }
+
+    /// [`Parallel::for_each_range`] for one-token products, which stream their weights from
+    /// memory: `f` gets pieces of `grain` items (the last may be shorter). Each thread starts
+    /// at the front of its own equal share and walks it piece by piece, so while the threads
+    /// run at one speed each reads one sequential stream, as with one range per thread. A
+    /// thread whose share is done takes pieces from the back of the share with the most left:
+    /// a thread slowed by the host hands its last pieces to the others instead of keeping
+    /// them waiting at the end of the region.
+    pub fn for_each_piece<T: Send, F>(
+        &self,
+        n: usize,
+        work_per_item: usize,
+        grain: usize,
+        out: &mut [T],
+        out_stride: usize,
+        f: F,
+    ) where
+        F: Fn(Range<usize>, &mut [T]) + Sync,
+    {
+        debug_assert_eq!(out.len(), n * out_stride);
+        let grain = grain.max(1);
+        let n_threads = self.threads_for(n, n.saturating_mul(work_per_item));
+        let n_pieces = n.div_ceil(grain);
+        if n_threads < 2 || out_stride == 0 || n_pieces < 2 {
+            f(0..n, out);
+            return;
+        }
+        let n_threads = n_threads.min(n_pieces);
+        // Thread `i`'s items not yet taken and their part of `out`: its owner takes pieces
+        // from the front, others from the back. In an array, not a vector: decode allocates
+        // nothing per token. Threads past MAX_SHARES own no share and only help.
+        let n_shares = n_threads.min(MAX_SHARES);
+        let mut rest = out;
+        let shares: [Mutex<Share<T>>; MAX_SHARES] = std::array::from_fn(|i| {
+            let items = if i < n_shares {
+                i * n_pieces / n_shares * grain..((i + 1) * n_pieces / n_shares * grain).min(n)
+            } else {
+                n..n
+            };
+            let (out, tail) = std::mem::take(&mut rest).split_at_mut(items.len() * out_stride);
+            rest = tail;
+            Mutex::new(Share { items, out })
+        });
+        let shares = &shares[..n_shares];
+        let next_thread = AtomicUsize::new(0);
+        let job = || {
+            let me = next_thread.fetch_add(1, Ordering::Relaxed);
+            if let Some(own) = shares.get(me) {
+                loop {
+                    let Some((items, o)) = lock(own).front(grain, out_stride) else {
+                        break;
+                    };
+                    f(items, o);
+                }
+            }
+            // Then the back of the share with the most left, until none is (shares only
+            // shrink, so this ends).
+            while let Some((_, s)) = shares
+                .iter()
+                .map(|s| (lock(s).items.len(), s))
+                .filter(|&(n, _)| n > 0)
+                .max_by_key(|&(n, _)| n)
+            {
+                let piece = lock(s).back(grain, out_stride);
+                if let Some((items, o)) = piece {
+                    f(items, o);
+                }
+            }
+        };
+        let ran = self
+            .pool
+            .as_ref()
+            .is_some_and(|pool| pool.run(n_threads - 1, &job));
+        if !ran {
+            job();
+        }
     }
 
     /// Like [`Parallel::for_each_range`] for items of unequal cost and output size: item `i`
@@ -375,6 +498,70 @@ mod tests {
         let mut out = vec![0u8; 100];
         p.for_each_range(100, 1 << 20, &mut out, 1, |_, o| o.fill(1));
         assert!(out.iter().all(|&v| v == 1));
+    }
+
+    #[test]
+    fn pieces_cover_every_item_once() {
+        // 40: more threads than shares (MAX_SHARES); the rest only help.
+        for threads in [1, 2, 3, 5, 40] {
+            let p = Parallel::new(threads);
+            for (n, grain) in [(1000, 16), (1000, 7), (10, 16), (33, 1), (64, 64)] {
+                let mut out = vec![0u32; n * 2];
+                let calls = std::sync::Mutex::new(Vec::new());
+                p.for_each_piece(n, 1 << 20, grain, &mut out, 2, |r, chunk| {
+                    assert_eq!(chunk.len(), r.len() * 2);
+                    calls.lock().unwrap().push(r.clone());
+                    for (i, item) in r.zip(chunk.chunks_exact_mut(2)) {
+                        item[0] += i as u32;
+                        item[1] += 1;
+                    }
+                });
+                for (i, item) in out.chunks_exact(2).enumerate() {
+                    assert_eq!(
+                        item,
+                        &[i as u32, 1],
+                        "n {n} grain {grain} threads {threads}"
+                    );
+                }
+                // Whole pieces (or the whole range on one thread).
+                for r in calls.into_inner().unwrap() {
+                    assert!(r.start.is_multiple_of(grain));
+                    assert!(r.len() <= grain || r == (0..n), "{r:?}");
+                }
+            }
+        }
+    }
+
+    /// A thread held up in its share leaves the rest of it to the others: the pieces after its
+    /// first wait until another thread has taken one of them from the back (a timeout only
+    /// keeps a broken implementation from hanging the test).
+    #[test]
+    fn a_held_up_thread_has_its_pieces_taken() {
+        let p = Parallel::new(2);
+        let n = 64;
+        let mut out = vec![0u8; n];
+        let slow = std::sync::OnceLock::new();
+        let taken_from_slow = AtomicUsize::new(0);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        p.for_each_piece(n, 1 << 20, 4, &mut out, 1, |r, o| {
+            o.fill(1);
+            let me = std::thread::current().id();
+            // The thread that runs piece 0 owns the first half of the pieces.
+            let first_half = r.start < n / 2;
+            if r.start == 0 {
+                let _ = slow.set(me);
+            } else if first_half && slow.get() == Some(&me) {
+                while taken_from_slow.load(Ordering::SeqCst) == 0
+                    && std::time::Instant::now() < deadline
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+            } else if first_half {
+                taken_from_slow.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+        assert!(out.iter().all(|&v| v == 1));
+        assert!(taken_from_slow.load(Ordering::SeqCst) > 0);
     }
 
     #[test]

@@ -788,7 +788,8 @@ impl<'a> Mat<'a> {
             // One token: its output row is already in row order (the int8 GEMM, which needs
             // whole chunks, is never chosen for one token).
             debug_assert!(!matches!(kernel, Kernel::Int8Gemm));
-            par.for_each_range(self.n_out, self.n_in, out, 1, |rows, o| {
+            let grain = stream_grain(self.row_bytes);
+            par.for_each_piece(self.n_out, self.n_in, grain, out, 1, |rows, o| {
                 self.rows_times(kernel, acts, rows, o, &mut Vec::new());
             });
             return;
@@ -825,7 +826,8 @@ pub fn gemv_many(par: &Parallel, products: &[(Mat<'_>, &[u8])], out: &mut [f32])
     }
     let work = products.iter().map(|(m, _)| m.n_in).max().unwrap_or(0);
     let fast = par.numerics() == Numerics::Fast;
-    par.for_each_range(total, work, out, 1, |range, o| {
+    let row_bytes = products.iter().map(|(m, _)| m.row_bytes).max().unwrap_or(1);
+    par.for_each_piece(total, work, stream_grain(row_bytes), out, 1, |range, o| {
         let mut base = 0;
         for (m, x) in products {
             let (lo, hi) = (range.start.max(base), range.end.min(base + m.n_out));
@@ -838,6 +840,17 @@ pub fn gemv_many(par: &Parallel, products: &[(Mat<'_>, &[u8])], out: &mut [f32])
         }
     });
 }
+
+/// Rows per piece of a one-token product ([`Parallel::for_each_piece`]): whole groups of
+/// interleaved rows, about [`STREAM_PIECE_BYTES`] of weights.
+fn stream_grain(row_bytes: usize) -> usize {
+    (STREAM_PIECE_BYTES / row_bytes.max(1)).next_multiple_of(REPACK_ROWS)
+}
+
+/// Weight bytes per piece of a one-token product: a few microseconds of streaming, so taking
+/// a piece costs little against it, and a thread left waiting at the end of a region waits
+/// for at most one.
+const STREAM_PIECE_BYTES: usize = 64 << 10;
 
 /// How a matrix product forms each output (see [`Mat::matmul_q`]).
 #[derive(Clone, Copy)]
