@@ -288,13 +288,7 @@ impl Parallel {
                 }
             }
         };
-        let ran = self
-            .pool
-            .as_ref()
-            .is_some_and(|pool| pool.run(n_threads - 1, &job));
-        if !ran {
-            job();
-        }
+        self.run_job(n_threads, &job);
     }
 
     /// Like [`Parallel::for_each_range`] for items of unequal cost and output size: item `i`
@@ -397,10 +391,16 @@ impl Parallel {
             let Some((range, chunk)) = next else { break };
             f(range, chunk);
         };
+        self.run_job(n_threads, &job);
+    }
+
+    /// `job` on the caller and `n_threads - 1` workers, returning when all are done; each
+    /// copy of `job` takes work until none is left, so one copy alone also does it all.
+    fn run_job(&self, n_threads: usize, job: &(dyn Fn() + Sync)) {
         let ran = self
             .pool
             .as_ref()
-            .is_some_and(|pool| pool.run(n_threads - 1, &job));
+            .is_some_and(|pool| pool.run(n_threads - 1, job));
         if !ran {
             // No pool, or it is busy (nested or concurrent use): do it all here.
             job();

@@ -842,9 +842,12 @@ pub fn gemv_many(par: &Parallel, products: &[(Mat<'_>, &[u8])], out: &mut [f32])
 }
 
 /// Rows per piece of a one-token product ([`Parallel::for_each_piece`]): whole groups of
-/// interleaved rows, about [`STREAM_PIECE_BYTES`] of weights.
+/// interleaved rows (at least one, however long a row), about [`STREAM_PIECE_BYTES`] of
+/// weights.
 fn stream_grain(row_bytes: usize) -> usize {
-    (STREAM_PIECE_BYTES / row_bytes.max(1)).next_multiple_of(REPACK_ROWS)
+    (STREAM_PIECE_BYTES / row_bytes.max(1))
+        .max(1)
+        .next_multiple_of(REPACK_ROWS)
 }
 
 /// Weight bytes per piece of a one-token product: a few microseconds of streaming, so taking

@@ -185,7 +185,7 @@ impl ActsBuffers {
             .unwrap_or_default();
         at_least(&mut b.q, n);
         let padded = if tiled {
-            (n / n_in).next_multiple_of(AMX_TILE_TOKENS) * n_in
+            tiled_values(n / n_in, n_in)
         } else {
             n
         };
@@ -241,6 +241,12 @@ fn tile_offset(n_in: usize, t: usize, b: usize) -> usize {
     (t / AMX_TILE_TOKENS) * AMX_TILE_TOKENS * n_in
         + b * 32 * AMX_TILE_TOKENS
         + (t % AMX_TILE_TOKENS) * 32
+}
+
+/// Values in the AMX operand layout of `n_tok` rows of `n_in`: whole tiles of
+/// [`AMX_TILE_TOKENS`] tokens.
+fn tiled_values(n_tok: usize, n_in: usize) -> usize {
+    n_tok.next_multiple_of(AMX_TILE_TOKENS) * n_in
 }
 
 /// Token `t`'s values `row` into `tiles`, the AMX operand layout of rows of `n_in` values.
@@ -315,7 +321,7 @@ impl GemmActs {
         let (s16, c16) = (&mut by16.sum[..n / 16], &mut by16.scaled[..n / 16]);
         let (s32, c32) = (&mut by32.sum[..n / 32], &mut by32.scaled[..n / 32]);
         let n_tiled = if self.tiled {
-            self.n_tok.next_multiple_of(AMX_TILE_TOKENS) * n_in
+            tiled_values(self.n_tok, n_in)
         } else {
             0
         };
