@@ -13,3 +13,7 @@ cargo test --workspace
 # ones compile (scripts/gpu-check.sh runs them on a GPU).
 cargo test -p moxie-gpu --features cuda
 cargo test -p moxie-core --features cuda --test gpu_emu --no-run
+# The GPU's int8 products round as the CPU's with fused multiply-adds too: the emulator built
+# to fuse a * b + c as NVRTC does (its own target folder, so the other builds stay as they are).
+MXEMU_FP_CONTRACT=1 CARGO_TARGET_DIR=target/emu-fused \
+    cargo test -p moxie-core --test gpu_emu int8_gpu_products_agree_with_the_cpu_to_float_rounding

@@ -64,6 +64,17 @@
 #define MX_FADD(a, b) __fadd_rn((a), (b))
 #define MX_FSUB(a, b) __fadd_rn((a), -(b))
 #define MX_UNROLL _Pragma("unroll")
+#elif defined(MXEMU_FP_CONTRACT)
+// The emulator built to fuse as NVRTC does (build.rs, MXEMU_FP_CONTRACT=1): a volatile keeps
+// these operations out of the compiler's fused multiply-adds, as __fmul_rn does on a GPU.
+static inline float mx_unfused(float r) {
+    volatile float v = r;
+    return v;
+}
+#define MX_FMUL(a, b) mx_unfused((a) * (b))
+#define MX_FADD(a, b) mx_unfused((a) + (b))
+#define MX_FSUB(a, b) mx_unfused((a) - (b))
+#define MX_UNROLL
 #else
 #define MX_FMUL(a, b) ((a) * (b))
 #define MX_FADD(a, b) ((a) + (b))
