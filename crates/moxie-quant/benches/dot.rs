@@ -478,6 +478,14 @@ fn attention_batch_bf16(bencher: Bencher, product: &str) {
     attention_shaped(bencher, product, true, 256, 256);
 }
 
+/// [`attention_batch_bf16`]'s products in f32 (`gemm_f32_abt`, `gemm_f32_ab`): the batch
+/// path where the CPU lacks `VDPBF16PS`, or where f32 FMAs outrun it. Against the FMA rate.
+/// `scores_packed`: the scores by `gemm_f32_abt_packed`, the queries packed in each call.
+#[divan::bench(args = ["scores", "scores_packed", "values"], min_time = 0.5, max_time = 1)]
+fn attention_batch_f32(bencher: Bencher, product: &str) {
+    attention_shaped(bencher, product, false, 256, 512);
+}
+
 /// One of [`attention_bf16`]'s products (`bf16`) or [`attention_f32`]'s, on the same values.
 fn attention(bencher: Bencher, product: &str, bf16: bool) {
     attention_shaped(bencher, product, bf16, 16, 64);
@@ -502,8 +510,28 @@ fn attention_shaped(bencher: Bencher, product: &str, bf16: bool, heads: usize, p
     };
     let (q16, k16, p16) = (to_bf16(&q), to_bf16(&k), to_bf16(&p));
     let mut out = vec![0f32; heads * dv.max(positions)];
-    let scores = product == "scores";
+    let scores = product.starts_with("scores");
     let macs = heads * positions * if scores { dk } else { dv };
+    let mut packed = Vec::new();
+    if product == "scores_packed" {
+        bencher
+            .counter(divan::counter::ItemsCount::new(macs))
+            .bench_local(|| {
+                moxie_quant::f32gemm::pack_rows(heads, dk, black_box(&q), dk, &mut packed);
+                moxie_quant::gemm_f32_abt_packed(
+                    heads,
+                    positions,
+                    dk,
+                    &packed,
+                    black_box(&k),
+                    dk,
+                    &mut out,
+                    positions,
+                );
+                black_box(&out);
+            });
+        return;
+    }
     bencher
         .counter(divan::counter::ItemsCount::new(macs))
         .bench_local(|| {

@@ -21,6 +21,27 @@ pub fn bf16_products_fast() -> bool {
     crate::simd_level() == crate::SimdLevel::Avx512 && crate::simd::has_avx512_bf16()
 }
 
+/// Whether a prompt batch's attention products take bf16 here rather than f32: on AMX tiles,
+/// or on `VDPBF16PS` where it does twice an FMA's multiply-adds (AMD's Zen 4 and 5). Intel's
+/// cores issue it at half the FMA rate (one `VDPBF16PS` to two FMAs a cycle, measured on a
+/// Sapphire-Rapids-class Xeon with AMX denied), where the f32 products on packed queries
+/// (`f32gemm::gemm_f32_abt_packed`) run 1.3-1.4x faster (docs/performance.md, session 26).
+pub fn bf16_batch_products_fast() -> bool {
+    crate::amx::bf16_available() || (bf16_products_fast() && !intel())
+}
+
+/// Whether the CPU is Intel's (CPUID's vendor string).
+fn intel() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let id = std::arch::x86_64::__cpuid(0);
+        // "GenuineIntel" in EBX, EDX, ECX.
+        id.ebx == 0x756e_6547 && id.edx == 0x4965_6e69 && id.ecx == 0x6c65_746e
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 /// f16 values (little-endian bytes) to bf16, `dst.len()` of them.
 pub fn f16_to_bf16(src: &[u8], dst: &mut [u16]) {
     let src = &src[..dst.len() * 2];

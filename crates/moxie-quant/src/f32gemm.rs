@@ -45,6 +45,92 @@ pub fn gemm_f32_abt(
     }
 }
 
+/// Rows of a panel of [`pack_rows`]: two AVX-512 vectors, four AVX2 ones.
+pub const PANEL_ROWS: usize = 32;
+
+/// `a`'s first `m` rows of `kd` values (stride `lda`) for [`gemm_f32_abt_packed`]: panels of
+/// [`PANEL_ROWS`] rows, transposed, element `k` of row `PANEL_ROWS * p + r` at
+/// `packed[(p * kd + k) * PANEL_ROWS + r]`, the rows past `m` zero.
+pub fn pack_rows(m: usize, kd: usize, a: &[f32], lda: usize, packed: &mut Vec<f32>) {
+    check(m, kd, a.len(), lda, "a");
+    let panels = m.div_ceil(PANEL_ROWS);
+    packed.clear();
+    packed.resize(panels * kd * PANEL_ROWS, 0.0);
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd_level() == crate::SimdLevel::Avx512 && lda <= (i32::MAX as usize) / 32 {
+        // SAFETY: AVX-512F is present (simd_level), `a` holds the m rows (checked) and
+        // `packed` the panels (sized above); 31 * lda fits the gathers' i32 offsets.
+        unsafe { avx512::pack_rows(m, kd, a, lda, packed) };
+        return;
+    }
+    for (p, panel) in packed.chunks_exact_mut(kd * PANEL_ROWS).enumerate() {
+        let rows: Vec<&[f32]> = (p * PANEL_ROWS..m.min((p + 1) * PANEL_ROWS))
+            .map(|i| &a[i * lda..][..kd])
+            .collect();
+        // Step by step: the writes in order, the panel's rows read from L1.
+        for (k, step) in panel.chunks_exact_mut(PANEL_ROWS).enumerate() {
+            for (x, row) in step.iter_mut().zip(&rows) {
+                *x = row[k];
+            }
+        }
+    }
+}
+
+/// [`gemm_f32_abt`] for many rows against the same `b`, a prompt batch's query rows against
+/// a tile of keys: `a` packed by [`pack_rows`] (`m` rows of `kd`). Each product is one chain
+/// of fused multiply-adds in `k` order, so the bits are the same on AVX-512, AVX2 and without
+/// SIMD, and do not depend on `m` or on where a row falls in its panel. A panel's 32 rows are
+/// vectors (two on AVX-512) times one of 12 rows of `b` broadcast, so each `b` row, read from
+/// L1 for every panel, feeds 32 multiply-adds a load, where [`gemm_f32_abt`]'s dot products
+/// feed 4 (about 40% of the FMA rate on the prompt batch's shapes, 85% here).
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_f32_abt_packed(
+    m: usize,
+    n: usize,
+    kd: usize,
+    packed: &[f32],
+    b: &[f32],
+    ldb: usize,
+    c: &mut [f32],
+    ldc: usize,
+) {
+    assert!(
+        packed.len() >= m.div_ceil(PANEL_ROWS) * kd * PANEL_ROWS,
+        "gemm_f32_abt_packed: {} packed values for {m} rows of {kd}",
+        packed.len()
+    );
+    check(n, kd, b.len(), ldb, "b");
+    check(m, n, c.len(), ldc, "c");
+    if m == 0 || n == 0 {
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd_level() == crate::SimdLevel::Avx512 && ldc <= (i32::MAX as usize) / 16 {
+        // SAFETY: AVX-512F is present (simd_level), the slices cover every index used
+        // (checked above), and 15 * ldc fits the scatter's i32 offsets.
+        unsafe { avx512::abt_packed(m, n, kd, packed, b, ldb, c, ldc) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd_level() >= crate::SimdLevel::Avx2 {
+        // SAFETY: AVX2 and FMA are present (simd_level) and the slices cover every index used
+        // (checked above).
+        unsafe { avx2::abt_packed(m, n, kd, packed, b, ldb, c, ldc) };
+        return;
+    }
+    for i in 0..m {
+        let panel = &packed[i / PANEL_ROWS * kd * PANEL_ROWS..];
+        for j in 0..n {
+            let row = &b[j * ldb..j * ldb + kd];
+            let mut sum = 0f32;
+            for (k, &y) in row.iter().enumerate() {
+                sum = panel[k * PANEL_ROWS + i % PANEL_ROWS].mul_add(y, sum);
+            }
+            c[i * ldc + j] = sum;
+        }
+    }
+}
+
 /// `c[i*ldc + d] = Σ_j p[i*ldp + j] · v[j*ldv + d]` for `i < m`, `d < dv`, `j < n`.
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_f32_ab(
@@ -214,6 +300,101 @@ mod avx512 {
         }
     }
 
+    /// [`super::pack_rows`]: each step of a panel gathered from its 32 rows, two vectors at a
+    /// time (the rows past `m` masked to zero).
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn pack_rows(m: usize, kd: usize, a: &[f32], lda: usize, packed: &mut [f32]) {
+        use super::PANEL_ROWS;
+        let offsets = _mm512_mullo_epi32(
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+            _mm512_set1_epi32(lda as i32),
+        );
+        for (p, panel) in packed.chunks_exact_mut(kd * PANEL_ROWS).enumerate() {
+            let i = p * PANEL_ROWS;
+            let masks = [lanes(m - i), lanes(m.saturating_sub(i + 16))];
+            for (k, step) in panel.chunks_exact_mut(PANEL_ROWS).enumerate() {
+                for (h, mask) in masks.iter().enumerate() {
+                    // SAFETY: the lanes gathered, element k of rows i + 16h .. min(+16, m),
+                    // are inside `a` (checked by the caller); none is read under a zero mask.
+                    unsafe {
+                        let base = a.as_ptr().wrapping_add((i + 16 * h) * lda + k);
+                        let v =
+                            _mm512_mask_i32gather_ps(_mm512_setzero_ps(), *mask, offsets, base, 4);
+                        _mm512_storeu_ps(step.as_mut_ptr().add(16 * h), v);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Rows of `b` a tile of [`abt_packed`] broadcasts.
+    const PACKED_COLS: usize = 12;
+
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn abt_packed(
+        m: usize,
+        n: usize,
+        kd: usize,
+        packed: &[f32],
+        b: &[f32],
+        ldb: usize,
+        c: &mut [f32],
+        ldc: usize,
+    ) {
+        use super::PANEL_ROWS;
+        let offsets = _mm512_mullo_epi32(
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+            _mm512_set1_epi32(ldc as i32),
+        );
+        let panels = m.div_ceil(PANEL_ROWS);
+        for j in (0..n).step_by(PACKED_COLS) {
+            let cols = (n - j).min(PACKED_COLS);
+            // Columns past n read the last row again (their sums are not stored).
+            let rows: [*const f32; PACKED_COLS] =
+                core::array::from_fn(|q| b.as_ptr().wrapping_add((j + q.min(cols - 1)) * ldb));
+            for (p, panel) in packed
+                .chunks_exact(kd * PANEL_ROWS)
+                .take(panels)
+                .enumerate()
+            {
+                let mut acc = [[_mm512_setzero_ps(); 2]; PACKED_COLS];
+                for k in 0..kd {
+                    // SAFETY: the panel holds kd steps of PANEL_ROWS values.
+                    let (a0, a1) = unsafe {
+                        let at = panel.as_ptr().add(k * PANEL_ROWS);
+                        (_mm512_loadu_ps(at), _mm512_loadu_ps(at.add(16)))
+                    };
+                    for (q, r) in acc.iter_mut().enumerate() {
+                        // SAFETY: rows[q] is a row of b (checked: kd values each).
+                        let x = _mm512_set1_ps(unsafe { *rows[q].add(k) });
+                        r[0] = _mm512_fmadd_ps(a0, x, r[0]);
+                        r[1] = _mm512_fmadd_ps(a1, x, r[1]);
+                    }
+                }
+                for (q, r) in acc.iter().enumerate().take(cols) {
+                    for (h, v) in r.iter().enumerate() {
+                        let i = p * PANEL_ROWS + 16 * h;
+                        if i >= m {
+                            continue;
+                        }
+                        // SAFETY: the lanes stored, rows i..min(i + 16, m) of column j + q,
+                        // are inside c (checked), at offsets below 16 * ldc (fits i32).
+                        unsafe {
+                            _mm512_mask_i32scatter_ps(
+                                c.as_mut_ptr().add(i * ldc + j + q),
+                                lanes(m - i),
+                                offsets,
+                                *v,
+                                4,
+                            )
+                        };
+                    }
+                }
+            }
+        }
+    }
+
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn ab(
@@ -227,17 +408,38 @@ mod avx512 {
         c: &mut [f32],
         ldc: usize,
     ) {
-        super::walk_tiles(m, 4, dv, (64, 16), &[], |i, d, full_rows, full_cols| {
-            // SAFETY: as in abt (the tiles mask columns past dv).
-            unsafe {
-                match (full_rows, full_cols) {
-                    (true, true) => tile_ab::<4, 4>(n, dv, p, ldp, v, ldv, c, ldc, i, d),
-                    (true, false) => tile_ab::<4, 1>(n, dv, p, ldp, v, ldv, c, ldc, i, d),
-                    (false, true) => tile_ab::<1, 4>(n, dv, p, ldp, v, ldv, c, ldc, i, d),
-                    (false, false) => tile_ab::<1, 1>(n, dv, p, ldp, v, ldv, c, ldc, i, d),
+        // Blocks of 8 rows (a prompt batch's many rows: each value vector loaded feeds 8
+        // multiply-adds), then of 4 (one-token GQA groups), then single rows; each sum is the
+        // same chain of fused multiply-adds in j order whatever its block.
+        let mut i = 0;
+        while i < m {
+            let rows = match m - i {
+                8.. => 8,
+                4..=7 => 4,
+                _ => 1,
+            };
+            let mut d = 0;
+            while d < dv {
+                let wide = match rows {
+                    8 => 48,
+                    _ => 64,
+                };
+                let full = dv - d >= wide;
+                // SAFETY: as in abt (the tiles mask columns past dv).
+                unsafe {
+                    match (rows, full) {
+                        (8, true) => tile_ab::<8, 3>(n, dv, p, ldp, v, ldv, c, ldc, i, d),
+                        (8, false) => tile_ab::<8, 1>(n, dv, p, ldp, v, ldv, c, ldc, i, d),
+                        (4, true) => tile_ab::<4, 4>(n, dv, p, ldp, v, ldv, c, ldc, i, d),
+                        (4, false) => tile_ab::<4, 1>(n, dv, p, ldp, v, ldv, c, ldc, i, d),
+                        (_, true) => tile_ab::<1, 4>(n, dv, p, ldp, v, ldv, c, ldc, i, d),
+                        (_, false) => tile_ab::<1, 1>(n, dv, p, ldp, v, ldv, c, ldc, i, d),
+                    }
                 }
+                d += if full { wide } else { 16 };
             }
-        });
+            i += rows;
+        }
     }
 
     /// Rows `i0..i0+MR`, columns `d0..d0+16*NV` (clipped to `dv`).
@@ -398,6 +600,60 @@ mod avx2 {
         }
     }
 
+    /// Rows of `b` a tile of [`abt_packed`] broadcasts (16 registers: 12 sums, two of a
+    /// half-panel's rows, one broadcast).
+    const PACKED_COLS: usize = 6;
+
+    /// [`super::avx512::abt_packed`]'s results bit for bit (each sum the same chain of fused
+    /// multiply-adds), a half-panel of 16 rows at a time.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn abt_packed(
+        m: usize,
+        n: usize,
+        kd: usize,
+        packed: &[f32],
+        b: &[f32],
+        ldb: usize,
+        c: &mut [f32],
+        ldc: usize,
+    ) {
+        use super::PANEL_ROWS;
+        for j in (0..n).step_by(PACKED_COLS) {
+            let cols = (n - j).min(PACKED_COLS);
+            let rows: [*const f32; PACKED_COLS] =
+                core::array::from_fn(|q| b.as_ptr().wrapping_add((j + q.min(cols - 1)) * ldb));
+            for i0 in (0..m).step_by(16) {
+                let panel = &packed[i0 / PANEL_ROWS * kd * PANEL_ROWS + i0 % PANEL_ROWS..];
+                let mut acc = [[_mm256_setzero_ps(); 2]; PACKED_COLS];
+                for k in 0..kd {
+                    // SAFETY: the half-panel's 16 values of step k are inside the panel.
+                    let (a0, a1) = unsafe {
+                        let at = panel.as_ptr().add(k * PANEL_ROWS);
+                        (_mm256_loadu_ps(at), _mm256_loadu_ps(at.add(8)))
+                    };
+                    for (q, r) in acc.iter_mut().enumerate() {
+                        // SAFETY: rows[q] is a row of b (checked: kd values each).
+                        let x = _mm256_set1_ps(unsafe { *rows[q].add(k) });
+                        r[0] = _mm256_fmadd_ps(a0, x, r[0]);
+                        r[1] = _mm256_fmadd_ps(a1, x, r[1]);
+                    }
+                }
+                let mut sums = [0f32; 16];
+                for (q, r) in acc.iter().enumerate().take(cols) {
+                    // SAFETY: sums holds 16 values.
+                    unsafe {
+                        _mm256_storeu_ps(sums.as_mut_ptr(), r[0]);
+                        _mm256_storeu_ps(sums.as_mut_ptr().add(8), r[1]);
+                    }
+                    for (ii, &x) in sums.iter().enumerate().take(m - i0) {
+                        c[(i0 + ii) * ldc + j + q] = x;
+                    }
+                }
+            }
+        }
+    }
+
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn ab(
@@ -519,6 +775,81 @@ mod tests {
                         c[i * n + j].to_bits(),
                         want.to_bits(),
                         "{m}x{n}x{k} at {i},{j}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// `gemm_f32_abt_packed` sums each product as one chain of fused multiply-adds in `k`
+    /// order: the same bits from the dispatched kernel, the AVX2 one and the chain itself,
+    /// for rows anywhere in a panel and columns anywhere in a tile; `c` past `n` untouched.
+    #[test]
+    fn abt_packed_is_one_fused_chain_on_every_simd_level() {
+        for (m, n, k) in [
+            (1, 1, 1),
+            (16, 5, 576),
+            (31, 12, 7),
+            (33, 13, 64),
+            (70, 25, 33),
+        ] {
+            let (lda, ldb, ldc) = (k + 3, k + 1, n + 2);
+            let a = data(m * lda, 7);
+            let b = data(n * ldb, 8);
+            let mut packed = Vec::new();
+            pack_rows(m, k, &a, lda, &mut packed);
+            let want = |i: usize, j: usize| {
+                (0..k).fold(0f32, |s, x| a[i * lda + x].mul_add(b[j * ldb + x], s))
+            };
+            let check = |c: &[f32], what: &str| {
+                for i in 0..m {
+                    for j in 0..ldc {
+                        let got = c[i * ldc + j];
+                        if j < n {
+                            assert_eq!(
+                                got.to_bits(),
+                                want(i, j).to_bits(),
+                                "{what} {m}x{n}x{k} at {i},{j}"
+                            );
+                        } else {
+                            assert!(got.is_nan(), "{what} {m}x{n}x{k} wrote past n at {i},{j}");
+                        }
+                    }
+                }
+            };
+            let mut c = vec![f32::NAN; m * ldc];
+            gemm_f32_abt_packed(m, n, k, &packed, &b, ldb, &mut c, ldc);
+            check(&c, "dispatched");
+            #[cfg(target_arch = "x86_64")]
+            if crate::simd_level() >= crate::SimdLevel::Avx2 {
+                let mut c = vec![f32::NAN; m * ldc];
+                // SAFETY: AVX2 and FMA are present; the shapes are as gemm_f32_abt_packed's.
+                unsafe { avx2::abt_packed(m, n, k, &packed, &b, ldb, &mut c, ldc) };
+                check(&c, "avx2");
+            }
+        }
+    }
+
+    /// `gemm_f32_ab` sums each output as one chain of fused multiply-adds in `j` order on
+    /// AVX-512 and AVX2, whatever block of rows (8, 4 or 1) and columns it falls in.
+    #[test]
+    fn ab_is_one_fused_chain_in_every_block() {
+        if crate::simd_level() < crate::SimdLevel::Avx2 {
+            return;
+        }
+        for (m, n, dv) in [(13, 9, 512), (16, 64, 40), (5, 3, 100), (9, 1, 17)] {
+            let (ldp, ldv, ldc) = (n + 1, dv + 5, dv + 2);
+            let p = data(m * ldp, 9);
+            let v = data(n * ldv, 10);
+            let mut c = vec![f32::NAN; m * ldc];
+            gemm_f32_ab(m, n, dv, &p, ldp, &v, ldv, &mut c, ldc);
+            for i in 0..m {
+                for d in 0..dv {
+                    let want = (0..n).fold(0f32, |s, j| p[i * ldp + j].mul_add(v[j * ldv + d], s));
+                    assert_eq!(
+                        c[i * ldc + d].to_bits(),
+                        want.to_bits(),
+                        "{m}x{n}x{dv} at {i},{d}"
                     );
                 }
             }

@@ -83,7 +83,7 @@ pub use dispatch::{
     ImatrixQuantizer, QuantError, QuantizeFn, QuantizeImatrixFn, SimdLevel, VecDotFn,
 };
 pub use f16::{bf16_to_f32, f32_to_bf16, f32_to_fp16, fp16_to_f32};
-pub use f32gemm::{gemm_f32_ab, gemm_f32_abt};
+pub use f32gemm::{gemm_f32_ab, gemm_f32_abt, gemm_f32_abt_packed};
 pub use gemm::{
     gemm_available, gemm_avx512, gemm_q8, gemm_q8_interleaved, gemm_supports, GemmActs, GemmRows,
     GEMM_TILE_ROWS,
