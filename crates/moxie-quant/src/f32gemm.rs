@@ -471,7 +471,8 @@ mod avx512 {
                 };
             }
             for (ii, row) in acc.iter_mut().enumerate() {
-                let w = _mm512_set1_ps(p[(i0 + ii) * ldp + j]);
+                // SAFETY: row i0 + ii of p holds n values (checked by gemm_f32_ab).
+                let w = _mm512_set1_ps(unsafe { *p.as_ptr().add((i0 + ii) * ldp + j) });
                 for (q, r) in row.iter_mut().enumerate() {
                     *r = _mm512_fmadd_ps(w, vv[q], *r);
                 }
