@@ -28,7 +28,9 @@
 #      5 minutes on 16 cores). llama.cpp's `-ngl 0` still runs prompt batches' matrix products
 #      on the GPU; moxie's `-ngl 0` is CPU only. Then moxie's hybrid and all-GPU again with
 #      MOXIE_GPU_INT8=0 (products over f32 activations instead of the default int8 ones), and
-#      all-GPU pp512 with MOXIE_GPU_MMA=0 (int8 prompt products on dp4a, not tensor cores).
+#      all-GPU pp512 with MOXIE_GPU_MMA=0 (int8 prompt products on dp4a, not tensor cores),
+#      and all-GPU tg128 at depths 0 and 4096 with attention blocks of 8, 2 and 1 query heads
+#      (MOXIE_GPU_ATTN_HEADS).
 #   4. placement on a model whose routing reuses recent experts (`moxie gen --routing recency`),
 #      CUDA0 budgeted at 2 GiB: `moxie bench --ab` of five whole expert layers (`-ot`, 442 MiB)
 #      against an expert cache of the same bytes, a cache of all the room left, and hot experts
@@ -253,6 +255,14 @@ run() {
         # The int8 prompt products on dp4a instead of tensor cores (mma, the default on sm_80+).
         [ "$gpu" = 0 ] && step "bench all-GPU (-ngl 999), MOXIE_GPU_MMA=0: moxie" 90 env MOXIE_GPU_MMA=0 \
             "$bin/moxie" bench -m "$model" -p 512 -n 0 -r "$reps" -t "$threads" -ngl 999
+        # One token's attention in blocks of 8 query heads (the default), 2 and 1: at 8, MLA's
+        # 16 heads ran on 2 blocks, 57% of all-GPU decode on an H200 (session 26's ncu).
+        local heads
+        [ "$gpu" = 0 ] && for heads in 8 2 1; do
+            step "bench all-GPU decode (-ngl 999), MOXIE_GPU_ATTN_HEADS=$heads: moxie" 120 \
+                env MOXIE_GPU_ATTN_HEADS=$heads "$bin/moxie" bench -m "$model" -p 0 -n 128 -d 0,4096 \
+                -r "$reps" -t "$threads" -ngl 999
+        done
     fi
     if [ "${GPU_CHECK_BENCH:-1}" != 0 ] && [ "${GPU_CHECK_PLACEMENT:-1}" != 0 ] && [ "$gpu" = 0 ]; then
         local recency=$dir/bench-deepseek2-recency-Q4_K_M.gguf

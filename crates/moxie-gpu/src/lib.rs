@@ -21,7 +21,7 @@ pub mod ops;
 pub mod cuda;
 
 pub use matmul::Weight;
-pub use ops::{Gpu, INT8_ACTIVATIONS_ENV, TENSOR_CORES_ENV};
+pub use ops::{Gpu, ATTENTION_HEADS_ENV, INT8_ACTIVATIONS_ENV, TENSOR_CORES_ENV};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -23,6 +23,8 @@ pub struct Gpu {
     /// Whether prompt batches' int8 products take the tensor-core kernels
     /// ([`Gpu::tensor_cores`]).
     pub(crate) mma: bool,
+    /// Query heads an attention block serves at most ([`Gpu::with_attention_heads`]).
+    attn_heads: usize,
 }
 
 /// The environment variable that turns int8 activations off for every GPU (`0`).
@@ -30,6 +32,12 @@ pub const INT8_ACTIVATIONS_ENV: &str = "MOXIE_GPU_INT8";
 /// The environment variable that keeps the int8 products off tensor cores (`0`): the dp4a
 /// kernels instead, on every GPU.
 pub const TENSOR_CORES_ENV: &str = "MOXIE_GPU_MMA";
+
+/// The environment variable that caps the query heads an attention block serves (1 to 8,
+/// default 8), for measuring: fewer heads a block give one token's attention more blocks (an
+/// H200 ran MLA's 16 heads on 2 of its 132 SMs), each reading the cache for its heads only.
+/// The results do not depend on it.
+pub const ATTENTION_HEADS_ENV: &str = "MOXIE_GPU_ATTN_HEADS";
 
 /// Threads per block of the elementwise kernels, and the most blocks they launch (they loop).
 const EW_THREADS: u32 = 256;
@@ -187,12 +195,25 @@ impl Gpu {
         let int8 = std::env::var(INT8_ACTIVATIONS_ENV).map_or(true, |v| v != "0");
         let mma =
             backend.tensor_cores() && std::env::var(TENSOR_CORES_ENV).map_or(true, |v| v != "0");
+        let attn_heads = std::env::var(ATTENTION_HEADS_ENV)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(ATTN_MAX_HEADS);
         Gpu {
             backend,
             q8x: Arc::default(),
             int8,
             mma,
+            attn_heads: attn_heads.clamp(1, ATTN_MAX_HEADS),
         }
+    }
+
+    /// This GPU with attention blocks of at most `heads` query heads of one kv head (1 to 8;
+    /// [`ATTENTION_HEADS_ENV`]). Each head's sums run in the same order whatever the block, so
+    /// only the speed changes: more blocks for one token, more reads of the cache.
+    pub fn with_attention_heads(mut self, heads: usize) -> Gpu {
+        self.attn_heads = heads.clamp(1, ATTN_MAX_HEADS);
+        self
     }
 
     /// This GPU with products over int8 activations on (the default) or off: on, weights of
@@ -434,7 +455,7 @@ impl Gpu {
             n_tok > 1 && kv.v_type == GgmlType::F16 && s.pos0 + n_tok < ATTN_ROUND_PROBS_BELOW;
         // Blocks of up to `hb` heads sharing a kv head (MLA: every head shares the latent).
         let group = s.n_head / s.n_head_kv;
-        let hb = group.min(ATTN_MAX_HEADS).min(ATTN_Q_FLOATS / s.dk.max(1));
+        let hb = group.min(self.attn_heads).min(ATTN_Q_FLOATS / s.dk.max(1));
         let blocks = s.n_head_kv * group.div_ceil(hb);
         for t0 in (0..n_tok).step_by(MAX_GRID_YZ) {
             let nt = (n_tok - t0).min(MAX_GRID_YZ);
