@@ -64,13 +64,11 @@ pub fn pack_rows(m: usize, kd: usize, a: &[f32], lda: usize, packed: &mut Vec<f3
         return;
     }
     for (p, panel) in packed.chunks_exact_mut(kd * PANEL_ROWS).enumerate() {
-        let rows: Vec<&[f32]> = (p * PANEL_ROWS..m.min((p + 1) * PANEL_ROWS))
-            .map(|i| &a[i * lda..][..kd])
-            .collect();
+        let rows = PANEL_ROWS.min(m - p * PANEL_ROWS);
         // Step by step: the writes in order, the panel's rows read from L1.
         for (k, step) in panel.chunks_exact_mut(PANEL_ROWS).enumerate() {
-            for (x, row) in step.iter_mut().zip(&rows) {
-                *x = row[k];
+            for (r, x) in step[..rows].iter_mut().enumerate() {
+                *x = a[(p * PANEL_ROWS + r) * lda + k];
             }
         }
     }
@@ -80,9 +78,10 @@ pub fn pack_rows(m: usize, kd: usize, a: &[f32], lda: usize, packed: &mut Vec<f3
 /// a tile of keys: `a` packed by [`pack_rows`] (`m` rows of `kd`). Each product is one chain
 /// of fused multiply-adds in `k` order, so the bits are the same on AVX-512, AVX2 and without
 /// SIMD, and do not depend on `m` or on where a row falls in its panel. A panel's 32 rows are
-/// vectors (two on AVX-512) times one of 12 rows of `b` broadcast, so each `b` row, read from
-/// L1 for every panel, feeds 32 multiply-adds a load, where [`gemm_f32_abt`]'s dot products
-/// feed 4 (about 40% of the FMA rate on the prompt batch's shapes, 85% here).
+/// vectors (two on AVX-512) times one of 12 rows of `b` broadcast, so each value of `b` loaded
+/// feeds 32 multiply-adds, where [`gemm_f32_abt`]'s dot products feed 4. On the prompt batch's
+/// MLA shapes (256 rows, 512 keys of 576) that is about 55% of the FMA rate against 35%,
+/// bound by L2 (the same loop in L1 runs at 90%; docs/performance.md, session 26).
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_f32_abt_packed(
     m: usize,
