@@ -62,11 +62,11 @@ pub struct PlacementArgs {
     /// whole routed-expert layers) instead of llama.cpp's fixed assignment.
     #[arg(long)]
     pub fit: bool,
-    /// A dynamic VRAM expert cache (simulated devices only so far): every MoE layer whose
-    /// experts are in RAM gets an equal share of SIZE (`auto`: what the device has left) on
-    /// --expert-cache-device; decode steps compute resident experts there and bring in the
-    /// ones they missed, evicting by --expert-cache-policy. With --profile, the cache starts
-    /// with the profile's most chosen experts.
+    /// A dynamic VRAM expert cache: every MoE layer whose experts are in RAM (on a CUDA GPU:
+    /// those whose router runs there, by -ngl) gets an equal share of SIZE (`auto`: what the
+    /// device has left) on --expert-cache-device; decode steps compute resident experts there
+    /// and bring in the ones they missed, evicting by --expert-cache-policy. With --profile,
+    /// the cache starts with the profile's most chosen experts.
     #[arg(long = "expert-cache", value_name = "SIZE|auto")]
     pub expert_cache: Option<String>,
     /// What the expert cache evicts: lru (least recently selected), lfu (least often) or

@@ -914,8 +914,8 @@ fn experts_placed_one_by_one() {
 
 /// `--fit --profile`: with skewed routing the fit places each layer's hot experts on the GPU
 /// one by one (the most chosen first) and says what it expects to take off the CPU; where
-/// whole layers do as well (room for all of them) it keeps them; a CUDA GPU keeps whole layers (per
-/// expert runs on simulated devices only so far); a profile of another model is refused.
+/// whole layers do as well (room for all of them) it keeps them; on a CUDA GPU, hot experts
+/// only of the layers it runs; a profile of another model is refused.
 #[test]
 fn fit_with_a_profile_places_hot_experts() {
     use moxie_core::placement::ExpertFrequencies;

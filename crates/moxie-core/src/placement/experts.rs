@@ -273,9 +273,9 @@ pub(super) fn split_experts(
     Ok(out)
 }
 
-/// What a plan with these splits cannot run yet: experts split off a layer whose others are not
-/// on the CPU, and experts on devices that run CUDA kernels (per-expert placement computes on
-/// simulated devices only so far).
+/// What a plan with these splits cannot run yet: experts of one layer on two devices, experts
+/// split off a layer whose others are not on the CPU, and experts on a device that runs CUDA
+/// kernels but not the layer's router.
 pub(super) fn unsupported(
     splits: &[ExpertSplit],
     devices: &[DeviceSpec],
