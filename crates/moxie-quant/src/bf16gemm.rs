@@ -27,19 +27,7 @@ pub fn bf16_products_fast() -> bool {
 /// Sapphire-Rapids-class Xeon with AMX denied), where the f32 products on packed queries
 /// (`f32gemm::gemm_f32_abt_packed`) run 1.3-1.4x faster (docs/performance.md, session 26).
 pub fn bf16_batch_products_fast() -> bool {
-    crate::amx::bf16_available() || (bf16_products_fast() && !intel())
-}
-
-/// Whether the CPU is Intel's (CPUID's vendor string).
-fn intel() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let id = std::arch::x86_64::__cpuid(0);
-        // "GenuineIntel" in EBX, EDX, ECX.
-        id.ebx == 0x756e_6547 && id.edx == 0x4965_6e69 && id.ecx == 0x6c65_746e
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
+    crate::amx::bf16_available() || (bf16_products_fast() && !crate::simd::intel_cpu())
 }
 
 /// f16 values (little-endian bytes) to bf16, `dst.len()` of them.

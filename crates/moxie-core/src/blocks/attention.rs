@@ -673,9 +673,7 @@ fn attend_batch(
                         // bf16 ones through the converted rows.
                         let f32_keys = match (&tile, &r.k) {
                             (Tile::Direct { k, kw, .. }, _) => Some((*k, *kw)),
-                            (Tile::Converted, Converted::F32(k)) => {
-                                Some((&k[..(b - 1) * g.dk + g.dk], g.dk))
-                            }
+                            (Tile::Converted, Converted::F32(k)) => Some((&k[..b * g.dk], g.dk)),
                             (Tile::Converted, Converted::Bf16(_)) => None,
                         };
                         match f32_keys {

@@ -123,3 +123,19 @@ pub(crate) fn has_avx512_bf16() -> bool {
     #[cfg(not(target_arch = "x86_64"))]
     false
 }
+
+/// Whether the CPU is Intel's (CPUID's vendor string), asked once: CPUID serializes, and under
+/// a hypervisor it traps.
+pub(crate) fn intel_cpu() -> bool {
+    static INTEL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *INTEL.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let id = std::arch::x86_64::__cpuid(0);
+            // "GenuineIntel" in EBX, EDX, ECX.
+            id.ebx == 0x756e_6547 && id.edx == 0x4965_6e69 && id.ecx == 0x6c65_746e
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    })
+}
